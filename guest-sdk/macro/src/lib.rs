@@ -1,0 +1,215 @@
+//! `sluice_guest::export!`: turn plain [`Mapper`]/[`Sink`] impls into the
+//! exports of a `sluice:plugin` component.
+//!
+//! The macro expands into a private module that runs `wit_bindgen::generate!`
+//! against the WIT vendored here (`wit/plugin.wit`, embedded at build time),
+//! picks the world from the stages named (`map-plugin`, `sink-plugin` or
+//! `map-sink-plugin`) and forwards every export to the SDK's drivers.
+//! Authors never depend on wit-bindgen themselves.
+//!
+//! [`Mapper`]: https://docs.rs/sluice-guest/latest/sluice_guest/trait.Mapper.html
+//! [`Sink`]: https://docs.rs/sluice-guest/latest/sluice_guest/trait.Sink.html
+
+use proc_macro::TokenStream;
+use quote::quote;
+use syn::parse::{Parse, ParseStream};
+use syn::punctuated::Punctuated;
+use syn::{Ident, Token, Type, parse_macro_input};
+
+/// The contract, embedded so plugin crates need no WIT files of their own.
+const WIT: &str = include_str!("../../../wit/plugin.wit");
+
+struct Entry {
+    stage: Ident,
+    ty: Type,
+}
+
+impl Parse for Entry {
+    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
+        let stage: Ident = input.parse()?;
+        input.parse::<Token![:]>()?;
+        let ty: Type = input.parse()?;
+        Ok(Entry { stage, ty })
+    }
+}
+
+struct Args(Punctuated<Entry, Token![,]>);
+
+impl Parse for Args {
+    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
+        Punctuated::parse_terminated(input).map(Args)
+    }
+}
+
+/// Export stages from a plugin crate built for `wasm32-wasip2`.
+///
+/// ```ignore
+/// sluice_guest::export!(map: MyMapper);
+/// sluice_guest::export!(sink: MySink);
+/// sluice_guest::export!(map: MyMapper, sink: MySink);
+/// ```
+///
+/// `MyMapper` implements `sluice_guest::Mapper`, `MySink` implements
+/// `sluice_guest::Sink`. Each stage may be named once.
+#[proc_macro]
+pub fn export(input: TokenStream) -> TokenStream {
+    let args = parse_macro_input!(input as Args);
+    match expand(args) {
+        Ok(ts) => ts.into(),
+        Err(e) => e.to_compile_error().into(),
+    }
+}
+
+fn expand(args: Args) -> syn::Result<proc_macro2::TokenStream> {
+    let mut map: Option<Type> = None;
+    let mut sink: Option<Type> = None;
+    for e in args.0 {
+        let slot = match e.stage.to_string().as_str() {
+            "map" => &mut map,
+            "sink" => &mut sink,
+            other => {
+                return Err(syn::Error::new_spanned(
+                    &e.stage,
+                    format!("unknown stage `{other}`: expected `map` or `sink`"),
+                ));
+            }
+        };
+        if slot.is_some() {
+            return Err(syn::Error::new_spanned(
+                &e.stage,
+                "each stage can be exported once",
+            ));
+        }
+        *slot = Some(e.ty);
+    }
+    let world = match (&map, &sink) {
+        (Some(_), None) => "map-plugin",
+        (None, Some(_)) => "sink-plugin",
+        (Some(_), Some(_)) => "map-sink-plugin",
+        (None, None) => {
+            return Err(syn::Error::new(
+                proc_macro2::Span::call_site(),
+                "name at least one stage: `export!(map: MyMapper)` or `export!(sink: MySink)`",
+            ));
+        }
+    };
+
+    let map_impl = map.map(|ty| {
+        quote! {
+            static MAPPER: ::sluice_guest::__private::Slot<#ty> = ::sluice_guest::__private::Slot::new();
+            impl exports::sluice::plugin::mapper::Guest for Component {
+                fn map(
+                    _ctx: t::BatchContext,
+                    records: ::std::vec::Vec<u8>,
+                ) -> ::std::result::Result<exports::sluice::plugin::mapper::MapResult, t::StageError> {
+                    install();
+                    let out = ::sluice_guest::__private::map_packed(&MAPPER, &records)
+                        .map_err(stage_error)?;
+                    Ok(exports::sluice::plugin::mapper::MapResult {
+                        outputs: out.outputs,
+                        rejected: out
+                            .rejected
+                            .into_iter()
+                            .map(|(index, message)| t::BadRecord { index, message })
+                            .collect(),
+                    })
+                }
+            }
+        }
+    });
+
+    let sink_impl = sink.map(|ty| {
+        quote! {
+            static SINK: ::sluice_guest::__private::Slot<#ty> = ::sluice_guest::__private::Slot::new();
+            impl exports::sluice::plugin::sink::Guest for Component {
+                fn open(
+                    ctx: exports::sluice::plugin::sink::PartitionContext,
+                ) -> ::std::result::Result<exports::sluice::plugin::sink::OpenAnswer, t::StageError> {
+                    install();
+                    let ctx = ::sluice_guest::PartitionContext {
+                        query_id: ctx.batch.query_id,
+                        batch_id: ctx.batch.batch_id,
+                        epoch: ctx.batch.epoch,
+                        topic: ctx.topic,
+                        partition: ctx.partition,
+                        start_offset: ctx.start_offset,
+                        end_offset: ctx.end_offset,
+                    };
+                    match ::sluice_guest::__private::sink_open(&SINK, &ctx).map_err(stage_error)? {
+                        ::sluice_guest::OpenAnswer::Proceed => {
+                            Ok(exports::sluice::plugin::sink::OpenAnswer::Proceed)
+                        }
+                        ::sluice_guest::OpenAnswer::AlreadyApplied => {
+                            Ok(exports::sluice::plugin::sink::OpenAnswer::AlreadyApplied)
+                        }
+                    }
+                }
+                fn write(records: ::std::vec::Vec<u8>) -> ::std::result::Result<(), t::StageError> {
+                    install();
+                    ::sluice_guest::__private::sink_write_packed(&SINK, &records).map_err(stage_error)
+                }
+                fn close() -> ::std::result::Result<(), t::StageError> {
+                    install();
+                    ::sluice_guest::__private::sink_close(&SINK).map_err(stage_error)
+                }
+            }
+        }
+    });
+
+    Ok(quote! {
+        #[doc(hidden)]
+        #[allow(missing_docs, unsafe_code, dead_code, unused_imports, clippy::all)]
+        mod __sluice_export {
+            use super::*;
+
+            ::sluice_guest::__private::wit_bindgen::generate!({
+                inline: #WIT,
+                world: #world,
+                runtime_path: "::sluice_guest::__private::wit_bindgen::rt",
+            });
+
+            use sluice::plugin::types as t;
+
+            struct Host;
+
+            impl ::sluice_guest::__private::HostApi for Host {
+                fn log(&self, level: ::sluice_guest::__private::LogLevel, message: &str) {
+                    use ::sluice_guest::__private::LogLevel as L;
+                    use sluice::plugin::log::Level;
+                    let level = match level {
+                        L::Trace => Level::Trace,
+                        L::Debug => Level::Debug,
+                        L::Info => Level::Info,
+                        L::Warn => Level::Warn,
+                        L::Error => Level::Error,
+                    };
+                    sluice::plugin::log::log(level, message);
+                }
+                fn config_all(&self) -> ::std::vec::Vec<(::std::string::String, ::std::string::String)> {
+                    sluice::plugin::config::get_all()
+                }
+            }
+
+            fn install() {
+                ::sluice_guest::__private::set_host(::std::boxed::Box::new(Host));
+            }
+
+            fn stage_error(e: ::sluice_guest::StageError) -> t::StageError {
+                match e {
+                    ::sluice_guest::StageError::BadRecord { index, message } => {
+                        t::StageError::BadRecord(t::BadRecord { index, message })
+                    }
+                    ::sluice_guest::StageError::Retryable(m) => t::StageError::Retryable(m),
+                    ::sluice_guest::StageError::Fatal(m) => t::StageError::Fatal(m),
+                }
+            }
+
+            struct Component;
+
+            #map_impl
+            #sink_impl
+
+            export!(Component);
+        }
+    })
+}

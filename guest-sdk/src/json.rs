@@ -1,0 +1,189 @@
+//! Read JSON without number round-trips.
+//!
+//! CDC payloads carry decimals such as `999999999999.999998` and MySQL zero
+//! dates such as `"0000-00-00 00:00:00"`. Parsing them into `f64` or a date
+//! type and printing them again changes them. [`Object`] keeps every field
+//! value as the exact source text ([`RawValue`]), so a plugin can copy
+//! values into its output byte for byte and only decode what it inspects.
+//!
+//! ```
+//! use sluice_guest::json::Object;
+//!
+//! let row = Object::parse(br#"{"id":7,"price":999999999999.999998}"#).unwrap();
+//! assert_eq!(row.get("price").unwrap().get(), "999999999999.999998");
+//! let mut out = Vec::new();
+//! sluice_guest::json::write_str(&mut out, "a \"quoted\" name");
+//! assert_eq!(out, br#""a \"quoted\" name""#);
+//! ```
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+pub use serde_json::value::RawValue;
+
+/// A JSON object whose values are kept as raw source text, in source order.
+#[derive(Debug)]
+pub struct Object<'a> {
+    fields: Vec<(Cow<'a, str>, &'a RawValue)>,
+}
+
+struct Key<'a>(Cow<'a, str>);
+
+impl<'de> de::Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string key")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(Key(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Key(Cow::Owned(v.to_string())))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+impl<'de> de::Deserialize<'de> for Object<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Object<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut fields = Vec::with_capacity(map.size_hint().unwrap_or(8));
+                while let Some(Key(k)) = map.next_key::<Key<'de>>()? {
+                    let v: &'de RawValue = map.next_value()?;
+                    fields.push((k, v));
+                }
+                Ok(Object { fields })
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+impl<'a> Object<'a> {
+    /// Parse `bytes` as one JSON object.
+    ///
+    /// # Errors
+    /// serde_json's message (with line and column) when `bytes` is not a
+    /// JSON object or not UTF-8.
+    pub fn parse(bytes: &'a [u8]) -> Result<Self, String> {
+        serde_json::from_slice(bytes).map_err(|e| e.to_string())
+    }
+
+    /// Parse a raw value (for nested objects).
+    ///
+    /// # Errors
+    /// As [`Object::parse`].
+    pub fn from_raw(raw: &'a RawValue) -> Result<Self, String> {
+        Self::parse(raw.get().as_bytes())
+    }
+
+    /// The raw value of `key` (the last one if the key repeats).
+    pub fn get(&self, key: &str) -> Option<&'a RawValue> {
+        self.fields
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| *v)
+    }
+
+    /// The string value of `key`; `Ok(None)` when absent or `null`.
+    ///
+    /// # Errors
+    /// When the value is present but not a string.
+    pub fn get_str(&self, key: &str) -> Result<Option<Cow<'a, str>>, String> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(raw) if is_null(raw) => Ok(None),
+            Some(raw) => str_value(raw)
+                .map(Some)
+                .map_err(|_| format!("field `{key}` is not a string: {}", raw.get())),
+        }
+    }
+
+    /// Fields in source order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &'a RawValue)> {
+        self.fields.iter().map(|(k, v)| (k.as_ref(), *v))
+    }
+
+    /// Number of fields.
+    pub fn len(&self) -> usize {
+        self.fields.len()
+    }
+
+    /// True for `{}`.
+    pub fn is_empty(&self) -> bool {
+        self.fields.is_empty()
+    }
+}
+
+/// Decode a raw JSON string value (borrowing when it has no escapes).
+///
+/// # Errors
+/// When `raw` is not a JSON string.
+pub fn str_value(raw: &RawValue) -> Result<Cow<'_, str>, String> {
+    struct S<'a>(Cow<'a, str>);
+    impl<'de> de::Deserialize<'de> for S<'de> {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            Key::deserialize(d).map(|k| S(k.0))
+        }
+    }
+    serde_json::from_str::<S<'_>>(raw.get())
+        .map(|s| s.0)
+        .map_err(|e| e.to_string())
+}
+
+/// True when the raw value is JSON `null`.
+pub fn is_null(raw: &RawValue) -> bool {
+    raw.get() == "null"
+}
+
+/// Append `s` as a JSON string literal (quoted and escaped per RFC 8259).
+pub fn write_str(out: &mut Vec<u8>, s: &str) {
+    // serde_json's escaper is the reference; writing into a Vec cannot fail.
+    if serde_json::to_writer(&mut *out, s).is_err() {
+        out.extend_from_slice(b"\"\"");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_keep_their_exact_text() {
+        let o = Object::parse(
+            br#"{"d":999999999999.999998,"z":"0000-00-00 00:00:00","e":1E+2,"n":null}"#,
+        )
+        .unwrap();
+        assert_eq!(o.get("d").unwrap().get(), "999999999999.999998");
+        assert_eq!(o.get("z").unwrap().get(), r#""0000-00-00 00:00:00""#);
+        assert_eq!(o.get("e").unwrap().get(), "1E+2");
+        assert!(is_null(o.get("n").unwrap()));
+        assert_eq!(o.get_str("n").unwrap(), None);
+    }
+
+    #[test]
+    fn escaped_keys_and_strings_decode() {
+        let o = Object::parse(br#"{"a\u0062":"x\ny"}"#).unwrap();
+        assert_eq!(o.get_str("ab").unwrap().as_deref(), Some("x\ny"));
+    }
+
+    #[test]
+    fn non_objects_and_bad_bytes_are_errors() {
+        assert!(Object::parse(b"[1]").is_err());
+        assert!(Object::parse(b"{\"a\":").is_err());
+        assert!(Object::parse(b"{\"a\":\"\xff\"}").is_err());
+        assert!(Object::parse(br#"{"a":1}"#).unwrap().get_str("a").is_err());
+    }
+}

@@ -1,0 +1,217 @@
+//! Command-line interface: flag definitions (clap), logging setup, and the
+//! mapping from outcomes to exit codes. Subcommands live one per file.
+//!
+//! Exit codes: 0 success; 1 the job or command failed (a trap, a fatal
+//! stage error, a corrupt checkpoint…); 2 bad usage or unreadable input
+//! (clap's own code for flag errors); 3 the checkpoint is owned by another
+//! process.
+
+mod checkpoint_cmd;
+mod plugin_cmd;
+mod test_cmd;
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::plugin::Limits;
+
+/// What `main` returns to the OS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitCode {
+    /// Success.
+    Ok = 0,
+    /// The command ran and failed.
+    Failed = 1,
+    /// Bad usage or input.
+    Usage = 2,
+    /// The checkpoint is owned by another live process.
+    Owned = 3,
+}
+
+/// An error with the exit code it should produce.
+#[derive(Debug)]
+pub struct CliError {
+    /// Exit code.
+    pub code: ExitCode,
+    /// The error and its causes.
+    pub error: anyhow::Error,
+}
+
+impl<E: Into<anyhow::Error>> From<E> for CliError {
+    fn from(e: E) -> Self {
+        CliError {
+            code: ExitCode::Failed,
+            error: e.into(),
+        }
+    }
+}
+
+/// Attach an exit code to a result.
+pub(crate) trait WithCode<T> {
+    fn code(self, code: ExitCode) -> Result<T, CliError>;
+}
+
+impl<T, E: Into<anyhow::Error>> WithCode<T> for Result<T, E> {
+    fn code(self, code: ExitCode) -> Result<T, CliError> {
+        self.map_err(|e| CliError {
+            code,
+            error: e.into(),
+        })
+    }
+}
+
+/// Sluice: exactly-once Kafka stream processing with sandboxed WebAssembly
+/// plugins.
+#[derive(Debug, Parser)]
+#[command(name = "host", version, about, long_about = None, max_term_width = 100)]
+pub struct Cli {
+    /// Log format on stderr. The level comes from RUST_LOG (default: info).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// The subcommand.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a plugin's map stage(s) over records from a file and print the
+    /// outputs as JSON lines (no Kafka, no checkpoint).
+    Test(test_cmd::TestArgs),
+    /// Inspect plugin components.
+    #[command(subcommand)]
+    Plugin(plugin_cmd::PluginCommand),
+    /// Inspect checkpoint directories.
+    #[command(subcommand)]
+    Checkpoint(checkpoint_cmd::CheckpointCommand),
+}
+
+/// Sandbox limits shared by every command that runs plugins.
+#[derive(Debug, Clone, Args)]
+pub struct LimitArgs {
+    /// Deadline of one plugin call (e.g. 500ms, 10s). A call that runs
+    /// longer is interrupted and the instance discarded.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub plugin_timeout: Duration,
+
+    /// Memory cap of each plugin instance, bytes (suffixes KiB, MiB, GiB).
+    #[arg(long, value_name = "BYTES", default_value = "256MiB", value_parser = parse_bytes)]
+    pub plugin_memory: u64,
+}
+
+impl LimitArgs {
+    /// The sandbox limits.
+    pub fn limits(&self) -> Limits {
+        Limits {
+            call_timeout: self.plugin_timeout,
+            memory_bytes: self.plugin_memory,
+        }
+    }
+}
+
+/// Parse `10s`, `500ms`, `2m` (humantime syntax).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 500ms, 10s, 2m)"))
+}
+
+/// Parse a byte count: `1048576`, `64KiB`, `256MiB`, `1GiB` (also KB/MB/GB
+/// as powers of 1000).
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("`{s}` is not a byte count (examples: 1048576, 64KiB, 256MiB)"))?;
+    let mult: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        other => {
+            return Err(format!(
+                "unknown unit `{other}` (use B, KiB, MiB, GiB, KB, MB, GB)"
+            ));
+        }
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("`{s}` is too large"))
+}
+
+/// Parse `key=value`.
+pub fn parse_kv(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("`{s}` is not key=value")),
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// Entry point used by the `host` binary.
+pub fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    let result = match cli.command {
+        Command::Test(args) => test_cmd::run(args),
+        Command::Plugin(cmd) => plugin_cmd::run(cmd),
+        Command::Checkpoint(cmd) => checkpoint_cmd::run(cmd),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(CliError { code, error }) => {
+            eprintln!("host: {error:#}");
+            std::process::ExitCode::from(code as u8)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_counts() {
+        assert_eq!(parse_bytes("256MiB").unwrap(), 256 << 20);
+        assert_eq!(parse_bytes("10").unwrap(), 10);
+        assert!(parse_bytes("ten").is_err());
+        assert!(parse_bytes("1XB").is_err());
+    }
+
+    #[test]
+    fn kv_pairs() {
+        assert_eq!(parse_kv("a=b=c").unwrap(), ("a".into(), "b=c".into()));
+        assert!(parse_kv("=x").is_err());
+    }
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

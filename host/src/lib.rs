@@ -1,0 +1,18 @@
+//! The Sluice host: an exactly-once Kafka stream processor whose map and
+//! sink stages are sandboxed WebAssembly components.
+//!
+//! Layout (one module per concern, see `DESIGN.md` at the project root):
+//! - [`plugin`]: wasmtime engine, sandbox limits, component loading, the
+//!   map chain.
+//! - [`checkpoint`]: write-ahead offset log, commit log, metadata, lock and
+//!   fencing epoch.
+//! - [`cli`]: command-line parsing and the subcommands; `main` owns exit
+//!   codes.
+//! - [`wire`]: the packed batch encoding (re-exported from the guest SDK,
+//!   so both sides share one implementation).
+
+pub mod checkpoint;
+pub mod cli;
+pub mod plugin;
+
+pub use sluice_guest::wire;

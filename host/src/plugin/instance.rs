@@ -1,0 +1,655 @@
+//! One sandboxed plugin instance: a wasmtime store made from the plugin's
+//! pre-instantiated template, with its limiter, epoch deadline, captured
+//! stdio and the host imports (`log`, `config`).
+//!
+//! A trap poisons the store; the instance drops it and instantiates a new
+//! one on the next call, so a failing guest never takes the host down and
+//! never leaks its memory.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use sluice_guest::wire::{self, Record};
+use wasmtime::component::{HasSelf, InstancePre, Linker, ResourceTable};
+use wasmtime::{Engine, ResourceLimiter, Store, Trap};
+use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+
+use super::bindings::exports::sluice::plugin::{mapper, sink};
+use super::bindings::sluice::plugin::{config, log, types};
+use super::{EPOCH_TICK, Limits, PluginError, StageFailure, Stages, TrapKind};
+
+/// Capacity of each captured stdio pipe, bytes. An instance whose output
+/// passes half of it is recycled between calls (stage state is a cache).
+const STDIO_CAP: usize = 1 << 20;
+
+/// How much of a call's stderr goes into a trap message, bytes.
+const STDERR_IN_ERROR: usize = 2048;
+
+/// Store data of one instance.
+pub(crate) struct State {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limiter: Limiter,
+    config: Arc<BTreeMap<String, String>>,
+    plugin: String,
+}
+
+impl WasiView for State {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl types::Host for State {}
+
+impl log::Host for State {
+    fn log(&mut self, level: log::Level, message: String) {
+        let plugin = self.plugin.as_str();
+        match level {
+            log::Level::Trace => tracing::trace!(plugin, "{message}"),
+            log::Level::Debug => tracing::debug!(plugin, "{message}"),
+            log::Level::Info => tracing::info!(plugin, "{message}"),
+            log::Level::Warn => tracing::warn!(plugin, "{message}"),
+            log::Level::Error => tracing::error!(plugin, "{message}"),
+        }
+    }
+}
+
+impl config::Host for State {
+    fn get(&mut self, key: String) -> Option<String> {
+        self.config.get(&key).cloned()
+    }
+
+    fn get_all(&mut self) -> Vec<(String, String)> {
+        self.config
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+}
+
+/// Memory cap that remembers what was refused, so the trap can say so.
+struct Limiter {
+    max_memory: usize,
+    refused: Option<usize>,
+}
+
+#[derive(Debug)]
+struct MemoryCapHit;
+
+impl std::fmt::Display for MemoryCapHit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("memory cap reached")
+    }
+}
+
+impl std::error::Error for MemoryCapHit {}
+
+impl ResourceLimiter for Limiter {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.max_memory {
+            self.refused = Some(desired);
+            // An error (rather than `Ok(false)`) traps at the `memory.grow`,
+            // so the guest cannot carry on in a half-failed state.
+            return Err(wasmtime::Error::new(MemoryCapHit));
+        }
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= 1_000_000)
+    }
+}
+
+/// The sandboxed linker: WASI p2 (sync) plus the Sluice host imports.
+pub(crate) fn linker(engine: &Engine) -> wasmtime::Result<Linker<State>> {
+    let mut linker = Linker::new(engine);
+    wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
+    types::add_to_linker::<State, HasSelf<State>>(&mut linker, |s| s)?;
+    log::add_to_linker::<State, HasSelf<State>>(&mut linker, |s| s)?;
+    config::add_to_linker::<State, HasSelf<State>>(&mut linker, |s| s)?;
+    Ok(linker)
+}
+
+/// What every instance of one plugin is made from.
+pub(crate) struct Template {
+    pre: InstancePre<State>,
+    mapper: Option<mapper::GuestIndices>,
+    sink: Option<sink::GuestIndices>,
+    path: PathBuf,
+    digest: String,
+}
+
+impl Template {
+    pub(crate) fn new(
+        pre: InstancePre<State>,
+        stages: Stages,
+        path: &Path,
+        digest: &str,
+    ) -> Result<Self, PluginError> {
+        let bad = |e: wasmtime::Error| PluginError::Instantiate {
+            path: path.to_path_buf(),
+            digest: digest.to_string(),
+            reason: format!("{e:#}"),
+        };
+        let mapper = if stages.map {
+            Some(mapper::GuestIndices::new(&pre).map_err(bad)?)
+        } else {
+            None
+        };
+        let sink = if stages.sink {
+            Some(sink::GuestIndices::new(&pre).map_err(bad)?)
+        } else {
+            None
+        };
+        Ok(Template {
+            pre,
+            mapper,
+            sink,
+            path: path.to_path_buf(),
+            digest: digest.to_string(),
+        })
+    }
+}
+
+/// The batch a call belongs to (the WIT `batch-context`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CallContext {
+    /// Checkpoint query id.
+    pub query_id: String,
+    /// Batch id.
+    pub batch_id: u64,
+    /// Fencing epoch.
+    pub epoch: u64,
+}
+
+/// One partition's range of a batch, as a sink sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionRange {
+    /// The batch.
+    pub batch: CallContext,
+    /// Source topic.
+    pub topic: String,
+    /// Source partition.
+    pub partition: i32,
+    /// First offset (inclusive).
+    pub start_offset: i64,
+    /// End offset (exclusive).
+    pub end_offset: i64,
+}
+
+/// A sink's answer to `open`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenAnswer {
+    /// Write the range.
+    Proceed,
+    /// Already applied; skip it.
+    AlreadyApplied,
+}
+
+/// An input the stage rejected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadRecord {
+    /// Index in the call's batch.
+    pub index: u32,
+    /// Why.
+    pub message: String,
+}
+
+/// What one map call produced.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MapResult {
+    /// `packed-outputs` (decode with [`sluice_guest::wire::decode_outputs`]).
+    pub outputs: Vec<u8>,
+    /// Rejected inputs.
+    pub rejected: Vec<BadRecord>,
+}
+
+struct Live {
+    store: Store<State>,
+    mapper: Option<mapper::Guest>,
+    sink: Option<sink::Guest>,
+    stdout: MemoryOutputPipe,
+    stderr: MemoryOutputPipe,
+    stdout_seen: usize,
+    stderr_seen: usize,
+}
+
+/// A sandboxed instance of a plugin. Not shared between threads; make one
+/// per worker with [`super::Plugin::instance`].
+pub struct Instance {
+    engine: Engine,
+    template: Arc<Template>,
+    config: Arc<BTreeMap<String, String>>,
+    limits: Limits,
+    live: Option<Live>,
+    instantiations: u64,
+}
+
+/// Describe the input of a call for error messages:
+/// `topic/partition offsets A..=B (N records)`.
+pub fn describe_site(records: &[Record<'_>]) -> String {
+    match (records.first(), records.last()) {
+        (Some(a), Some(b)) if a.topic == b.topic && a.partition == b.partition => format!(
+            "{}/{} offsets {}..={} ({} records)",
+            a.topic,
+            a.partition,
+            a.offset,
+            b.offset,
+            records.len()
+        ),
+        (Some(a), Some(b)) => format!(
+            "{}/{}@{} .. {}/{}@{} ({} records)",
+            a.topic,
+            a.partition,
+            a.offset,
+            b.topic,
+            b.partition,
+            b.offset,
+            records.len()
+        ),
+        _ => "an empty batch".to_string(),
+    }
+}
+
+impl Instance {
+    pub(crate) fn new(
+        engine: Engine,
+        template: Arc<Template>,
+        config: Arc<BTreeMap<String, String>>,
+        limits: Limits,
+    ) -> Self {
+        Instance {
+            engine,
+            template,
+            config,
+            limits,
+            live: None,
+            instantiations: 0,
+        }
+    }
+
+    /// The plugin file.
+    pub fn path(&self) -> &Path {
+        &self.template.path
+    }
+
+    /// The plugin's sha256 digest (hex).
+    pub fn digest(&self) -> &str {
+        &self.template.digest
+    }
+
+    /// How many times a store was instantiated (1 + one per discarded
+    /// instance); lets tests and metrics see recycling.
+    pub fn instantiations(&self) -> u64 {
+        self.instantiations
+    }
+
+    fn deadline_ticks(&self) -> u64 {
+        let tick = EPOCH_TICK.as_nanos().max(1);
+        (self.limits.call_timeout.as_nanos().div_ceil(tick) as u64).max(1) + 1
+    }
+
+    /// Instantiate now if there is no live store (used to validate a plugin
+    /// at load and swap time: a start function that traps is caught here).
+    ///
+    /// # Errors
+    /// [`PluginError::Instantiate`].
+    pub fn ensure_live(&mut self) -> Result<(), PluginError> {
+        if self.live.is_some() {
+            return Ok(());
+        }
+        let t = &self.template;
+        let stdout = MemoryOutputPipe::new(STDIO_CAP);
+        let stderr = MemoryOutputPipe::new(STDIO_CAP);
+        // Sandbox: no preopens, no env, no args, no network (these are the
+        // builder's defaults; the network calls make the intent explicit).
+        let wasi = WasiCtxBuilder::new()
+            .stdout(stdout.clone())
+            .stderr(stderr.clone())
+            .allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false)
+            .build();
+        let state = State {
+            wasi,
+            table: ResourceTable::new(),
+            limiter: Limiter {
+                max_memory: usize::try_from(self.limits.memory_bytes).unwrap_or(usize::MAX),
+                refused: None,
+            },
+            config: self.config.clone(),
+            plugin: t.digest.get(..12).unwrap_or(&t.digest).to_string(),
+        };
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|s| &mut s.limiter);
+        store.epoch_deadline_trap();
+        store.set_epoch_deadline(self.deadline_ticks());
+        let fail = |e: wasmtime::Error| PluginError::Instantiate {
+            path: t.path.clone(),
+            digest: t.digest.clone(),
+            reason: format!("{e:#}"),
+        };
+        let instance = t.pre.instantiate(&mut store).map_err(fail)?;
+        let mapper = match &t.mapper {
+            Some(i) => Some(i.load(&mut store, &instance).map_err(fail)?),
+            None => None,
+        };
+        let sink = match &t.sink {
+            Some(i) => Some(i.load(&mut store, &instance).map_err(fail)?),
+            None => None,
+        };
+        self.instantiations += 1;
+        self.live = Some(Live {
+            store,
+            mapper,
+            sink,
+            stdout,
+            stderr,
+            stdout_seen: 0,
+            stderr_seen: 0,
+        });
+        Ok(())
+    }
+
+    /// Forward new guest stdout/stderr to the log; return this call's
+    /// stderr (tail) for error messages. Recycle a chatty instance.
+    fn drain_stdio(&mut self) -> String {
+        let Some(live) = self.live.as_mut() else {
+            return String::new();
+        };
+        let plugin = live.store.data().plugin.clone();
+        let out = live.stdout.contents();
+        let err = live.stderr.contents();
+        let new_out = out.get(live.stdout_seen..).unwrap_or_default();
+        let new_err = err.get(live.stderr_seen..).unwrap_or_default();
+        for line in String::from_utf8_lossy(new_out).lines() {
+            tracing::info!(plugin = plugin.as_str(), stream = "stdout", "{line}");
+        }
+        let err_text = String::from_utf8_lossy(new_err).into_owned();
+        for line in err_text.lines() {
+            tracing::warn!(plugin = plugin.as_str(), stream = "stderr", "{line}");
+        }
+        live.stdout_seen = out.len();
+        live.stderr_seen = err.len();
+        if out.len() > STDIO_CAP / 2 || err.len() > STDIO_CAP / 2 {
+            self.live = None;
+        }
+        let start = err_text.len().saturating_sub(STDERR_IN_ERROR);
+        let start = (start..err_text.len())
+            .find(|&i| err_text.is_char_boundary(i))
+            .unwrap_or(err_text.len());
+        err_text[start..].to_string()
+    }
+
+    /// Turn a failed call into a [`PluginError::Trap`] and discard the store.
+    fn trapped(&mut self, e: &wasmtime::Error, call: &'static str, site: String) -> PluginError {
+        let refused = self
+            .live
+            .as_ref()
+            .and_then(|l| l.store.data().limiter.refused);
+        let guest_stderr = self.drain_stdio();
+        self.live = None;
+        let kind = if let Some(requested) = refused {
+            TrapKind::OutOfMemory {
+                limit: self.limits.memory_bytes,
+                requested: requested as u64,
+            }
+        } else {
+            match e.downcast_ref::<Trap>() {
+                Some(Trap::Interrupt) => TrapKind::Timeout {
+                    limit: self.limits.call_timeout,
+                },
+                Some(Trap::StackOverflow) => TrapKind::StackOverflow,
+                Some(trap) => match panic_message(&guest_stderr) {
+                    Some(message) => TrapKind::Panic { message },
+                    None => TrapKind::Other(trap.to_string()),
+                },
+                None => match panic_message(&guest_stderr) {
+                    Some(message) => TrapKind::Panic { message },
+                    None => TrapKind::Other(format!("{e:#}")),
+                },
+            }
+        };
+        PluginError::Trap {
+            path: self.template.path.clone(),
+            digest: self.template.digest.clone(),
+            call,
+            site,
+            kind,
+            guest_stderr,
+        }
+    }
+
+    fn stage_error(&self, call: &'static str, site: String, e: types::StageError) -> PluginError {
+        let failure = match e {
+            types::StageError::BadRecord(b) => StageFailure::BadRecord {
+                index: b.index,
+                message: b.message,
+            },
+            types::StageError::Retryable(m) => StageFailure::Retryable(m),
+            types::StageError::Fatal(m) => StageFailure::Fatal(m),
+        };
+        PluginError::Stage {
+            path: self.template.path.clone(),
+            digest: self.template.digest.clone(),
+            call,
+            site,
+            failure,
+        }
+    }
+
+    fn missing(&self, stage: &'static str) -> PluginError {
+        PluginError::MissingStage {
+            path: self.template.path.clone(),
+            digest: self.template.digest.clone(),
+            stage,
+        }
+    }
+
+    /// Run the map stage over `records` (one call, whole batch).
+    ///
+    /// # Errors
+    /// [`PluginError::Trap`] (instance discarded), [`PluginError::Stage`]
+    /// for a retryable/fatal/bad-record stage error,
+    /// [`PluginError::MissingStage`] when the plugin has no map stage.
+    pub fn map(
+        &mut self,
+        ctx: &CallContext,
+        records: &[Record<'_>],
+    ) -> Result<MapResult, PluginError> {
+        let mut enc = wire::Encoder::with_capacity(
+            records
+                .iter()
+                .map(|r| r.value.map_or(0, <[u8]>::len) + r.key.map_or(0, <[u8]>::len) + 48)
+                .sum(),
+        );
+        for r in records {
+            enc.push_record(r);
+        }
+        let packed = enc.finish();
+        self.map_packed(ctx, packed, || describe_site(records))
+    }
+
+    /// Run the map stage over an already packed batch. `site` describes the
+    /// input for error messages.
+    ///
+    /// # Errors
+    /// As [`Instance::map`].
+    pub fn map_packed(
+        &mut self,
+        ctx: &CallContext,
+        packed: Vec<u8>,
+        site: impl Fn() -> String,
+    ) -> Result<MapResult, PluginError> {
+        if self.template.mapper.is_none() {
+            return Err(self.missing("map"));
+        }
+        self.ensure_live()?;
+        let ticks = self.deadline_ticks();
+        let wit_ctx = types::BatchContext {
+            query_id: ctx.query_id.clone(),
+            batch_id: ctx.batch_id,
+            epoch: ctx.epoch,
+        };
+        let result = match self.live.as_mut() {
+            Some(Live {
+                store,
+                mapper: Some(m),
+                ..
+            }) => {
+                store.set_epoch_deadline(ticks);
+                m.call_map(&mut *store, &wit_ctx, &packed)
+            }
+            _ => return Err(self.missing("map")),
+        };
+        match result {
+            Err(e) => Err(self.trapped(&e, "map", site())),
+            Ok(r) => {
+                self.drain_stdio();
+                match r {
+                    Ok(m) => Ok(MapResult {
+                        outputs: m.outputs,
+                        rejected: m
+                            .rejected
+                            .into_iter()
+                            .map(|b| BadRecord {
+                                index: b.index,
+                                message: b.message,
+                            })
+                            .collect(),
+                    }),
+                    Err(e) => Err(self.stage_error("map", site(), e)),
+                }
+            }
+        }
+    }
+
+    fn sink_call<R>(
+        &mut self,
+        call: &'static str,
+        site: impl Fn() -> String,
+        f: impl FnOnce(
+            &sink::Guest,
+            &mut Store<State>,
+        ) -> wasmtime::Result<Result<R, types::StageError>>,
+    ) -> Result<R, PluginError> {
+        if self.template.sink.is_none() {
+            return Err(self.missing("sink"));
+        }
+        self.ensure_live()?;
+        let ticks = self.deadline_ticks();
+        let result = match self.live.as_mut() {
+            Some(Live {
+                store,
+                sink: Some(s),
+                ..
+            }) => {
+                store.set_epoch_deadline(ticks);
+                f(s, store)
+            }
+            _ => return Err(self.missing("sink")),
+        };
+        match result {
+            Err(e) => Err(self.trapped(&e, call, site())),
+            Ok(Ok(r)) => {
+                self.drain_stdio();
+                Ok(r)
+            }
+            Ok(Err(e)) => {
+                self.drain_stdio();
+                Err(self.stage_error(call, site(), e))
+            }
+        }
+    }
+
+    /// Begin one partition's range (`sink.open`).
+    ///
+    /// # Errors
+    /// As [`Instance::map`].
+    pub fn sink_open(&mut self, range: &PartitionRange) -> Result<OpenAnswer, PluginError> {
+        let ctx = sink::PartitionContext {
+            batch: types::BatchContext {
+                query_id: range.batch.query_id.clone(),
+                batch_id: range.batch.batch_id,
+                epoch: range.batch.epoch,
+            },
+            topic: range.topic.clone(),
+            partition: range.partition,
+            start_offset: range.start_offset,
+            end_offset: range.end_offset,
+        };
+        let site = || {
+            format!(
+                "{}/{} offsets [{}, {})",
+                range.topic, range.partition, range.start_offset, range.end_offset
+            )
+        };
+        self.sink_call("sink.open", site, |s, store| s.call_open(store, &ctx))
+            .map(|a| match a {
+                sink::OpenAnswer::Proceed => OpenAnswer::Proceed,
+                sink::OpenAnswer::AlreadyApplied => OpenAnswer::AlreadyApplied,
+            })
+    }
+
+    /// Write a chunk of `packed-sink-records` (`sink.write`).
+    ///
+    /// # Errors
+    /// As [`Instance::map`].
+    pub fn sink_write(
+        &mut self,
+        packed: Vec<u8>,
+        site: impl Fn() -> String,
+    ) -> Result<(), PluginError> {
+        self.sink_call("sink.write", site, |s, store| s.call_write(store, &packed))
+    }
+
+    /// Finish the range (`sink.close`).
+    ///
+    /// # Errors
+    /// As [`Instance::map`].
+    pub fn sink_close(&mut self, site: impl Fn() -> String) -> Result<(), PluginError> {
+        self.sink_call("sink.close", site, |s, store| s.call_close(store))
+    }
+}
+
+/// Extract a Rust panic message from guest stderr:
+/// `thread '…' panicked at src/lib.rs:1:2:\nmessage\nnote: …`.
+fn panic_message(stderr: &str) -> Option<String> {
+    let start = stderr.find("panicked at ")?;
+    let rest = &stderr[start + "panicked at ".len()..];
+    let mut lines = rest.lines();
+    let location = lines.next()?.trim_end_matches(':');
+    let message: Vec<&str> = lines.take_while(|l| !l.starts_with("note: ")).collect();
+    Some(format!("{} (at {location})", message.join("\n").trim()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn panic_messages_are_extracted() {
+        let s = "thread '<unnamed>' panicked at src/lib.rs:47:24:\nboom at 3\nnote: run with `RUST_BACKTRACE=1`\n";
+        assert_eq!(
+            panic_message(s).as_deref(),
+            Some("boom at 3 (at src/lib.rs:47:24)")
+        );
+        assert_eq!(panic_message("nothing"), None);
+    }
+}

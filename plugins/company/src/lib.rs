@@ -1,0 +1,236 @@
+//! `company`: Maxwell CDC events of one table → change records.
+//!
+//! Input: Maxwell's daemon JSON (<https://maxwells-daemon.io/dataformat/>),
+//! one event per Kafka record, e.g.
+//! `{"database":"shop","table":"company","type":"update","ts":1449786310,
+//! "xid":940752,"commit":true,"data":{"id":1,"name":"Acme"},"old":{"name":"Acm"}}`
+//! with Maxwell's default hash key `{"database":"shop","table":"company","pk.id":1}`.
+//!
+//! Map stage:
+//! - keeps events whose `table` equals config `table` (default `company`)
+//!   and, when config `database` is set, whose `database` equals it;
+//! - `insert`, `update`, `bootstrap-insert` → an `upsert` change;
+//!   `delete` → a `delete` change;
+//! - `bootstrap-start`, `bootstrap-complete`, DDL events (`table-alter`,
+//!   `database-create`, …, which carry no `data`), other tables and
+//!   tombstones produce nothing (the host counts them as filtered);
+//! - malformed JSON, a DML event without a `data` object or without a
+//!   primary key is a bad record for that record only.
+//!
+//! Output value, one per kept event:
+//! `{"op":"upsert","database":"shop","table":"company","pk":{"id":1},"data":{…},"ts":1449786310}`
+//! where `pk` comes from the key's `pk.*` fields when present, else
+//! `data.id`, and `data` and every `pk` value are the source bytes, unchanged
+//! (`999999999999.999998` and `"0000-00-00 00:00:00"` survive exactly).
+//! Output key: the `pk` object, so a compacted output topic keeps one row
+//! per primary key.
+
+use sluice_guest::json::{self, Object};
+use sluice_guest::{Config, Emit, Error, Mapper, Record};
+
+/// What a Maxwell `type` means for the `companies` table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// Insert or replace the row.
+    Upsert,
+    /// Remove the row.
+    Delete,
+}
+
+impl Op {
+    /// The `op` field value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Op::Upsert => "upsert",
+            Op::Delete => "delete",
+        }
+    }
+}
+
+/// Classify a Maxwell event type: `Some(op)` for row changes, `None` for
+/// events that carry no row change (bootstrap markers, DDL, heartbeats).
+pub fn classify(event_type: &str) -> Option<Op> {
+    match event_type {
+        "insert" | "update" | "bootstrap-insert" => Some(Op::Upsert),
+        "delete" => Some(Op::Delete),
+        _ => None,
+    }
+}
+
+/// The company map stage.
+pub struct Company {
+    table: String,
+    database: Option<String>,
+    out: Vec<u8>,
+    pk: Vec<u8>,
+}
+
+impl Mapper for Company {
+    fn new(config: &Config) -> Result<Self, String> {
+        Ok(Company {
+            table: config.get_or("table", "company").to_string(),
+            database: config.get("database").map(str::to_string),
+            out: Vec::with_capacity(512),
+            pk: Vec::with_capacity(64),
+        })
+    }
+
+    fn map(&mut self, record: &Record<'_>, out: &mut Emit<'_>) -> Result<(), Error> {
+        let Some(value) = record.value else {
+            return Ok(()); // Maxwell never writes tombstones: nothing to apply.
+        };
+        let event =
+            Object::parse(value).map_err(|e| Error::bad_record(format!("not JSON: {e}")))?;
+        let table = event.get_str("table").map_err(Error::bad_record)?;
+        if table.as_deref() != Some(self.table.as_str()) {
+            return Ok(());
+        }
+        let database = event.get_str("database").map_err(Error::bad_record)?;
+        if let Some(want) = &self.database
+            && database.as_deref() != Some(want.as_str())
+        {
+            return Ok(());
+        }
+        let event_type = event
+            .get_str("type")
+            .map_err(Error::bad_record)?
+            .ok_or_else(|| Error::bad_record("Maxwell event without `type`"))?;
+        let Some(op) = classify(&event_type) else {
+            return Ok(());
+        };
+        let data = event
+            .get("data")
+            .filter(|d| !json::is_null(d))
+            .ok_or_else(|| Error::bad_record(format!("`{event_type}` event without `data`")))?;
+        let row = Object::from_raw(data)
+            .map_err(|e| Error::bad_record(format!("`data` is not an object: {e}")))?;
+
+        self.pk.clear();
+        primary_key(record.key, &row, &mut self.pk)?;
+
+        let o = &mut self.out;
+        o.clear();
+        o.extend_from_slice(br#"{"op":""#);
+        o.extend_from_slice(op.as_str().as_bytes());
+        o.extend_from_slice(br#"","database":"#);
+        match &database {
+            Some(d) => json::write_str(o, d),
+            None => o.extend_from_slice(b"null"),
+        }
+        o.extend_from_slice(br#","table":"#);
+        json::write_str(o, &self.table);
+        o.extend_from_slice(br#","pk":"#);
+        o.extend_from_slice(&self.pk);
+        o.extend_from_slice(br#","data":"#);
+        o.extend_from_slice(data.get().as_bytes());
+        if let Some(ts) = event.get("ts") {
+            o.extend_from_slice(br#","ts":"#);
+            o.extend_from_slice(ts.get().as_bytes());
+        }
+        o.push(b'}');
+        out.emit(Some(&self.pk), Some(&self.out));
+        Ok(())
+    }
+}
+
+/// Write the primary key object into `pk`: the Kafka key's `pk.*` fields
+/// (Maxwell's hash key format) with the prefix removed, else `{"id":…}`
+/// from the row. Values are copied byte for byte.
+fn primary_key(key: Option<&[u8]>, row: &Object<'_>, pk: &mut Vec<u8>) -> Result<(), Error> {
+    pk.push(b'{');
+    if let Some(key) = key
+        && let Ok(k) = Object::parse(key)
+    {
+        for (name, value) in k.iter() {
+            if let Some(col) = name.strip_prefix("pk.") {
+                if pk.len() > 1 {
+                    pk.push(b',');
+                }
+                json::write_str(pk, col);
+                pk.push(b':');
+                pk.extend_from_slice(value.get().as_bytes());
+            }
+        }
+    }
+    if pk.len() == 1 {
+        let id = row.get("id").filter(|v| !json::is_null(v)).ok_or_else(|| {
+            Error::bad_record("no primary key: no `pk.*` in the key and no `data.id`")
+        })?;
+        pk.extend_from_slice(br#""id":"#);
+        pk.extend_from_slice(id.get().as_bytes());
+    }
+    pk.push(b'}');
+    Ok(())
+}
+
+sluice_guest::export!(map: Company);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_guest::testing;
+
+    fn run(values: &[&[u8]]) -> testing::Mapped {
+        testing::map_values::<Company>(&Config::default(), values).unwrap()
+    }
+
+    fn value(m: &testing::Mapped, i: usize) -> String {
+        String::from_utf8(m.outputs[i].value.clone().unwrap()).unwrap()
+    }
+
+    #[test]
+    fn insert_becomes_upsert_with_exact_data() {
+        let m = run(&[
+            br#"{"database":"shop","table":"company","type":"insert","ts":1,"data":{"id":1,"v":999999999999.999998,"d":"0000-00-00 00:00:00"}}"#,
+        ]);
+        assert_eq!(
+            value(&m, 0),
+            r#"{"op":"upsert","database":"shop","table":"company","pk":{"id":1},"data":{"id":1,"v":999999999999.999998,"d":"0000-00-00 00:00:00"},"ts":1}"#
+        );
+        assert_eq!(m.outputs[0].key.as_deref(), Some(&br#"{"id":1}"#[..]));
+    }
+
+    #[test]
+    fn key_pk_fields_win_over_data_id() {
+        let mut r = Record::with_value(
+            "t",
+            0,
+            0,
+            br#"{"database":"shop","table":"company","type":"delete","data":{"id":9,"code":"A"}}"#,
+        );
+        r.key = Some(br#"{"database":"shop","table":"company","pk.code":"A","pk.region":2}"#);
+        let m = testing::map::<Company>(&Config::default(), &[r]).unwrap();
+        assert_eq!(
+            m.outputs[0].key.as_deref(),
+            Some(&br#"{"code":"A","region":2}"#[..])
+        );
+        assert!(value(&m, 0).starts_with(r#"{"op":"delete""#));
+    }
+
+    #[test]
+    fn skips_and_rejections() {
+        let m = run(&[
+            br#"{"database":"shop","table":"company","type":"bootstrap-start","data":{}}"#,
+            br#"{"database":"shop","table":"company","type":"table-alter","ts":1450557744000,"sql":"alter"}"#,
+            br#"{"database":"shop","table":"orders","type":"insert","data":{"id":1}}"#,
+            br#"{"database":"shop","table":"company","type":"insert"}"#,
+            b"{not json",
+            b"\xff\xfe",
+        ]);
+        assert!(m.outputs.is_empty());
+        let idx: Vec<u32> = m.rejected.iter().map(|r| r.0).collect();
+        assert_eq!(idx, vec![3, 4, 5]);
+        assert!(m.rejected[0].1.contains("without `data`"));
+    }
+
+    #[test]
+    fn table_is_configurable() {
+        let cfg = Config::from_pairs([("table", "orders")]);
+        let m = testing::map_values::<Company>(
+            &cfg,
+            &[br#"{"database":"shop","table":"orders","type":"insert","data":{"id":1}}"#],
+        )
+        .unwrap();
+        assert_eq!(m.outputs.len(), 1);
+    }
+}
