@@ -81,6 +81,38 @@ impl fmt::Display for StageFailure {
     }
 }
 
+/// A guest call that trapped: which plugin, where, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Trapped {
+    /// The plugin file.
+    pub path: PathBuf,
+    /// Digest.
+    pub digest: String,
+    /// The export called (`map`, `sink.write`, …).
+    pub call: &'static str,
+    /// The input: topic, partition, offsets.
+    pub site: String,
+    /// The limit or fault.
+    pub kind: TrapKind,
+    /// The last lines the guest wrote to stderr.
+    pub guest_stderr: String,
+}
+
+impl fmt::Display for Trapped {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "plugin {} (sha256:{}) trapped in {} on {}: {}{}",
+            self.path.display(),
+            self.digest,
+            self.call,
+            self.site,
+            self.kind,
+            stderr_tail(&self.kind, &self.guest_stderr)
+        )
+    }
+}
+
 /// Errors from loading, instantiating or calling a plugin.
 #[derive(Debug, thiserror::Error)]
 pub enum PluginError {
@@ -160,21 +192,8 @@ pub enum PluginError {
         reason: String,
     },
     /// The guest trapped; the instance was discarded.
-    #[error("plugin {path} (sha256:{digest}) trapped in {call} on {site}: {kind}{}", stderr_tail(.guest_stderr))]
-    Trap {
-        /// The plugin file.
-        path: PathBuf,
-        /// Digest.
-        digest: String,
-        /// The export called (`map`, `sink.write`, …).
-        call: &'static str,
-        /// The input: topic, partition, offsets.
-        site: String,
-        /// The limit or fault.
-        kind: TrapKind,
-        /// The last lines the guest wrote to stderr.
-        guest_stderr: String,
-    },
+    #[error("{0}")]
+    Trap(Box<Trapped>),
     /// The stage returned an error (no trap).
     #[error("plugin {path} (sha256:{digest}) failed in {call} on {site}: {failure}")]
     Stage {
@@ -207,12 +226,17 @@ pub enum PluginError {
     },
 }
 
-fn stderr_tail(s: &str) -> String {
-    let s = s.trim();
-    if s.is_empty() {
+/// The guest's stderr on one line, unless the kind already carries it (a
+/// panic message is extracted from stderr).
+fn stderr_tail(kind: &TrapKind, s: &str) -> String {
+    if matches!(kind, TrapKind::Panic { .. }) {
+        return String::new();
+    }
+    let lines: Vec<&str> = s.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    if lines.is_empty() {
         String::new()
     } else {
-        format!("; guest stderr: {s}")
+        format!("; guest stderr: {}", lines.join(" | "))
     }
 }
 
@@ -222,7 +246,7 @@ impl PluginError {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            PluginError::Trap { .. }
+            PluginError::Trap(_)
                 | PluginError::Stage {
                     failure: StageFailure::Retryable(_),
                     ..

@@ -18,7 +18,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use super::bindings::exports::sluice::plugin::{mapper, sink};
 use super::bindings::sluice::plugin::{config, log, types};
-use super::{EPOCH_TICK, Limits, PluginError, StageFailure, Stages, TrapKind};
+use super::{EPOCH_TICK, Limits, PluginError, StageFailure, Stages, TrapKind, Trapped};
 
 /// Capacity of each captured stdio pipe, bytes. An instance whose output
 /// passes half of it is recycled between calls (stage state is a cache).
@@ -378,11 +378,14 @@ impl Instance {
         let err = live.stderr.contents();
         let new_out = out.get(live.stdout_seen..).unwrap_or_default();
         let new_err = err.get(live.stderr_seen..).unwrap_or_default();
-        for line in String::from_utf8_lossy(new_out).lines() {
+        for line in String::from_utf8_lossy(new_out)
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+        {
             tracing::info!(plugin = plugin.as_str(), stream = "stdout", "{line}");
         }
         let err_text = String::from_utf8_lossy(new_err).into_owned();
-        for line in err_text.lines() {
+        for line in err_text.lines().filter(|l| !l.trim().is_empty()) {
             tracing::warn!(plugin = plugin.as_str(), stream = "stderr", "{line}");
         }
         live.stdout_seen = out.len();
@@ -426,14 +429,14 @@ impl Instance {
                 },
             }
         };
-        PluginError::Trap {
+        PluginError::Trap(Box::new(Trapped {
             path: self.template.path.clone(),
             digest: self.template.digest.clone(),
             call,
             site,
             kind,
             guest_stderr,
-        }
+        }))
     }
 
     fn stage_error(&self, call: &'static str, site: String, e: types::StageError) -> PluginError {

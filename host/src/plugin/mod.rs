@@ -29,7 +29,7 @@ use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine};
 
-pub use error::{PluginError, StageFailure, TrapKind};
+pub use error::{PluginError, StageFailure, TrapKind, Trapped};
 pub use instance::{
     BadRecord, CallContext, Instance, MapResult, OpenAnswer, PartitionRange, describe_site,
 };

@@ -1,0 +1,12 @@
+//! Sluice end-to-end tests: one test binary, one module per area.
+//!
+//! Prerequisites (the README test command does all of it): the `host`
+//! binary and the plugins built for `wasm32-wasip2` in the shared target
+//! directory (`target/debug/host`, `target/wasm32-wasip2/debug/*.wasm`).
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+mod plugin_cli;
+mod plugin_runtime;

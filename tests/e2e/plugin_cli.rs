@@ -1,0 +1,248 @@
+//! `host test` and `host plugin inspect` through the real binary and the
+//! real built components.
+
+use std::io::Write;
+
+use base64::Engine as _;
+use serde_json::{Value, json};
+
+use crate::support::{host, json_lines, plugin, stderr};
+
+const ROW1: &str = r#"{"id":1,"name":"Acme","founded":"0000-00-00 00:00:00","valuation":999999999999.999998,"logo":"iVBORw0KGgoAAAANSUhEUg=="}"#;
+const ROW1_UPDATED: &str = r#"{"id":1,"name":"Acme Corp","founded":"0000-00-00 00:00:00","valuation":999999999999.999998,"logo":"iVBORw0KGgoAAAANSUhEUg=="}"#;
+
+fn maxwell(kind: &str, data: Option<&str>, extra: &str) -> String {
+    let data = data.map(|d| format!(r#","data":{d}"#)).unwrap_or_default();
+    format!(
+        r#"{{"database":"shop","table":"company","type":"{kind}","ts":1700000000,"xid":42,"commit":true{data}{extra}}}"#
+    )
+}
+
+fn record(offset: i64, key: Option<&str>, value: Value) -> String {
+    let mut r = json!({"topic": "maxwell", "partition": 1, "offset": offset, "timestamp": 1_700_000_000_000i64});
+    r["key"] = key.map_or(Value::Null, |k| Value::String(k.to_string()));
+    match value {
+        Value::Object(m) => {
+            for (k, v) in m {
+                r[k] = v;
+            }
+        }
+        v => r["value"] = v,
+    }
+    r.to_string()
+}
+
+fn write_input(lines: &[String]) -> tempfile::NamedTempFile {
+    let mut f = tempfile::NamedTempFile::new().expect("temp file");
+    for l in lines {
+        writeln!(f, "{l}").expect("write input");
+    }
+    f
+}
+
+#[test]
+fn company_maps_every_kind_of_maxwell_event() {
+    let key1 = r#"{"database":"shop","table":"company","pk.id":1}"#;
+    let lines = vec![
+        // 0 insert
+        record(10, Some(key1), Value::String(maxwell("insert", Some(ROW1), ""))),
+        // 1 update with `old`
+        record(11, Some(key1), Value::String(maxwell("update", Some(ROW1_UPDATED), r#","old":{"name":"Acme"}"#))),
+        // 2 delete
+        record(12, Some(key1), Value::String(maxwell("delete", Some(ROW1_UPDATED), ""))),
+        // 3..=7 bootstrap run: start, insert x3, complete
+        record(13, None, Value::String(maxwell("bootstrap-start", Some("{}"), ""))),
+        record(14, None, Value::String(maxwell("bootstrap-insert", Some(r#"{"id":2,"name":"B"}"#), ""))),
+        record(15, None, Value::String(maxwell("bootstrap-insert", Some(r#"{"id":3,"name":"C"}"#), ""))),
+        record(16, None, Value::String(maxwell("bootstrap-insert", Some(r#"{"id":4,"name":"D"}"#), ""))),
+        record(17, None, Value::String(maxwell("bootstrap-complete", Some("{}"), ""))),
+        // 8 DDL (ts in ms, no data)
+        record(18, None, Value::String(r#"{"type":"table-alter","database":"shop","table":"company","old":{"columns":[]},"def":{"columns":[]},"ts":1700000000123,"sql":"ALTER TABLE company ADD COLUMN x INT"}"#.into())),
+        // 9 another table
+        record(19, None, Value::String(r#"{"database":"shop","table":"orders","type":"insert","ts":1,"data":{"id":7}}"#.into())),
+        // 10 malformed JSON
+        record(20, None, Value::String(r#"{"database":"shop","table":"company","type":"ins"#.into())),
+        // 11 non-UTF-8 bytes
+        record(21, None, json!({"value_b64": base64::engine::general_purpose::STANDARD.encode(b"\xff\xfe{\"a\":1}")})),
+    ];
+    let input = write_input(&lines);
+    let out = host(&[
+        "test",
+        "--plugin",
+        plugin("company").to_str().unwrap(),
+        "--input",
+        input.path().to_str().unwrap(),
+        "--format",
+        "records",
+    ]);
+    assert!(out.status.success(), "host test failed: {}", stderr(&out));
+    let got = json_lines(&out);
+    let outputs: Vec<&Value> = got.iter().filter(|v| v["type"] == "output").collect();
+    let bad: Vec<&Value> = got.iter().filter(|v| v["type"] == "bad_record").collect();
+
+    let offsets: Vec<i64> = outputs
+        .iter()
+        .map(|o| o["offset"].as_i64().unwrap())
+        .collect();
+    assert_eq!(offsets, vec![10, 11, 12, 14, 15, 16], "kept events");
+    let keys: Vec<&str> = outputs
+        .iter()
+        .map(|o| o["idempotency_key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys[0], "maxwell/1/10");
+    assert_eq!(keys[5], "maxwell/1/16");
+
+    let value = |i: usize| outputs[i]["value"].as_str().unwrap().to_string();
+    // Byte-exact rows: big decimal, zero date and base64 binary column.
+    assert_eq!(
+        value(0),
+        format!(
+            r#"{{"op":"upsert","database":"shop","table":"company","pk":{{"id":1}},"data":{ROW1},"ts":1700000000}}"#
+        )
+    );
+    assert!(value(1).contains(&format!(r#""data":{ROW1_UPDATED}"#)));
+    assert!(value(1).starts_with(r#"{"op":"upsert""#));
+    assert!(value(2).starts_with(r#"{"op":"delete""#));
+    assert!(
+        value(3).contains(r#""pk":{"id":2}"#),
+        "bootstrap-insert keyed by data.id: {}",
+        value(3)
+    );
+    assert_eq!(outputs[0]["key"], r#"{"id":1}"#);
+
+    let bad_offsets: Vec<i64> = bad.iter().map(|b| b["offset"].as_i64().unwrap()).collect();
+    assert_eq!(bad_offsets, vec![20, 21]);
+    assert!(bad[0]["error"].as_str().unwrap().contains("not JSON"));
+    assert!(bad[1]["error"].as_str().unwrap().contains("not JSON"));
+    assert!(bad[0]["plugin_digest"].as_str().unwrap().len() == 64);
+}
+
+#[test]
+fn lines_format_and_chained_stages() {
+    let input = write_input(&[maxwell("insert", Some(r#"{"id":5}"#), ""), "".to_string()]);
+    let out = host(&[
+        "test",
+        "--plugin",
+        plugin("passthrough").to_str().unwrap(),
+        "--plugin",
+        plugin("company").to_str().unwrap(),
+        "--input",
+        input.path().to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let got = json_lines(&out);
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert_eq!(got[0]["idempotency_key"], "test/0/0");
+    assert!(
+        got[0]["value"]
+            .as_str()
+            .unwrap()
+            .contains(r#""pk":{"id":5}"#)
+    );
+    assert_eq!(got[1]["type"], "bad_record", "an empty line is not JSON");
+}
+
+#[test]
+fn config_reaches_the_plugin() {
+    let input = write_input(&[
+        r#"{"database":"shop","table":"orders","type":"insert","data":{"id":1}}"#.to_string(),
+    ]);
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "test",
+            "--plugin",
+            plugin("company").to_str().unwrap().to_string().leak(),
+            "--input",
+            input.path().to_str().unwrap().to_string().leak(),
+        ];
+        args.extend_from_slice(extra);
+        json_lines(&host(&args)).len()
+    };
+    assert_eq!(run(&[]), 0);
+    assert_eq!(run(&["--config", "table=orders"]), 1);
+}
+
+#[test]
+fn trap_exits_non_zero_with_one_line_reason() {
+    let input = write_input(&["ok".to_string(), "panic".to_string()]);
+    let out = host(&[
+        "test",
+        "--plugin",
+        plugin("misbehave").to_str().unwrap(),
+        "--input",
+        input.path().to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    let last = err.lines().last().unwrap_or_default();
+    assert!(last.starts_with("host: plugin "), "{err}");
+    assert!(
+        last.contains("misbehave panicked on purpose at offset 1"),
+        "{err}"
+    );
+    assert!(last.contains("test/0 offsets 0..=1"), "{err}");
+}
+
+#[test]
+fn unusable_files_are_refused_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("notes.wasm");
+    std::fs::write(&text, "hello, I am text").unwrap();
+    let core = dir.path().join("core.wasm");
+    std::fs::write(&core, b"\0asm\x01\0\0\0").unwrap();
+    let cases = [
+        (text.clone(), "not a WebAssembly file"),
+        (core.clone(), "core WebAssembly module, not a component"),
+        (plugin("wrong-world"), "exports no Sluice stage"),
+        (
+            plugin("future_version"),
+            "built for contract sluice:plugin@9.0.0",
+        ),
+        (dir.path().join("missing.wasm"), "cannot read"),
+    ];
+    for (path, want) in cases {
+        for args in [
+            vec!["plugin", "inspect", path.to_str().unwrap()],
+            vec![
+                "test",
+                "--plugin",
+                path.to_str().unwrap(),
+                "--input",
+                "/dev/null",
+            ],
+        ] {
+            let out = host(&args);
+            assert_eq!(out.status.code(), Some(1), "{args:?}");
+            let err = stderr(&out);
+            assert!(err.contains(want), "{args:?}: {err}");
+            assert!(
+                err.contains(path.to_str().unwrap()),
+                "names the file: {err}"
+            );
+        }
+    }
+}
+
+#[test]
+fn inspect_reports_stages_version_and_imports() {
+    let out = host(&[
+        "plugin",
+        "inspect",
+        plugin("company").to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["stages"], json!(["map"]));
+    assert_eq!(v["contract_version"], "0.1.0");
+    let digest = v["digest"].as_str().unwrap();
+    assert!(digest.starts_with("sha256:") && digest.len() == 7 + 64);
+    let imports: Vec<&str> = v["imports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i.as_str().unwrap())
+        .collect();
+    assert!(imports.contains(&"sluice:plugin/config@0.1.0"));
+    assert!(imports.contains(&"sluice:plugin/log@0.1.0"));
+}
