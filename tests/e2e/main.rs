@@ -8,5 +8,6 @@
 
 mod support;
 
+mod checkpoint;
 mod plugin_cli;
 mod plugin_runtime;

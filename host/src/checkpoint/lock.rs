@@ -1,0 +1,144 @@
+//! The checkpoint lock and the fencing epoch.
+//!
+//! `lock` is `flock`ed (exclusive, via `std::fs::File::try_lock`) by the
+//! owner for its whole life; the OS releases it when the process dies, so a
+//! crashed owner never leaves a stale lock. Each acquisition issues epoch
+//! E+1 (stored in `epoch`) and writes the owner's pid, hostname, epoch and
+//! start time into `lock` for the error message of the next comer.
+//!
+//! flock is node-local: two hosts mounting the same checkpoint over NFS are
+//! not excluded by it. The epoch re-check before every commit still stops a
+//! process whose epoch was superseded.
+
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::entry::{self, EnvelopeError};
+use super::fsio;
+
+/// Who holds a checkpoint (contents of `lock`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OwnerInfo {
+    /// Process id.
+    pub pid: u32,
+    /// Host name.
+    pub hostname: String,
+    /// The owner's fencing epoch.
+    pub epoch: u64,
+    /// Acquisition time, milliseconds since the Unix epoch.
+    pub since_ms: i64,
+}
+
+impl OwnerInfo {
+    /// `since` as RFC 3339 (UTC).
+    pub fn since(&self) -> String {
+        rfc3339_ms(self.since_ms)
+    }
+}
+
+/// Format milliseconds since the Unix epoch as RFC 3339 (UTC, seconds).
+pub fn rfc3339_ms(ms: i64) -> String {
+    let t = std::time::UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct EpochFile {
+    epoch: u64,
+}
+
+/// Outcome of trying to lock.
+pub(crate) enum Acquire {
+    /// We hold the lock (the file handle keeps it).
+    Held(File),
+    /// Someone else holds it; what they wrote about themselves, if readable.
+    Owned(Option<OwnerInfo>),
+}
+
+/// Read the owner info written in `lock` (best effort).
+pub(crate) fn read_owner(dir: &Path) -> Option<OwnerInfo> {
+    let bytes = std::fs::read(dir.join("lock")).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// Try to take the lock; with `wait`, retry until it is free or the time
+/// is up.
+pub(crate) fn acquire(dir: &Path, wait: Option<Duration>) -> std::io::Result<Acquire> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(dir.join("lock"))?;
+    let deadline = wait.map(|w| Instant::now() + w);
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(Acquire::Held(file)),
+            Err(TryLockError::WouldBlock) => match deadline {
+                Some(d) if Instant::now() < d => std::thread::sleep(Duration::from_millis(20)),
+                _ => return Ok(Acquire::Owned(read_owner(dir))),
+            },
+            Err(TryLockError::Error(e)) => return Err(e),
+        }
+    }
+}
+
+/// True when some process holds the lock right now. Probes with a shared
+/// lock, released at once; never creates the file.
+pub(crate) fn is_owned(dir: &Path) -> std::io::Result<bool> {
+    let file = match File::open(dir.join("lock")) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    match file.try_lock_shared() {
+        Ok(()) => Ok(false),
+        Err(TryLockError::WouldBlock) => Ok(true),
+        Err(TryLockError::Error(e)) => Err(e),
+    }
+}
+
+/// Write our owner info into the held lock file.
+pub(crate) fn write_owner(file: &mut File, owner: &OwnerInfo) -> std::io::Result<()> {
+    let bytes = serde_json::to_vec(owner).map_err(std::io::Error::other)?;
+    file.set_len(0)?;
+    file.seek(SeekFrom::Start(0))?;
+    file.write_all(&bytes)?;
+    file.sync_all()
+}
+
+/// The last issued epoch (0 when none was ever issued).
+pub(crate) fn read_epoch(dir: &Path) -> Result<u64, EnvelopeError> {
+    let mut bytes = Vec::new();
+    match File::open(dir.join("epoch")) {
+        Ok(mut f) => f
+            .read_to_end(&mut bytes)
+            .map_err(|e| EnvelopeError::Torn(e.to_string()))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(EnvelopeError::Torn(e.to_string())),
+    };
+    entry::decode::<EpochFile>("epoch", &bytes).map(|e| e.epoch)
+}
+
+/// Store `epoch` as the last issued one.
+pub(crate) fn write_epoch(dir: &Path, epoch: u64) -> std::io::Result<()> {
+    let bytes = entry::encode("epoch", &EpochFile { epoch }).map_err(std::io::Error::other)?;
+    fsio::write_replace(dir, "epoch", &bytes, "epoch")
+}
+
+/// The local host name (best effort).
+pub(crate) fn hostname() -> String {
+    gethostname::gethostname().to_string_lossy().into_owned()
+}

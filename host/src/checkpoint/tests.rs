@@ -1,0 +1,418 @@
+//! Unit tests of the checkpoint API on real files (no Kafka, no wasm).
+
+use super::*;
+
+fn opts(topics: &[&str]) -> OpenOptions {
+    OpenOptions {
+        topics: topics.iter().map(|s| s.to_string()).collect(),
+        ..OpenOptions::default()
+    }
+}
+
+fn ranges(n: u64) -> Vec<PartitionRange> {
+    (0..2)
+        .map(|p| PartitionRange {
+            topic: "t".into(),
+            partition: p,
+            start: n as i64 * 10,
+            end: n as i64 * 10 + 10,
+        })
+        .collect()
+}
+
+fn plan(cp: &mut Checkpoint, n: u64) {
+    cp.append_offsets(&OffsetsEntry {
+        batch_id: n,
+        epoch: cp.epoch(),
+        planned_at_ms: now_ms(),
+        ranges: ranges(n),
+        plugins: vec![PluginRef {
+            stage: StageKind::Map,
+            digest: "d".repeat(64),
+        }],
+        config_digest: "c".into(),
+        note: None,
+    })
+    .unwrap();
+}
+
+fn commit(cp: &mut Checkpoint, n: u64) {
+    cp.commit(&CommitEntry {
+        batch_id: n,
+        epoch: cp.epoch(),
+        committed_at_ms: now_ms(),
+        counts: Counts::default(),
+        timings_ms: Timings::default(),
+        plugins: vec![],
+        data_loss: vec![],
+        note: None,
+    })
+    .unwrap();
+}
+
+fn run_batches(dir: &Path, n: u64) {
+    let mut cp = Checkpoint::open(dir, &opts(&["t"])).unwrap();
+    for i in cp.next_batch_id()..cp.next_batch_id() + n {
+        plan(&mut cp, i);
+        commit(&mut cp, i);
+    }
+}
+
+fn resume_at(cp: &Checkpoint) -> u64 {
+    match cp.recovery() {
+        Recovery::Resume { next_batch, .. } => *next_batch,
+        other => panic!("expected resume, got {other:?}"),
+    }
+}
+
+#[test]
+fn new_checkpoint_starts_at_batch_zero_with_epoch_one() {
+    let d = tempfile::tempdir().unwrap();
+    let cp = Checkpoint::open(d.path(), &opts(&["t"])).unwrap();
+    assert_eq!(cp.epoch(), 1);
+    assert_eq!(
+        cp.recovery(),
+        &Recovery::Resume {
+            next_batch: 0,
+            positions: BTreeMap::new(),
+            plugins: vec![]
+        }
+    );
+    assert_eq!(cp.metadata().fingerprint.topics, vec!["t".to_string()]);
+}
+
+#[test]
+fn committed_batches_resume_after_the_last_one() {
+    let d = tempfile::tempdir().unwrap();
+    run_batches(d.path(), 3);
+    let cp = Checkpoint::open(d.path(), &opts(&["t"])).unwrap();
+    assert_eq!(cp.epoch(), 2, "each acquisition issues a new epoch");
+    match cp.recovery() {
+        Recovery::Resume {
+            next_batch,
+            positions,
+            ..
+        } => {
+            assert_eq!(*next_batch, 3);
+            assert_eq!(positions[&("t".to_string(), 0)], 30);
+            assert_eq!(positions[&("t".to_string(), 1)], 30);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn uncommitted_batch_is_rerun_with_the_same_ranges() {
+    let d = tempfile::tempdir().unwrap();
+    run_batches(d.path(), 2);
+    {
+        let mut cp = Checkpoint::open(d.path(), &opts(&["t"])).unwrap();
+        plan(&mut cp, 2);
+    }
+    let mut cp = Checkpoint::open(d.path(), &opts(&["t"])).unwrap();
+    match cp.recovery() {
+        Recovery::Rerun { entry } => {
+            assert_eq!(entry.batch_id, 2);
+            assert_eq!(entry.ranges, ranges(2));
+        }
+        other => panic!("{other:?}"),
+    }
+    // Planning a new batch before re-running is refused.
+    let e = cp
+        .append_offsets(&OffsetsEntry {
+            batch_id: 3,
+            epoch: cp.epoch(),
+            planned_at_ms: 0,
+            ranges: vec![],
+            plugins: vec![],
+            config_digest: String::new(),
+            note: None,
+        })
+        .unwrap_err();
+    assert!(matches!(e, CheckpointError::Misuse { .. }), "{e}");
+    commit(&mut cp, 2);
+    plan(&mut cp, 3);
+}
+
+#[test]
+fn torn_newest_uncommitted_entry_is_discarded() {
+    for damage in ["empty", "truncated", "checksum"] {
+        let d = tempfile::tempdir().unwrap();
+        run_batches(d.path(), 2);
+        {
+            let mut cp = Checkpoint::open(d.path(), &opts(&["t"])).unwrap();
+            plan(&mut cp, 2);
+        }
+        let f = d.path().join("offsets/2");
+        let bytes = std::fs::read(&f).unwrap();
+        let damaged = match damage {
+            "empty" => Vec::new(),
+            "truncated" => bytes[..bytes.len() / 2].to_vec(),
+            _ => String::from_utf8(bytes)
+                .unwrap()
+                .replace("\"start\":20", "\"start\":21")
+                .into_bytes(),
+        };
+        std::fs::write(&f, damaged).unwrap();
+        let cp = Checkpoint::open(d.path(), &opts(&["t"])).unwrap();
+        assert_eq!(resume_at(&cp), 2, "{damage}: re-planned");
+        assert!(!f.exists(), "{damage}: moved aside");
+        assert!(d.path().join("offsets/2.torn").exists());
+    }
+}
+
+fn corrupt_message(dir: &Path) -> String {
+    match Checkpoint::open(dir, &opts(&["t"])) {
+        Err(e @ CheckpointError::Corrupt { .. }) => e.to_string(),
+        Err(e) => panic!("expected corrupt, got {e}"),
+        Ok(cp) => panic!("expected corrupt, got {:?}", cp.recovery()),
+    }
+}
+
+#[test]
+fn damage_other_than_a_torn_tail_is_corruption() {
+    // Missing middle entry.
+    let d = tempfile::tempdir().unwrap();
+    run_batches(d.path(), 4);
+    std::fs::remove_file(d.path().join("offsets/1")).unwrap();
+    let m = corrupt_message(d.path());
+    assert!(m.starts_with("checkpoint corrupt: "), "{m}");
+    assert!(m.contains("offsets/1: missing"), "{m}");
+
+    // Commit without its offsets entry (the newest).
+    let d = tempfile::tempdir().unwrap();
+    run_batches(d.path(), 2);
+    std::fs::copy(d.path().join("commits/1"), d.path().join("commits/2")).unwrap();
+    let m = corrupt_message(d.path());
+    assert!(
+        m.contains("commits/2: commit entry without its offsets entry"),
+        "{m}"
+    );
+
+    // Bad checksum on a committed entry (even the newest).
+    let d = tempfile::tempdir().unwrap();
+    run_batches(d.path(), 2);
+    let f = d.path().join("offsets/1");
+    let s = std::fs::read_to_string(&f)
+        .unwrap()
+        .replace("\"end\":20", "\"end\":25");
+    std::fs::write(&f, s).unwrap();
+    let m = corrupt_message(d.path());
+    assert!(m.contains("offsets/1: checksum mismatch"), "{m}");
+
+    // Torn commit entry.
+    let d = tempfile::tempdir().unwrap();
+    run_batches(d.path(), 2);
+    std::fs::write(d.path().join("commits/1"), b"").unwrap();
+    let m = corrupt_message(d.path());
+    assert!(m.contains("commits/1: empty file"), "{m}");
+
+    // Unknown format version, even on the newest uncommitted entry.
+    let d = tempfile::tempdir().unwrap();
+    run_batches(d.path(), 1);
+    {
+        let mut cp = Checkpoint::open(d.path(), &opts(&["t"])).unwrap();
+        plan(&mut cp, 1);
+    }
+    let f = d.path().join("offsets/1");
+    let s = std::fs::read_to_string(&f)
+        .unwrap()
+        .replace("\"format_version\":1", "\"format_version\":7");
+    std::fs::write(&f, s).unwrap();
+    let m = corrupt_message(d.path());
+    assert!(m.contains("offsets/1: unknown format version 7"), "{m}");
+
+    // Corrupt metadata.
+    let d = tempfile::tempdir().unwrap();
+    run_batches(d.path(), 1);
+    std::fs::write(d.path().join("metadata"), b"{").unwrap();
+    let m = corrupt_message(d.path());
+    assert!(m.contains("metadata: not a complete entry"), "{m}");
+
+    // An uncommitted entry that is not the newest.
+    let d = tempfile::tempdir().unwrap();
+    run_batches(d.path(), 3);
+    std::fs::remove_file(d.path().join("commits/1")).unwrap();
+    let m = corrupt_message(d.path());
+    assert!(m.contains("commits/1: missing"), "{m}");
+}
+
+#[test]
+fn corruption_is_refused_without_touching_the_files() {
+    let d = tempfile::tempdir().unwrap();
+    run_batches(d.path(), 3);
+    std::fs::remove_file(d.path().join("offsets/1")).unwrap();
+    let before: Vec<_> = std::fs::read_dir(d.path().join("offsets"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    let _ = corrupt_message(d.path());
+    let after: Vec<_> = std::fs::read_dir(d.path().join("offsets"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(before.len(), after.len());
+}
+
+#[test]
+fn retention_keeps_the_last_k_batches_and_recovery_still_works() {
+    let d = tempfile::tempdir().unwrap();
+    let o = OpenOptions {
+        retention: 5,
+        ..opts(&["t"])
+    };
+    {
+        let mut cp = Checkpoint::open(d.path(), &o).unwrap();
+        for i in 0..12 {
+            plan(&mut cp, i);
+            commit(&mut cp, i);
+        }
+    }
+    let ids = list_ids(&d.path().join("offsets")).unwrap();
+    assert_eq!(ids.into_iter().collect::<Vec<_>>(), vec![7, 8, 9, 10, 11]);
+    assert_eq!(list_ids(&d.path().join("commits")).unwrap().len(), 5);
+    let cp = Checkpoint::open(d.path(), &o).unwrap();
+    assert_eq!(resume_at(&cp), 12);
+}
+
+#[test]
+fn interrupted_prune_leftovers_are_not_corruption() {
+    let d = tempfile::tempdir().unwrap();
+    let o = OpenOptions {
+        retention: 3,
+        ..opts(&["t"])
+    };
+    {
+        let mut cp = Checkpoint::open(d.path(), &o).unwrap();
+        for i in 0..6 {
+            plan(&mut cp, i);
+            commit(&mut cp, i);
+        }
+    }
+    // A prune that removed offsets/2 but died before commits/2.
+    std::fs::copy(d.path().join("commits/3"), d.path().join("commits/2")).unwrap();
+    let cp = Checkpoint::open(d.path(), &o).unwrap();
+    assert_eq!(resume_at(&cp), 6);
+    assert!(!d.path().join("commits/2").exists(), "leftover removed");
+}
+
+#[test]
+fn fingerprint_mismatch_is_refused_with_a_diff_unless_allowed() {
+    let d = tempfile::tempdir().unwrap();
+    drop(Checkpoint::open(d.path(), &opts(&["a", "b"])).unwrap());
+    let e = Checkpoint::open(d.path(), &opts(&["b", "c"])).unwrap_err();
+    let m = e.to_string();
+    assert!(m.contains("+ added:   c"), "{m}");
+    assert!(m.contains("- removed: a"), "{m}");
+    assert!(m.contains("--allow-fingerprint-change"), "{m}");
+    let o = OpenOptions {
+        allow_fingerprint_change: true,
+        ..opts(&["b", "c"])
+    };
+    let cp = Checkpoint::open(d.path(), &o).unwrap();
+    assert_eq!(
+        cp.metadata().fingerprint.topics,
+        vec!["b".to_string(), "c".to_string()]
+    );
+    drop(cp);
+    assert!(
+        Checkpoint::open(d.path(), &opts(&["c", "b"])).is_ok(),
+        "order does not matter"
+    );
+}
+
+#[test]
+fn a_held_lock_is_refused_naming_the_owner() {
+    let d = tempfile::tempdir().unwrap();
+    let owner = Checkpoint::open(d.path(), &opts(&["t"])).unwrap();
+    let e = Checkpoint::open(d.path(), &opts(&["t"])).unwrap_err();
+    assert!(e.is_owned());
+    let m = e.to_string();
+    assert!(m.contains(&format!("pid {}", std::process::id())), "{m}");
+    assert!(m.contains("(epoch 1)"), "{m}");
+    assert!(m.contains("use --wait to queue or --takeover"), "{m}");
+    // Waiting gives up after the timeout while the owner stays.
+    let o = OpenOptions {
+        wait: Some(Duration::from_millis(100)),
+        ..opts(&["t"])
+    };
+    assert!(Checkpoint::open(d.path(), &o).unwrap_err().is_owned());
+    drop(owner);
+    assert_eq!(Checkpoint::open(d.path(), &o).unwrap().epoch(), 2);
+}
+
+#[test]
+fn a_zombie_with_an_older_epoch_cannot_commit() {
+    let d = tempfile::tempdir().unwrap();
+    let mut zombie = Checkpoint::open(d.path(), &opts(&["t"])).unwrap();
+    plan(&mut zombie, 0);
+    // The lock file is removed behind the owner's back (an operator, or a
+    // second node on a shared mount): a new owner gets a new epoch.
+    std::fs::remove_file(d.path().join("lock")).unwrap();
+    let mut newer = Checkpoint::open(d.path(), &opts(&["t"])).unwrap();
+    assert_eq!(newer.epoch(), 2);
+    let e = zombie
+        .commit(&CommitEntry {
+            batch_id: 0,
+            epoch: 1,
+            committed_at_ms: 0,
+            counts: Counts::default(),
+            timings_ms: Timings::default(),
+            plugins: vec![],
+            data_loss: vec![],
+            note: None,
+        })
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            CheckpointError::Fenced {
+                ours: 1,
+                current: 2,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(!d.path().join("commits/0").exists());
+    // The new owner re-runs batch 0 and commits it.
+    assert!(matches!(newer.recovery(), Recovery::Rerun { .. }));
+    commit(&mut newer, 0);
+}
+
+#[test]
+fn plugin_store_is_content_addressed() {
+    let d = tempfile::tempdir().unwrap();
+    let cp = Checkpoint::open(d.path(), &opts(&["t"])).unwrap();
+    let digest = cp.store_plugin(b"component bytes").unwrap();
+    assert_eq!(digest, cp.store_plugin(b"component bytes").unwrap());
+    assert_eq!(cp.load_plugin(&digest).unwrap(), b"component bytes");
+    std::fs::write(cp.plugin_path(&digest), b"tampered").unwrap();
+    assert!(matches!(
+        cp.load_plugin(&digest),
+        Err(CheckpointError::Corrupt { .. })
+    ));
+}
+
+#[test]
+fn status_reads_an_owned_checkpoint_without_writing() {
+    let d = tempfile::tempdir().unwrap();
+    run_batches(d.path(), 2);
+    let mut cp = Checkpoint::open(d.path(), &opts(&["t"])).unwrap();
+    plan(&mut cp, 2);
+    let s = status(d.path()).unwrap();
+    assert_eq!(s.owner.as_ref().map(|o| o.pid), Some(std::process::id()));
+    assert_eq!(s.epoch, 2);
+    assert_eq!(s.next_action, "rerun");
+    assert_eq!(s.next_batch, 2);
+    assert_eq!(s.last_committed.as_ref().map(|c| c.batch_id), Some(1));
+    drop(cp);
+    let s = status(d.path()).unwrap();
+    assert!(s.owner.is_none());
+    assert!(matches!(
+        status(&d.path().join("nope")),
+        Err(CheckpointError::NotACheckpoint { .. })
+    ));
+}
