@@ -4,6 +4,8 @@
 
 use std::sync::OnceLock;
 
+use crate::sql::{Rows, SqlError, Value};
+
 /// Log severity, as in the WIT `log.level` enum.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum LogLevel {
@@ -25,6 +27,20 @@ pub trait HostApi: Send + Sync {
     fn log(&self, level: LogLevel, message: &str);
     /// Every configured pair.
     fn config_all(&self) -> Vec<(String, String)>;
+    /// The SQL dialect, when a connection is granted.
+    fn sql_dialect(&self) -> Option<String> {
+        None
+    }
+    /// Run one statement.
+    fn sql_execute(&self, statement: &str, params: &[Value]) -> Result<u64, SqlError> {
+        let _ = (statement, params);
+        Err(crate::sql::not_granted())
+    }
+    /// Run one query.
+    fn sql_query(&self, statement: &str, params: &[Value]) -> Result<Rows, SqlError> {
+        let _ = (statement, params);
+        Err(crate::sql::not_granted())
+    }
 }
 
 struct NativeHost;

@@ -34,10 +34,12 @@
 //!
 //! Layout: [`wire`] is the packed batch encoding (shared with the host),
 //! [`json`] reads JSON without number round-trips, [`log`] and [`Config`]
-//! reach the host imports, [`testing`] runs stages natively.
+//! reach the host imports, [`sql`] is the host's SQL capability for sinks,
+//! [`testing`] runs stages natively.
 
 pub mod json;
 pub mod log;
+pub mod sql;
 pub mod testing;
 pub mod wire;
 

@@ -6,6 +6,8 @@
 //!   map chain.
 //! - [`checkpoint`]: write-ahead offset log, commit log, metadata, lock and
 //!   fencing epoch.
+//! - [`sink`]: the sink driver and the capabilities granted to sink plugins
+//!   (SQL: SQLite and PostgreSQL, one transaction per partition range).
 //! - [`cli`]: command-line parsing and the subcommands; `main` owns exit
 //!   codes.
 //! - [`wire`]: the packed batch encoding (re-exported from the guest SDK,
@@ -14,5 +16,6 @@
 pub mod checkpoint;
 pub mod cli;
 pub mod plugin;
+pub mod sink;
 
 pub use sluice_guest::wire;

@@ -11,3 +11,4 @@ mod support;
 mod checkpoint;
 mod plugin_cli;
 mod plugin_runtime;
+mod sql_sink;

@@ -94,6 +94,68 @@ fn expand(args: Args) -> syn::Result<proc_macro2::TokenStream> {
         }
     };
 
+    // Sink worlds import `sql`: route the SDK's SQL calls to it.
+    let sql_impl = sink.is_some().then(|| {
+        quote! {
+            fn sql_dialect(&self) -> ::std::option::Option<::std::string::String> {
+                ::std::option::Option::Some(sluice::plugin::sql::dialect())
+            }
+            fn sql_execute(
+                &self,
+                statement: &str,
+                params: &[::sluice_guest::sql::Value],
+            ) -> ::std::result::Result<u64, ::sluice_guest::sql::SqlError> {
+                let params: ::std::vec::Vec<_> = params.iter().map(to_wit).collect();
+                sluice::plugin::sql::execute(statement, &params).map_err(from_wit_error)
+            }
+            fn sql_query(
+                &self,
+                statement: &str,
+                params: &[::sluice_guest::sql::Value],
+            ) -> ::std::result::Result<::sluice_guest::sql::Rows, ::sluice_guest::sql::SqlError> {
+                let params: ::std::vec::Vec<_> = params.iter().map(to_wit).collect();
+                let rows = sluice::plugin::sql::query(statement, &params).map_err(from_wit_error)?;
+                Ok(::sluice_guest::sql::Rows {
+                    columns: rows.columns,
+                    rows: rows
+                        .rows
+                        .into_iter()
+                        .map(|r| r.into_iter().map(from_wit).collect())
+                        .collect(),
+                })
+            }
+        }
+    });
+    let sql_helpers = sink.is_some().then(|| {
+        quote! {
+            fn to_wit(v: &::sluice_guest::sql::Value) -> sluice::plugin::sql::Value {
+                use ::sluice_guest::sql::Value as V;
+                use sluice::plugin::sql::Value as W;
+                match v {
+                    V::Null => W::Null,
+                    V::Integer(i) => W::Integer(*i),
+                    V::Real(r) => W::Real(*r),
+                    V::Text(t) => W::Text(t.clone()),
+                    V::Blob(b) => W::Blob(b.clone()),
+                }
+            }
+            fn from_wit(v: sluice::plugin::sql::Value) -> ::sluice_guest::sql::Value {
+                use ::sluice_guest::sql::Value as V;
+                use sluice::plugin::sql::Value as W;
+                match v {
+                    W::Null => V::Null,
+                    W::Integer(i) => V::Integer(i),
+                    W::Real(r) => V::Real(r),
+                    W::Text(t) => V::Text(t),
+                    W::Blob(b) => V::Blob(b),
+                }
+            }
+            fn from_wit_error(e: sluice::plugin::sql::SqlError) -> ::sluice_guest::sql::SqlError {
+                ::sluice_guest::sql::SqlError { message: e.message, code: e.code }
+            }
+        }
+    });
+
     let map_impl = map.map(|ty| {
         quote! {
             static MAPPER: ::sluice_guest::__private::Slot<#ty> = ::sluice_guest::__private::Slot::new();
@@ -188,7 +250,10 @@ fn expand(args: Args) -> syn::Result<proc_macro2::TokenStream> {
                 fn config_all(&self) -> ::std::vec::Vec<(::std::string::String, ::std::string::String)> {
                     sluice::plugin::config::get_all()
                 }
+                #sql_impl
             }
+
+            #sql_helpers
 
             fn install() {
                 ::sluice_guest::__private::set_host(::std::boxed::Box::new(Host));
@@ -209,6 +274,10 @@ fn expand(args: Args) -> syn::Result<proc_macro2::TokenStream> {
             #map_impl
             #sink_impl
 
+            // The exported symbol names (`sluice:plugin/mapper@…#map`) only
+            // make sense in a component; natively the crate is a library
+            // whose stages are unit-tested through `sluice_guest::testing`.
+            #[cfg(target_arch = "wasm32")]
             export!(Component);
         }
     })

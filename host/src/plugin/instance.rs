@@ -17,8 +17,9 @@ use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use super::bindings::exports::sluice::plugin::{mapper, sink};
-use super::bindings::sluice::plugin::{config, log, types};
+use super::bindings::sluice::plugin::{config, log, sql, types};
 use super::{EPOCH_TICK, Limits, PluginError, StageFailure, Stages, TrapKind, Trapped};
+use crate::sink::sql::{DbError, SqlGrant, SqlValue};
 
 /// Capacity of each captured stdio pipe, bytes. An instance whose output
 /// passes half of it is recycled between calls (stage state is a cache).
@@ -34,6 +35,7 @@ pub(crate) struct State {
     limiter: Limiter,
     config: Arc<BTreeMap<String, String>>,
     plugin: String,
+    sql: Option<SqlGrant>,
 }
 
 impl WasiView for State {
@@ -70,6 +72,81 @@ impl config::Host for State {
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect()
+    }
+}
+
+fn to_sql_value(v: sql::Value) -> SqlValue {
+    match v {
+        sql::Value::Null => SqlValue::Null,
+        sql::Value::Integer(i) => SqlValue::Integer(i),
+        sql::Value::Real(r) => SqlValue::Real(r),
+        sql::Value::Text(t) => SqlValue::Text(t),
+        sql::Value::Blob(b) => SqlValue::Blob(b),
+    }
+}
+
+fn from_sql_value(v: SqlValue) -> sql::Value {
+    match v {
+        SqlValue::Null => sql::Value::Null,
+        SqlValue::Integer(i) => sql::Value::Integer(i),
+        SqlValue::Real(r) => sql::Value::Real(r),
+        SqlValue::Text(t) => sql::Value::Text(t),
+        SqlValue::Blob(b) => sql::Value::Blob(b),
+    }
+}
+
+fn sql_error(e: DbError) -> sql::SqlError {
+    sql::SqlError {
+        message: e.message,
+        code: e.code,
+    }
+}
+
+impl sql::Host for State {
+    fn dialect(&mut self) -> String {
+        self.sql
+            .as_ref()
+            .map_or("none", |g| g.dialect())
+            .to_string()
+    }
+
+    fn execute(
+        &mut self,
+        statement: String,
+        params: Vec<sql::Value>,
+    ) -> Result<u64, sql::SqlError> {
+        let Some(g) = &self.sql else {
+            return Err(sql_error(not_granted()));
+        };
+        let params: Vec<SqlValue> = params.into_iter().map(to_sql_value).collect();
+        g.plugin_execute(&statement, &params).map_err(sql_error)
+    }
+
+    fn query(
+        &mut self,
+        statement: String,
+        params: Vec<sql::Value>,
+    ) -> Result<sql::Rows, sql::SqlError> {
+        let Some(g) = &self.sql else {
+            return Err(sql_error(not_granted()));
+        };
+        let params: Vec<SqlValue> = params.into_iter().map(to_sql_value).collect();
+        let rows = g.plugin_query(&statement, &params).map_err(sql_error)?;
+        Ok(sql::Rows {
+            columns: rows.columns,
+            rows: rows
+                .rows
+                .into_iter()
+                .map(|r| r.into_iter().map(from_sql_value).collect())
+                .collect(),
+        })
+    }
+}
+
+fn not_granted() -> DbError {
+    DbError {
+        message: "no sql capability granted (configure the pipeline with --sink-db)".into(),
+        code: "sluice".into(),
     }
 }
 
@@ -123,6 +200,7 @@ pub(crate) fn linker(engine: &Engine) -> wasmtime::Result<Linker<State>> {
     types::add_to_linker::<State, HasSelf<State>>(&mut linker, |s| s)?;
     log::add_to_linker::<State, HasSelf<State>>(&mut linker, |s| s)?;
     config::add_to_linker::<State, HasSelf<State>>(&mut linker, |s| s)?;
+    sql::add_to_linker::<State, HasSelf<State>>(&mut linker, |s| s)?;
     Ok(linker)
 }
 
@@ -237,6 +315,7 @@ pub struct Instance {
     template: Arc<Template>,
     config: Arc<BTreeMap<String, String>>,
     limits: Limits,
+    sql: Option<SqlGrant>,
     live: Option<Live>,
     instantiations: u64,
 }
@@ -273,12 +352,14 @@ impl Instance {
         template: Arc<Template>,
         config: Arc<BTreeMap<String, String>>,
         limits: Limits,
+        sql: Option<SqlGrant>,
     ) -> Self {
         Instance {
             engine,
             template,
             config,
             limits,
+            sql,
             live: None,
             instantiations: 0,
         }
@@ -335,6 +416,7 @@ impl Instance {
             },
             config: self.config.clone(),
             plugin: t.digest.get(..12).unwrap_or(&t.digest).to_string(),
+            sql: self.sql.clone(),
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);

@@ -188,7 +188,7 @@ impl Runtime {
             .map_err(|e| PluginError::Instantiate {
                 path: path.clone(),
                 digest: digest.clone(),
-                reason: format!("{e:#} (the sandbox grants only sluice:plugin/log, sluice:plugin/config and WASI clocks, random and stdio)"),
+                reason: format!("{e:#} (the sandbox grants only sluice:plugin/log, config and sql, and WASI clocks, random and stdio)"),
             })?;
         let template = instance::Template::new(pre, stages, &path, &digest)?;
         let plugin = Plugin {
@@ -276,13 +276,20 @@ impl Plugin {
         &self.exports
     }
 
-    /// A new sandboxed instance (lazily instantiated on first call).
+    /// A new sandboxed instance (lazily instantiated on first call), with
+    /// no capability beyond `log` and `config`.
     pub fn instance(&self) -> Instance {
+        self.instance_with_sql(None)
+    }
+
+    /// A new sandboxed instance granted the SQL capability (sink stages).
+    pub fn instance_with_sql(&self, sql: Option<crate::sink::sql::SqlGrant>) -> Instance {
         Instance::new(
             self.engine.clone(),
             self.template.clone(),
             self.config.clone(),
             self.limits,
+            sql,
         )
     }
 }

@@ -24,9 +24,16 @@
 //! (`999999999999.999998` and `"0000-00-00 00:00:00"` survive exactly).
 //! Output key: the `pk` object, so a compacted output topic keeps one row
 //! per primary key.
+//!
+//! Sink stage (uses the host's `sql` capability): keeps table `companies`
+//! (config `sink_table`) current — one row per primary key with the row
+//! JSON, the idempotency key and source offset of the last applied change
+//! and its Kafka timestamp as `updated_at_ms`. `upsert` inserts or
+//! replaces, `delete` removes.
 
 use sluice_guest::json::{self, Object};
-use sluice_guest::{Config, Emit, Error, Mapper, Record};
+use sluice_guest::sql::{self, Value};
+use sluice_guest::{Config, Emit, Error, Mapper, Record, Sink, SinkRecord};
 
 /// What a Maxwell `type` means for the `companies` table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,7 +170,113 @@ fn primary_key(key: Option<&[u8]>, row: &Object<'_>, pk: &mut Vec<u8>) -> Result
     Ok(())
 }
 
-sluice_guest::export!(map: Company);
+/// The company sink stage: applies change records to a SQL table.
+pub struct CompanySink {
+    table: String,
+    create: String,
+    upsert: String,
+    delete: String,
+}
+
+fn valid_identifier(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && s.len() <= 63
+}
+
+impl Sink for CompanySink {
+    fn new(config: &Config) -> Result<Self, String> {
+        let table = config.get_or("sink_table", "companies").to_string();
+        if !valid_identifier(&table) {
+            return Err(format!(
+                "sink_table `{table}` is not a plain SQL identifier ([A-Za-z_][A-Za-z0-9_]*)"
+            ));
+        }
+        Ok(CompanySink {
+            create: format!(
+                "CREATE TABLE IF NOT EXISTS {table} (\
+                 pk TEXT PRIMARY KEY, \
+                 row_json TEXT NOT NULL, \
+                 idempotency_key TEXT NOT NULL, \
+                 source_topic TEXT NOT NULL, \
+                 source_partition INTEGER NOT NULL, \
+                 source_offset BIGINT NOT NULL, \
+                 updated_at_ms BIGINT NOT NULL)"
+            ),
+            upsert: format!(
+                "INSERT INTO {table} (pk, row_json, idempotency_key, source_topic, source_partition, source_offset, updated_at_ms) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7) \
+                 ON CONFLICT (pk) DO UPDATE SET row_json = excluded.row_json, \
+                 idempotency_key = excluded.idempotency_key, source_topic = excluded.source_topic, \
+                 source_partition = excluded.source_partition, source_offset = excluded.source_offset, \
+                 updated_at_ms = excluded.updated_at_ms"
+            ),
+            delete: format!("DELETE FROM {table} WHERE pk = $1"),
+            table,
+        })
+    }
+
+    fn open(
+        &mut self,
+        _ctx: &sluice_guest::PartitionContext,
+    ) -> Result<sluice_guest::OpenAnswer, Error> {
+        sql::execute(&self.create, &[])?;
+        Ok(sluice_guest::OpenAnswer::Proceed)
+    }
+
+    fn write(&mut self, r: &SinkRecord<'_>) -> Result<(), Error> {
+        let Some(value) = r.record.value else {
+            return Err(Error::bad_record(
+                "tombstone: the company sink expects change records",
+            ));
+        };
+        let change = Object::parse(value)
+            .map_err(|e| Error::bad_record(format!("not a change record: {e}")))?;
+        let op = change
+            .get_str("op")
+            .map_err(Error::bad_record)?
+            .ok_or_else(|| Error::bad_record("change record without `op`"))?;
+        let pk = change
+            .get("pk")
+            .ok_or_else(|| Error::bad_record("change record without `pk`"))?
+            .get()
+            .to_string();
+        match op.as_ref() {
+            "upsert" => {
+                let data = change
+                    .get("data")
+                    .ok_or_else(|| Error::bad_record("upsert without `data`"))?;
+                sql::execute(
+                    &self.upsert,
+                    &[
+                        Value::Text(pk),
+                        Value::from(data.get()),
+                        Value::from(r.idempotency_key),
+                        Value::from(r.record.topic),
+                        Value::from(r.record.partition),
+                        Value::Integer(r.record.offset),
+                        Value::Integer(r.record.timestamp),
+                    ],
+                )?;
+            }
+            "delete" => {
+                sql::execute(&self.delete, &[Value::Text(pk)])?;
+            }
+            other => {
+                return Err(Error::bad_record(format!(
+                    "unknown op `{other}` for table {}",
+                    self.table
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+sluice_guest::export!(map: Company, sink: CompanySink);
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,691 @@
+//! The SQL capability: one database connection owned by the host, shared
+//! between the sink driver (which brackets each partition range in a
+//! transaction with its progress row) and the plugin's `sql` imports (which
+//! run inside that transaction).
+//!
+//! Backends: SQLite through rusqlite with the bundled library
+//! (`sqlite:PATH`), PostgreSQL through the `postgres` client
+//! (`postgres://…`). Placeholders are `$1 … $n` on both: SQLite binds them
+//! by name (`$1` is a named parameter there), PostgreSQL natively.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use postgres::types::{IsNull, ToSql, Type, to_sql_checked};
+
+/// A parameter or column value (the WIT `sql.value`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum SqlValue {
+    /// NULL.
+    Null,
+    /// 64-bit integer.
+    Integer(i64),
+    /// Double.
+    Real(f64),
+    /// Text.
+    Text(String),
+    /// Bytes.
+    Blob(Vec<u8>),
+}
+
+/// A database error (the WIT `sql.sql-error`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message} ({code})")]
+pub struct DbError {
+    /// The database's message.
+    pub message: String,
+    /// SQLSTATE (PostgreSQL), extended result code name (SQLite), or
+    /// `sluice` for refusals by the host.
+    pub code: String,
+}
+
+impl DbError {
+    fn host(message: impl Into<String>) -> Self {
+        DbError {
+            message: message.into(),
+            code: "sluice".into(),
+        }
+    }
+}
+
+/// Rows of a query.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct QueryRows {
+    /// Column names.
+    pub columns: Vec<String>,
+    /// Values, one per column.
+    pub rows: Vec<Vec<SqlValue>>,
+}
+
+/// The operations a backend offers.
+pub trait Backend: Send {
+    /// `sqlite` or `postgres`.
+    fn dialect(&self) -> &'static str;
+    /// Run statements without parameters (transaction control, DDL).
+    ///
+    /// # Errors
+    /// The database's error.
+    fn batch(&mut self, sql: &str) -> Result<(), DbError>;
+    /// Run one statement; rows changed.
+    ///
+    /// # Errors
+    /// The database's error.
+    fn execute(&mut self, sql: &str, params: &[SqlValue]) -> Result<u64, DbError>;
+    /// Run one query.
+    ///
+    /// # Errors
+    /// The database's error.
+    fn query(&mut self, sql: &str, params: &[SqlValue]) -> Result<QueryRows, DbError>;
+    /// False when a transaction is open (SQLite tells; PostgreSQL does not,
+    /// so it answers `None`).
+    fn in_autocommit(&self) -> Option<bool>;
+    /// DDL type for byte strings.
+    fn blob_type(&self) -> &'static str;
+}
+
+// ------------------------------------------------------------------ SQLite
+
+struct Sqlite {
+    conn: rusqlite::Connection,
+}
+
+fn sqlite_err(e: rusqlite::Error) -> DbError {
+    match &e {
+        rusqlite::Error::SqliteFailure(f, msg) => DbError {
+            message: msg.clone().unwrap_or_else(|| f.to_string()),
+            code: sqlite_code_name(f.extended_code),
+        },
+        _ => DbError {
+            message: e.to_string(),
+            code: "SQLITE_MISUSE".into(),
+        },
+    }
+}
+
+/// The name of a SQLite (extended) result code.
+fn sqlite_code_name(code: i32) -> String {
+    use rusqlite::ffi;
+    let name = match code {
+        ffi::SQLITE_CONSTRAINT_PRIMARYKEY => "SQLITE_CONSTRAINT_PRIMARYKEY",
+        ffi::SQLITE_CONSTRAINT_UNIQUE => "SQLITE_CONSTRAINT_UNIQUE",
+        ffi::SQLITE_CONSTRAINT_NOTNULL => "SQLITE_CONSTRAINT_NOTNULL",
+        ffi::SQLITE_CONSTRAINT_FOREIGNKEY => "SQLITE_CONSTRAINT_FOREIGNKEY",
+        ffi::SQLITE_CONSTRAINT_CHECK => "SQLITE_CONSTRAINT_CHECK",
+        ffi::SQLITE_BUSY => "SQLITE_BUSY",
+        ffi::SQLITE_LOCKED => "SQLITE_LOCKED",
+        ffi::SQLITE_READONLY => "SQLITE_READONLY",
+        ffi::SQLITE_IOERR => "SQLITE_IOERR",
+        ffi::SQLITE_CORRUPT => "SQLITE_CORRUPT",
+        ffi::SQLITE_FULL => "SQLITE_FULL",
+        ffi::SQLITE_CANTOPEN => "SQLITE_CANTOPEN",
+        ffi::SQLITE_MISMATCH => "SQLITE_MISMATCH",
+        ffi::SQLITE_RANGE => "SQLITE_RANGE",
+        _ => match code & 0xff {
+            ffi::SQLITE_ERROR => "SQLITE_ERROR",
+            ffi::SQLITE_CONSTRAINT => "SQLITE_CONSTRAINT",
+            ffi::SQLITE_BUSY => "SQLITE_BUSY",
+            ffi::SQLITE_IOERR => "SQLITE_IOERR",
+            _ => return format!("SQLITE_{code}"),
+        },
+    };
+    name.to_string()
+}
+
+impl Sqlite {
+    fn open(path: &str) -> Result<Self, DbError> {
+        let conn = rusqlite::Connection::open(path).map_err(sqlite_err)?;
+        // WAL with synchronous=FULL: a COMMIT is durable when it returns,
+        // which the checkpoint's commit entry relies on.
+        conn.execute_batch(
+            "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA busy_timeout = 10000;",
+        )
+        .map_err(sqlite_err)?;
+        conn.set_prepared_statement_cache_capacity(64);
+        Ok(Sqlite { conn })
+    }
+
+    fn prepare_bound<'c>(
+        conn: &'c rusqlite::Connection,
+        sql: &str,
+        params: &[SqlValue],
+    ) -> Result<rusqlite::CachedStatement<'c>, DbError> {
+        let mut stmt = conn.prepare_cached(sql).map_err(sqlite_err)?;
+        let expected = stmt.parameter_count();
+        if expected != params.len() {
+            return Err(DbError {
+                message: format!(
+                    "statement has {expected} parameters, {} given",
+                    params.len()
+                ),
+                code: "SQLITE_RANGE".into(),
+            });
+        }
+        for (i, v) in params.iter().enumerate() {
+            let idx = stmt
+                .parameter_index(&format!("${}", i + 1))
+                .map_err(sqlite_err)?
+                .unwrap_or(i + 1);
+            let r = match v {
+                SqlValue::Null => stmt.raw_bind_parameter(idx, rusqlite::types::Null),
+                SqlValue::Integer(n) => stmt.raw_bind_parameter(idx, n),
+                SqlValue::Real(r) => stmt.raw_bind_parameter(idx, r),
+                SqlValue::Text(t) => stmt.raw_bind_parameter(idx, t),
+                SqlValue::Blob(b) => stmt.raw_bind_parameter(idx, b),
+            };
+            r.map_err(sqlite_err)?;
+        }
+        Ok(stmt)
+    }
+}
+
+impl Backend for Sqlite {
+    fn dialect(&self) -> &'static str {
+        "sqlite"
+    }
+
+    fn batch(&mut self, sql: &str) -> Result<(), DbError> {
+        self.conn.execute_batch(sql).map_err(sqlite_err)
+    }
+
+    fn execute(&mut self, sql: &str, params: &[SqlValue]) -> Result<u64, DbError> {
+        let mut stmt = Self::prepare_bound(&self.conn, sql, params)?;
+        stmt.raw_execute().map(|n| n as u64).map_err(sqlite_err)
+    }
+
+    fn query(&mut self, sql: &str, params: &[SqlValue]) -> Result<QueryRows, DbError> {
+        let mut stmt = Self::prepare_bound(&self.conn, sql, params)?;
+        let columns: Vec<String> = stmt.column_names().iter().map(|c| c.to_string()).collect();
+        let mut rows = stmt.raw_query();
+        let mut out = Vec::new();
+        while let Some(row) = rows.next().map_err(sqlite_err)? {
+            let mut vals = Vec::with_capacity(columns.len());
+            for i in 0..columns.len() {
+                use rusqlite::types::ValueRef;
+                vals.push(match row.get_ref(i).map_err(sqlite_err)? {
+                    ValueRef::Null => SqlValue::Null,
+                    ValueRef::Integer(n) => SqlValue::Integer(n),
+                    ValueRef::Real(r) => SqlValue::Real(r),
+                    ValueRef::Text(t) => SqlValue::Text(String::from_utf8_lossy(t).into_owned()),
+                    ValueRef::Blob(b) => SqlValue::Blob(b.to_vec()),
+                });
+            }
+            out.push(vals);
+        }
+        Ok(QueryRows { columns, rows: out })
+    }
+
+    fn in_autocommit(&self) -> Option<bool> {
+        Some(self.conn.is_autocommit())
+    }
+
+    fn blob_type(&self) -> &'static str {
+        "BLOB"
+    }
+}
+
+// -------------------------------------------------------------- PostgreSQL
+
+struct Postgres {
+    client: postgres::Client,
+    statements: HashMap<String, postgres::Statement>,
+}
+
+fn pg_err(e: postgres::Error) -> DbError {
+    match e.as_db_error() {
+        Some(db) => DbError {
+            message: db.message().to_string(),
+            code: db.code().code().to_string(),
+        },
+        None => DbError {
+            message: e.to_string(),
+            code: e
+                .code()
+                .map_or_else(|| "08000".to_string(), |c| c.code().to_string()),
+        },
+    }
+}
+
+/// Binds a [`SqlValue`] to whatever type the server inferred for the
+/// placeholder: integers to int2/int4/int8/float/numeric-as-text/bool,
+/// text to text-like types, JSON and others that accept text.
+impl ToSql for SqlValue {
+    fn to_sql(
+        &self,
+        ty: &Type,
+        out: &mut postgres::types::private::BytesMut,
+    ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        match self {
+            SqlValue::Null => Ok(IsNull::Yes),
+            SqlValue::Integer(n) => match *ty {
+                Type::INT2 => i16::try_from(*n)?.to_sql(ty, out),
+                Type::INT4 => i32::try_from(*n)?.to_sql(ty, out),
+                Type::INT8 => n.to_sql(ty, out),
+                Type::FLOAT4 => (*n as f32).to_sql(ty, out),
+                Type::FLOAT8 => (*n as f64).to_sql(ty, out),
+                Type::BOOL => (*n != 0).to_sql(ty, out),
+                _ => text_like(ty, &n.to_string(), out),
+            },
+            SqlValue::Real(r) => match *ty {
+                Type::FLOAT4 => (*r as f32).to_sql(ty, out),
+                Type::FLOAT8 => r.to_sql(ty, out),
+                _ => text_like(ty, &r.to_string(), out),
+            },
+            SqlValue::Text(t) => match *ty {
+                Type::INT2 => t.parse::<i16>()?.to_sql(ty, out),
+                Type::INT4 => t.parse::<i32>()?.to_sql(ty, out),
+                Type::INT8 => t.parse::<i64>()?.to_sql(ty, out),
+                Type::FLOAT4 => t.parse::<f32>()?.to_sql(ty, out),
+                Type::FLOAT8 => t.parse::<f64>()?.to_sql(ty, out),
+                Type::BOOL => matches!(t.as_str(), "t" | "true" | "1").to_sql(ty, out),
+                Type::BYTEA => t.as_bytes().to_sql(ty, out),
+                Type::JSONB => {
+                    // jsonb's binary format: version byte 1, then the text.
+                    out.extend_from_slice(&[1]);
+                    out.extend_from_slice(t.as_bytes());
+                    Ok(IsNull::No)
+                }
+                _ => text_like(ty, t, out),
+            },
+            SqlValue::Blob(b) => b.as_slice().to_sql(&Type::BYTEA, out),
+        }
+    }
+
+    fn accepts(_: &Type) -> bool {
+        true
+    }
+
+    to_sql_checked!();
+}
+
+/// Text into a parameter whose binary format is the text itself; any
+/// other type is refused with the usual fix (cast the placeholder).
+fn text_like(
+    ty: &Type,
+    text: &str,
+    out: &mut postgres::types::private::BytesMut,
+) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+    match *ty {
+        Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME | Type::UNKNOWN | Type::JSON | Type::XML => {
+            out.extend_from_slice(text.as_bytes());
+            Ok(IsNull::No)
+        }
+        _ => Err(format!(
+            "the sql capability cannot bind a value to a parameter of type {ty}; write the placeholder as `CAST($n AS TEXT)` and convert in SQL"
+        )
+        .into()),
+    }
+}
+
+impl Postgres {
+    fn connect(url: &str) -> Result<Self, DbError> {
+        let client = postgres::Client::connect(url, postgres::NoTls).map_err(pg_err)?;
+        Ok(Postgres {
+            client,
+            statements: HashMap::new(),
+        })
+    }
+
+    fn statement(&mut self, sql: &str) -> Result<postgres::Statement, DbError> {
+        if let Some(s) = self.statements.get(sql) {
+            return Ok(s.clone());
+        }
+        let s = self.client.prepare(sql).map_err(pg_err)?;
+        if self.statements.len() > 256 {
+            self.statements.clear();
+        }
+        self.statements.insert(sql.to_string(), s.clone());
+        Ok(s)
+    }
+
+    fn params(params: &[SqlValue]) -> Vec<&(dyn ToSql + Sync)> {
+        params.iter().map(|p| p as &(dyn ToSql + Sync)).collect()
+    }
+}
+
+fn pg_value(row: &postgres::Row, i: usize) -> Result<SqlValue, DbError> {
+    let ty = row.columns()[i].type_().clone();
+    let conv = |e: postgres::Error| DbError {
+        message: format!("column {}: {e}", row.columns()[i].name()),
+        code: "sluice".into(),
+    };
+    Ok(match ty {
+        Type::INT2 => row
+            .try_get::<_, Option<i16>>(i)
+            .map_err(conv)?
+            .map_or(SqlValue::Null, |v| SqlValue::Integer(v.into())),
+        Type::INT4 => row
+            .try_get::<_, Option<i32>>(i)
+            .map_err(conv)?
+            .map_or(SqlValue::Null, |v| SqlValue::Integer(v.into())),
+        Type::INT8 => row
+            .try_get::<_, Option<i64>>(i)
+            .map_err(conv)?
+            .map_or(SqlValue::Null, SqlValue::Integer),
+        Type::FLOAT4 => row
+            .try_get::<_, Option<f32>>(i)
+            .map_err(conv)?
+            .map_or(SqlValue::Null, |v| SqlValue::Real(v.into())),
+        Type::FLOAT8 => row
+            .try_get::<_, Option<f64>>(i)
+            .map_err(conv)?
+            .map_or(SqlValue::Null, SqlValue::Real),
+        Type::BOOL => row
+            .try_get::<_, Option<bool>>(i)
+            .map_err(conv)?
+            .map_or(SqlValue::Null, |v| SqlValue::Integer(v.into())),
+        Type::BYTEA => row
+            .try_get::<_, Option<Vec<u8>>>(i)
+            .map_err(conv)?
+            .map_or(SqlValue::Null, SqlValue::Blob),
+        _ => match row.try_get::<_, Option<String>>(i) {
+            Ok(v) => v.map_or(SqlValue::Null, SqlValue::Text),
+            Err(_) => {
+                return Err(DbError::host(format!(
+                    "column {} has type {ty}, which the sql capability does not convert; cast it to text in the query",
+                    row.columns()[i].name()
+                )));
+            }
+        },
+    })
+}
+
+impl Backend for Postgres {
+    fn dialect(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn batch(&mut self, sql: &str) -> Result<(), DbError> {
+        self.client.batch_execute(sql).map_err(pg_err)
+    }
+
+    fn execute(&mut self, sql: &str, params: &[SqlValue]) -> Result<u64, DbError> {
+        let stmt = self.statement(sql)?;
+        self.client
+            .execute(&stmt, &Self::params(params))
+            .map_err(pg_err)
+    }
+
+    fn query(&mut self, sql: &str, params: &[SqlValue]) -> Result<QueryRows, DbError> {
+        let stmt = self.statement(sql)?;
+        let columns: Vec<String> = stmt
+            .columns()
+            .iter()
+            .map(|c| c.name().to_string())
+            .collect();
+        let rows = self
+            .client
+            .query(&stmt, &Self::params(params))
+            .map_err(pg_err)?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in &rows {
+            out.push(
+                (0..columns.len())
+                    .map(|i| pg_value(row, i))
+                    .collect::<Result<Vec<_>, _>>()?,
+            );
+        }
+        Ok(QueryRows { columns, rows: out })
+    }
+
+    fn in_autocommit(&self) -> Option<bool> {
+        None
+    }
+
+    fn blob_type(&self) -> &'static str {
+        "BYTEA"
+    }
+}
+
+// ---------------------------------------------------------------- session
+
+/// Open a backend from a `--sink-db` URL: `sqlite:PATH` (also
+/// `sqlite://PATH`) or `postgres://…` / `postgresql://…`.
+///
+/// # Errors
+/// An unknown scheme, or the database's connection error.
+pub fn connect(url: &str) -> Result<Box<dyn Backend>, DbError> {
+    if let Some(path) = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
+    {
+        if path.is_empty() {
+            return Err(DbError::host("sqlite: needs a path, e.g. sqlite:./sink.db"));
+        }
+        return Ok(Box::new(Sqlite::open(path)?));
+    }
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        return Ok(Box::new(Postgres::connect(url)?));
+    }
+    Err(DbError::host(format!(
+        "unsupported --sink-db `{url}`: use sqlite:PATH or postgres://USER@HOST:PORT/DB"
+    )))
+}
+
+/// The first keyword of a statement, upper-cased (comments skipped).
+fn first_keyword(sql: &str) -> String {
+    let mut s = sql.trim_start();
+    loop {
+        if let Some(rest) = s.strip_prefix("--") {
+            s = rest.split_once('\n').map_or("", |(_, r)| r).trim_start();
+        } else if let Some(rest) = s.strip_prefix("/*") {
+            s = rest.split_once("*/").map_or("", |(_, r)| r).trim_start();
+        } else {
+            break;
+        }
+    }
+    s.chars()
+        .take_while(|c| c.is_ascii_alphabetic())
+        .collect::<String>()
+        .to_ascii_uppercase()
+}
+
+/// Statements a plugin may not run: they would end or escape the host's
+/// transaction, or reach beyond the granted database.
+const REFUSED: &[&str] = &[
+    "BEGIN",
+    "START",
+    "COMMIT",
+    "END",
+    "ROLLBACK",
+    "ABORT",
+    "SAVEPOINT",
+    "RELEASE",
+    "ATTACH",
+    "DETACH",
+    "PRAGMA",
+    "VACUUM",
+    "COPY",
+    "PREPARE",
+    "LISTEN",
+    "NOTIFY",
+];
+
+/// State behind the capability: the connection and the transaction the
+/// driver has open for the current partition range.
+pub struct Session {
+    backend: Box<dyn Backend>,
+    /// A transaction is open for plugin calls.
+    open: bool,
+    /// The first SQL error of the current transaction: it is rolled back
+    /// whatever the plugin does next.
+    failed: Option<DbError>,
+}
+
+/// A shared handle on a [`Session`]: what a sink instance is granted.
+#[derive(Clone)]
+pub struct SqlGrant(Arc<Mutex<Session>>);
+
+impl std::fmt::Debug for SqlGrant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SqlGrant")
+    }
+}
+
+impl SqlGrant {
+    /// Wrap a backend.
+    pub fn new(backend: Box<dyn Backend>) -> Self {
+        SqlGrant(Arc::new(Mutex::new(Session {
+            backend,
+            open: false,
+            failed: None,
+        })))
+    }
+
+    /// Connect from a `--sink-db` URL.
+    ///
+    /// # Errors
+    /// As [`connect`].
+    pub fn connect(url: &str) -> Result<Self, DbError> {
+        connect(url).map(Self::new)
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Session> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The dialect.
+    pub fn dialect(&self) -> &'static str {
+        self.lock().backend.dialect()
+    }
+
+    /// A plugin's `execute`.
+    ///
+    /// # Errors
+    /// The database's error or a host refusal; either aborts the range.
+    pub fn plugin_execute(&self, sql: &str, params: &[SqlValue]) -> Result<u64, DbError> {
+        let mut s = self.lock();
+        s.guarded(sql, |b| b.execute(sql, params))
+    }
+
+    /// A plugin's `query`.
+    ///
+    /// # Errors
+    /// As [`SqlGrant::plugin_execute`].
+    pub fn plugin_query(&self, sql: &str, params: &[SqlValue]) -> Result<QueryRows, DbError> {
+        let mut s = self.lock();
+        s.guarded(sql, |b| b.query(sql, params))
+    }
+}
+
+impl Session {
+    fn guarded<T>(
+        &mut self,
+        sql: &str,
+        f: impl FnOnce(&mut dyn Backend) -> Result<T, DbError>,
+    ) -> Result<T, DbError> {
+        if !self.open {
+            return Err(DbError::host(
+                "sql is only available inside sink open/write/close of a partition range",
+            ));
+        }
+        if let Some(e) = &self.failed {
+            return Err(DbError {
+                message: format!("transaction already failed: {}", e.message),
+                code: e.code.clone(),
+            });
+        }
+        let kw = first_keyword(sql);
+        if REFUSED.contains(&kw.as_str()) {
+            let e = DbError::host(format!(
+                "`{kw}` statements are not allowed: the host owns the transaction and the connection"
+            ));
+            self.failed = Some(e.clone());
+            return Err(e);
+        }
+        let r = f(self.backend.as_mut());
+        if let Err(e) = &r {
+            self.failed = Some(e.clone());
+        } else if self.backend.in_autocommit() == Some(true) {
+            let e = DbError::host("the statement ended the host's transaction");
+            self.failed = Some(e.clone());
+            return Err(e);
+        }
+        r
+    }
+
+    pub(crate) fn backend(&mut self) -> &mut dyn Backend {
+        self.backend.as_mut()
+    }
+
+    pub(crate) fn begin(&mut self) -> Result<(), DbError> {
+        let sql = match self.backend.dialect() {
+            "sqlite" => "BEGIN IMMEDIATE",
+            _ => "BEGIN ISOLATION LEVEL READ COMMITTED",
+        };
+        self.backend.batch(sql)?;
+        self.open = true;
+        self.failed = None;
+        Ok(())
+    }
+
+    /// Close the plugin window; the first SQL error it saw, if any.
+    pub(crate) fn end_plugin_window(&mut self) -> Option<DbError> {
+        self.open = false;
+        self.failed.take()
+    }
+
+    pub(crate) fn commit(&mut self) -> Result<(), DbError> {
+        self.open = false;
+        self.backend.batch("COMMIT")
+    }
+
+    pub(crate) fn rollback(&mut self) {
+        self.open = false;
+        self.failed = None;
+        if let Err(e) = self.backend.batch("ROLLBACK") {
+            tracing::warn!("rollback failed: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_keywords() {
+        assert_eq!(first_keyword("  -- hi\n /* x */ commit"), "COMMIT");
+        assert_eq!(first_keyword("insert into t"), "INSERT");
+        assert_eq!(first_keyword(""), "");
+    }
+
+    #[test]
+    fn sqlite_binds_dollar_placeholders_by_number() {
+        let mut b = Sqlite::open(":memory:").unwrap();
+        b.batch("CREATE TABLE t (a TEXT, b INTEGER)").unwrap();
+        b.execute(
+            "INSERT INTO t (b, a) VALUES ($2, $1)",
+            &[SqlValue::Text("x".into()), SqlValue::Integer(7)],
+        )
+        .unwrap();
+        let r = b
+            .query("SELECT a, b FROM t WHERE b = $1", &[SqlValue::Integer(7)])
+            .unwrap();
+        assert_eq!(r.columns, vec!["a", "b"]);
+        assert_eq!(
+            r.rows,
+            vec![vec![SqlValue::Text("x".into()), SqlValue::Integer(7)]]
+        );
+        let e = b
+            .execute("INSERT INTO t VALUES ($1, $2)", &[SqlValue::Null])
+            .unwrap_err();
+        assert!(e.message.contains("2 parameters, 1 given"), "{e}");
+    }
+
+    #[test]
+    fn plugin_calls_outside_a_window_and_refused_statements_fail() {
+        let g = SqlGrant::connect("sqlite::memory:").unwrap();
+        assert!(
+            g.plugin_execute("SELECT 1", &[])
+                .unwrap_err()
+                .message
+                .contains("only available")
+        );
+        g.lock().begin().unwrap();
+        let e = g.plugin_execute("COMMIT", &[]).unwrap_err();
+        assert!(e.message.contains("not allowed"), "{e}");
+        let again = g.plugin_execute("SELECT 1", &[]).unwrap_err();
+        assert!(again.message.contains("already failed"), "{again}");
+        g.lock().rollback();
+    }
+}

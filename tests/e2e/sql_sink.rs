@@ -1,0 +1,559 @@
+//! The SQL sink capability against real SQLite files and a real
+//! PostgreSQL server (started by scripts/test.sh), through real built sink
+//! plugins.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice_guest::wire::{Record, SinkRecord};
+use sluice_host::plugin::chain::run_chain;
+use sluice_host::plugin::{CallContext, Limits, PartitionRange, Runtime};
+use sluice_host::sink::sql::{SqlGrant, SqlValue, connect};
+use sluice_host::sink::{Applied, DeadLetter, PartitionBatch, SinkDriver, SinkError};
+
+use crate::support::plugin;
+
+/// A database for one test: its URL and, for SQLite, the temp dir.
+pub struct Db {
+    pub url: String,
+    pub name: &'static str,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Db {
+    pub fn sqlite() -> Db {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite:{}", dir.path().join("sink.db").display());
+        Db {
+            url,
+            name: "sqlite",
+            _dir: Some(dir),
+        }
+    }
+
+    /// A fresh database on the test PostgreSQL server.
+    pub fn postgres() -> Db {
+        let admin = std::env::var("SLUICE_TEST_PG_URL").expect(
+            "SLUICE_TEST_PG_URL is not set: run the suite with scripts/test.sh, which starts a throwaway PostgreSQL",
+        );
+        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let name = format!(
+            "sluice_{}_{}",
+            std::process::id(),
+            SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        connect(&admin)
+            .unwrap()
+            .batch(&format!("CREATE DATABASE {name}"))
+            .unwrap();
+        let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap();
+        Db {
+            url: format!("{base}/{name}"),
+            name: "postgres",
+            _dir: None,
+        }
+    }
+
+    pub fn both() -> Vec<Db> {
+        vec![Db::sqlite(), Db::postgres()]
+    }
+
+    pub fn query(&self, sql: &str) -> Vec<Vec<SqlValue>> {
+        connect(&self.url).unwrap().query(sql, &[]).unwrap().rows
+    }
+
+    pub fn scalar(&self, sql: &str) -> i64 {
+        match self.query(sql).first().and_then(|r| r.first()) {
+            Some(SqlValue::Integer(n)) => *n,
+            other => panic!("{}: {sql}: {other:?}", self.name),
+        }
+    }
+}
+
+pub struct Owned {
+    pub key: String,
+    pub offset: i64,
+    pub value: Option<Vec<u8>>,
+}
+
+pub fn owned(
+    topic: &str,
+    partition: i32,
+    offsets: std::ops::Range<i64>,
+    value: impl Fn(i64) -> Option<Vec<u8>>,
+) -> Vec<Owned> {
+    offsets
+        .map(|o| Owned {
+            key: format!("{topic}/{partition}/{o}"),
+            offset: o,
+            value: value(o),
+        })
+        .collect()
+}
+
+pub fn views<'a>(topic: &'a str, partition: i32, recs: &'a [Owned]) -> Vec<SinkRecord<'a>> {
+    recs.iter()
+        .map(|r| SinkRecord {
+            idempotency_key: &r.key,
+            record: Record {
+                topic,
+                partition,
+                offset: r.offset,
+                timestamp: 1_700_000_000_000 + r.offset,
+                timestamp_type: sluice_guest::TimestampType::CreateTime,
+                key: None,
+                value: r.value.as_deref(),
+                headers: vec![],
+            },
+        })
+        .collect()
+}
+
+pub fn range(
+    query: &str,
+    batch: u64,
+    epoch: u64,
+    topic: &str,
+    partition: i32,
+    start: i64,
+    end: i64,
+) -> PartitionRange {
+    PartitionRange {
+        batch: CallContext {
+            query_id: query.into(),
+            batch_id: batch,
+            epoch,
+        },
+        topic: topic.into(),
+        partition,
+        start_offset: start,
+        end_offset: end,
+    }
+}
+
+fn runtime() -> Runtime {
+    Runtime::new(Limits::default()).unwrap()
+}
+
+fn config(pairs: &[(&str, &str)]) -> Arc<BTreeMap<String, String>> {
+    Arc::new(
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    )
+}
+
+/// Apply `[start, end)` of topic t/0 with plain values through sql-counter.
+fn apply_counter(
+    db: &Db,
+    epoch: u64,
+    start: i64,
+    end: i64,
+    value: impl Fn(i64) -> Option<Vec<u8>>,
+) -> Result<Applied, SinkError> {
+    let rt = runtime();
+    let p = rt.load(&plugin("sql_counter"), config(&[])).unwrap();
+    let grant = SqlGrant::connect(&db.url).unwrap();
+    let driver = SinkDriver::new(Some(grant.clone())).unwrap();
+    let mut inst = p.instance_with_sql(Some(grant));
+    let recs = owned("t", 0, start..end, value);
+    let v = views("t", 0, &recs);
+    driver.apply(
+        Some(&mut inst),
+        &PartitionBatch {
+            range: range("q1", 0, epoch, "t", 0, start, end),
+            records: &v,
+            dead_letters: &[],
+        },
+    )
+}
+
+fn plain(o: i64) -> Option<Vec<u8>> {
+    Some(format!("v{o}").into_bytes())
+}
+
+#[test]
+fn non_idempotent_sql_is_applied_once_and_a_replay_is_skipped() {
+    for db in Db::both() {
+        let a = apply_counter(&db, 1, 0, 100, plain).unwrap();
+        assert_eq!(
+            a,
+            Applied::Written {
+                records: 100,
+                dead_lettered: 0
+            },
+            "{}",
+            db.name
+        );
+        assert_eq!(
+            db.scalar("SELECT n FROM counters WHERE name = 'records'"),
+            100
+        );
+        // Same range again (a replay after a crash): skipped, guest not called.
+        assert_eq!(
+            apply_counter(&db, 1, 0, 100, plain).unwrap(),
+            Applied::AlreadyApplied
+        );
+        assert_eq!(
+            db.scalar("SELECT n FROM counters WHERE name = 'records'"),
+            100,
+            "{}",
+            db.name
+        );
+        assert_eq!(db.scalar("SELECT COUNT(*) FROM seen"), 100, "{}", db.name);
+        let p = db
+            .query("SELECT end_offset, batch_id, epoch FROM sluice_progress WHERE query_id = 'q1'");
+        assert_eq!(
+            p,
+            vec![vec![
+                SqlValue::Integer(100),
+                SqlValue::Integer(0),
+                SqlValue::Integer(1)
+            ]]
+        );
+        apply_counter(&db, 1, 100, 130, plain).unwrap();
+        assert_eq!(
+            db.scalar("SELECT n FROM counters WHERE name = 'records'"),
+            130
+        );
+    }
+}
+
+/// Helper mode: apply t/0 [0, 100) and report; killed at a failpoint.
+#[test]
+#[ignore = "helper process for sink crash tests"]
+fn child_sink() {
+    let url = std::env::var("SLUICE_CHILD_DB").unwrap();
+    let db = Db {
+        url,
+        name: "child",
+        _dir: None,
+    };
+    apply_counter(&db, 1, 0, 100, plain).unwrap();
+    println!("APPLIED");
+}
+
+#[test]
+fn kill_9_between_guest_writes_and_commit_then_replay_is_exact() {
+    for fp in ["sink:after-write", "sink:before-db-commit"] {
+        for db in Db::both() {
+            let mut child = Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    "sql_sink::child_sink",
+                    "--ignored",
+                    "--nocapture",
+                    "--test-threads",
+                    "1",
+                    "-q",
+                ])
+                .env("SLUICE_CHILD_DB", &db.url)
+                .env("SLUICE_FAILPOINT", fp)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let stderr = child.stderr.take().unwrap();
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                for l in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    if l.starts_with("FAILPOINT") {
+                        let _ = tx.send(());
+                    }
+                }
+            });
+            rx.recv_timeout(Duration::from_secs(60))
+                .unwrap_or_else(|_| panic!("{fp} not reached"));
+            child.kill().unwrap();
+            child.wait().unwrap();
+            // Nothing of the killed run is visible.
+            let progress = db.query("SELECT COUNT(*) FROM sluice_progress");
+            assert_eq!(
+                progress,
+                vec![vec![SqlValue::Integer(0)]],
+                "{fp} {}",
+                db.name
+            );
+            // Replay: exact.
+            apply_counter(&db, 2, 0, 100, plain).unwrap();
+            assert_eq!(
+                db.scalar("SELECT n FROM counters WHERE name = 'records'"),
+                100,
+                "{fp} {}",
+                db.name
+            );
+            assert_eq!(db.scalar("SELECT COUNT(*) FROM seen"), 100);
+            assert_eq!(
+                db.scalar("SELECT COUNT(DISTINCT idempotency_key) FROM seen"),
+                100
+            );
+        }
+    }
+}
+
+#[test]
+fn a_commit_from_an_older_epoch_is_refused() {
+    for db in Db::both() {
+        apply_counter(&db, 2, 0, 10, plain).unwrap();
+        let e = apply_counter(&db, 1, 10, 20, plain).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                SinkError::Fenced {
+                    stored: 2,
+                    ours: 1,
+                    ..
+                }
+            ),
+            "{}: {e}",
+            db.name
+        );
+        assert!(e.to_string().contains("another process owns the pipeline"));
+        assert_eq!(
+            db.scalar("SELECT n FROM counters WHERE name = 'records'"),
+            10
+        );
+    }
+}
+
+#[test]
+fn a_sql_error_rolls_back_and_surfaces_with_its_code() {
+    for db in Db::both() {
+        apply_counter(&db, 1, 0, 5, plain).unwrap();
+        for bad in ["sql-error", "swallow"] {
+            let e = apply_counter(&db, 1, 5, 10, |o| {
+                Some(if o == 8 {
+                    bad.into()
+                } else {
+                    format!("v{o}").into_bytes()
+                })
+            })
+            .unwrap_err()
+            .to_string();
+            let code = if db.name == "postgres" {
+                "42P01"
+            } else {
+                "SQLITE_ERROR"
+            };
+            assert!(e.contains(code), "{} {bad}: {e}", db.name);
+            assert!(e.contains("no_such_table"), "{} {bad}: {e}", db.name);
+            assert!(e.contains("rolled back"), "{e}");
+            assert_eq!(
+                db.scalar("SELECT n FROM counters WHERE name = 'records'"),
+                5,
+                "{} {bad}",
+                db.name
+            );
+            assert_eq!(db.scalar("SELECT end_offset FROM sluice_progress"), 5);
+        }
+    }
+}
+
+#[test]
+fn a_trap_mid_range_rolls_back() {
+    let db = Db::sqlite();
+    let e = apply_counter(&db, 1, 0, 10, |o| {
+        Some(if o == 6 {
+            b"panic".to_vec()
+        } else {
+            b"x".to_vec()
+        })
+    })
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("sql-counter panicked at offset 6"),
+        "{e}"
+    );
+    assert_eq!(db.scalar("SELECT COUNT(*) FROM sluice_progress"), 0);
+    apply_counter(&db, 1, 0, 10, plain).unwrap();
+    assert_eq!(
+        db.scalar("SELECT n FROM counters WHERE name = 'records'"),
+        10
+    );
+}
+
+#[test]
+fn dead_letters_are_stored_with_original_bytes_once() {
+    for db in Db::both() {
+        let rt = runtime();
+        let p = rt.load(&plugin("sql_counter"), config(&[])).unwrap();
+        let grant = SqlGrant::connect(&db.url).unwrap();
+        let driver = SinkDriver::new(Some(grant.clone())).unwrap();
+        let mut inst = p.instance_with_sql(Some(grant));
+        let recs = owned("t", 0, 0..3, plain);
+        let v = views("t", 0, &recs);
+        let dl = vec![DeadLetter {
+            topic: "t".into(),
+            partition: 0,
+            offset: 3,
+            timestamp_ms: 7,
+            key: Some(b"k\xff".to_vec()),
+            value: Some(b"{broken".to_vec()),
+            headers: vec![("h".into(), Some(b"v".to_vec())), ("n".into(), None)],
+            error: "not JSON".into(),
+            plugin_digest: "ab".repeat(32),
+            stage: 0,
+        }];
+        for _ in 0..2 {
+            driver
+                .apply(
+                    Some(&mut inst),
+                    &PartitionBatch {
+                        range: range("q1", 0, 1, "t", 0, 0, 4),
+                        records: &v,
+                        dead_letters: &dl,
+                    },
+                )
+                .unwrap();
+        }
+        let rows = db.query(
+            "SELECT \"offset\", record_key, record_value, headers_json, error, plugin_digest FROM sluice_dead_letters",
+        );
+        assert_eq!(rows.len(), 1, "{}: not duplicated on replay", db.name);
+        assert_eq!(rows[0][0], SqlValue::Integer(3));
+        assert_eq!(rows[0][1], SqlValue::Blob(b"k\xff".to_vec()));
+        assert_eq!(rows[0][2], SqlValue::Blob(b"{broken".to_vec()));
+        assert_eq!(
+            rows[0][3],
+            SqlValue::Text(
+                r#"[{"key":"h","value_b64":"dg=="},{"key":"n","value_b64":null}]"#.into()
+            )
+        );
+        assert_eq!(rows[0][4], SqlValue::Text("not JSON".into()));
+    }
+}
+
+#[test]
+fn company_upserts_and_deletes_end_in_the_right_table_state() {
+    let events: Vec<String> = vec![
+        r#"{"database":"shop","table":"company","type":"insert","ts":1,"data":{"id":1,"name":"A","cap":999999999999.999998}}"#.into(),
+        r#"{"database":"shop","table":"company","type":"insert","ts":2,"data":{"id":2,"name":"B"}}"#.into(),
+        r#"{"database":"shop","table":"company","type":"update","ts":3,"data":{"id":1,"name":"A2","cap":999999999999.999998},"old":{"name":"A"}}"#.into(),
+        r#"{"database":"shop","table":"company","type":"delete","ts":4,"data":{"id":2,"name":"B"}}"#.into(),
+        r#"{"database":"shop","table":"company","type":"bootstrap-insert","ts":5,"data":{"id":3,"founded":"0000-00-00 00:00:00"}}"#.into(),
+    ];
+    for db in Db::both() {
+        let rt = runtime();
+        let p = rt.load(&plugin("company"), config(&[])).unwrap();
+        assert!(p.stages().map && p.stages().sink);
+        let grant = SqlGrant::connect(&db.url).unwrap();
+        let driver = SinkDriver::new(Some(grant.clone())).unwrap();
+        let mut mapper = vec![p.instance()];
+        let mut sink = p.instance_with_sql(Some(grant));
+        let source: Vec<Record<'_>> = events
+            .iter()
+            .enumerate()
+            .map(|(i, e)| Record::with_value("maxwell", 0, 40 + i as i64, e.as_bytes()))
+            .collect();
+        let ctx = CallContext {
+            query_id: "q".into(),
+            batch_id: 0,
+            epoch: 1,
+        };
+        let mapped = run_chain(&mut mapper, &ctx, &source).unwrap();
+        let recs: Vec<SinkRecord<'_>> = mapped
+            .outputs
+            .iter()
+            .map(|o| {
+                let s = &source[o.source_index];
+                SinkRecord {
+                    idempotency_key: &o.idempotency_key,
+                    record: Record {
+                        key: o.key.as_deref(),
+                        value: o.value.as_deref(),
+                        headers: vec![],
+                        ..s.clone()
+                    },
+                }
+            })
+            .collect();
+        driver
+            .apply(
+                Some(&mut sink),
+                &PartitionBatch {
+                    range: range("q", 0, 1, "maxwell", 0, 40, 45),
+                    records: &recs,
+                    dead_letters: &[],
+                },
+            )
+            .unwrap();
+        let rows = db.query(
+            "SELECT pk, row_json, idempotency_key, source_offset FROM companies ORDER BY pk",
+        );
+        assert_eq!(
+            rows,
+            vec![
+                vec![
+                    SqlValue::Text(r#"{"id":1}"#.into()),
+                    SqlValue::Text(r#"{"id":1,"name":"A2","cap":999999999999.999998}"#.into()),
+                    SqlValue::Text("maxwell/0/42".into()),
+                    SqlValue::Integer(42),
+                ],
+                vec![
+                    SqlValue::Text(r#"{"id":3}"#.into()),
+                    SqlValue::Text(r#"{"id":3,"founded":"0000-00-00 00:00:00"}"#.into()),
+                    SqlValue::Text("maxwell/0/44".into()),
+                    SqlValue::Integer(44),
+                ],
+            ],
+            "{}",
+            db.name
+        );
+    }
+}
+
+#[test]
+fn the_guest_reaches_the_database_only_through_the_capability() {
+    let db = Db::sqlite();
+    let path = db.url.trim_start_matches("sqlite:").to_string();
+    apply_counter(&db, 1, 0, 1, plain).unwrap();
+    for (value, want) in [
+        ("commit", "`COMMIT` statements are not allowed"),
+        ("attach", "`ATTACH` statements are not allowed"),
+    ] {
+        let e = apply_counter(&db, 1, 1, 2, |_| Some(value.as_bytes().to_vec()))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(want), "{value}: {e}");
+    }
+    assert!(!std::path::Path::new("/tmp/sluice-escape.db").exists());
+    // Direct file access is denied by the sandbox.
+    let rt = runtime();
+    let p = rt
+        .load(&plugin("sql_counter"), config(&[("db_path", &path)]))
+        .unwrap();
+    let grant = SqlGrant::connect(&db.url).unwrap();
+    let driver = SinkDriver::new(Some(grant.clone())).unwrap();
+    let mut inst = p.instance_with_sql(Some(grant));
+    let recs = owned("t", 0, 1..2, |_| Some(b"read-db".to_vec()));
+    let v = views("t", 0, &recs);
+    driver
+        .apply(
+            Some(&mut inst),
+            &PartitionBatch {
+                range: range("q1", 0, 1, "t", 0, 1, 2),
+                records: &v,
+                dead_letters: &[],
+            },
+        )
+        .expect("the file read is denied, so the write goes on");
+    // Without a grant, every call fails.
+    let mut ungranted = p.instance();
+    let driver = SinkDriver::new(None).unwrap();
+    let e = driver
+        .apply(
+            Some(&mut ungranted),
+            &PartitionBatch {
+                range: range("q1", 0, 1, "t", 0, 2, 3),
+                records: &v,
+                dead_letters: &[],
+            },
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no sql capability granted"), "{e}");
+}
