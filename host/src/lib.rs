@@ -8,6 +8,8 @@
 //!   fencing epoch.
 //! - [`sink`]: the sink driver and the capabilities granted to sink plugins
 //!   (SQL: SQLite and PostgreSQL, one transaction per partition range).
+//! - [`source`]: the Kafka reader (discovery, watermarks, exact ranges).
+//! - [`engine`]: the micro-batch loop.
 //! - [`cli`]: command-line parsing and the subcommands; `main` owns exit
 //!   codes.
 //! - [`wire`]: the packed batch encoding (re-exported from the guest SDK,
@@ -15,7 +17,9 @@
 
 pub mod checkpoint;
 pub mod cli;
+pub mod engine;
 pub mod plugin;
 pub mod sink;
+pub mod source;
 
 pub use sluice_guest::wire;

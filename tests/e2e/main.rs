@@ -9,6 +9,9 @@
 mod support;
 
 mod checkpoint;
+mod engine_mock;
+mod kafka;
+mod maxwell;
 mod plugin_cli;
 mod plugin_runtime;
 mod sql_sink;

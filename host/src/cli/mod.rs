@@ -8,6 +8,7 @@
 
 mod checkpoint_cmd;
 mod plugin_cmd;
+pub mod run_cmd;
 mod test_cmd;
 
 use std::time::Duration;
@@ -87,6 +88,9 @@ pub enum LogFormat {
 /// Subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run a pipeline: read Kafka, map, sink, checkpoint — exactly once
+    /// across restarts and crashes.
+    Run(Box<run_cmd::RunArgs>),
     /// Run a plugin's map stage(s) over records from a file and print the
     /// outputs as JSON lines (no Kafka, no checkpoint).
     Test(test_cmd::TestArgs),
@@ -179,6 +183,7 @@ pub fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
     let result = match cli.command {
+        Command::Run(args) => run_cmd::run(*args),
         Command::Test(args) => test_cmd::run(args),
         Command::Plugin(cmd) => plugin_cmd::run(cmd),
         Command::Checkpoint(cmd) => checkpoint_cmd::run(cmd),

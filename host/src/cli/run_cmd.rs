@@ -1,0 +1,322 @@
+//! `host run`: the pipeline. Flags and the TOML config file share one
+//! definition ([`FileConfig`] mirrors the flags); flags win.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use serde::Deserialize;
+
+use super::{CliError, ExitCode, WithCode, parse_bytes, parse_duration, parse_kv};
+use crate::engine::{self, DataLossPolicy, ErrorPolicy, PipelineConfig, StartingOffsets};
+use crate::plugin::Limits;
+
+/// Flags of `host run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Kafka bootstrap servers, `HOST:PORT[,HOST:PORT…]`.
+    #[arg(long, value_name = "SERVERS")]
+    pub brokers: Option<String>,
+    /// Topic to read; repeat for several.
+    #[arg(long = "topic", value_name = "NAME")]
+    pub topics: Vec<String>,
+    /// Checkpoint directory (created if missing). One process owns it.
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint: Option<PathBuf>,
+    /// Plugin component; repeat to chain map stages in order (a plugin
+    /// exporting a sink stage provides the sink). Without it, the plugins
+    /// recorded in the checkpoint are used; a different one is an upgrade.
+    #[arg(long = "plugin", value_name = "FILE")]
+    pub plugins: Vec<PathBuf>,
+    /// Plugin configuration pair (`kafka.<property>=…` goes to librdkafka
+    /// instead). Repeatable.
+    #[arg(long = "config", value_name = "KEY=VALUE", value_parser = parse_kv)]
+    pub config: Vec<(String, String)>,
+    /// TOML file with the same settings (flags override it).
+    #[arg(long, value_name = "FILE")]
+    pub config_file: Option<PathBuf>,
+    /// Sink database: `sqlite:PATH` or `postgres://USER@HOST:PORT/DB`.
+    /// Sink plugins reach it through the sql capability, exactly once.
+    #[arg(long, value_name = "URL")]
+    pub sink_db: Option<String>,
+    /// Records per partition per batch [default: 10000].
+    #[arg(long, value_name = "N")]
+    pub max_records_per_partition: Option<u64>,
+    /// Time between batch starts when the topics have little data
+    /// [default: 1s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub trigger_interval: Option<Duration>,
+    /// Process what is available at start, then exit 0.
+    #[arg(long)]
+    pub until_caught_up: bool,
+    /// Bad records: `fail` stops before committing, `dlq` stores them in
+    /// sluice_dead_letters (needs --sink-db), `skip` counts and logs them
+    /// [default: fail].
+    #[arg(long, value_enum, value_name = "POLICY")]
+    pub on_error: Option<ErrorPolicy>,
+    /// Offsets deleted by retention before they were read: `fail` stops,
+    /// `skip` resumes at the log start and records the gap [default: fail].
+    #[arg(long, value_enum, value_name = "POLICY")]
+    pub on_data_loss: Option<DataLossPolicy>,
+    /// Where a new checkpoint starts reading [default: earliest].
+    #[arg(long, value_enum, value_name = "WHERE")]
+    pub starting_offsets: Option<StartingOffsets>,
+    /// Also commit processed offsets to this consumer group after each
+    /// batch, for lag dashboards only (the checkpoint stays the truth).
+    #[arg(long, value_name = "GROUP")]
+    pub group_id: Option<String>,
+    /// Batches of checkpoint entries to keep [default: 100].
+    #[arg(long, value_name = "N")]
+    pub retention: Option<u64>,
+    /// Accept topics that differ from the checkpoint's.
+    #[arg(long)]
+    pub allow_fingerprint_change: bool,
+    /// Queue for the checkpoint lock instead of failing when another
+    /// process owns it (optionally at most this long) [default: 1h].
+    #[arg(long, value_name = "TIMEOUT", num_args = 0..=1, default_missing_value = "1h", value_parser = parse_duration)]
+    pub wait: Option<Duration>,
+    /// Bound on each Kafka operation (metadata, watermarks, fetch of a
+    /// batch) before the job stops with an error [default: 30s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub kafka_timeout: Option<Duration>,
+    /// Attempts for retryable plugin or sink failures and traps
+    /// [default: 3].
+    #[arg(long, value_name = "N")]
+    pub attempts: Option<u32>,
+    /// Deadline of one plugin call [default: 10s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub plugin_timeout: Option<Duration>,
+    /// Memory cap of each plugin instance [default: 256MiB].
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    pub plugin_memory: Option<u64>,
+    /// Progress output on stdout: one JSON line per batch, or none.
+    #[arg(long, value_enum, default_value = "json")]
+    pub progress: ProgressFormat,
+}
+
+/// Progress output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProgressFormat {
+    /// One JSON line per committed batch on stdout.
+    Json,
+    /// Nothing on stdout (the log still has a line per batch).
+    None,
+}
+
+/// The config file (TOML). Every field mirrors a flag of the same name.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// `--brokers`.
+    pub brokers: Option<String>,
+    /// `--topic`, as a list.
+    #[serde(default)]
+    pub topics: Vec<String>,
+    /// `--checkpoint`.
+    pub checkpoint: Option<PathBuf>,
+    /// `--plugin`, as a list.
+    #[serde(default)]
+    pub plugins: Vec<PathBuf>,
+    /// Plugin configuration (`--config`).
+    #[serde(default)]
+    pub config: BTreeMap<String, String>,
+    /// librdkafka properties (`--config kafka.<name>=…`).
+    #[serde(default)]
+    pub kafka: BTreeMap<String, String>,
+    /// `--sink-db`.
+    pub sink_db: Option<String>,
+    /// `--max-records-per-partition`.
+    pub max_records_per_partition: Option<u64>,
+    /// `--trigger-interval` (e.g. "500ms").
+    pub trigger_interval: Option<String>,
+    /// `--until-caught-up`.
+    #[serde(default)]
+    pub until_caught_up: bool,
+    /// `--on-error`.
+    pub on_error: Option<ErrorPolicy>,
+    /// `--on-data-loss`.
+    pub on_data_loss: Option<DataLossPolicy>,
+    /// `--starting-offsets`.
+    pub starting_offsets: Option<StartingOffsets>,
+    /// `--group-id`.
+    pub group_id: Option<String>,
+    /// `--retention`.
+    pub retention: Option<u64>,
+    /// `--kafka-timeout`.
+    pub kafka_timeout: Option<String>,
+    /// `--attempts`.
+    pub attempts: Option<u32>,
+    /// `--plugin-timeout`.
+    pub plugin_timeout: Option<String>,
+    /// `--plugin-memory` (e.g. "256MiB").
+    pub plugin_memory: Option<String>,
+}
+
+fn missing(flag: &str) -> CliError {
+    CliError {
+        code: ExitCode::Usage,
+        error: anyhow::anyhow!("{flag} is required (as a flag or in --config-file)"),
+    }
+}
+
+/// Merge the config file and the flags into a pipeline definition.
+///
+/// # Errors
+/// Exit 2 for an unreadable or invalid config file or a missing setting.
+pub fn pipeline(args: &RunArgs) -> Result<PipelineConfig, CliError> {
+    let file: FileConfig = match &args.config_file {
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("cannot read config file {}", p.display()))
+                .code(ExitCode::Usage)?;
+            toml::from_str(&text)
+                .with_context(|| format!("config file {}", p.display()))
+                .code(ExitCode::Usage)?
+        }
+        None => FileConfig::default(),
+    };
+    let dur = |s: &Option<String>, name: &str| -> Result<Option<Duration>, CliError> {
+        s.as_deref()
+            .map(parse_duration)
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("config file: {name}: {e}"))
+            .code(ExitCode::Usage)
+    };
+    let brokers = args
+        .brokers
+        .clone()
+        .or(file.brokers.clone())
+        .ok_or_else(|| missing("--brokers"))?;
+    let topics = if args.topics.is_empty() {
+        file.topics.clone()
+    } else {
+        args.topics.clone()
+    };
+    if topics.is_empty() {
+        return Err(missing("--topic"));
+    }
+    let checkpoint = args
+        .checkpoint
+        .clone()
+        .or(file.checkpoint.clone())
+        .ok_or_else(|| missing("--checkpoint"))?;
+    let mut cfg = PipelineConfig::new(brokers, topics, checkpoint);
+    cfg.plugins = if args.plugins.is_empty() {
+        file.plugins.clone()
+    } else {
+        args.plugins.clone()
+    };
+    cfg.plugin_config = file.config.clone();
+    cfg.kafka = file.kafka.clone();
+    for (k, v) in &args.config {
+        match k.strip_prefix("kafka.") {
+            Some(prop) => cfg.kafka.insert(prop.to_string(), v.clone()),
+            None => cfg.plugin_config.insert(k.clone(), v.clone()),
+        };
+    }
+    cfg.sink_db = args.sink_db.clone().or(file.sink_db.clone());
+    if let Some(n) = args
+        .max_records_per_partition
+        .or(file.max_records_per_partition)
+    {
+        if n == 0 {
+            return Err(CliError {
+                code: ExitCode::Usage,
+                error: anyhow::anyhow!("--max-records-per-partition must be at least 1"),
+            });
+        }
+        cfg.max_records_per_partition = n;
+    }
+    if let Some(d) = args
+        .trigger_interval
+        .or(dur(&file.trigger_interval, "trigger_interval")?)
+    {
+        cfg.trigger_interval = d;
+    }
+    cfg.until_caught_up = args.until_caught_up || file.until_caught_up;
+    cfg.on_error = args.on_error.or(file.on_error).unwrap_or(cfg.on_error);
+    cfg.on_data_loss = args
+        .on_data_loss
+        .or(file.on_data_loss)
+        .unwrap_or(cfg.on_data_loss);
+    cfg.starting_offsets = args
+        .starting_offsets
+        .or(file.starting_offsets)
+        .unwrap_or(cfg.starting_offsets);
+    cfg.group_id = args.group_id.clone().or(file.group_id.clone());
+    cfg.retention = args.retention.or(file.retention).unwrap_or(cfg.retention);
+    cfg.allow_fingerprint_change = args.allow_fingerprint_change;
+    cfg.wait = args.wait;
+    if let Some(d) = args
+        .kafka_timeout
+        .or(dur(&file.kafka_timeout, "kafka_timeout")?)
+    {
+        cfg.kafka_timeout = d;
+    }
+    cfg.attempts = args
+        .attempts
+        .or(file.attempts)
+        .unwrap_or(cfg.attempts)
+        .max(1);
+    let defaults = Limits::default();
+    let memory = match (&args.plugin_memory, &file.plugin_memory) {
+        (Some(m), _) => *m,
+        (None, Some(s)) => parse_bytes(s)
+            .map_err(|e| anyhow::anyhow!("config file: plugin_memory: {e}"))
+            .code(ExitCode::Usage)?,
+        (None, None) => defaults.memory_bytes,
+    };
+    cfg.limits = Limits {
+        call_timeout: args
+            .plugin_timeout
+            .or(dur(&file.plugin_timeout, "plugin_timeout")?)
+            .unwrap_or(defaults.call_timeout),
+        memory_bytes: memory,
+    };
+    cfg.progress_json = args.progress == ProgressFormat::Json;
+    Ok(cfg)
+}
+
+/// Run `host run`.
+///
+/// # Errors
+/// Exit 3 when the checkpoint is owned, 2 for bad settings, 1 when the job
+/// fails.
+pub fn run(args: RunArgs) -> Result<(), CliError> {
+    let cfg = pipeline(&args)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        // A second signal while stopping exits at once (code 130).
+        signal_hook::flag::register_conditional_shutdown(sig, 130, stop.clone())
+            .and_then(|_| signal_hook::flag::register(sig, stop.clone()))
+            .context("installing signal handlers")?;
+    }
+    match engine::run(&cfg, stop) {
+        Ok(summary) => {
+            tracing::info!(
+                batches = summary.batches,
+                input = summary.counts.input,
+                output = summary.counts.output,
+                "stopped cleanly"
+            );
+            Ok(())
+        }
+        Err(e) => {
+            let code = if e.is_owned() {
+                ExitCode::Owned
+            } else if matches!(e, engine::EngineError::Config(_)) {
+                ExitCode::Usage
+            } else {
+                ExitCode::Failed
+            };
+            Err(CliError {
+                code,
+                error: e.into(),
+            })
+        }
+    }
+}

@@ -1,0 +1,124 @@
+//! The pipeline definition `host run` executes: one struct, filled from the
+//! TOML config file and the command-line flags (flags win).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::plugin::Limits;
+
+/// What to do with a record a map stage rejects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ErrorPolicy {
+    /// Stop before committing the batch; exit non-zero; nothing is lost.
+    Fail,
+    /// Store the record in `sluice_dead_letters` (needs `--sink-db`), in
+    /// the same transaction as the partition's writes.
+    Dlq,
+    /// Count it, log it, go on.
+    Skip,
+}
+
+/// What to do when planned offsets were deleted by retention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum DataLossPolicy {
+    /// Stop with an error naming topic, partition and missing range.
+    Fail,
+    /// Resume at the log start and record the gap in the commit entry.
+    Skip,
+}
+
+/// Where partitions without a checkpointed position start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum StartingOffsets {
+    /// The log start offset.
+    Earliest,
+    /// The high watermark (only records produced from now on).
+    Latest,
+}
+
+/// Everything `host run` needs.
+#[derive(Debug, Clone)]
+pub struct PipelineConfig {
+    /// Kafka bootstrap servers.
+    pub brokers: String,
+    /// Subscribed topics.
+    pub topics: Vec<String>,
+    /// Checkpoint directory.
+    pub checkpoint: PathBuf,
+    /// Plugin components in stage order; empty = resume with the plugins
+    /// recorded in the checkpoint.
+    pub plugins: Vec<PathBuf>,
+    /// `--config k=v` pairs for plugins.
+    pub plugin_config: BTreeMap<String, String>,
+    /// librdkafka properties (`--config kafka.<name>=v`, `[kafka]` table).
+    pub kafka: BTreeMap<String, String>,
+    /// `sqlite:PATH` or `postgres://…`.
+    pub sink_db: Option<String>,
+    /// Records per partition per batch.
+    pub max_records_per_partition: u64,
+    /// Time between batch starts when there is little data.
+    pub trigger_interval: Duration,
+    /// Stop once the data available at start is processed.
+    pub until_caught_up: bool,
+    /// Bad-record policy.
+    pub on_error: ErrorPolicy,
+    /// Deleted-range policy.
+    pub on_data_loss: DataLossPolicy,
+    /// Where new checkpoints start.
+    pub starting_offsets: StartingOffsets,
+    /// Consumer group for informational commits.
+    pub group_id: Option<String>,
+    /// Plugin sandbox limits.
+    pub limits: Limits,
+    /// Batches of checkpoint entries kept.
+    pub retention: u64,
+    /// Adopt different topics than the checkpoint's.
+    pub allow_fingerprint_change: bool,
+    /// Wait this long for the checkpoint lock.
+    pub wait: Option<Duration>,
+    /// Bound on each broker operation (metadata, watermarks, fetch).
+    pub kafka_timeout: Duration,
+    /// Attempts for a retryable stage failure or trap (1 = no retry).
+    pub attempts: u32,
+    /// Print one JSON progress line per batch on stdout.
+    pub progress_json: bool,
+}
+
+impl PipelineConfig {
+    /// A configuration with the documented defaults.
+    pub fn new(
+        brokers: impl Into<String>,
+        topics: Vec<String>,
+        checkpoint: impl Into<PathBuf>,
+    ) -> Self {
+        PipelineConfig {
+            brokers: brokers.into(),
+            topics,
+            checkpoint: checkpoint.into(),
+            plugins: Vec::new(),
+            plugin_config: BTreeMap::new(),
+            kafka: BTreeMap::new(),
+            sink_db: None,
+            max_records_per_partition: 10_000,
+            trigger_interval: Duration::from_secs(1),
+            until_caught_up: false,
+            on_error: ErrorPolicy::Fail,
+            on_data_loss: DataLossPolicy::Fail,
+            starting_offsets: StartingOffsets::Earliest,
+            group_id: None,
+            limits: Limits::default(),
+            retention: crate::checkpoint::DEFAULT_RETENTION,
+            allow_fingerprint_change: false,
+            wait: None,
+            kafka_timeout: Duration::from_secs(30),
+            attempts: 3,
+            progress_json: true,
+        }
+    }
+}

@@ -1,0 +1,758 @@
+//! The micro-batch loop (DESIGN.md, "Micro-batch loop"): plan →
+//! write-ahead → fetch → map chain → sink per partition → commit.
+//!
+//! Invariants:
+//! - `offsets/N` is durable before any record of batch N is read; `commits/N`
+//!   is written only after every partition's sink closed cleanly. A batch
+//!   that fails is never committed, so the next start re-runs it with the
+//!   same ranges and therefore the same idempotency keys.
+//! - Offsets are numeric everywhere; `earliest`/`latest` are resolved at the
+//!   first plan of a new checkpoint only. Partitions discovered later start
+//!   at their log start offset.
+//! - Shutdown is injected ([`run`] takes a stop flag): a stop request lets
+//!   the in-flight batch finish and commit.
+
+mod config;
+mod plan;
+mod progress;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+use sluice_guest::wire::{Header, Record, SinkRecord};
+
+use crate::checkpoint::{
+    Checkpoint, CheckpointError, CommitEntry, Counts, OffsetsEntry, OpenOptions, PartitionRange,
+    PluginRef, Recovery, StageKind, Timings, now_ms,
+};
+use crate::plugin::chain::{ChainResult, Rejection, run_chain};
+use crate::plugin::{CallContext, Instance, Plugin, PluginError, Runtime, StageFailure};
+use crate::sink::sql::{DbError, SqlGrant};
+use crate::sink::{Applied, DeadLetter, PartitionBatch, SinkDriver, SinkError};
+use crate::source::{FetchRange, KafkaSource, SourceError, SourceRecord, TopicPartition};
+
+pub use config::{DataLossPolicy, ErrorPolicy, PipelineConfig, StartingOffsets};
+pub use progress::{PartitionProgress, Progress};
+
+/// Why the job stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The checkpoint refused (owned, corrupt, fenced, fingerprint).
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// Kafka failed.
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    /// A plugin failed (after retries).
+    #[error("{0}; batch not committed, it is re-run on the next start")]
+    Plugin(#[from] PluginError),
+    /// The sink failed (after retries).
+    #[error("{0}; batch not committed, it is re-run on the next start")]
+    Sink(#[from] SinkError),
+    /// The sink database is unreachable or refused the schema.
+    #[error("sink database {url}: {error}")]
+    SinkDb {
+        /// The `--sink-db` URL.
+        url: String,
+        /// The database's error.
+        error: DbError,
+    },
+    /// A bad record under `--on-error fail`.
+    #[error(
+        "bad record at {topic}/{partition} offset {offset}, rejected by plugin {plugin} (sha256:{digest}): {message}; batch {batch} not committed (--on-error fail). Fix the plugin or the data, or restart with --on-error dlq (dead-letter it) or --on-error skip"
+    )]
+    BadRecord {
+        /// Topic.
+        topic: String,
+        /// Partition.
+        partition: i32,
+        /// Offset.
+        offset: i64,
+        /// Plugin file.
+        plugin: String,
+        /// Plugin digest.
+        digest: String,
+        /// The stage's message.
+        message: String,
+        /// Batch id.
+        batch: u64,
+    },
+    /// Planned offsets were deleted by retention (`--on-data-loss fail`).
+    #[error(
+        "data loss on {topic}/{partition}: offsets [{from}, {to}) were deleted from the log (retention) before Sluice read them. Restart with --on-data-loss skip to continue at offset {to} (the gap is recorded in the commit entry)"
+    )]
+    DataLoss {
+        /// Topic.
+        topic: String,
+        /// Partition.
+        partition: i32,
+        /// First missing offset.
+        from: i64,
+        /// Log start offset now.
+        to: i64,
+    },
+    /// The checkpoint is ahead of the log.
+    #[error(
+        "{topic}/{partition}: the checkpoint's position {position} is beyond the partition's high watermark {high}: the topic was deleted and recreated, or truncated. Sluice will not guess where to resume: start a new checkpoint directory, or reset this one (`host checkpoint reset {checkpoint} --to earliest`)"
+    )]
+    BeyondEnd {
+        /// Topic.
+        topic: String,
+        /// Partition.
+        partition: i32,
+        /// Stored position.
+        position: i64,
+        /// High watermark now.
+        high: i64,
+        /// The checkpoint directory.
+        checkpoint: String,
+    },
+    /// Inconsistent configuration.
+    #[error("{0}")]
+    Config(String),
+}
+
+impl EngineError {
+    /// True when another process owns the checkpoint.
+    pub fn is_owned(&self) -> bool {
+        matches!(self, EngineError::Checkpoint(e) if e.is_owned())
+    }
+}
+
+/// What a run did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunSummary {
+    /// Epoch of this run.
+    pub epoch: u64,
+    /// Batch re-run at start (an uncommitted batch of a previous run).
+    pub reran: Option<u64>,
+    /// Batches committed by this run (including a re-run one).
+    pub batches: u64,
+    /// Id of the last committed batch.
+    pub last_batch: Option<u64>,
+    /// Totals over the run.
+    pub counts: Counts,
+}
+
+/// The loaded stages of the pipeline.
+struct Stages {
+    maps: Vec<Instance>,
+    sink: Option<Instance>,
+    refs: Vec<PluginRef>,
+    /// Digest → file, for messages.
+    files: BTreeMap<String, String>,
+}
+
+fn load_stages(
+    cfg: &PipelineConfig,
+    cp: &Checkpoint,
+    runtime: &Runtime,
+    recorded: &[PluginRef],
+    sql: Option<&SqlGrant>,
+) -> Result<Stages, EngineError> {
+    let config = Arc::new(cfg.plugin_config.clone());
+    let mut loaded: Vec<Plugin> = Vec::new();
+    if cfg.plugins.is_empty() {
+        if recorded.is_empty() {
+            return Err(EngineError::Config(format!(
+                "no plugins: pass --plugin FILE (the checkpoint {} records none to resume with)",
+                cp.dir().display()
+            )));
+        }
+        let mut seen = Vec::new();
+        for r in recorded {
+            if seen.contains(&r.digest) {
+                continue;
+            }
+            seen.push(r.digest.clone());
+            let bytes = cp.load_plugin(&r.digest)?;
+            loaded.push(runtime.load_bytes(&cp.plugin_path(&r.digest), &bytes, config.clone())?);
+        }
+        tracing::info!("resuming with the plugins recorded in the checkpoint");
+    } else {
+        for path in &cfg.plugins {
+            let bytes = std::fs::read(path).map_err(|source| PluginError::Read {
+                path: path.clone(),
+                source,
+            })?;
+            let plugin = runtime.load_bytes(path, &bytes, config.clone())?;
+            cp.store_plugin(&bytes)?;
+            loaded.push(plugin);
+        }
+    }
+    let mut refs = Vec::new();
+    let mut maps = Vec::new();
+    let mut sink = None;
+    let mut files = BTreeMap::new();
+    let mut sink_ref = None;
+    for p in &loaded {
+        files.insert(p.digest().to_string(), p.path().display().to_string());
+        let wants = |stage: StageKind| {
+            if cfg.plugins.is_empty() {
+                recorded
+                    .iter()
+                    .any(|r| r.digest == p.digest() && r.stage == stage)
+            } else {
+                match stage {
+                    StageKind::Map => p.stages().map,
+                    StageKind::Sink => p.stages().sink,
+                }
+            }
+        };
+        if wants(StageKind::Map) {
+            refs.push(PluginRef {
+                stage: StageKind::Map,
+                digest: p.digest().to_string(),
+            });
+            maps.push(p.instance());
+        }
+        if wants(StageKind::Sink) {
+            if sink.is_some() {
+                return Err(EngineError::Config(format!(
+                    "two plugins export a sink stage ({} and {}); a pipeline has one sink",
+                    files
+                        .get(sink_ref.as_deref().unwrap_or_default())
+                        .cloned()
+                        .unwrap_or_default(),
+                    p.path().display()
+                )));
+            }
+            sink_ref = Some(p.digest().to_string());
+            sink = Some(p.instance_with_sql(sql.cloned()));
+        }
+    }
+    if let Some(d) = sink_ref {
+        refs.push(PluginRef {
+            stage: StageKind::Sink,
+            digest: d,
+        });
+    }
+    if !cfg.plugins.is_empty() && !recorded.is_empty() && recorded != refs.as_slice() {
+        let show = |v: &[PluginRef]| {
+            v.iter()
+                .map(|r| {
+                    format!(
+                        "{:?} sha256:{}",
+                        r.stage,
+                        &r.digest[..12.min(r.digest.len())]
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        tracing::warn!(
+            "plugin upgrade: the checkpoint's last batch ran [{}], this run uses [{}]",
+            show(recorded),
+            show(&refs)
+        );
+    }
+    if sink.is_none() {
+        tracing::warn!("no plugin exports a sink stage: mapped records are counted and discarded");
+    }
+    Ok(Stages {
+        maps,
+        sink,
+        refs,
+        files,
+    })
+}
+
+fn config_digest(cfg: &PipelineConfig) -> String {
+    let v = serde_json::json!({
+        "plugin_config": cfg.plugin_config,
+        "on_error": format!("{:?}", cfg.on_error),
+    });
+    hex::encode(Sha256::digest(v.to_string().as_bytes()))
+}
+
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1_000_000.0).round() / 1000.0
+}
+
+/// Sleep up to `d`, waking early when `stop` is set.
+fn sleep_unless(stop: &AtomicBool, d: Duration) {
+    let until = Instant::now() + d;
+    while !stop.load(Ordering::Relaxed) {
+        let now = Instant::now();
+        if now >= until {
+            return;
+        }
+        std::thread::sleep((until - now).min(Duration::from_millis(50)));
+    }
+}
+
+/// Borrowed views of fetched records for the map chain.
+fn record_views<'a>(topic: &'a str, partition: i32, recs: &'a [SourceRecord]) -> Vec<Record<'a>> {
+    recs.iter()
+        .map(|r| Record {
+            topic,
+            partition,
+            offset: r.offset,
+            timestamp: r.timestamp,
+            timestamp_type: r.timestamp_type,
+            key: r.key.as_deref(),
+            value: r.value.as_deref(),
+            headers: r
+                .headers
+                .iter()
+                .map(|(k, v)| Header {
+                    key: k,
+                    value: v.as_deref(),
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// Run the pipeline until `stop` is set (or, with `until_caught_up`, until
+/// the data available at start is processed).
+///
+/// # Errors
+/// [`EngineError`]; the batch in flight is not committed.
+pub fn run(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSummary, EngineError> {
+    if cfg.topics.is_empty() {
+        return Err(EngineError::Config("no topics: pass --topic NAME".into()));
+    }
+    if cfg.on_error == ErrorPolicy::Dlq && cfg.sink_db.is_none() {
+        return Err(EngineError::Config(
+            "--on-error dlq stores dead letters in the sink database: pass --sink-db sqlite:PATH or postgres://…".into(),
+        ));
+    }
+    let mut cp = Checkpoint::open(
+        &cfg.checkpoint,
+        &OpenOptions {
+            topics: cfg.topics.clone(),
+            allow_fingerprint_change: cfg.allow_fingerprint_change,
+            wait: cfg.wait,
+            retention: cfg.retention,
+            create: true,
+        },
+    )?;
+    let epoch = cp.epoch();
+    let query_id = cp.metadata().query_id.clone();
+    tracing::info!(checkpoint = %cfg.checkpoint.display(), epoch, query_id, "checkpoint opened");
+
+    let runtime = Runtime::new(cfg.limits).map_err(EngineError::Config)?;
+    let sql = match &cfg.sink_db {
+        Some(url) => Some(SqlGrant::connect(url).map_err(|error| EngineError::SinkDb {
+            url: url.clone(),
+            error,
+        })?),
+        None => None,
+    };
+    let driver = SinkDriver::new(sql.clone()).map_err(|error| EngineError::SinkDb {
+        url: cfg.sink_db.clone().unwrap_or_default(),
+        error,
+    })?;
+    let recorded = match cp.recovery() {
+        Recovery::Resume { plugins, .. } => plugins.clone(),
+        Recovery::Rerun { entry } => entry.plugins.clone(),
+    };
+    let mut stages = load_stages(cfg, &cp, &runtime, &recorded, sql.as_ref())?;
+    let group = cfg
+        .group_id
+        .clone()
+        .unwrap_or_else(|| format!("sluice-{query_id}"));
+    let mut source = KafkaSource::new(
+        &cfg.brokers,
+        &cfg.kafka,
+        &group,
+        cfg.group_id.is_some(),
+        cfg.kafka_timeout,
+    )?;
+    let cdigest = config_digest(cfg);
+
+    let mut summary = RunSummary {
+        epoch,
+        ..RunSummary::default()
+    };
+    let mut planner = plan::Planner::new(cfg, cp.recovery());
+    let mut pending_rerun = match cp.recovery() {
+        Recovery::Rerun { entry } => Some(entry.clone()),
+        Recovery::Resume { .. } => None,
+    };
+
+    loop {
+        if stop.load(Ordering::Relaxed) && pending_rerun.is_none() {
+            tracing::info!("stop requested: the last batch is committed, exiting");
+            break;
+        }
+        let batch_started = Instant::now();
+        let (entry, gaps, rerun, full) = match pending_rerun.take() {
+            Some(entry) => {
+                tracing::info!(
+                    batch = entry.batch_id,
+                    "re-running uncommitted batch {} with its planned ranges",
+                    entry.batch_id
+                );
+                (entry, Vec::new(), true, true)
+            }
+            None => {
+                let planned = planner.plan(&source, cfg)?;
+                if !planned.worth_a_batch {
+                    if cfg.until_caught_up && planner.caught_up() {
+                        tracing::info!("caught up with the data available at start");
+                        break;
+                    }
+                    sleep_unless(
+                        &stop,
+                        cfg.trigger_interval.saturating_sub(batch_started.elapsed()),
+                    );
+                    continue;
+                }
+                let entry = OffsetsEntry {
+                    batch_id: cp.next_batch_id(),
+                    epoch,
+                    planned_at_ms: now_ms(),
+                    ranges: planned.ranges,
+                    plugins: stages.refs.clone(),
+                    config_digest: cdigest.clone(),
+                    note: None,
+                };
+                cp.append_offsets(&entry)?;
+                crate::checkpoint::failpoint("engine:after-write-ahead");
+                (entry, planned.gaps, false, planned.full)
+            }
+        };
+        let plan_ms = ms(batch_started.elapsed());
+        let (counts, mut timings) =
+            run_batch(cfg, &mut source, &mut stages, &driver, &entry, &query_id)?;
+        timings.plan = plan_ms;
+
+        let commit_started = Instant::now();
+        let commit = CommitEntry {
+            batch_id: entry.batch_id,
+            epoch,
+            committed_at_ms: now_ms(),
+            counts: counts.clone(),
+            timings_ms: timings.clone(),
+            plugins: stages.refs.clone(),
+            data_loss: gaps.clone(),
+            note: None,
+        };
+        cp.commit(&commit)?;
+        timings.commit = ms(commit_started.elapsed());
+        planner.committed(&entry);
+        source.commit_group(
+            &entry
+                .ranges
+                .iter()
+                .map(|r| ((r.topic.clone(), r.partition), r.end))
+                .collect(),
+        );
+
+        summary.batches += 1;
+        summary.last_batch = Some(entry.batch_id);
+        if rerun {
+            summary.reran = Some(entry.batch_id);
+        }
+        add_counts(&mut summary.counts, &counts);
+        let event = Progress::new(
+            &entry,
+            epoch,
+            rerun,
+            &counts,
+            &timings,
+            batch_started.elapsed(),
+            planner.lag(),
+            &gaps,
+        );
+        event.emit(cfg.progress_json);
+
+        if cfg.until_caught_up && planner.caught_up() {
+            tracing::info!("caught up with the data available at start");
+            break;
+        }
+        if !full {
+            sleep_unless(
+                &stop,
+                cfg.trigger_interval.saturating_sub(batch_started.elapsed()),
+            );
+        }
+    }
+    Ok(summary)
+}
+
+fn add_counts(total: &mut Counts, c: &Counts) {
+    total.input += c.input;
+    total.output += c.output;
+    total.filtered += c.filtered;
+    total.bad_records += c.bad_records;
+    total.dead_lettered += c.dead_lettered;
+    total.skipped += c.skipped;
+}
+
+/// Retry `f` while it fails with a retryable error.
+fn with_retries<T, E: std::fmt::Display>(
+    attempts: u32,
+    what: &str,
+    retryable: impl Fn(&E) -> bool,
+    mut f: impl FnMut() -> Result<T, E>,
+) -> Result<T, E> {
+    let mut delay = Duration::from_millis(200);
+    let mut attempt = 1;
+    loop {
+        match f() {
+            Ok(v) => return Ok(v),
+            Err(e) if attempt < attempts && retryable(&e) => {
+                tracing::warn!(
+                    "{what} failed (attempt {attempt} of {attempts}), retrying in {} ms: {e}",
+                    delay.as_millis()
+                );
+                std::thread::sleep(delay);
+                delay *= 4;
+                attempt += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn sink_retryable(e: &SinkError) -> bool {
+    match e {
+        SinkError::Plugin(p) => p.is_retryable(),
+        // Connection problems (08…) and serialization failures/deadlocks
+        // (40…) are transient; the range was rolled back.
+        SinkError::Sql { error, .. } => {
+            error.code.starts_with("08")
+                || error.code.starts_with("40")
+                || error.code == "SQLITE_BUSY"
+        }
+        _ => false,
+    }
+}
+
+/// Map a partition's records, taking whole-call `bad-record` errors as
+/// rejections of that record (the rest is mapped again).
+fn map_partition(
+    stages: &mut Stages,
+    ctx: &CallContext,
+    records: &[Record<'_>],
+    attempts: u32,
+) -> Result<ChainResult, PluginError> {
+    let mut excluded: Vec<Rejection> = Vec::new();
+    loop {
+        let keep: Vec<usize> = (0..records.len())
+            .filter(|i| !excluded.iter().any(|r| r.source_index == *i))
+            .collect();
+        let subset: Vec<Record<'_>> = keep.iter().map(|&i| records[i].clone()).collect();
+        let result = with_retries(attempts, "map", PluginError::is_retryable, || {
+            run_chain(&mut stages.maps, ctx, &subset)
+        });
+        match result {
+            Ok(mut r) => {
+                for o in &mut r.outputs {
+                    o.source_index = keep[o.source_index];
+                }
+                for b in &mut r.rejected {
+                    b.source_index = keep[b.source_index];
+                }
+                r.rejected.extend(excluded);
+                r.rejected.sort_by_key(|b| b.source_index);
+                return Ok(r);
+            }
+            Err(PluginError::Stage {
+                failure: StageFailure::BadRecord { index, message },
+                digest,
+                ..
+            }) if (index as usize) < subset.len() => {
+                excluded.push(Rejection {
+                    source_index: keep[index as usize],
+                    stage: 0,
+                    plugin_digest: digest,
+                    message,
+                });
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Fetch, map and sink one batch. Returns counts and timings (plan and
+/// commit are filled in by the caller).
+fn run_batch(
+    cfg: &PipelineConfig,
+    source: &mut KafkaSource,
+    stages: &mut Stages,
+    driver: &SinkDriver,
+    entry: &OffsetsEntry,
+    query_id: &str,
+) -> Result<(Counts, Timings), EngineError> {
+    let mut timings = Timings::default();
+    let mut counts = Counts::default();
+    let t = Instant::now();
+    let ranges: Vec<FetchRange> = entry
+        .ranges
+        .iter()
+        .map(|r| FetchRange {
+            topic: r.topic.clone(),
+            partition: r.partition,
+            start: r.start,
+            end: r.end,
+        })
+        .collect();
+    let fetched = source.fetch(&ranges)?;
+    timings.fetch = ms(t.elapsed());
+    let ctx = CallContext {
+        query_id: query_id.to_string(),
+        batch_id: entry.batch_id,
+        epoch: entry.epoch,
+    };
+    let mut map_time = Duration::ZERO;
+    let mut sink_time = Duration::ZERO;
+    for (range, recs) in entry.ranges.iter().zip(&fetched) {
+        if range.start == range.end {
+            continue;
+        }
+        counts.input += recs.len() as u64;
+        let views = record_views(&range.topic, range.partition, recs);
+        let t = Instant::now();
+        let mapped = if stages.maps.is_empty() {
+            passthrough(&views)
+        } else {
+            map_partition(stages, &ctx, &views, cfg.attempts)?
+        };
+        map_time += t.elapsed();
+
+        let mut dead_letters = Vec::new();
+        for b in &mapped.rejected {
+            let r = &recs[b.source_index];
+            counts.bad_records += 1;
+            match cfg.on_error {
+                ErrorPolicy::Fail => {
+                    return Err(EngineError::BadRecord {
+                        topic: range.topic.clone(),
+                        partition: range.partition,
+                        offset: r.offset,
+                        plugin: stages
+                            .files
+                            .get(&b.plugin_digest)
+                            .cloned()
+                            .unwrap_or_default(),
+                        digest: b.plugin_digest.clone(),
+                        message: b.message.clone(),
+                        batch: entry.batch_id,
+                    });
+                }
+                ErrorPolicy::Skip => {
+                    counts.skipped += 1;
+                    tracing::warn!(topic = %range.topic, partition = range.partition, offset = r.offset, plugin = %b.plugin_digest, "skipping bad record: {}", b.message);
+                }
+                ErrorPolicy::Dlq => dead_letters.push(DeadLetter {
+                    topic: range.topic.clone(),
+                    partition: range.partition,
+                    offset: r.offset,
+                    timestamp_ms: r.timestamp,
+                    key: r.key.clone(),
+                    value: r.value.clone(),
+                    headers: r.headers.clone(),
+                    error: b.message.clone(),
+                    plugin_digest: b.plugin_digest.clone(),
+                    stage: b.stage,
+                }),
+            }
+        }
+        let mut with_output = vec![false; recs.len()];
+        for o in &mapped.outputs {
+            with_output[o.source_index] = true;
+        }
+        counts.output += mapped.outputs.len() as u64;
+        counts.filtered += with_output
+            .iter()
+            .enumerate()
+            .filter(|(i, has)| !**has && !mapped.rejected.iter().any(|b| b.source_index == *i))
+            .count() as u64;
+
+        let sink_records: Vec<SinkRecord<'_>> = mapped
+            .outputs
+            .iter()
+            .map(|o| {
+                let s = &views[o.source_index];
+                SinkRecord {
+                    idempotency_key: &o.idempotency_key,
+                    record: Record {
+                        topic: s.topic,
+                        partition: s.partition,
+                        offset: s.offset,
+                        timestamp: s.timestamp,
+                        timestamp_type: s.timestamp_type,
+                        key: o.key.as_deref(),
+                        value: o.value.as_deref(),
+                        headers: o
+                            .headers
+                            .iter()
+                            .map(|(k, v)| Header {
+                                key: k,
+                                value: v.as_deref(),
+                            })
+                            .collect(),
+                    },
+                }
+            })
+            .collect();
+        let batch = PartitionBatch {
+            range: crate::plugin::PartitionRange {
+                batch: ctx.clone(),
+                topic: range.topic.clone(),
+                partition: range.partition,
+                start_offset: range.start,
+                end_offset: range.end,
+            },
+            records: &sink_records,
+            dead_letters: &dead_letters,
+        };
+        let t = Instant::now();
+        let applied = with_retries(cfg.attempts, "sink", sink_retryable, || {
+            driver.apply(stages.sink.as_mut(), &batch)
+        })?;
+        sink_time += t.elapsed();
+        match applied {
+            Applied::Written { dead_lettered, .. } => counts.dead_lettered += dead_lettered,
+            Applied::AlreadyApplied => {
+                tracing::info!(topic = %range.topic, partition = range.partition, "range [{}, {}) already applied by the sink; skipped", range.start, range.end);
+                counts.dead_lettered += dead_letters.len() as u64;
+            }
+        }
+    }
+    timings.map = ms(map_time);
+    timings.sink = ms(sink_time);
+    Ok((counts, timings))
+}
+
+/// The chain with no map stage: every record passes unchanged.
+fn passthrough(views: &[Record<'_>]) -> ChainResult {
+    ChainResult {
+        outputs: views
+            .iter()
+            .enumerate()
+            .map(|(i, r)| crate::plugin::chain::ChainOutput {
+                source_index: i,
+                idempotency_key: sluice_guest::wire::idempotency_key(
+                    r.topic,
+                    r.partition,
+                    r.offset,
+                    0,
+                ),
+                key: r.key.map(<[u8]>::to_vec),
+                value: r.value.map(<[u8]>::to_vec),
+                headers: r
+                    .headers
+                    .iter()
+                    .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
+                    .collect(),
+            })
+            .collect(),
+        rejected: Vec::new(),
+    }
+}
+
+/// Positions after a batch: the end of each range.
+pub fn ends(ranges: &[PartitionRange]) -> BTreeMap<TopicPartition, i64> {
+    ranges
+        .iter()
+        .map(|r| ((r.topic.clone(), r.partition), r.end))
+        .collect()
+}

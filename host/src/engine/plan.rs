@@ -1,0 +1,190 @@
+//! Planning a batch: discover partitions, read watermarks, and choose each
+//! partition's `[start, end)`.
+//!
+//! `start` is the previous batch's end (numeric, from the checkpoint). A
+//! partition never seen before starts at the configured starting offset on
+//! a new checkpoint, and at its log start offset when discovered later.
+//! `end = min(high watermark, start + max records per partition)`, and,
+//! with `--until-caught-up`, no further than the high watermark seen at the
+//! first plan of this run.
+
+use std::collections::BTreeMap;
+
+use crate::checkpoint::{DataLossGap, OffsetsEntry, PartitionRange, Recovery};
+use crate::source::{KafkaSource, TopicPartition};
+
+use super::{DataLossPolicy, EngineError, PipelineConfig, StartingOffsets, ends};
+
+/// A planned batch.
+pub(crate) struct Planned {
+    /// One range per known partition (empty ranges included, so every
+    /// position is recorded).
+    pub(crate) ranges: Vec<PartitionRange>,
+    /// Ranges skipped under `--on-data-loss skip`.
+    pub(crate) gaps: Vec<DataLossGap>,
+    /// False when nothing would change (no data, no new partition).
+    pub(crate) worth_a_batch: bool,
+    /// Some partition hit the per-batch cap: more data is waiting.
+    pub(crate) full: bool,
+}
+
+/// Positions and targets across batches of one run.
+pub(crate) struct Planner {
+    positions: BTreeMap<TopicPartition, i64>,
+    new_checkpoint: bool,
+    targets: Option<BTreeMap<TopicPartition, i64>>,
+    highs: BTreeMap<TopicPartition, i64>,
+}
+
+impl Planner {
+    pub(crate) fn new(_cfg: &PipelineConfig, recovery: &Recovery) -> Self {
+        let (positions, new_checkpoint) = match recovery {
+            Recovery::Resume {
+                positions,
+                next_batch,
+                ..
+            } => (positions.clone(), *next_batch == 0 && positions.is_empty()),
+            Recovery::Rerun { entry } => (
+                entry
+                    .ranges
+                    .iter()
+                    .map(|r| ((r.topic.clone(), r.partition), r.start))
+                    .collect(),
+                false,
+            ),
+        };
+        Planner {
+            positions,
+            new_checkpoint,
+            targets: None,
+            highs: BTreeMap::new(),
+        }
+    }
+
+    pub(crate) fn plan(
+        &mut self,
+        source: &KafkaSource,
+        cfg: &PipelineConfig,
+    ) -> Result<Planned, EngineError> {
+        let mut ranges = Vec::new();
+        let mut gaps = Vec::new();
+        let mut worth = false;
+        let mut full = false;
+        let first_plan = self.targets.is_none();
+        let mut targets = self.targets.take().unwrap_or_default();
+        for topic in &cfg.topics {
+            for partition in source.partitions(topic)? {
+                let tp = (topic.clone(), partition);
+                let (low, high) = source.watermarks(topic, partition)?;
+                self.highs.insert(tp.clone(), high);
+                let known = self.positions.get(&tp).copied();
+                let mut start = match known {
+                    Some(p) => p,
+                    None if self.new_checkpoint => match cfg.starting_offsets {
+                        StartingOffsets::Earliest => low,
+                        StartingOffsets::Latest => high,
+                    },
+                    None => {
+                        tracing::info!(
+                            topic,
+                            partition,
+                            "new partition: starting at its log start offset {low}"
+                        );
+                        low
+                    }
+                };
+                if start < low {
+                    match cfg.on_data_loss {
+                        DataLossPolicy::Fail => {
+                            return Err(EngineError::DataLoss {
+                                topic: topic.clone(),
+                                partition,
+                                from: start,
+                                to: low,
+                            });
+                        }
+                        DataLossPolicy::Skip => {
+                            tracing::warn!(
+                                topic,
+                                partition,
+                                "data loss: offsets [{start}, {low}) were deleted before they were read; skipping them (--on-data-loss skip)"
+                            );
+                            gaps.push(DataLossGap {
+                                topic: topic.clone(),
+                                partition,
+                                from: start,
+                                to: low,
+                            });
+                            start = low;
+                        }
+                    }
+                }
+                if start > high {
+                    return Err(EngineError::BeyondEnd {
+                        topic: topic.clone(),
+                        partition,
+                        position: start,
+                        high,
+                        checkpoint: cfg.checkpoint.display().to_string(),
+                    });
+                }
+                if cfg.until_caught_up && (first_plan || !targets.contains_key(&tp)) {
+                    targets.insert(tp.clone(), high);
+                }
+                let cap = start.saturating_add(
+                    i64::try_from(cfg.max_records_per_partition).unwrap_or(i64::MAX),
+                );
+                let mut end = high.min(cap);
+                if cfg.until_caught_up
+                    && let Some(t) = targets.get(&tp)
+                {
+                    end = end.min((*t).max(start));
+                }
+                full |= end == cap && end > start;
+                worth |= end > start || known != Some(start);
+                ranges.push(PartitionRange {
+                    topic: topic.clone(),
+                    partition,
+                    start,
+                    end,
+                });
+            }
+        }
+        self.targets = Some(targets);
+        Ok(Planned {
+            ranges,
+            gaps,
+            worth_a_batch: worth,
+            full,
+        })
+    }
+
+    /// Record a committed batch.
+    pub(crate) fn committed(&mut self, entry: &OffsetsEntry) {
+        self.positions.extend(ends(&entry.ranges));
+        self.new_checkpoint = false;
+    }
+
+    /// With `--until-caught-up`: every partition reached its target.
+    pub(crate) fn caught_up(&self) -> bool {
+        match &self.targets {
+            Some(t) => t
+                .iter()
+                .all(|(tp, target)| self.positions.get(tp).is_some_and(|p| p >= target)),
+            None => false,
+        }
+    }
+
+    /// Records between each position and the last high watermark seen.
+    pub(crate) fn lag(&self) -> BTreeMap<TopicPartition, i64> {
+        self.highs
+            .iter()
+            .map(|(tp, h)| {
+                (
+                    tp.clone(),
+                    (h - self.positions.get(tp).copied().unwrap_or(0)).max(0),
+                )
+            })
+            .collect()
+    }
+}

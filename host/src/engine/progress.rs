@@ -1,0 +1,121 @@
+//! One progress event per committed batch, in the spirit of Spark's
+//! `StreamingQueryProgress`: a JSON line on stdout (for machines) and a log
+//! line (for people).
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::checkpoint::{Counts, DataLossGap, OffsetsEntry, Timings, rfc3339_ms};
+use crate::source::TopicPartition;
+
+/// Per-partition part of a progress event.
+#[derive(Debug, Clone, Serialize)]
+pub struct PartitionProgress {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+    /// First offset of the batch.
+    pub start: i64,
+    /// End offset (exclusive).
+    pub end: i64,
+    /// Records left between `end` and the high watermark at plan time.
+    pub lag: i64,
+}
+
+/// A committed batch, as reported.
+#[derive(Debug, Clone, Serialize)]
+pub struct Progress {
+    /// Always `"batch"`.
+    pub event: &'static str,
+    /// Batch id.
+    pub batch_id: u64,
+    /// Fencing epoch.
+    pub epoch: u64,
+    /// True when this batch re-ran an uncommitted batch of a previous run.
+    pub rerun: bool,
+    /// Commit time (RFC 3339).
+    pub committed_at: String,
+    /// Record counts.
+    pub counts: Counts,
+    /// Input records per second over the whole batch.
+    pub rows_per_sec: f64,
+    /// Phase durations, ms.
+    pub durations_ms: Timings,
+    /// Whole batch, ms.
+    pub total_ms: f64,
+    /// Ranges and lag.
+    pub partitions: Vec<PartitionProgress>,
+    /// Skipped (deleted) ranges.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub data_loss: Vec<DataLossGap>,
+}
+
+impl Progress {
+    /// Build the event of a committed batch.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        entry: &OffsetsEntry,
+        epoch: u64,
+        rerun: bool,
+        counts: &Counts,
+        timings: &Timings,
+        total: Duration,
+        lag: BTreeMap<TopicPartition, i64>,
+        gaps: &[DataLossGap],
+    ) -> Self {
+        let secs = total.as_secs_f64().max(1e-9);
+        Progress {
+            event: "batch",
+            batch_id: entry.batch_id,
+            epoch,
+            rerun,
+            committed_at: rfc3339_ms(crate::checkpoint::now_ms()),
+            counts: counts.clone(),
+            rows_per_sec: (counts.input as f64 / secs).round(),
+            durations_ms: timings.clone(),
+            total_ms: (total.as_secs_f64() * 1000.0 * 1000.0).round() / 1000.0,
+            partitions: entry
+                .ranges
+                .iter()
+                .map(|r| PartitionProgress {
+                    topic: r.topic.clone(),
+                    partition: r.partition,
+                    start: r.start,
+                    end: r.end,
+                    lag: lag
+                        .get(&(r.topic.clone(), r.partition))
+                        .copied()
+                        .unwrap_or(0),
+                })
+                .collect(),
+            data_loss: gaps.to_vec(),
+        }
+    }
+
+    /// Print the JSON line (when `json`) and log a summary.
+    pub fn emit(&self, json: bool) {
+        if json && let Ok(line) = serde_json::to_string(self) {
+            let stdout = std::io::stdout();
+            let mut out = stdout.lock();
+            let _ = writeln!(out, "{line}");
+            let _ = out.flush();
+        }
+        let lag: i64 = self.partitions.iter().map(|p| p.lag).sum();
+        tracing::info!(
+            batch = self.batch_id,
+            epoch = self.epoch,
+            rerun = self.rerun,
+            input = self.counts.input,
+            output = self.counts.output,
+            bad = self.counts.bad_records,
+            rows_per_sec = self.rows_per_sec,
+            lag,
+            "batch committed in {} ms",
+            self.total_ms
+        );
+    }
+}

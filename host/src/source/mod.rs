@@ -1,0 +1,505 @@
+//! The Kafka reader: partition discovery, watermarks and fetching exact
+//! offset ranges (rdkafka with its bundled librdkafka).
+//!
+//! Invariants:
+//! - Partitions are assigned manually (`assign`), never through consumer
+//!   group balancing: the checkpoint owns the offsets. A `group.id` is set
+//!   only when the user asks for informational group commits.
+//! - `isolation.level=read_committed`; `auto.offset.reset=error`, so a
+//!   planned offset that no longer exists is an error, never a silent jump.
+//! - [`KafkaSource::fetch`] returns exactly the records of each planned
+//!   `[start, end)` that are in the log (compaction gaps and control records
+//!   are absent, which is not loss); records read past `end` are kept for
+//!   the next batch, so consecutive batches do not re-fetch.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Headers, Message};
+use rdkafka::{Offset, TopicPartitionList};
+use sluice_guest::wire::TimestampType;
+
+/// A (topic, partition) pair.
+pub type TopicPartition = (String, i32);
+
+/// One record as read from Kafka, owned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceRecord {
+    /// Offset in its partition.
+    pub offset: i64,
+    /// Milliseconds since the Unix epoch (0 when not available).
+    pub timestamp: i64,
+    /// How the timestamp was set.
+    pub timestamp_type: TimestampType,
+    /// Key (`None` = null key).
+    pub key: Option<Vec<u8>>,
+    /// Value (`None` = tombstone).
+    pub value: Option<Vec<u8>>,
+    /// Headers in order.
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
+}
+
+/// A planned range to fetch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FetchRange {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+    /// First offset (inclusive).
+    pub start: i64,
+    /// End offset (exclusive).
+    pub end: i64,
+}
+
+/// Errors of the Kafka reader.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// The client could not be created (bad property, …).
+    #[error("kafka client: {0}")]
+    Client(String),
+    /// A subscribed topic does not exist.
+    #[error(
+        "topic `{topic}` does not exist on {brokers} (create it first; Sluice never auto-creates topics)"
+    )]
+    UnknownTopic {
+        /// Topic.
+        topic: String,
+        /// Bootstrap servers.
+        brokers: String,
+    },
+    /// The brokers did not answer in time.
+    #[error("kafka brokers {brokers} unavailable: {what} did not succeed within {} s (last error: {last}); is the broker running and reachable?", .waited.as_secs())]
+    Unavailable {
+        /// Bootstrap servers.
+        brokers: String,
+        /// The operation.
+        what: String,
+        /// How long we tried.
+        waited: Duration,
+        /// The last error seen.
+        last: String,
+    },
+    /// Offsets planned for reading were deleted from the log.
+    #[error(
+        "offsets out of range on {topic}/{partition}: the planned range [{start}, {end}) is no longer in the log (log start offset {log_start}); retention deleted it before it was read"
+    )]
+    OutOfRange {
+        /// Topic.
+        topic: String,
+        /// Partition.
+        partition: i32,
+        /// Planned start.
+        start: i64,
+        /// Planned end.
+        end: i64,
+        /// Current log start offset.
+        log_start: i64,
+    },
+}
+
+/// A consumer that reads exact ranges.
+pub struct KafkaSource {
+    consumer: BaseConsumer,
+    brokers: String,
+    timeout: Duration,
+    /// Partitions currently assigned, with the next offset the consumer
+    /// will deliver after what we have taken or buffered.
+    assigned: BTreeMap<TopicPartition, i64>,
+    /// Records read past the end of the previous batch.
+    pending: HashMap<TopicPartition, VecDeque<SourceRecord>>,
+    commit_group: bool,
+}
+
+fn to_record(m: &rdkafka::message::BorrowedMessage<'_>) -> SourceRecord {
+    let (timestamp, timestamp_type) = match m.timestamp() {
+        rdkafka::Timestamp::NotAvailable => (0, TimestampType::NotAvailable),
+        rdkafka::Timestamp::CreateTime(t) => (t, TimestampType::CreateTime),
+        rdkafka::Timestamp::LogAppendTime(t) => (t, TimestampType::LogAppendTime),
+    };
+    let headers = m
+        .headers()
+        .map(|h| {
+            h.iter()
+                .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
+                .collect()
+        })
+        .unwrap_or_default();
+    SourceRecord {
+        offset: m.offset(),
+        timestamp,
+        timestamp_type,
+        key: m.key().map(<[u8]>::to_vec),
+        value: m.payload().map(<[u8]>::to_vec),
+        headers,
+    }
+}
+
+impl KafkaSource {
+    /// A reader for `brokers` using `group_id` (committed to only when
+    /// `commit_group`), with extra librdkafka `properties` (they
+    /// override the defaults below, except the ones the guarantees rest on:
+    /// `enable.auto.commit`, `enable.auto.offset.store`, `auto.offset.reset`
+    /// and `isolation.level`). `timeout` bounds every broker operation.
+    ///
+    /// # Errors
+    /// [`SourceError::Client`] for an invalid property.
+    pub fn new(
+        brokers: &str,
+        properties: &BTreeMap<String, String>,
+        group_id: &str,
+        commit_group: bool,
+        timeout: Duration,
+    ) -> Result<Self, SourceError> {
+        let mut cfg = ClientConfig::new();
+        cfg.set("bootstrap.servers", brokers)
+            .set("client.id", "sluice")
+            .set("fetch.wait.max.ms", "100")
+            .set("topic.metadata.refresh.interval.ms", "10000")
+            .set("socket.keepalive.enable", "true");
+        for (k, v) in properties {
+            cfg.set(k, v);
+        }
+        cfg.set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "error")
+            .set("isolation.level", "read_committed")
+            .set("enable.partition.eof", "false");
+        // librdkafka needs a group.id even for manual assignment; without
+        // `subscribe` the consumer never joins the group.
+        cfg.set("group.id", group_id);
+        let consumer: BaseConsumer = cfg
+            .create()
+            .map_err(|e| SourceError::Client(e.to_string()))?;
+        Ok(KafkaSource {
+            consumer,
+            brokers: brokers.to_string(),
+            timeout,
+            assigned: BTreeMap::new(),
+            pending: HashMap::new(),
+            commit_group,
+        })
+    }
+
+    fn unavailable(&self, what: String, waited: Duration, last: String) -> SourceError {
+        SourceError::Unavailable {
+            brokers: self.brokers.clone(),
+            what,
+            waited,
+            last,
+        }
+    }
+
+    /// Retry `f` with backoff until it succeeds or the timeout passes.
+    fn retry<T>(
+        &self,
+        what: impl Fn() -> String,
+        mut f: impl FnMut() -> Result<T, KafkaError>,
+    ) -> Result<T, SourceError> {
+        let started = Instant::now();
+        let mut delay = Duration::from_millis(100);
+        loop {
+            match f() {
+                Ok(v) => return Ok(v),
+                Err(e) => {
+                    if started.elapsed() >= self.timeout {
+                        return Err(self.unavailable(what(), started.elapsed(), e.to_string()));
+                    }
+                    tracing::debug!("{}: {e}; retrying", what());
+                    std::thread::sleep(delay);
+                    delay = (delay * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+    }
+
+    /// The partitions of `topic`, sorted.
+    ///
+    /// # Errors
+    /// [`SourceError::UnknownTopic`], [`SourceError::Unavailable`].
+    pub fn partitions(&self, topic: &str) -> Result<Vec<i32>, SourceError> {
+        let per_call = self.timeout.min(Duration::from_secs(5));
+        let md = self.retry(
+            || format!("metadata of topic {topic}"),
+            || {
+                let md = self.consumer.fetch_metadata(Some(topic), per_call)?;
+                match md.topics().iter().find(|t| t.name() == topic) {
+                    Some(t) => match t.error() {
+                        None => Ok(t.partitions().iter().map(|p| p.id()).collect::<Vec<_>>()),
+                        Some(e) => Err(KafkaError::MetadataFetch(e.into())),
+                    },
+                    None => Err(KafkaError::MetadataFetch(
+                        RDKafkaErrorCode::UnknownTopicOrPartition,
+                    )),
+                }
+            },
+        );
+        match md {
+            Ok(mut ps) if !ps.is_empty() => {
+                ps.sort_unstable();
+                Ok(ps)
+            }
+            Ok(_) => Err(SourceError::UnknownTopic {
+                topic: topic.to_string(),
+                brokers: self.brokers.clone(),
+            }),
+            Err(SourceError::Unavailable { last, .. })
+                if last.contains("UnknownTopic") || last.contains("Unknown topic") =>
+            {
+                Err(SourceError::UnknownTopic {
+                    topic: topic.to_string(),
+                    brokers: self.brokers.clone(),
+                })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `(log start offset, high watermark)` of a partition (the last stable
+    /// offset under read_committed).
+    ///
+    /// # Errors
+    /// [`SourceError::Unavailable`].
+    pub fn watermarks(&self, topic: &str, partition: i32) -> Result<(i64, i64), SourceError> {
+        let per_call = self.timeout.min(Duration::from_secs(5));
+        self.retry(
+            || format!("watermarks of {topic}/{partition}"),
+            || self.consumer.fetch_watermarks(topic, partition, per_call),
+        )
+    }
+
+    /// Make the consumer deliver each active range from its start: keep a
+    /// partition's fetch position (and buffered records) when the range
+    /// continues where the previous one ended, add new partitions
+    /// incrementally, and re-assign everything otherwise.
+    fn position_for(&mut self, ranges: &[FetchRange]) -> Result<(), SourceError> {
+        let mut add = TopicPartitionList::new();
+        let mut reassign = false;
+        for r in ranges {
+            match self.assigned.get(&(r.topic.clone(), r.partition)) {
+                Some(next) if *next == r.start => {}
+                Some(_) => reassign = true,
+                None => {
+                    add.add_partition_offset(&r.topic, r.partition, Offset::Offset(r.start))
+                        .map_err(|e| SourceError::Client(e.to_string()))?;
+                }
+            }
+        }
+        if reassign {
+            let mut tpl = TopicPartitionList::new();
+            let mut wanted: BTreeMap<TopicPartition, i64> = self.assigned.clone();
+            for r in ranges {
+                wanted.insert((r.topic.clone(), r.partition), r.start);
+            }
+            for ((t, p), o) in &wanted {
+                tpl.add_partition_offset(t, *p, Offset::Offset(*o))
+                    .map_err(|e| SourceError::Client(e.to_string()))?;
+            }
+            self.consumer
+                .assign(&tpl)
+                .map_err(|e| SourceError::Client(format!("assign: {e}")))?;
+            self.pending.clear();
+            self.assigned = wanted;
+        } else if add.count() > 0 {
+            self.consumer
+                .incremental_assign(&add)
+                .map_err(|e| SourceError::Client(format!("assign: {e}")))?;
+            for r in ranges {
+                self.assigned
+                    .entry((r.topic.clone(), r.partition))
+                    .or_insert(r.start);
+            }
+        }
+        Ok(())
+    }
+
+    /// Forget the consumer's positions (after a failed fetch): the next
+    /// fetch assigns from scratch.
+    fn reset(&mut self) {
+        let _ = self.consumer.unassign();
+        self.assigned.clear();
+        self.pending.clear();
+    }
+
+    /// Read every record in `ranges` (empty ranges are skipped). Returns
+    /// one vector per range, in the same order.
+    ///
+    /// # Errors
+    /// [`SourceError::OutOfRange`] when a range was deleted from the log;
+    /// [`SourceError::Unavailable`] when the brokers do not deliver within
+    /// the timeout (nothing is returned partially).
+    pub fn fetch(&mut self, ranges: &[FetchRange]) -> Result<Vec<Vec<SourceRecord>>, SourceError> {
+        let active: Vec<FetchRange> = ranges.iter().filter(|r| r.end > r.start).cloned().collect();
+        let mut out: Vec<Vec<SourceRecord>> = ranges.iter().map(|_| Vec::new()).collect();
+        if active.is_empty() {
+            return Ok(out);
+        }
+        self.position_for(&active)?;
+        let index: HashMap<TopicPartition, usize> = ranges
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.end > r.start)
+            .map(|(i, r)| ((r.topic.clone(), r.partition), i))
+            .collect();
+        let mut remaining: HashMap<TopicPartition, i64> = HashMap::new();
+        for r in &active {
+            let tp = (r.topic.clone(), r.partition);
+            let i = index[&tp];
+            let mut complete = false;
+            if let Some(q) = self.pending.get_mut(&tp) {
+                while let Some(rec) = q.pop_front() {
+                    if rec.offset < r.start {
+                        continue;
+                    }
+                    if rec.offset >= r.end {
+                        // Records arrive in offset order: the range is done.
+                        q.push_front(rec);
+                        complete = true;
+                        break;
+                    }
+                    complete = rec.offset == r.end - 1;
+                    out[i].push(rec);
+                }
+            }
+            if !complete {
+                remaining.insert(tp, r.end);
+            }
+        }
+
+        let result = self.poll_until_done(ranges, &index, &mut remaining, &mut out);
+        match result {
+            Ok(()) => {
+                for r in &active {
+                    self.assigned.insert((r.topic.clone(), r.partition), r.end);
+                }
+                Ok(out)
+            }
+            Err(e) => {
+                self.reset();
+                Err(e)
+            }
+        }
+    }
+
+    fn poll_until_done(
+        &mut self,
+        ranges: &[FetchRange],
+        index: &HashMap<TopicPartition, usize>,
+        remaining: &mut HashMap<TopicPartition, i64>,
+        out: &mut [Vec<SourceRecord>],
+    ) -> Result<(), SourceError> {
+        let started = Instant::now();
+        let mut last_error = String::from("no records delivered");
+        let mut last_position_check = Instant::now();
+        while !remaining.is_empty() {
+            if started.elapsed() > self.timeout {
+                let mut missing: Vec<String> = remaining
+                    .iter()
+                    .map(|((t, p), end)| format!("{t}/{p} up to {end}"))
+                    .collect();
+                missing.sort();
+                return Err(self.unavailable(
+                    format!("fetching {}", missing.join(", ")),
+                    started.elapsed(),
+                    last_error,
+                ));
+            }
+            match self.consumer.poll(Duration::from_millis(100)) {
+                Some(Ok(m)) => {
+                    let tp = (m.topic().to_string(), m.partition());
+                    let offset = m.offset();
+                    let Some(&i) = index.get(&tp) else {
+                        // Assigned but not planned this batch: keep for later.
+                        self.pending.entry(tp).or_default().push_back(to_record(&m));
+                        continue;
+                    };
+                    let r = &ranges[i];
+                    if offset < r.start {
+                        continue;
+                    }
+                    if offset >= r.end {
+                        self.pending
+                            .entry(tp.clone())
+                            .or_default()
+                            .push_back(to_record(&m));
+                    } else {
+                        out[i].push(to_record(&m));
+                    }
+                    if offset >= r.end - 1 {
+                        remaining.remove(&tp);
+                    }
+                }
+                Some(Err(KafkaError::MessageConsumption(
+                    RDKafkaErrorCode::AutoOffsetReset | RDKafkaErrorCode::OffsetOutOfRange,
+                ))) => {
+                    return Err(self.out_of_range(ranges, remaining));
+                }
+                Some(Err(e)) => {
+                    last_error = e.to_string();
+                    tracing::debug!("kafka: {e}");
+                }
+                None => {}
+            }
+            // Control records and compaction gaps leave no message at the
+            // end of a range: the consumer position tells us we are past it.
+            if last_position_check.elapsed() > Duration::from_millis(200) && !remaining.is_empty() {
+                last_position_check = Instant::now();
+                if let Ok(pos) = self.consumer.position() {
+                    for e in pos.elements() {
+                        if let Offset::Offset(o) = e.offset() {
+                            let tp = (e.topic().to_string(), e.partition());
+                            if remaining.get(&tp).is_some_and(|end| o >= *end) {
+                                remaining.remove(&tp);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn out_of_range(
+        &self,
+        ranges: &[FetchRange],
+        remaining: &HashMap<TopicPartition, i64>,
+    ) -> SourceError {
+        for r in ranges {
+            if !remaining.contains_key(&(r.topic.clone(), r.partition)) {
+                continue;
+            }
+            if let Ok((low, _)) = self.watermarks(&r.topic, r.partition)
+                && low > r.start
+            {
+                return SourceError::OutOfRange {
+                    topic: r.topic.clone(),
+                    partition: r.partition,
+                    start: r.start,
+                    end: r.end,
+                    log_start: low,
+                };
+            }
+        }
+        SourceError::Client("offset out of range reported by the broker, but no planned range is below its log start".into())
+    }
+
+    /// Commit `positions` to the consumer group given at creation (for lag
+    /// dashboards only; never read back). Does nothing without a group.
+    pub fn commit_group(&self, positions: &BTreeMap<TopicPartition, i64>) {
+        if !self.commit_group {
+            return;
+        }
+        let mut tpl = TopicPartitionList::new();
+        for ((t, p), o) in positions {
+            if tpl.add_partition_offset(t, *p, Offset::Offset(*o)).is_err() {
+                return;
+            }
+        }
+        if let Err(e) = self.consumer.commit(&tpl, CommitMode::Async) {
+            tracing::warn!("informational consumer-group commit failed: {e}");
+        }
+    }
+}

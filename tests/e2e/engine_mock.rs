@@ -1,0 +1,247 @@
+//! The engine in-process against librdkafka's mock cluster: fast checks of
+//! the batch loop, restarts, error policies and broker faults.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use sluice_host::engine::{self, ErrorPolicy, PipelineConfig};
+use sluice_host::sink::sql::SqlValue;
+
+use crate::kafka::{Broker, Mock, producer};
+use crate::maxwell::Stream;
+use crate::sql_sink::Db;
+use crate::support::plugin;
+
+pub fn pipeline(
+    bootstrap: &str,
+    topic: &str,
+    checkpoint: &std::path::Path,
+    db: &Db,
+) -> PipelineConfig {
+    let mut cfg = PipelineConfig::new(bootstrap, vec![topic.to_string()], checkpoint);
+    cfg.plugins = vec![plugin("company")];
+    cfg.sink_db = Some(db.url.clone());
+    cfg.until_caught_up = true;
+    cfg.max_records_per_partition = 150;
+    cfg.trigger_interval = Duration::from_millis(50);
+    cfg.kafka_timeout = Duration::from_secs(20);
+    cfg.progress_json = false;
+    cfg
+}
+
+pub fn produce(b: &dyn Broker, topic: &str, stream: &mut Stream, n: usize, partitions: i32) {
+    let p = producer(&b.bootstrap());
+    for _ in 0..n {
+        let e = stream.event(60);
+        p.send(
+            topic,
+            (e.id % partitions as u32) as i32,
+            Some(e.key.as_bytes()),
+            Some(e.value.as_bytes()),
+            &[],
+        );
+    }
+    p.flush();
+}
+
+pub fn table(db: &Db) -> std::collections::BTreeMap<String, String> {
+    db.query("SELECT pk, row_json FROM companies")
+        .into_iter()
+        .map(|r| match (&r[0], &r[1]) {
+            (SqlValue::Text(k), SqlValue::Text(v)) => (k.clone(), v.clone()),
+            other => panic!("{other:?}"),
+        })
+        .collect()
+}
+
+fn no_stop() -> Arc<AtomicBool> {
+    Arc::new(AtomicBool::new(false))
+}
+
+#[test]
+fn restart_after_caught_up_reruns_nothing_and_the_table_is_exact() {
+    let mock = Mock::new();
+    mock.create_topic("maxwell", 3);
+    let mut stream = Stream::new(7);
+    produce(&mock, "maxwell", &mut stream, 1000, 3);
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::sqlite();
+    let cfg = pipeline(&mock.bootstrap(), "maxwell", &dir.path().join("ckpt"), &db);
+
+    let first = engine::run(&cfg, no_stop()).unwrap();
+    assert_eq!(first.reran, None);
+    assert_eq!(first.counts.input, 1000);
+    assert_eq!(first.counts.output, 1000);
+    assert_eq!(table(&db), stream.state);
+
+    produce(&mock, "maxwell", &mut stream, 300, 3);
+    let second = engine::run(&cfg, no_stop()).unwrap();
+    assert_eq!(
+        second.reran, None,
+        "no batch is re-run after a graceful stop"
+    );
+    assert_eq!(second.counts.input, 300, "only the new events are read");
+    assert_eq!(second.epoch, first.epoch + 1);
+    assert_eq!(table(&db), stream.state);
+    // Each partition's progress ends at its high watermark: each range applied once.
+    let total: i64 = db.scalar("SELECT SUM(end_offset) FROM sluice_progress");
+    assert_eq!(total, 1300);
+    // A third run with nothing new does nothing.
+    let third = engine::run(&cfg, no_stop()).unwrap();
+    assert_eq!(third.batches, 0);
+}
+
+#[test]
+fn poison_record_fail_stops_before_commit_and_dlq_dead_letters_it_once() {
+    let mock = Mock::new();
+    mock.create_topic("maxwell", 1);
+    let mut stream = Stream::new(3);
+    produce(&mock, "maxwell", &mut stream, 20, 1);
+    let p = producer(&mock.bootstrap());
+    p.send(
+        "maxwell",
+        0,
+        None,
+        Some(b"{this is not json"),
+        &[("trace", Some(b"x"))],
+    );
+    p.flush();
+    produce(&mock, "maxwell", &mut stream, 20, 1);
+
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::sqlite();
+    let mut cfg = pipeline(&mock.bootstrap(), "maxwell", &dir.path().join("ckpt"), &db);
+    cfg.max_records_per_partition = 1000;
+    let e = engine::run(&cfg, no_stop()).unwrap_err().to_string();
+    assert!(e.contains("bad record at maxwell/0 offset 20"), "{e}");
+    assert!(e.contains("sha256:"), "{e}");
+    assert!(e.contains("not committed"), "{e}");
+    assert_eq!(
+        db.scalar("SELECT COUNT(*) FROM sluice_progress"),
+        0,
+        "nothing committed past it"
+    );
+
+    cfg.on_error = ErrorPolicy::Dlq;
+    let run = engine::run(&cfg, no_stop()).unwrap();
+    assert_eq!(
+        run.reran,
+        Some(0),
+        "the failed batch is re-run with its ranges"
+    );
+    assert_eq!(run.counts.dead_lettered, 1);
+    assert_eq!(table(&db), stream.state);
+    let dl = db.query("SELECT \"offset\", record_value, headers_json FROM sluice_dead_letters");
+    assert_eq!(dl.len(), 1);
+    assert_eq!(dl[0][0], SqlValue::Integer(20));
+    assert_eq!(dl[0][1], SqlValue::Blob(b"{this is not json".to_vec()));
+    // A restart does not duplicate the dead letter.
+    engine::run(&cfg, no_stop()).unwrap();
+    assert_eq!(db.scalar("SELECT COUNT(*) FROM sluice_dead_letters"), 1);
+}
+
+#[test]
+fn tombstones_and_null_keys_flow_through_distinct_from_empty() {
+    let mock = Mock::new();
+    mock.create_topic("raw", 1);
+    let p = producer(&mock.bootstrap());
+    p.send("raw", 0, None, Some(b""), &[]);
+    p.send("raw", 0, Some(b""), None, &[]);
+    p.send("raw", 0, Some(b"k"), Some(b"v"), &[("h", None)]);
+    p.flush();
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::sqlite();
+    let mut cfg = pipeline(&mock.bootstrap(), "raw", &dir.path().join("ckpt"), &db);
+    cfg.plugins = vec![plugin("passthrough"), plugin("sql_counter")];
+    let run = engine::run(&cfg, no_stop()).unwrap();
+    assert_eq!(run.counts.output, 3);
+    let rows = db.query("SELECT idempotency_key, record_key, value FROM seen ORDER BY idempotency_key");
+    assert_eq!(
+        rows,
+        vec![
+            vec![SqlValue::Text("raw/0/0".into()), SqlValue::Null, SqlValue::Text(String::new())],
+            vec![SqlValue::Text("raw/0/1".into()), SqlValue::Text(String::new()), SqlValue::Null],
+            vec![SqlValue::Text("raw/0/2".into()), SqlValue::Text("k".into()), SqlValue::Text("v".into())],
+        ]
+    );
+}
+
+#[test]
+fn a_broker_outage_of_a_few_seconds_loses_and_duplicates_nothing() {
+    let mock = Arc::new(Mock::new());
+    mock.create_topic("maxwell", 3);
+    let mut stream = Stream::new(11);
+    produce(mock.as_ref(), "maxwell", &mut stream, 3000, 3);
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::sqlite();
+    let mut cfg = pipeline(&mock.bootstrap(), "maxwell", &dir.path().join("ckpt"), &db);
+    cfg.max_records_per_partition = 10;
+    cfg.kafka_timeout = Duration::from_secs(30);
+    let started = std::time::Instant::now();
+    let worker = std::thread::spawn(move || engine::run(&cfg, no_stop()));
+    std::thread::sleep(Duration::from_millis(300));
+    mock.cluster.broker_down(1).unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    mock.cluster.broker_up(1).unwrap();
+    let run = worker.join().unwrap().unwrap();
+    assert!(started.elapsed() > Duration::from_secs(3), "the run did not overlap the outage");
+    assert_eq!(run.counts.input, 3000);
+    assert_eq!(run.counts.output, 3000);
+    assert_eq!(db.scalar("SELECT SUM(end_offset) FROM sluice_progress"), 3000);
+    assert_eq!(table(&db), stream.state);
+}
+
+#[test]
+fn a_broker_that_never_returns_fails_clearly_within_the_timeout() {
+    let mock = Mock::new();
+    mock.create_topic("maxwell", 1);
+    let mut stream = Stream::new(5);
+    produce(&mock, "maxwell", &mut stream, 10, 1);
+    mock.cluster.broker_down(1).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::sqlite();
+    let mut cfg = pipeline(&mock.bootstrap(), "maxwell", &dir.path().join("ckpt"), &db);
+    cfg.kafka_timeout = Duration::from_secs(3);
+    let t = std::time::Instant::now();
+    let e = engine::run(&cfg, no_stop()).unwrap_err().to_string();
+    assert!(t.elapsed() < Duration::from_secs(20), "took {:?}", t.elapsed());
+    assert!(e.contains("unavailable") && e.contains(&mock.bootstrap()), "{e}");
+}
+
+#[test]
+fn retention_deleted_offsets_stop_the_job_or_are_skipped_and_recorded() {
+    let mock = Mock::new();
+    mock.create_topic("maxwell", 1);
+    let mut stream = Stream::new(9);
+    produce(&mock, "maxwell", &mut stream, 10, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::sqlite();
+    let ckpt = dir.path().join("ckpt");
+    let mut cfg = pipeline(&mock.bootstrap(), "maxwell", &ckpt, &db);
+    engine::run(&cfg, no_stop()).unwrap();
+    // The mock cluster keeps only a few MB per partition: fill it so that
+    // the unread records after offset 10 roll off.
+    let p = producer(&mock.bootstrap());
+    let big = vec![b'x'; 200 * 1024];
+    for _ in 0..60 {
+        p.send("maxwell", 0, None, Some(&big), &[]);
+    }
+    p.flush();
+    let e = engine::run(&cfg, no_stop()).unwrap_err().to_string();
+    assert!(e.contains("data loss on maxwell/0: offsets [10, "), "{e}");
+    assert!(e.contains("--on-data-loss skip"), "{e}");
+
+    cfg.on_data_loss = sluice_host::engine::DataLossPolicy::Skip;
+    cfg.on_error = ErrorPolicy::Skip; // the filler is not Maxwell JSON
+    let run = engine::run(&cfg, no_stop()).unwrap();
+    assert!(run.batches >= 1);
+    let commits = std::fs::read_dir(ckpt.join("commits")).unwrap().count();
+    let mut recorded = false;
+    for n in 0..commits as u64 + 1 {
+        if let Ok(text) = std::fs::read_to_string(ckpt.join("commits").join(n.to_string())) {
+            recorded |= text.contains("\"data_loss\":[{\"topic\":\"maxwell\",\"partition\":0,\"from\":10,");
+        }
+    }
+    assert!(recorded, "the gap is recorded in a commit entry");
+}

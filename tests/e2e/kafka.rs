@@ -1,0 +1,252 @@
+//! Kafka-protocol brokers for tests: librdkafka's in-process mock cluster
+//! (fast, fault injection) and a real Tansu broker process (sqlite
+//! storage) started per test, plus a producer helper.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rdkafka::ClientConfig;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::{BaseProducer, BaseRecord, DefaultProducerContext, Producer};
+
+/// Something that speaks the Kafka protocol.
+pub trait Broker {
+    /// bootstrap.servers
+    fn bootstrap(&self) -> String;
+    /// Create a topic with `partitions` partitions.
+    fn create_topic(&self, name: &str, partitions: i32);
+}
+
+/// librdkafka's mock cluster, in this process.
+pub struct Mock {
+    pub cluster: MockCluster<'static, DefaultProducerContext>,
+}
+
+impl Mock {
+    pub fn new() -> Mock {
+        Mock {
+            cluster: MockCluster::new(1).expect("mock cluster"),
+        }
+    }
+}
+
+impl Broker for Mock {
+    fn bootstrap(&self) -> String {
+        self.cluster.bootstrap_servers()
+    }
+    fn create_topic(&self, name: &str, partitions: i32) {
+        self.cluster
+            .create_topic(name, partitions, 1)
+            .expect("create topic");
+    }
+}
+
+/// A Tansu broker process with sqlite storage in a temp dir.
+pub struct Tansu {
+    child: Child,
+    port: u16,
+    bin: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub fn tansu_bin() -> PathBuf {
+    let p = std::env::var_os("SLUICE_TANSU")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var("HOME").unwrap_or_default())
+                .join(".cache/sluice-tools/bin/tansu")
+        });
+    assert!(
+        p.exists(),
+        "{} is missing: scripts/test.sh installs Tansu 0.6.0 (or set SLUICE_TANSU)",
+        p.display()
+    );
+    p
+}
+
+impl Tansu {
+    pub fn start() -> Tansu {
+        let bin = tansu_bin();
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let url = format!("tcp://127.0.0.1:{port}");
+        let log = std::fs::File::create(dir.path().join("tansu.log")).unwrap();
+        let child = Command::new(&bin)
+            .args([
+                "broker",
+                "--listener-url",
+                &url,
+                "--advertised-listener-url",
+                &url,
+                "--storage-engine",
+                "sqlite://tansu.db",
+            ])
+            .current_dir(dir.path())
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start tansu");
+        let t = Tansu {
+            child,
+            port,
+            bin,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "tansu did not listen on {port}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        t
+    }
+
+    /// Stop the broker process (for outage tests).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Start it again on the same port and storage.
+    pub fn restart(&mut self) {
+        let url = format!("tcp://127.0.0.1:{}", self.port);
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self._dir.path().join("tansu.log"))
+            .unwrap();
+        self.child = Command::new(&self.bin)
+            .args([
+                "broker",
+                "--listener-url",
+                &url,
+                "--advertised-listener-url",
+                &url,
+                "--storage-engine",
+                "sqlite://tansu.db",
+            ])
+            .current_dir(self._dir.path())
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("restart tansu");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "tansu did not come back");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn topic(&self, args: &[&str]) -> std::process::Output {
+        Command::new(&self.bin)
+            .arg("topic")
+            .args(args)
+            .current_dir(self._dir.path())
+            .output()
+            .expect("tansu topic")
+    }
+}
+
+impl Drop for Tansu {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+impl Broker for Tansu {
+    fn bootstrap(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+    fn create_topic(&self, name: &str, partitions: i32) {
+        let broker = format!("tcp://127.0.0.1:{}", self.port);
+        let out = self.topic(&[
+            "create",
+            name,
+            "--broker",
+            &broker,
+            "--partitions",
+            &partitions.to_string(),
+        ]);
+        assert!(
+            out.status.success(),
+            "tansu topic create: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// A producer with explicit partitions.
+pub struct Producer_ {
+    p: BaseProducer,
+}
+
+pub fn producer(bootstrap: &str) -> Producer_ {
+    let p: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("linger.ms", "5")
+        .set("message.timeout.ms", "30000")
+        .create()
+        .expect("producer");
+    Producer_ { p }
+}
+
+impl Producer_ {
+    /// Send one record; `value: None` is a tombstone.
+    pub fn send(
+        &self,
+        topic: &str,
+        partition: i32,
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+        headers: &[(&str, Option<&[u8]>)],
+    ) {
+        let mut h = OwnedHeaders::new();
+        for (k, v) in headers {
+            h = h.insert(Header { key: k, value: *v });
+        }
+        let mut rec: BaseRecord<'_, [u8], [u8]> =
+            BaseRecord::to(topic).partition(partition).headers(h);
+        if let Some(k) = key {
+            rec = rec.key(k);
+        }
+        if let Some(v) = value {
+            rec = rec.payload(v);
+        }
+        let mut rec = rec;
+        loop {
+            match self.p.send(rec) {
+                Ok(()) => break,
+                Err((e, r)) => {
+                    // Queue full: serve delivery reports and retry.
+                    assert!(
+                        matches!(
+                            e,
+                            rdkafka::error::KafkaError::MessageProduction(
+                                rdkafka::types::RDKafkaErrorCode::QueueFull
+                            )
+                        ),
+                        "produce: {e}"
+                    );
+                    self.p.poll(Duration::from_millis(50));
+                    rec = r;
+                }
+            }
+        }
+        self.p.poll(Duration::ZERO);
+    }
+
+    pub fn flush(&self) {
+        self.p.flush(Duration::from_secs(30)).expect("flush");
+    }
+}
