@@ -3,7 +3,11 @@
 # builds the host and every plugin/fixture component, starts a throwaway
 # PostgreSQL, then runs the whole suite: unit tests, SDK tests and the
 # end-to-end tests against real built components, real files and real
-# databases. Extra arguments go to `cargo test`.
+# databases, and a Tansu broker started per test. Extra arguments go to
+# `cargo test`.
+#
+# Environment: SLUICE_TOOLS, where Tansu is installed (default
+# ~/.cache/sluice-tools).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,6 +15,16 @@ step() { printf '\n== %s\n' "$*"; }
 
 step "wasm32-wasip2 target"
 rustup target add wasm32-wasip2
+
+step "Tansu 0.6.0 (Kafka-compatible broker for the end-to-end tests)"
+# Installed once into a tools dir outside the repo and reused across runs
+# (a cold build takes about 12 minutes on 2 cores).
+TOOLS=${SLUICE_TOOLS:-$HOME/.cache/sluice-tools}
+if [ ! -x "$TOOLS/bin/tansu" ] || ! grep -qs '^0.6.0$' "$TOOLS/tansu.version"; then
+  cargo install tansu --locked --version 0.6.0 --features dynostore,libsql --root "$TOOLS"
+  echo 0.6.0 > "$TOOLS/tansu.version"
+fi
+export SLUICE_TANSU="$TOOLS/bin/tansu"
 
 step "PostgreSQL (throwaway cluster on 127.0.0.1)"
 # shellcheck source=scripts/pg.sh
@@ -21,7 +35,8 @@ trap pg_stop EXIT
 step "build plugins and fixtures (wasm32-wasip2, debug)"
 cargo build --target wasm32-wasip2 \
   -p company -p passthrough \
-  -p misbehave -p wrong-world -p future-version -p sql-counter
+  -p misbehave -p wrong-world -p future-version -p sql-counter \
+  -p tag-v1 -p tag-v2 -p fat-start
 
 step "build host"
 cargo build -p host --features failpoints

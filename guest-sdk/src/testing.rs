@@ -3,7 +3,12 @@
 //! The helpers go through the same code path as the component (packed
 //! encoding included), so what passes here behaves the same in the host.
 
-use crate::run::{MapOutcome, StageError, map_records};
+use crate::run::{MapOutcome, StageError};
+
+/// Run a built mapper over decoded records natively (no packing of the
+/// input): the closest native equivalent of one component call, used as
+/// the baseline of the plugin benchmark.
+pub use crate::run::map_records;
 use crate::wire::{self, Record};
 use crate::{Config, Mapper};
 

@@ -10,6 +10,7 @@
 //!   (SQL: SQLite and PostgreSQL, one transaction per partition range).
 //! - [`source`]: the Kafka reader (discovery, watermarks, exact ranges).
 //! - [`engine`]: the micro-batch loop.
+//! - [`control`]: the owner's control socket (status, handover, swap).
 //! - [`cli`]: command-line parsing and the subcommands; `main` owns exit
 //!   codes.
 //! - [`wire`]: the packed batch encoding (re-exported from the guest SDK,
@@ -17,6 +18,7 @@
 
 pub mod checkpoint;
 pub mod cli;
+pub mod control;
 pub mod engine;
 pub mod plugin;
 pub mod sink;

@@ -156,13 +156,26 @@ fn tombstones_and_null_keys_flow_through_distinct_from_empty() {
     cfg.plugins = vec![plugin("passthrough"), plugin("sql_counter")];
     let run = engine::run(&cfg, no_stop()).unwrap();
     assert_eq!(run.counts.output, 3);
-    let rows = db.query("SELECT idempotency_key, record_key, value FROM seen ORDER BY idempotency_key");
+    let rows =
+        db.query("SELECT idempotency_key, record_key, value FROM seen ORDER BY idempotency_key");
     assert_eq!(
         rows,
         vec![
-            vec![SqlValue::Text("raw/0/0".into()), SqlValue::Null, SqlValue::Text(String::new())],
-            vec![SqlValue::Text("raw/0/1".into()), SqlValue::Text(String::new()), SqlValue::Null],
-            vec![SqlValue::Text("raw/0/2".into()), SqlValue::Text("k".into()), SqlValue::Text("v".into())],
+            vec![
+                SqlValue::Text("raw/0/0".into()),
+                SqlValue::Null,
+                SqlValue::Text(String::new())
+            ],
+            vec![
+                SqlValue::Text("raw/0/1".into()),
+                SqlValue::Text(String::new()),
+                SqlValue::Null
+            ],
+            vec![
+                SqlValue::Text("raw/0/2".into()),
+                SqlValue::Text("k".into()),
+                SqlValue::Text("v".into())
+            ],
         ]
     );
 }
@@ -185,10 +198,16 @@ fn a_broker_outage_of_a_few_seconds_loses_and_duplicates_nothing() {
     std::thread::sleep(Duration::from_secs(3));
     mock.cluster.broker_up(1).unwrap();
     let run = worker.join().unwrap().unwrap();
-    assert!(started.elapsed() > Duration::from_secs(3), "the run did not overlap the outage");
+    assert!(
+        started.elapsed() > Duration::from_secs(3),
+        "the run did not overlap the outage"
+    );
     assert_eq!(run.counts.input, 3000);
     assert_eq!(run.counts.output, 3000);
-    assert_eq!(db.scalar("SELECT SUM(end_offset) FROM sluice_progress"), 3000);
+    assert_eq!(
+        db.scalar("SELECT SUM(end_offset) FROM sluice_progress"),
+        3000
+    );
     assert_eq!(table(&db), stream.state);
 }
 
@@ -205,8 +224,15 @@ fn a_broker_that_never_returns_fails_clearly_within_the_timeout() {
     cfg.kafka_timeout = Duration::from_secs(3);
     let t = std::time::Instant::now();
     let e = engine::run(&cfg, no_stop()).unwrap_err().to_string();
-    assert!(t.elapsed() < Duration::from_secs(20), "took {:?}", t.elapsed());
-    assert!(e.contains("unavailable") && e.contains(&mock.bootstrap()), "{e}");
+    assert!(
+        t.elapsed() < Duration::from_secs(20),
+        "took {:?}",
+        t.elapsed()
+    );
+    assert!(
+        e.contains("unavailable") && e.contains(&mock.bootstrap()),
+        "{e}"
+    );
 }
 
 #[test]
@@ -240,7 +266,8 @@ fn retention_deleted_offsets_stop_the_job_or_are_skipped_and_recorded() {
     let mut recorded = false;
     for n in 0..commits as u64 + 1 {
         if let Ok(text) = std::fs::read_to_string(ckpt.join("commits").join(n.to_string())) {
-            recorded |= text.contains("\"data_loss\":[{\"topic\":\"maxwell\",\"partition\":0,\"from\":10,");
+            recorded |=
+                text.contains("\"data_loss\":[{\"topic\":\"maxwell\",\"partition\":0,\"from\":10,");
         }
     }
     assert!(recorded, "the gap is recorded in a commit entry");

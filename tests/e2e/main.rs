@@ -10,8 +10,10 @@ mod support;
 
 mod checkpoint;
 mod engine_mock;
+mod handover;
 mod kafka;
 mod maxwell;
+mod pipeline;
 mod plugin_cli;
 mod plugin_runtime;
 mod sql_sink;

@@ -776,20 +776,29 @@ impl Checkpoint {
     /// # Errors
     /// [`CheckpointError::Corrupt`] when missing or altered.
     pub fn load_plugin(&self, digest: &str) -> Result<Vec<u8>, CheckpointError> {
-        let path = self.plugin_path(digest);
-        let bytes = std::fs::read(&path).map_err(|e| CheckpointError::Corrupt {
-            file: path.clone(),
-            reason: format!("stored plugin unreadable: {e}"),
-        })?;
-        let actual = hex::encode(Sha256::digest(&bytes));
-        if actual != digest {
-            return Err(CheckpointError::Corrupt {
-                file: path,
-                reason: format!("content hashes to {actual}"),
-            });
-        }
-        Ok(bytes)
+        read_stored_plugin(&self.dir, digest).map(|(_, b)| b)
     }
+}
+
+/// Read `dir/plugins/<digest>` and verify its digest (no lock needed: the
+/// store is content-addressed and append-only). Returns its path and bytes.
+///
+/// # Errors
+/// [`CheckpointError::Corrupt`] when missing or altered.
+pub fn read_stored_plugin(dir: &Path, digest: &str) -> Result<(PathBuf, Vec<u8>), CheckpointError> {
+    let path = dir.join("plugins").join(digest);
+    let bytes = std::fs::read(&path).map_err(|e| CheckpointError::Corrupt {
+        file: path.clone(),
+        reason: format!("stored plugin unreadable: {e}"),
+    })?;
+    let actual = hex::encode(Sha256::digest(&bytes));
+    if actual != digest {
+        return Err(CheckpointError::Corrupt {
+            file: path,
+            reason: format!("content hashes to {actual}"),
+        });
+    }
+    Ok((path, bytes))
 }
 
 fn remove_temp_files(dir: &Path) {

@@ -9,6 +9,7 @@
 mod checkpoint_cmd;
 mod plugin_cmd;
 pub mod run_cmd;
+mod swap_cmd;
 mod test_cmd;
 
 use std::time::Duration;
@@ -91,6 +92,12 @@ pub enum Command {
     /// Run a pipeline: read Kafka, map, sink, checkpoint — exactly once
     /// across restarts and crashes.
     Run(Box<run_cmd::RunArgs>),
+    /// Replace a running pipeline's plugin between two batches (asks the
+    /// owner over its control socket; prints the batch id where it took
+    /// effect).
+    Swap(swap_cmd::SwapArgs),
+    /// Show the owner, epoch, current batch, plugins and last progress.
+    Status(swap_cmd::StatusArgs),
     /// Run a plugin's map stage(s) over records from a file and print the
     /// outputs as JSON lines (no Kafka, no checkpoint).
     Test(test_cmd::TestArgs),
@@ -184,6 +191,8 @@ pub fn main() -> std::process::ExitCode {
     init_logging(cli.log_format);
     let result = match cli.command {
         Command::Run(args) => run_cmd::run(*args),
+        Command::Swap(args) => swap_cmd::swap(args),
+        Command::Status(args) => swap_cmd::status(args),
         Command::Test(args) => test_cmd::run(args),
         Command::Plugin(cmd) => plugin_cmd::run(cmd),
         Command::Checkpoint(cmd) => checkpoint_cmd::run(cmd),

@@ -79,6 +79,12 @@ pub struct RunArgs {
     /// process owns it (optionally at most this long) [default: 1h].
     #[arg(long, value_name = "TIMEOUT", num_args = 0..=1, default_missing_value = "1h", value_parser = parse_duration)]
     pub wait: Option<Duration>,
+    /// Ask the running owner to hand over at its next batch boundary (it
+    /// commits, releases the lock and exits 0), waiting at most TIMEOUT for
+    /// its answer; plugins are compiled before asking. Gives up without
+    /// touching the checkpoint if the owner does not answer [default: 60s].
+    #[arg(long, value_name = "TIMEOUT", num_args = 0..=1, default_missing_value = "60s", value_parser = parse_duration, conflicts_with = "wait")]
+    pub takeover: Option<Duration>,
     /// Bound on each Kafka operation (metadata, watermarks, fetch of a
     /// batch) before the job stops with an error [default: 30s].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
@@ -295,7 +301,18 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
             .and_then(|_| signal_hook::flag::register(sig, stop.clone()))
             .context("installing signal handlers")?;
     }
-    match engine::run(&cfg, stop) {
+    let acquire = match args.takeover {
+        Some(t) => engine::Acquire::Takeover(t),
+        None => engine::Acquire::Normal,
+    };
+    match engine::run_with(&cfg, stop, acquire) {
+        Ok(summary) if summary.handed_over => {
+            tracing::info!(
+                batches = summary.batches,
+                "handed over to the new owner; exiting"
+            );
+            Ok(())
+        }
         Ok(summary) => {
             tracing::info!(
                 batches = summary.batches,
@@ -306,7 +323,7 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
             Ok(())
         }
         Err(e) => {
-            let code = if e.is_owned() {
+            let code = if e.is_owned() || matches!(e, engine::EngineError::Takeover(_)) {
                 ExitCode::Owned
             } else if matches!(e, engine::EngineError::Config(_)) {
                 ExitCode::Usage

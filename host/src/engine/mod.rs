@@ -17,8 +17,8 @@ mod plan;
 mod progress;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
@@ -28,6 +28,7 @@ use crate::checkpoint::{
     Checkpoint, CheckpointError, CommitEntry, Counts, OffsetsEntry, OpenOptions, PartitionRange,
     PluginRef, Recovery, StageKind, Timings, now_ms,
 };
+use crate::control::{ControlServer, HandoverNote, LiveStatus, Request, ServerContext};
 use crate::plugin::chain::{ChainResult, Rejection, run_chain};
 use crate::plugin::{CallContext, Instance, Plugin, PluginError, Runtime, StageFailure};
 use crate::sink::sql::{DbError, SqlGrant};
@@ -113,6 +114,9 @@ pub enum EngineError {
     /// Inconsistent configuration.
     #[error("{0}")]
     Config(String),
+    /// `--takeover` gave up; the checkpoint was not touched.
+    #[error("takeover: {0}")]
+    Takeover(String),
 }
 
 impl EngineError {
@@ -135,6 +139,12 @@ pub struct RunSummary {
     pub last_batch: Option<u64>,
     /// Totals over the run.
     pub counts: Counts,
+    /// This run ended by handing the checkpoint over to a `--takeover`.
+    pub handed_over: bool,
+    /// With `--takeover`: old owner's last commit → our first write-ahead.
+    pub takeover_gap_ms: Option<i64>,
+    /// Plugins used by each committed batch (batch id, stage digests).
+    pub plugins_per_batch: Vec<(u64, Vec<PluginRef>)>,
 }
 
 /// The loaded stages of the pipeline.
@@ -146,30 +156,30 @@ struct Stages {
     files: BTreeMap<String, String>,
 }
 
-fn load_stages(
+/// Read and compile the pipeline's plugins: the `--plugin` files, or the
+/// components the checkpoint recorded (from its content-addressed store).
+fn load_plugins(
     cfg: &PipelineConfig,
-    cp: &Checkpoint,
     runtime: &Runtime,
     recorded: &[PluginRef],
-    sql: Option<&SqlGrant>,
-) -> Result<Stages, EngineError> {
+) -> Result<Vec<(Plugin, Vec<u8>)>, EngineError> {
     let config = Arc::new(cfg.plugin_config.clone());
-    let mut loaded: Vec<Plugin> = Vec::new();
+    let mut loaded = Vec::new();
     if cfg.plugins.is_empty() {
         if recorded.is_empty() {
             return Err(EngineError::Config(format!(
                 "no plugins: pass --plugin FILE (the checkpoint {} records none to resume with)",
-                cp.dir().display()
+                cfg.checkpoint.display()
             )));
         }
-        let mut seen = Vec::new();
+        let mut seen: Vec<&str> = Vec::new();
         for r in recorded {
-            if seen.contains(&r.digest) {
+            if seen.contains(&r.digest.as_str()) {
                 continue;
             }
-            seen.push(r.digest.clone());
-            let bytes = cp.load_plugin(&r.digest)?;
-            loaded.push(runtime.load_bytes(&cp.plugin_path(&r.digest), &bytes, config.clone())?);
+            seen.push(&r.digest);
+            let (path, bytes) = crate::checkpoint::read_stored_plugin(&cfg.checkpoint, &r.digest)?;
+            loaded.push((runtime.load_bytes(&path, &bytes, config.clone())?, bytes));
         }
         tracing::info!("resuming with the plugins recorded in the checkpoint");
     } else {
@@ -178,17 +188,25 @@ fn load_stages(
                 path: path.clone(),
                 source,
             })?;
-            let plugin = runtime.load_bytes(path, &bytes, config.clone())?;
-            cp.store_plugin(&bytes)?;
-            loaded.push(plugin);
+            loaded.push((runtime.load_bytes(path, &bytes, config.clone())?, bytes));
         }
     }
+    Ok(loaded)
+}
+
+/// Arrange loaded plugins into the map chain and the sink.
+fn assemble(
+    cfg: &PipelineConfig,
+    loaded: &[(Plugin, Vec<u8>)],
+    recorded: &[PluginRef],
+    sql: Option<&SqlGrant>,
+) -> Result<Stages, EngineError> {
     let mut refs = Vec::new();
     let mut maps = Vec::new();
     let mut sink = None;
     let mut files = BTreeMap::new();
-    let mut sink_ref = None;
-    for p in &loaded {
+    let mut sink_ref: Option<String> = None;
+    for (p, _) in loaded {
         files.insert(p.digest().to_string(), p.path().display().to_string());
         let wants = |stage: StageKind| {
             if cfg.plugins.is_empty() {
@@ -210,13 +228,10 @@ fn load_stages(
             maps.push(p.instance());
         }
         if wants(StageKind::Sink) {
-            if sink.is_some() {
+            if let Some(other) = &sink_ref {
                 return Err(EngineError::Config(format!(
                     "two plugins export a sink stage ({} and {}); a pipeline has one sink",
-                    files
-                        .get(sink_ref.as_deref().unwrap_or_default())
-                        .cloned()
-                        .unwrap_or_default(),
+                    files.get(other).cloned().unwrap_or_default(),
                     p.path().display()
                 )));
             }
@@ -231,22 +246,10 @@ fn load_stages(
         });
     }
     if !cfg.plugins.is_empty() && !recorded.is_empty() && recorded != refs.as_slice() {
-        let show = |v: &[PluginRef]| {
-            v.iter()
-                .map(|r| {
-                    format!(
-                        "{:?} sha256:{}",
-                        r.stage,
-                        &r.digest[..12.min(r.digest.len())]
-                    )
-                })
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
         tracing::warn!(
             "plugin upgrade: the checkpoint's last batch ran [{}], this run uses [{}]",
-            show(recorded),
-            show(&refs)
+            show_refs(recorded),
+            show_refs(&refs)
         );
     }
     if sink.is_none() {
@@ -258,6 +261,19 @@ fn load_stages(
         refs,
         files,
     })
+}
+
+fn show_refs(v: &[PluginRef]) -> String {
+    v.iter()
+        .map(|r| {
+            format!(
+                "{:?} sha256:{}",
+                r.stage,
+                &r.digest[..12.min(r.digest.len())]
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn config_digest(cfg: &PipelineConfig) -> String {
@@ -272,10 +288,10 @@ fn ms(d: Duration) -> f64 {
     (d.as_secs_f64() * 1_000_000.0).round() / 1000.0
 }
 
-/// Sleep up to `d`, waking early when `stop` is set.
-fn sleep_unless(stop: &AtomicBool, d: Duration) {
+/// Sleep up to `d`, waking early when `stop` or `wake` is set.
+fn sleep_unless(stop: &AtomicBool, wake: &AtomicBool, d: Duration) {
     let until = Instant::now() + d;
-    while !stop.load(Ordering::Relaxed) {
+    while !stop.load(Ordering::Relaxed) && !wake.load(Ordering::Relaxed) {
         let now = Instant::now();
         if now >= until {
             return;
@@ -307,12 +323,65 @@ fn record_views<'a>(topic: &'a str, partition: i32, recs: &'a [SourceRecord]) ->
         .collect()
 }
 
+/// How `run` acquires the checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Acquire {
+    /// Fail at once (or queue with `--wait`) if another process owns it.
+    #[default]
+    Normal,
+    /// Ask the owner to hand over, waiting at most this long for it.
+    Takeover(Duration),
+}
+
+/// Ask the running owner to hand over. Returns the connection (to report
+/// our first write-ahead) and the owner's note, or `None` when nobody owns
+/// the checkpoint.
+fn request_handover(
+    cfg: &PipelineConfig,
+    timeout: Duration,
+) -> Result<Option<(crate::control::Client, serde_json::Value)>, EngineError> {
+    use crate::control::{Client, ClientError};
+    let mut client = match Client::connect(&cfg.checkpoint, timeout) {
+        Ok(c) => c,
+        Err(ClientError::NotRunning { .. }) => {
+            if crate::checkpoint::status(&cfg.checkpoint).is_ok_and(|s| s.owner.is_some()) {
+                return Err(EngineError::Takeover(format!(
+                    "checkpoint {} is owned but its owner does not answer on control.sock; not touching it",
+                    cfg.checkpoint.display()
+                )));
+            }
+            tracing::info!("--takeover: no running owner, starting normally");
+            return Ok(None);
+        }
+        Err(e) => return Err(EngineError::Takeover(e.to_string())),
+    };
+    tracing::info!("--takeover: asking the owner to hand over at its next batch boundary");
+    let answer = client
+        .request(&serde_json::json!({"op": "handover"}))
+        .map_err(|e| EngineError::Takeover(format!("{e}; the checkpoint was not touched")))?;
+    Ok(Some((client, answer["note"].clone())))
+}
+
 /// Run the pipeline until `stop` is set (or, with `until_caught_up`, until
-/// the data available at start is processed).
+/// the data available at start is processed, or until a `--takeover`
+/// process asks for the checkpoint).
 ///
 /// # Errors
 /// [`EngineError`]; the batch in flight is not committed.
 pub fn run(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSummary, EngineError> {
+    run_with(cfg, stop, Acquire::Normal)
+}
+
+/// [`run`], choosing how the checkpoint is acquired.
+///
+/// # Errors
+/// As [`run`]; [`EngineError::Takeover`] when a takeover gives up (the
+/// checkpoint untouched).
+pub fn run_with(
+    cfg: &PipelineConfig,
+    stop: Arc<AtomicBool>,
+    acquire: Acquire,
+) -> Result<RunSummary, EngineError> {
     if cfg.topics.is_empty() {
         return Err(EngineError::Config("no topics: pass --topic NAME".into()));
     }
@@ -321,12 +390,36 @@ pub fn run(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSummary, En
             "--on-error dlq stores dead letters in the sink database: pass --sink-db sqlite:PATH or postgres://…".into(),
         ));
     }
+    let runtime = Arc::new(Runtime::new(cfg.limits).map_err(EngineError::Config)?);
+
+    // With --takeover, compile everything first, then ask the owner.
+    let mut handover = None;
+    let mut preloaded = None;
+    let mut wait = cfg.wait;
+    if let Acquire::Takeover(timeout) = acquire {
+        let recorded = crate::checkpoint::status(&cfg.checkpoint)
+            .ok()
+            .map(|s| {
+                s.last_committed
+                    .map(|c| c.plugins)
+                    .filter(|p| !p.is_empty())
+                    .or(s.last_planned.map(|o| o.plugins))
+                    .unwrap_or_default()
+            })
+            .unwrap_or_default();
+        preloaded = Some(load_plugins(cfg, &runtime, &recorded)?);
+        handover = request_handover(cfg, timeout)?;
+        // The old owner released the lock before answering; allow for a
+        // forked child still holding the descriptor for a moment.
+        wait = Some(wait.unwrap_or(Duration::ZERO).max(Duration::from_secs(10)));
+    }
+
     let mut cp = Checkpoint::open(
         &cfg.checkpoint,
         &OpenOptions {
             topics: cfg.topics.clone(),
             allow_fingerprint_change: cfg.allow_fingerprint_change,
-            wait: cfg.wait,
+            wait,
             retention: cfg.retention,
             create: true,
         },
@@ -335,7 +428,6 @@ pub fn run(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSummary, En
     let query_id = cp.metadata().query_id.clone();
     tracing::info!(checkpoint = %cfg.checkpoint.display(), epoch, query_id, "checkpoint opened");
 
-    let runtime = Runtime::new(cfg.limits).map_err(EngineError::Config)?;
     let sql = match &cfg.sink_db {
         Some(url) => Some(SqlGrant::connect(url).map_err(|error| EngineError::SinkDb {
             url: url.clone(),
@@ -351,7 +443,15 @@ pub fn run(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSummary, En
         Recovery::Resume { plugins, .. } => plugins.clone(),
         Recovery::Rerun { entry } => entry.plugins.clone(),
     };
-    let mut stages = load_stages(cfg, &cp, &runtime, &recorded, sql.as_ref())?;
+    let loaded = match preloaded {
+        Some(l) if !l.is_empty() => l,
+        _ => load_plugins(cfg, &runtime, &recorded)?,
+    };
+    for (_, bytes) in &loaded {
+        cp.store_plugin(bytes)?;
+    }
+    let mut stages = assemble(cfg, &loaded, &recorded, sql.as_ref())?;
+    drop(loaded);
     let group = cfg
         .group_id
         .clone()
@@ -365,6 +465,38 @@ pub fn run(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSummary, En
     )?;
     let cdigest = config_digest(cfg);
 
+    // The control socket: status, handover, swap.
+    let status = Arc::new(Mutex::new(LiveStatus {
+        pid: std::process::id(),
+        hostname: gethostname::gethostname().to_string_lossy().into_owned(),
+        epoch,
+        since_ms: now_ms(),
+        query_id: query_id.clone(),
+        last_committed: cp.last_committed(),
+        plugins: stages.refs.clone(),
+        ..LiveStatus::default()
+    }));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let wake = Arc::new(AtomicBool::new(false));
+    let mut control = Some(
+        ControlServer::start(
+            &cfg.checkpoint,
+            ServerContext {
+                runtime: runtime.clone(),
+                config: Arc::new(cfg.plugin_config.clone()),
+                status: status.clone(),
+                requests: tx,
+                wake: wake.clone(),
+            },
+        )
+        .map_err(|e| {
+            EngineError::Config(format!(
+                "control socket in {}: {e}",
+                cfg.checkpoint.display()
+            ))
+        })?,
+    );
+
     let mut summary = RunSummary {
         epoch,
         ..RunSummary::default()
@@ -374,8 +506,65 @@ pub fn run(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSummary, En
         Recovery::Rerun { entry } => Some(entry.clone()),
         Recovery::Resume { .. } => None,
     };
+    let mut last_commit_ms = None;
 
     loop {
+        // Batch boundary: act on control requests.
+        wake.store(false, Ordering::Relaxed);
+        if pending_rerun.is_none() {
+            for req in crate::control::pending(&rx) {
+                match req {
+                    Request::Swap(swap) => {
+                        let result = install_swap(
+                            &mut stages,
+                            &cp,
+                            sql.as_ref(),
+                            swap.plugin,
+                            &swap.bytes,
+                            swap.stage,
+                            swap.index,
+                        )
+                        .map(|()| cp.next_batch_id());
+                        if let Ok(batch) = &result {
+                            tracing::info!(
+                                batch,
+                                "plugin swap installed: [{}] from batch {batch}",
+                                show_refs(&stages.refs)
+                            );
+                            if let Ok(mut s) = status.lock() {
+                                s.plugins = stages.refs.clone();
+                                s.swaps += 1;
+                            }
+                        }
+                        let _ = swap.reply.send(result);
+                    }
+                    Request::Handover(reply) => {
+                        let note = HandoverNote {
+                            epoch,
+                            last_batch: cp.last_committed(),
+                            last_commit_ms,
+                            released_at_ms: now_ms(),
+                            pid: std::process::id(),
+                        };
+                        let _ = std::fs::write(
+                            cfg.checkpoint.join("handover"),
+                            serde_json::to_vec_pretty(&note).unwrap_or_default(),
+                        );
+                        // Unlink our socket before the new owner binds its own.
+                        if let Some(c) = control.as_mut() {
+                            c.unlink();
+                        }
+                        drop(cp);
+                        tracing::info!(epoch, last_batch = ?note.last_batch, "handed over: lock released");
+                        let _ = reply.send(note);
+                        summary.handed_over = true;
+                        // Wait (bounded) for the new owner's report, then stop.
+                        drop(control.take());
+                        return Ok(summary);
+                    }
+                }
+            }
+        }
         if stop.load(Ordering::Relaxed) && pending_rerun.is_none() {
             tracing::info!("stop requested: the last batch is committed, exiting");
             break;
@@ -388,10 +577,16 @@ pub fn run(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSummary, En
                     "re-running uncommitted batch {} with its planned ranges",
                     entry.batch_id
                 );
+                if let Some((client, note)) = handover.take() {
+                    report_takeover(client, &note, epoch, &mut summary);
+                }
                 (entry, Vec::new(), true, true)
             }
             None => {
                 let planned = planner.plan(&source, cfg)?;
+                if let Some((client, note)) = handover.take() {
+                    report_takeover(client, &note, epoch, &mut summary);
+                }
                 if !planned.worth_a_batch {
                     if cfg.until_caught_up && planner.caught_up() {
                         tracing::info!("caught up with the data available at start");
@@ -399,6 +594,7 @@ pub fn run(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSummary, En
                     }
                     sleep_unless(
                         &stop,
+                        &wake,
                         cfg.trigger_interval.saturating_sub(batch_started.elapsed()),
                     );
                     continue;
@@ -417,11 +613,15 @@ pub fn run(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSummary, En
                 (entry, planned.gaps, false, planned.full)
             }
         };
+        if let Ok(mut s) = status.lock() {
+            s.current_batch = Some(entry.batch_id);
+        }
         let plan_ms = ms(batch_started.elapsed());
         let (counts, mut timings) =
             run_batch(cfg, &mut source, &mut stages, &driver, &entry, &query_id)?;
         timings.plan = plan_ms;
 
+        crate::checkpoint::failpoint("engine:before-commit");
         let commit_started = Instant::now();
         let commit = CommitEntry {
             batch_id: entry.batch_id,
@@ -434,21 +634,19 @@ pub fn run(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSummary, En
             note: None,
         };
         cp.commit(&commit)?;
+        last_commit_ms = Some(commit.committed_at_ms);
         timings.commit = ms(commit_started.elapsed());
         planner.committed(&entry);
-        source.commit_group(
-            &entry
-                .ranges
-                .iter()
-                .map(|r| ((r.topic.clone(), r.partition), r.end))
-                .collect(),
-        );
+        source.commit_group(&ends(&entry.ranges));
 
         summary.batches += 1;
         summary.last_batch = Some(entry.batch_id);
         if rerun {
             summary.reran = Some(entry.batch_id);
         }
+        summary
+            .plugins_per_batch
+            .push((entry.batch_id, stages.refs.clone()));
         add_counts(&mut summary.counts, &counts);
         let event = Progress::new(
             &entry,
@@ -461,6 +659,11 @@ pub fn run(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSummary, En
             &gaps,
         );
         event.emit(cfg.progress_json);
+        if let Ok(mut s) = status.lock() {
+            s.current_batch = None;
+            s.last_committed = Some(entry.batch_id);
+            s.last_progress = serde_json::to_value(&event).ok();
+        }
 
         if cfg.until_caught_up && planner.caught_up() {
             tracing::info!("caught up with the data available at start");
@@ -469,11 +672,122 @@ pub fn run(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSummary, En
         if !full {
             sleep_unless(
                 &stop,
+                &wake,
                 cfg.trigger_interval.saturating_sub(batch_started.elapsed()),
             );
         }
     }
     Ok(summary)
+}
+
+/// Tell the old owner when our first write-ahead happens (now: planning
+/// just finished) and log the gap from its last commit.
+fn report_takeover(
+    mut client: crate::control::Client,
+    note: &serde_json::Value,
+    epoch: u64,
+    summary: &mut RunSummary,
+) {
+    let first = now_ms();
+    let from = note["last_commit_ms"]
+        .as_i64()
+        .or(note["released_at_ms"].as_i64())
+        .unwrap_or(first);
+    tracing::info!(
+        old_epoch = note["epoch"].as_u64().unwrap_or_default(),
+        "took over: gap from the old owner's last commit to our first write-ahead: {} ms",
+        first - from
+    );
+    summary.takeover_gap_ms = Some(first - from);
+    let _ = client.send(
+        &serde_json::json!({"op": "took-over", "first_write_ahead_ms": first, "epoch": epoch}),
+    );
+}
+
+/// Replace stage(s) with a validated plugin (at a batch boundary).
+fn install_swap(
+    stages: &mut Stages,
+    cp: &Checkpoint,
+    sql: Option<&SqlGrant>,
+    plugin: Plugin,
+    bytes: &[u8],
+    stage: Option<StageKind>,
+    index: Option<usize>,
+) -> Result<(), String> {
+    let offers = plugin.stages();
+    let want_map = match stage {
+        Some(StageKind::Map) => {
+            if !offers.map {
+                return Err(format!(
+                    "plugin {} (sha256:{}) exports no map stage",
+                    plugin.path().display(),
+                    plugin.digest()
+                ));
+            }
+            true
+        }
+        Some(StageKind::Sink) => false,
+        None => offers.map,
+    };
+    let want_sink = match stage {
+        Some(StageKind::Sink) => {
+            if !offers.sink {
+                return Err(format!(
+                    "plugin {} (sha256:{}) exports no sink stage",
+                    plugin.path().display(),
+                    plugin.digest()
+                ));
+            }
+            true
+        }
+        Some(StageKind::Map) => false,
+        None => offers.sink,
+    };
+    let map_index = if want_map {
+        let i = match (index, stages.maps.len()) {
+            (Some(i), n) if i < n => i,
+            (Some(i), n) => return Err(format!("--index {i}: the pipeline has {n} map stage(s)")),
+            (None, 1) => 0,
+            (None, 0) => return Err("the pipeline has no map stage to replace".into()),
+            (None, n) => {
+                return Err(format!(
+                    "the pipeline has {n} map stages: say which with --index"
+                ));
+            }
+        };
+        Some(i)
+    } else {
+        None
+    };
+    if want_sink && stages.sink.is_none() {
+        return Err("the pipeline has no sink stage to replace".into());
+    }
+    cp.store_plugin(bytes).map_err(|e| e.to_string())?;
+    stages.files.insert(
+        plugin.digest().to_string(),
+        plugin.path().display().to_string(),
+    );
+    if let Some(i) = map_index {
+        stages.maps[i] = plugin.instance();
+        let mut n = 0;
+        for r in stages.refs.iter_mut().filter(|r| r.stage == StageKind::Map) {
+            if n == i {
+                r.digest = plugin.digest().to_string();
+            }
+            n += 1;
+        }
+    }
+    if want_sink {
+        stages.sink = Some(plugin.instance_with_sql(sql.cloned()));
+        for r in stages
+            .refs
+            .iter_mut()
+            .filter(|r| r.stage == StageKind::Sink)
+        {
+            r.digest = plugin.digest().to_string();
+        }
+    }
+    Ok(())
 }
 
 fn add_counts(total: &mut Counts, c: &Counts) {

@@ -427,7 +427,23 @@ impl Instance {
             digest: t.digest.clone(),
             reason: format!("{e:#}"),
         };
-        let instance = t.pre.instantiate(&mut store).map_err(fail)?;
+        let instance = match t.pre.instantiate(&mut store) {
+            Ok(i) => i,
+            Err(e) => {
+                let reason = match store.data().limiter.refused {
+                    Some(wanted) => format!(
+                        "needs {wanted} bytes of memory to instantiate, over the cap of {} bytes (raise it with --plugin-memory)",
+                        self.limits.memory_bytes
+                    ),
+                    None => format!("{e:#}"),
+                };
+                return Err(PluginError::Instantiate {
+                    path: t.path.clone(),
+                    digest: t.digest.clone(),
+                    reason,
+                });
+            }
+        };
         let mapper = match &t.mapper {
             Some(i) => Some(i.load(&mut store, &instance).map_err(fail)?),
             None => None,

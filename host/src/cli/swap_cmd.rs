@@ -1,0 +1,159 @@
+//! `host swap` and `host status`: talk to the running owner over its
+//! control socket.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use serde_json::json;
+
+use super::{CliError, ExitCode, WithCode, parse_duration};
+use crate::checkpoint::{self, StageKind, rfc3339_ms};
+use crate::control::{Client, ClientError};
+
+/// Flags of `host swap`.
+#[derive(Debug, Args)]
+pub struct SwapArgs {
+    /// Checkpoint directory of the running pipeline.
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint: PathBuf,
+    /// The new plugin component.
+    #[arg(long, value_name = "FILE")]
+    pub plugin: PathBuf,
+    /// Which stage to replace (default: every stage the new plugin exports).
+    #[arg(long, value_enum)]
+    pub stage: Option<SwapStage>,
+    /// Which map stage (0-based) when the pipeline has several.
+    #[arg(long, value_name = "N")]
+    pub index: Option<usize>,
+    /// How long to wait for the owner's answer (it answers at the next
+    /// batch boundary).
+    #[arg(long, value_name = "DURATION", default_value = "120s", value_parser = parse_duration)]
+    pub timeout: Duration,
+}
+
+/// Stage kinds for `--stage`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SwapStage {
+    /// A map stage.
+    Map,
+    /// The sink stage.
+    Sink,
+}
+
+/// Run `host swap`.
+///
+/// # Errors
+/// Exit 1 when the owner rejects the plugin (the old one keeps running) or
+/// nobody owns the checkpoint.
+pub fn swap(args: SwapArgs) -> Result<(), CliError> {
+    let path = std::fs::canonicalize(&args.plugin)
+        .map_err(|e| anyhow::anyhow!("plugin {}: {e}", args.plugin.display()))
+        .code(ExitCode::Usage)?;
+    let stage = args.stage.map(|s| match s {
+        SwapStage::Map => StageKind::Map,
+        SwapStage::Sink => StageKind::Sink,
+    });
+    let mut client = Client::connect(&args.checkpoint, args.timeout)?;
+    let answer = client.request(&json!({
+        "op": "swap",
+        "path": path,
+        "stage": stage.map(|s| match s { StageKind::Map => "map", StageKind::Sink => "sink" }),
+        "index": args.index,
+    }));
+    match answer {
+        Ok(v) => {
+            println!(
+                "swapped in sha256:{} from batch {}",
+                v["digest"].as_str().unwrap_or_default(),
+                v["effective_batch"]
+            );
+            Ok(())
+        }
+        Err(ClientError::Refused(reason)) => Err(CliError {
+            code: ExitCode::Failed,
+            error: anyhow::anyhow!("swap rejected, the running plugin is unchanged: {reason}"),
+        }),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Flags of `host status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Checkpoint directory.
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint: PathBuf,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Run `host status`: the live owner's view when one runs, else the
+/// checkpoint's.
+///
+/// # Errors
+/// Exit 1 for an unreadable checkpoint.
+pub fn status(args: StatusArgs) -> Result<(), CliError> {
+    let live = Client::connect(&args.checkpoint, Duration::from_secs(5))
+        .and_then(|mut c| c.request(&json!({"op": "status"})))
+        .ok()
+        .map(|v| v["status"].clone());
+    let on_disk = checkpoint::status(&args.checkpoint)?;
+    if args.json {
+        let v = json!({"running": live.is_some(), "live": live, "checkpoint": on_disk});
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    match &live {
+        Some(s) => {
+            println!(
+                "owner       pid {} on {} since {} (epoch {})",
+                s["pid"],
+                s["hostname"].as_str().unwrap_or_default(),
+                rfc3339_ms(s["since_ms"].as_i64().unwrap_or_default()),
+                s["epoch"]
+            );
+            match s["current_batch"].as_u64() {
+                Some(b) => println!("current     batch {b} in flight"),
+                None => println!("current     between batches"),
+            }
+            println!("committed   batch {}", s["last_committed"]);
+            for p in s["plugins"].as_array().into_iter().flatten() {
+                println!(
+                    "plugin      {} sha256:{}",
+                    p["stage"].as_str().unwrap_or_default(),
+                    p["digest"].as_str().unwrap_or_default()
+                );
+            }
+            if let Some(p) = s["last_progress"].as_object() {
+                println!(
+                    "last batch  {} at {}: {} in, {} out, {} rows/s, {} ms",
+                    p["batch_id"],
+                    p["committed_at"].as_str().unwrap_or_default(),
+                    p["counts"]["input"],
+                    p["counts"]["output"],
+                    p["rows_per_sec"],
+                    p["total_ms"]
+                );
+                let lag: i64 = p["partitions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|x| x["lag"].as_i64().unwrap_or(0))
+                    .sum();
+                println!("lag         {lag} records");
+            }
+        }
+        None => println!("owner       none (not running)"),
+    }
+    println!("epoch       {} (last issued)", on_disk.epoch);
+    if let Some(c) = &on_disk.last_committed {
+        println!(
+            "checkpoint  last committed batch {} ({})",
+            c.batch_id,
+            rfc3339_ms(c.committed_at_ms)
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,465 @@
+//! One active owner per checkpoint, `--wait`, `--takeover` and `host swap`
+//! on a real Tansu broker with the real binary and built plugins.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::kafka::{Broker, Tansu, producer};
+use crate::sql_sink::Db;
+use crate::support::{host, host_bin, plugin, stderr};
+
+/// A `host run` child whose stderr lines are collected.
+struct Running {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Running {
+    fn start(args: &[String]) -> Running {
+        let mut child = Command::new(host_bin())
+            .args(args)
+            .env("RUST_LOG", "info")
+            .env_remove("SLUICE_FAILPOINT")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        let err = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for l in BufReader::new(err).lines().map_while(Result::ok) {
+                sink.lock().unwrap().push(l);
+            }
+        });
+        Running { child, lines }
+    }
+
+    fn wait_for(&self, needle: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(l) = self
+                .lines
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|l| l.contains(needle))
+            {
+                return l.clone();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "`{needle}` not logged; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn log(&self) -> String {
+        self.lines.lock().unwrap().join("\n")
+    }
+
+    fn term(&mut self) -> Option<i32> {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        self.child.wait().unwrap().code()
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn args(
+    b: &dyn Broker,
+    topic: &str,
+    ckpt: &Path,
+    db: &Db,
+    plugins: &[PathBuf],
+    extra: &[&str],
+) -> Vec<String> {
+    let mut v: Vec<String> = vec![
+        "run".into(),
+        "--brokers".into(),
+        b.bootstrap(),
+        "--topic".into(),
+        topic.into(),
+        "--checkpoint".into(),
+        ckpt.display().to_string(),
+        "--sink-db".into(),
+        db.url.clone(),
+        "--max-records-per-partition".into(),
+        "200".into(),
+        "--trigger-interval".into(),
+        "100ms".into(),
+        "--retention".into(),
+        "100000".into(),
+        "--progress".into(),
+        "none".into(),
+    ];
+    for p in plugins {
+        v.push("--plugin".into());
+        v.push(p.display().to_string());
+    }
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
+/// Produce `n` plain records `e<i>` over 3 partitions, about `per_sec` a
+/// second, in a background thread.
+fn produce_steadily(
+    bootstrap: String,
+    topic: &'static str,
+    n: usize,
+    per_sec: usize,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let p = producer(&bootstrap);
+        let started = Instant::now();
+        for i in 0..n {
+            p.send(
+                topic,
+                (i % 3) as i32,
+                Some(format!("k{i}").as_bytes()),
+                Some(format!("e{i}").as_bytes()),
+                &[],
+            );
+            let due = Duration::from_secs_f64(i as f64 / per_sec as f64);
+            if let Some(wait) = due.checked_sub(started.elapsed()) {
+                std::thread::sleep(wait);
+            }
+        }
+        p.flush();
+    })
+}
+
+/// Wait until the sink's progress rows cover `n` records.
+fn wait_applied(db: &Db, n: i64, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let done = db
+            .query("SELECT COALESCE(SUM(end_offset), 0) FROM sluice_progress")
+            .first()
+            .and_then(|r| r.first().cloned());
+        if done == Some(sluice_host::sink::sql::SqlValue::Integer(n)) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {done:?} of {n} applied in time"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn assert_each_once(db: &Db, n: i64) {
+    assert_eq!(
+        db.scalar("SELECT COUNT(*) FROM seen"),
+        n,
+        "nothing duplicated"
+    );
+    assert_eq!(
+        db.scalar("SELECT COUNT(DISTINCT idempotency_key) FROM seen"),
+        n,
+        "nothing lost"
+    );
+    assert_eq!(
+        db.scalar("SELECT n FROM counters WHERE name = 'records'"),
+        n
+    );
+}
+
+fn epoch_of(ckpt: &Path) -> u64 {
+    let out = host(&["checkpoint", "show", ckpt.to_str().unwrap(), "--json"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["epoch"].as_u64().unwrap()
+}
+
+#[test]
+fn a_second_owner_is_refused_and_reads_nothing_and_wait_queues() {
+    let tansu = Tansu::start();
+    tansu.create_topic("events", 3);
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let db = Db::sqlite();
+    let plugins = [plugin("passthrough"), plugin("sql_counter")];
+    let feed = produce_steadily(tansu.bootstrap(), "events", 300, 1000);
+    feed.join().unwrap();
+    let mut first = Running::start(&args(&tansu, "events", &ckpt, &db, &plugins, &[]));
+    first.wait_for("batch committed", Duration::from_secs(60));
+    let epoch = epoch_of(&ckpt);
+
+    let out = Command::new(host_bin())
+        .args(args(&tansu, "events", &ckpt, &db, &plugins, &[]))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(stderr(&out).contains("use --wait to queue or --takeover"));
+    assert_eq!(epoch_of(&ckpt), epoch, "the refused run issued no epoch");
+
+    // The first is unaffected.
+    let more = produce_steadily(tansu.bootstrap(), "events", 60, 1000);
+    more.join().unwrap();
+    wait_applied(&db, 360, Duration::from_secs(60));
+
+    // --wait queues, and starts as soon as the owner stops.
+    let waiting = Running::start(&args(
+        &tansu,
+        "events",
+        &ckpt,
+        &db,
+        &plugins,
+        &["--wait", "60s"],
+    ));
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        !waiting.log().contains("checkpoint opened"),
+        "must wait for the owner"
+    );
+    assert_eq!(first.term(), Some(0));
+    let stopped = Instant::now();
+    waiting.wait_for("checkpoint opened", Duration::from_secs(10));
+    assert!(
+        stopped.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        stopped.elapsed()
+    );
+    drop(waiting);
+    assert_each_once(&db, 360);
+}
+
+#[test]
+fn takeover_under_continuous_load_applies_every_event_once() {
+    let tansu = Tansu::start();
+    tansu.create_topic("events", 3);
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let db = Db::sqlite();
+    let plugins = [plugin("passthrough"), plugin("sql_counter")];
+    let feed = produce_steadily(tansu.bootstrap(), "events", 20_000, 2500);
+    let mut old = Running::start(&args(&tansu, "events", &ckpt, &db, &plugins, &[]));
+    old.wait_for("batch committed", Duration::from_secs(60));
+    std::thread::sleep(Duration::from_secs(2));
+    let mut new = Running::start(&args(
+        &tansu,
+        "events",
+        &ckpt,
+        &db,
+        &plugins,
+        &["--takeover", "60s"],
+    ));
+    let took = new.wait_for("took over: gap", Duration::from_secs(90));
+    assert_eq!(
+        old.child.wait().unwrap().code(),
+        Some(0),
+        "the old owner exits 0:\n{}",
+        old.log()
+    );
+    assert!(
+        old.log().contains("handover complete: gap"),
+        "{}",
+        old.log()
+    );
+    assert!(took.contains(" ms"), "{took}");
+    feed.join().unwrap();
+    wait_applied(&db, 20_000, Duration::from_secs(120));
+    assert_eq!(new.term(), Some(0));
+    assert_each_once(&db, 20_000);
+    assert!(ckpt.join("handover").exists(), "handover note written");
+}
+
+#[test]
+fn kill_9_of_the_new_owner_right_after_takeover_then_restart_is_exact() {
+    let tansu = Tansu::start();
+    tansu.create_topic("events", 3);
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let db = Db::sqlite();
+    let plugins = [plugin("passthrough"), plugin("sql_counter")];
+    produce_steadily(tansu.bootstrap(), "events", 3000, 100_000)
+        .join()
+        .unwrap();
+    let mut old = Running::start(&args(&tansu, "events", &ckpt, &db, &plugins, &[]));
+    old.wait_for("batch committed", Duration::from_secs(60));
+    let mut new = Running::start(&args(
+        &tansu,
+        "events",
+        &ckpt,
+        &db,
+        &plugins,
+        &["--takeover"],
+    ));
+    new.wait_for("took over", Duration::from_secs(60));
+    new.child.kill().unwrap();
+    new.child.wait().unwrap();
+    assert_eq!(old.child.wait().unwrap().code(), Some(0));
+    let out = Command::new(host_bin())
+        .args(args(
+            &tansu,
+            "events",
+            &ckpt,
+            &db,
+            &[],
+            &["--until-caught-up"],
+        ))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_each_once(&db, 3000);
+}
+
+/// Tag of each applied record by batch: (batch id of its offset, tag).
+fn tags_by_batch(db: &Db, ckpt: &Path) -> Vec<(u64, String)> {
+    // Which batch planned each offset.
+    let mut plan: Vec<(String, i64, i64, i64, u64)> = Vec::new();
+    for e in std::fs::read_dir(ckpt.join("offsets")).unwrap().flatten() {
+        let Ok(id) = e.file_name().to_string_lossy().parse::<u64>() else {
+            continue;
+        };
+        let v: Value = serde_json::from_slice(&std::fs::read(e.path()).unwrap()).unwrap();
+        for r in v["entry"]["ranges"].as_array().unwrap() {
+            plan.push((
+                r["topic"].as_str().unwrap().to_string(),
+                r["partition"].as_i64().unwrap(),
+                r["start"].as_i64().unwrap(),
+                r["end"].as_i64().unwrap(),
+                id,
+            ));
+        }
+    }
+    db.query("SELECT idempotency_key, value FROM seen")
+        .into_iter()
+        .map(|row| {
+            let (
+                sluice_host::sink::sql::SqlValue::Text(key),
+                sluice_host::sink::sql::SqlValue::Text(value),
+            ) = (&row[0], &row[1])
+            else {
+                panic!("{row:?}")
+            };
+            let mut parts = key.split('/');
+            let (t, p, o) = (
+                parts.next().unwrap(),
+                parts.next().unwrap().parse::<i64>().unwrap(),
+                parts.next().unwrap().parse::<i64>().unwrap(),
+            );
+            let batch = plan
+                .iter()
+                .find(|(pt, pp, s, e, _)| pt == t && *pp == p && o >= *s && o < *e)
+                .map(|x| x.4)
+                .unwrap_or_else(|| panic!("offset {key} in no batch"));
+            (batch, value.split(':').next().unwrap().to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn swap_under_load_switches_exactly_at_the_reported_batch_and_bad_swaps_are_rejected() {
+    let tansu = Tansu::start();
+    tansu.create_topic("events", 3);
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let db = Db::sqlite();
+    let feed = produce_steadily(tansu.bootstrap(), "events", 6000, 1500);
+    let mut run = Running::start(&args(
+        &tansu,
+        "events",
+        &ckpt,
+        &db,
+        &[plugin("tag_v1"), plugin("sql_counter")],
+        &[],
+    ));
+    run.wait_for("batch committed", Duration::from_secs(60));
+
+    // Bad swaps: rejected, the old plugin keeps running.
+    let text = dir.path().join("notes.wasm");
+    std::fs::write(&text, "not wasm").unwrap();
+    for (bad, why) in [
+        (text.clone(), "not a WebAssembly file"),
+        (plugin("wrong-world"), "exports no Sluice stage"),
+        (plugin("future_version"), "sluice:plugin@9.0.0"),
+        (plugin("fat_start"), "needs 3"),
+        (plugin("sql_counter"), "exports no map stage"),
+    ] {
+        let out = host(&[
+            "swap",
+            "--checkpoint",
+            ckpt.to_str().unwrap(),
+            "--plugin",
+            bad.to_str().unwrap(),
+            "--stage",
+            "map",
+        ]);
+        assert_eq!(out.status.code(), Some(1), "{}", bad.display());
+        let e = stderr(&out);
+        assert!(
+            e.contains("swap rejected") && e.contains(why),
+            "{}: {e}",
+            bad.display()
+        );
+    }
+
+    let out = host(&[
+        "swap",
+        "--checkpoint",
+        ckpt.to_str().unwrap(),
+        "--plugin",
+        plugin("tag_v2").to_str().unwrap(),
+        "--stage",
+        "map",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    let boundary: u64 = said
+        .trim()
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap_or_else(|_| panic!("{said}"));
+
+    let status = host(&["status", "--checkpoint", ckpt.to_str().unwrap(), "--json"]);
+    let v: Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(v["running"], true);
+    assert_eq!(v["live"]["swaps"], 1);
+
+    feed.join().unwrap();
+    wait_applied(&db, 6000, Duration::from_secs(120));
+    assert_eq!(run.term(), Some(0));
+    assert_each_once(&db, 6000);
+    let tags = tags_by_batch(&db, &ckpt);
+    assert!(tags.iter().any(|(_, t)| t == "v1") && tags.iter().any(|(_, t)| t == "v2"));
+    for (batch, tag) in &tags {
+        let want = if *batch < boundary { "v1" } else { "v2" };
+        assert_eq!(tag, want, "batch {batch}, boundary {boundary}");
+    }
+    // A restart without --plugin resumes with the swapped-in plugin.
+    let more = produce_steadily(tansu.bootstrap(), "events", 30, 100_000);
+    more.join().unwrap();
+    let out = Command::new(host_bin())
+        .args(args(
+            &tansu,
+            "events",
+            &ckpt,
+            &db,
+            &[],
+            &["--until-caught-up"],
+        ))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        db.scalar("SELECT COUNT(*) FROM seen WHERE value LIKE 'v2:%'"),
+        tags.iter().filter(|t| t.1 == "v2").count() as i64 + 30
+    );
+}

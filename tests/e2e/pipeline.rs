@@ -1,0 +1,408 @@
+//! `host run` end to end: the real binary, a real Tansu broker (sqlite
+//! storage), real built plugins, a real SQLite sink.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+use crate::engine_mock::{produce, table};
+use crate::kafka::{Broker, Tansu, producer};
+use crate::maxwell::Stream;
+use crate::sql_sink::Db;
+use crate::support::{host_bin, plugin, stderr};
+
+/// Arguments of a `host run` on `topic` with the company plugin.
+fn run_args(b: &dyn Broker, topic: &str, ckpt: &Path, db: &Db, extra: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = [
+        "run",
+        "--brokers",
+        &b.bootstrap(),
+        "--topic",
+        topic,
+        "--checkpoint",
+        ckpt.to_str().unwrap(),
+        "--sink-db",
+        &db.url,
+        "--max-records-per-partition",
+        "100",
+        "--trigger-interval",
+        "100ms",
+        "--kafka-timeout",
+        "20s",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    if !extra.contains(&"--no-default-plugin") {
+        v.push("--plugin".into());
+        v.push(plugin("company").display().to_string());
+    }
+    v.extend(
+        extra
+            .iter()
+            .filter(|a| **a != "--no-default-plugin")
+            .map(|s| s.to_string()),
+    );
+    v
+}
+
+fn host_run(args: &[String]) -> Output {
+    Command::new(host_bin())
+        .args(args)
+        .env("RUST_LOG", "info")
+        .env_remove("SLUICE_FAILPOINT")
+        .output()
+        .expect("host run")
+}
+
+fn progress(out: &Output) -> Vec<Value> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["event"] == "batch")
+        .collect()
+}
+
+#[test]
+fn the_original_complaint_restart_reruns_nothing_on_a_real_broker() {
+    let tansu = Tansu::start();
+    tansu.create_topic("maxwell", 3);
+    let mut stream = Stream::new(21);
+    produce(&tansu, "maxwell", &mut stream, 1000, 3);
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let db = Db::sqlite();
+
+    let out = host_run(&run_args(
+        &tansu,
+        "maxwell",
+        &ckpt,
+        &db,
+        &["--until-caught-up"],
+    ));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let first = progress(&out);
+    assert!(first.len() >= 4, "several batches: {}", first.len());
+    assert!(first.iter().all(|p| p["rerun"] == false));
+    let input: u64 = first
+        .iter()
+        .map(|p| p["counts"]["input"].as_u64().unwrap())
+        .sum();
+    assert_eq!(input, 1000);
+    assert_eq!(table(&db), stream.state);
+
+    produce(&tansu, "maxwell", &mut stream, 250, 3);
+    let out = host_run(&run_args(
+        &tansu,
+        "maxwell",
+        &ckpt,
+        &db,
+        &["--until-caught-up"],
+    ));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let second = progress(&out);
+    assert!(
+        second.iter().all(|p| p["rerun"] == false),
+        "no batch is re-run"
+    );
+    let last_first = first.last().unwrap()["batch_id"].as_u64().unwrap();
+    assert_eq!(
+        second[0]["batch_id"].as_u64().unwrap(),
+        last_first + 1,
+        "batch ids continue"
+    );
+    let input: u64 = second
+        .iter()
+        .map(|p| p["counts"]["input"].as_u64().unwrap())
+        .sum();
+    assert_eq!(input, 250, "only new events are read");
+    assert!(
+        !stderr(&out).contains("re-running"),
+        "the log shows no re-run"
+    );
+    assert_eq!(table(&db), stream.state);
+    assert_eq!(
+        db.scalar("SELECT SUM(end_offset) FROM sluice_progress"),
+        1250,
+        "each range applied once"
+    );
+}
+
+#[test]
+fn sigterm_finishes_the_batch_commits_and_exits_0() {
+    let tansu = Tansu::start();
+    tansu.create_topic("maxwell", 3);
+    let mut stream = Stream::new(4);
+    produce(&tansu, "maxwell", &mut stream, 300, 3);
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let db = Db::sqlite();
+    let mut child = Command::new(host_bin())
+        .args(run_args(&tansu, "maxwell", &ckpt, &db, &[]))
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    assert!(first.contains("\"event\":\"batch\""), "{first}");
+    let pid = child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    let show = crate::support::host(&["checkpoint", "show", ckpt.to_str().unwrap(), "--json"]);
+    let v: Value = serde_json::from_slice(&show.stdout).unwrap();
+    assert_eq!(
+        v["next_action"], "resume",
+        "the in-flight batch was committed"
+    );
+    assert!(v["owner"].is_null());
+}
+
+const CRASH_POINTS: &[(&str, &str)] = &[
+    ("after write-ahead", "engine:after-write-ahead@2"),
+    ("in the middle of a sink write", "sink:after-write@3"),
+    ("after sink close, before commit", "engine:before-commit@2"),
+    ("during the commit file write", "commit:after-write@2"),
+];
+
+#[test]
+fn crash_matrix_kill_9_then_restart_gives_the_no_crash_table() {
+    let tansu = Tansu::start();
+    let mut stream = Stream::new(33);
+    tansu.create_topic("maxwell", 3);
+    produce(&tansu, "maxwell", &mut stream, 600, 3);
+
+    // The run without a crash.
+    let dir = tempfile::tempdir().unwrap();
+    let clean_db = Db::sqlite();
+    let out = host_run(&run_args(
+        &tansu,
+        "maxwell",
+        &dir.path().join("clean"),
+        &clean_db,
+        &["--until-caught-up"],
+    ));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let expected = clean_db
+        .query("SELECT pk, row_json, idempotency_key, source_offset FROM companies ORDER BY pk");
+    assert_eq!(table(&clean_db), stream.state);
+
+    for (what, fp) in CRASH_POINTS {
+        let ckpt: PathBuf = dir.path().join(fp.replace([':', '@'], "-"));
+        let db = Db::sqlite();
+        let mut child = Command::new(host_bin())
+            .args(run_args(
+                &tansu,
+                "maxwell",
+                &ckpt,
+                &db,
+                &["--until-caught-up"],
+            ))
+            .env("SLUICE_FAILPOINT", fp)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let err = BufReader::new(child.stderr.take().unwrap());
+        let mut reached = false;
+        for line in err.lines().map_while(Result::ok) {
+            if line.starts_with("FAILPOINT") {
+                reached = true;
+                break;
+            }
+        }
+        assert!(reached, "{what}: failpoint {fp} not reached");
+        child.kill().unwrap();
+        child.wait().unwrap();
+
+        let newest = std::fs::read_dir(ckpt.join("offsets"))
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u64>().ok())
+            .max()
+            .unwrap();
+        let planned: Value = serde_json::from_str(
+            &std::fs::read_to_string(ckpt.join("offsets").join(newest.to_string())).unwrap(),
+        )
+        .unwrap();
+        let committed = ckpt.join("commits").join(newest.to_string()).exists();
+
+        let out = host_run(&run_args(
+            &tansu,
+            "maxwell",
+            &ckpt,
+            &db,
+            &["--until-caught-up"],
+        ));
+        assert!(out.status.success(), "{what}: {}", stderr(&out));
+        let batches = progress(&out);
+        if !committed {
+            let rerun = &batches[0];
+            assert_eq!(rerun["rerun"], true, "{what}");
+            assert_eq!(rerun["batch_id"].as_u64().unwrap(), newest, "{what}");
+            let ranges: Vec<(i64, i64)> = rerun["partitions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| (p["start"].as_i64().unwrap(), p["end"].as_i64().unwrap()))
+                .collect();
+            let planned: Vec<(i64, i64)> = planned["entry"]["ranges"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| (p["start"].as_i64().unwrap(), p["end"].as_i64().unwrap()))
+                .collect();
+            assert_eq!(
+                ranges, planned,
+                "{what}: the replayed batch has the planned ranges"
+            );
+        }
+        let got = db.query(
+            "SELECT pk, row_json, idempotency_key, source_offset FROM companies ORDER BY pk",
+        );
+        assert_eq!(
+            got, expected,
+            "{what}: table (rows, idempotency keys, offsets) equals the no-crash run"
+        );
+        assert_eq!(
+            db.scalar("SELECT SUM(end_offset) FROM sluice_progress"),
+            600,
+            "{what}"
+        );
+    }
+}
+
+#[test]
+fn poison_record_through_the_binary() {
+    let tansu = Tansu::start();
+    tansu.create_topic("maxwell", 1);
+    let mut stream = Stream::new(8);
+    produce(&tansu, "maxwell", &mut stream, 30, 1);
+    let p = producer(&tansu.bootstrap());
+    p.send("maxwell", 0, None, Some(b"{\"broken\":"), &[]);
+    p.flush();
+    produce(&tansu, "maxwell", &mut stream, 30, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let db = Db::sqlite();
+
+    let out = host_run(&run_args(
+        &tansu,
+        "maxwell",
+        &ckpt,
+        &db,
+        &["--until-caught-up"],
+    ));
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.contains("bad record at maxwell/0 offset 30") && err.contains("sha256:"),
+        "{err}"
+    );
+
+    let out = host_run(&run_args(
+        &tansu,
+        "maxwell",
+        &ckpt,
+        &db,
+        &["--until-caught-up", "--on-error", "dlq"],
+    ));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(table(&db), stream.state);
+    let out = host_run(&run_args(
+        &tansu,
+        "maxwell",
+        &ckpt,
+        &db,
+        &["--until-caught-up", "--on-error", "dlq"],
+    ));
+    assert!(out.status.success());
+    assert_eq!(db.scalar("SELECT COUNT(*) FROM sluice_dead_letters"), 1);
+}
+
+#[test]
+fn second_run_on_an_owned_checkpoint_is_refused_with_exit_3() {
+    let tansu = Tansu::start();
+    tansu.create_topic("maxwell", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let db = Db::sqlite();
+    let mut owner = Command::new(host_bin())
+        .args(run_args(&tansu, "maxwell", &ckpt, &db, &[]))
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(owner.stderr.take().unwrap()).lines();
+    assert!(err.any(|l| l.is_ok_and(|l| l.contains("checkpoint opened"))));
+    let out = host_run(&run_args(&tansu, "maxwell", &ckpt, &db, &[]));
+    assert_eq!(out.status.code(), Some(3));
+    let msg = stderr(&out);
+    assert!(
+        msg.contains(&format!("is owned by pid {}", owner.id())),
+        "{msg}"
+    );
+    assert!(msg.contains("use --wait to queue or --takeover"), "{msg}");
+    owner.kill().unwrap();
+    owner.wait().unwrap();
+}
+
+#[test]
+fn broker_down_for_a_few_seconds_mid_run_on_tansu() {
+    let mut tansu = Tansu::start();
+    tansu.create_topic("maxwell", 3);
+    let mut stream = Stream::new(77);
+    produce(&tansu, "maxwell", &mut stream, 1500, 3);
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let db = Db::sqlite();
+    let mut child = Command::new(host_bin())
+        .args(run_args(
+            &tansu,
+            "maxwell",
+            &ckpt,
+            &db,
+            &["--max-records-per-partition", "20"],
+        ))
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    assert!(
+        lines
+            .next()
+            .unwrap()
+            .unwrap()
+            .contains("\"event\":\"batch\"")
+    );
+    tansu.kill();
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    tansu.restart();
+    let mut input = 0u64;
+    for line in lines.by_ref() {
+        let v: Value = serde_json::from_str(&line.unwrap()).unwrap();
+        input += v["counts"]["input"].as_u64().unwrap();
+        if db.scalar("SELECT COALESCE(SUM(end_offset), 0) FROM sluice_progress") == 1500 {
+            break;
+        }
+    }
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    assert!(input <= 1500);
+    assert_eq!(table(&db), stream.state, "nothing lost or duplicated");
+}
