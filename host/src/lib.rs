@@ -11,6 +11,8 @@
 //! - [`source`]: the Kafka reader (discovery, watermarks, exact ranges).
 //! - [`engine`]: the micro-batch loop.
 //! - [`control`]: the owner's control socket (status, handover, swap).
+//! - [`demo`]: `host demo` (embedded broker and SQLite).
+//! - [`metrics`]: the Prometheus endpoint.
 //! - [`cli`]: command-line parsing and the subcommands; `main` owns exit
 //!   codes.
 //! - [`wire`]: the packed batch encoding (re-exported from the guest SDK,
@@ -19,7 +21,9 @@
 pub mod checkpoint;
 pub mod cli;
 pub mod control;
+pub mod demo;
 pub mod engine;
+pub mod metrics;
 pub mod plugin;
 pub mod sink;
 pub mod source;

@@ -272,3 +272,87 @@ fn retention_deleted_offsets_stop_the_job_or_are_skipped_and_recorded() {
     }
     assert!(recorded, "the gap is recorded in a commit entry");
 }
+
+fn scrape(addr: &str) -> Option<prometheus_parse::Scrape> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+        .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let body = text.split_once("\r\n\r\n")?.1;
+    prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string()))).ok()
+}
+
+fn value(scrape: &prometheus_parse::Scrape, name: &str) -> Option<f64> {
+    scrape
+        .samples
+        .iter()
+        .find(|s| s.metric == name)
+        .and_then(|s| match s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => Some(v),
+            _ => None,
+        })
+}
+
+#[test]
+fn metrics_endpoint_is_scraped_and_parsed_as_prometheus_text() {
+    let mock = Mock::new();
+    mock.create_topic("maxwell", 3);
+    let mut stream = Stream::new(13);
+    produce(&mock, "maxwell", &mut stream, 300, 3);
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::sqlite();
+    let mut cfg = pipeline(&mock.bootstrap(), "maxwell", &dir.path().join("ckpt"), &db);
+    cfg.until_caught_up = false;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    cfg.metrics_addr = Some(addr.parse().unwrap());
+    let stop = no_stop();
+    let flag = stop.clone();
+    let worker = std::thread::spawn(move || engine::run(&cfg, flag));
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let scraped = loop {
+        if let Some(s) = scrape(&addr)
+            && value(&s, "sluice_records_in_total") == Some(300.0)
+        {
+            break s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "metrics never showed 300 records in"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    worker.join().unwrap().unwrap();
+    assert_eq!(value(&scraped, "sluice_records_out_total"), Some(300.0));
+    assert!(value(&scraped, "sluice_batches_total").unwrap() >= 1.0);
+    assert_eq!(value(&scraped, "sluice_epoch"), Some(1.0));
+    assert_eq!(value(&scraped, "sluice_plugin_traps_total"), Some(0.0));
+    let lags: Vec<_> = scraped
+        .samples
+        .iter()
+        .filter(|s| s.metric == "sluice_lag_records")
+        .collect();
+    assert_eq!(lags.len(), 3, "one lag series per partition");
+    assert!(
+        lags.iter()
+            .all(|s| s.labels.get("topic") == Some("maxwell"))
+    );
+    let phases: Vec<&str> = scraped
+        .samples
+        .iter()
+        .filter(|s| s.metric == "sluice_phase_duration_seconds")
+        .filter_map(|s| s.labels.get("phase"))
+        .collect();
+    for p in ["plan", "fetch", "map", "sink", "commit"] {
+        assert!(phases.contains(&p), "phase {p} missing: {phases:?}");
+    }
+}

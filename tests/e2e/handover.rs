@@ -463,3 +463,122 @@ fn swap_under_load_switches_exactly_at_the_reported_batch_and_bad_swaps_are_reje
         tags.iter().filter(|t| t.1 == "v2").count() as i64 + 30
     );
 }
+
+#[test]
+fn checkpoint_reset_is_refused_while_owned_dry_run_writes_nothing_and_offsets_take_effect() {
+    let tansu = Tansu::start();
+    tansu.create_topic("events", 3);
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let db = Db::sqlite();
+    let plugins = [plugin("passthrough"), plugin("sql_counter")];
+    produce_steadily(tansu.bootstrap(), "events", 90, 100_000)
+        .join()
+        .unwrap();
+    let ck = ckpt.to_str().unwrap();
+
+    let mut owner = Running::start(&args(&tansu, "events", &ckpt, &db, &plugins, &[]));
+    owner.wait_for("batch committed", Duration::from_secs(60));
+    let out = host(&[
+        "checkpoint",
+        "reset",
+        ck,
+        "--to",
+        "offsets:{\"events\":{\"0\":5}}",
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(stderr(&out).contains("is owned by pid"), "{}", stderr(&out));
+    assert_eq!(owner.term(), Some(0));
+    wait_applied(&db, 90, Duration::from_secs(5));
+
+    let listing = |d: &str| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(ckpt.join(d))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let before = (listing("offsets"), listing("commits"));
+    let out = host(&[
+        "checkpoint",
+        "reset",
+        ck,
+        "--to",
+        "earliest",
+        "--brokers",
+        &tansu.bootstrap(),
+        "--dry-run",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(text.contains("dry run: nothing written"), "{text}");
+    assert!(
+        text.contains("events                           0             30              0"),
+        "{text}"
+    );
+    assert_eq!(
+        (listing("offsets"), listing("commits")),
+        before,
+        "dry run changed nothing"
+    );
+
+    let out = host(&[
+        "checkpoint",
+        "reset",
+        ck,
+        "--to",
+        "timestamp:0",
+        "--brokers",
+        &tansu.bootstrap(),
+        "--dry-run",
+    ]);
+    assert!(
+        out.status.success() || stderr(&out).contains("cannot answer timestamp lookups"),
+        "{}",
+        stderr(&out)
+    );
+
+    let out = host(&[
+        "checkpoint",
+        "reset",
+        ck,
+        "--to",
+        "offsets:{\"events\":{\"0\":5}}",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let show: Value =
+        serde_json::from_slice(&host(&["checkpoint", "show", ck, "--json"]).stdout).unwrap();
+    assert!(
+        show["last_committed"]["note"]
+            .as_str()
+            .unwrap()
+            .contains("reset to offsets:"),
+        "{show}"
+    );
+
+    // A fresh sink: the run processes exactly from the reset positions.
+    let fresh = Db::sqlite();
+    let out = Command::new(host_bin())
+        .args(args(
+            &tansu,
+            "events",
+            &ckpt,
+            &fresh,
+            &[],
+            &["--until-caught-up"],
+        ))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(fresh.scalar("SELECT COUNT(*) FROM seen"), 25);
+    assert_eq!(
+        fresh.scalar("SELECT COUNT(*) FROM seen WHERE idempotency_key = 'events/0/5'"),
+        1
+    );
+    assert_eq!(
+        fresh.scalar("SELECT COUNT(*) FROM seen WHERE idempotency_key = 'events/0/4'"),
+        0
+    );
+}

@@ -9,6 +9,7 @@
 mod support;
 
 mod checkpoint;
+mod demo;
 mod engine_mock;
 mod handover;
 mod kafka;

@@ -57,6 +57,15 @@ impl Db {
         }
     }
 
+    /// An existing database (not removed afterwards).
+    pub fn at(url: String) -> Db {
+        Db {
+            url,
+            name: "existing",
+            _dir: None,
+        }
+    }
+
     pub fn both() -> Vec<Db> {
         vec![Db::sqlite(), Db::postgres()]
     }

@@ -751,6 +751,60 @@ impl Checkpoint {
         }
     }
 
+    /// Move the checkpoint to `positions` with an audited write-ahead and
+    /// commit pair (batch N = the next id, empty ranges at the new
+    /// positions, `note` saying why). History is never edited. Only valid
+    /// when no batch is pending re-run.
+    ///
+    /// # Errors
+    /// [`CheckpointError::Misuse`] when a batch is uncommitted;
+    /// [`CheckpointError::Fenced`]; [`CheckpointError::Io`].
+    pub fn reset(
+        &mut self,
+        positions: &BTreeMap<(String, i32), i64>,
+        plugins: Vec<PluginRef>,
+        note: String,
+    ) -> Result<u64, CheckpointError> {
+        if matches!(self.recovery, Recovery::Rerun { .. })
+            || self.last_planned != self.last_committed
+        {
+            return Err(CheckpointError::Misuse {
+                dir: self.dir.clone(),
+                reason: "the newest batch is not committed; run the pipeline once so it is re-run and committed, then reset".into(),
+            });
+        }
+        let batch_id = self.next_batch_id();
+        let ranges = positions
+            .iter()
+            .map(|((t, p), o)| PartitionRange {
+                topic: t.clone(),
+                partition: *p,
+                start: *o,
+                end: *o,
+            })
+            .collect();
+        self.append_offsets(&OffsetsEntry {
+            batch_id,
+            epoch: self.epoch,
+            planned_at_ms: now_ms(),
+            ranges,
+            plugins: plugins.clone(),
+            config_digest: String::new(),
+            note: Some(note.clone()),
+        })?;
+        self.commit(&CommitEntry {
+            batch_id,
+            epoch: self.epoch,
+            committed_at_ms: now_ms(),
+            counts: Counts::default(),
+            timings_ms: Timings::default(),
+            plugins,
+            data_loss: Vec::new(),
+            note: Some(note),
+        })?;
+        Ok(batch_id)
+    }
+
     /// Copy a component into the content-addressed store (idempotent).
     /// Returns its digest.
     ///

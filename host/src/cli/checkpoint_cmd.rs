@@ -1,11 +1,15 @@
 //! `host checkpoint …`: views of a checkpoint directory.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::time::Duration;
 
+use anyhow::{Context, anyhow};
 use clap::Subcommand;
 
-use super::CliError;
-use crate::checkpoint::{self, rfc3339_ms};
+use super::{CliError, ExitCode, WithCode};
+use crate::checkpoint::{self, Checkpoint, OpenOptions, rfc3339_ms};
+use crate::source::KafkaSource;
 
 /// `host checkpoint …` subcommands.
 #[derive(Debug, Subcommand)]
@@ -20,6 +24,122 @@ pub enum CheckpointCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Move a checkpoint to other offsets by writing a new, audited
+    /// write-ahead/commit pair (history is never edited). Refused while
+    /// another process owns the checkpoint.
+    Reset {
+        /// The checkpoint directory.
+        dir: PathBuf,
+        /// `earliest`, `latest`, `timestamp:MS` (first offset at or after
+        /// that time, ms since the Unix epoch) or `offsets:JSON` with
+        /// `{"topic":{"partition":offset}}` (unlisted partitions keep their
+        /// position).
+        #[arg(long, value_name = "TARGET")]
+        to: String,
+        /// Kafka bootstrap servers (needed for earliest, latest and
+        /// timestamp).
+        #[arg(long, value_name = "SERVERS")]
+        brokers: Option<String>,
+        /// Print before/after and write nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
+/// Current positions: the ends of the newest committed batch.
+fn positions(s: &checkpoint::Status) -> BTreeMap<(String, i32), i64> {
+    match (&s.last_planned, &s.last_committed) {
+        (Some(o), Some(c)) if o.batch_id == c.batch_id => o
+            .ranges
+            .iter()
+            .map(|r| ((r.topic.clone(), r.partition), r.end))
+            .collect(),
+        (Some(o), _) => o
+            .ranges
+            .iter()
+            .map(|r| ((r.topic.clone(), r.partition), r.start))
+            .collect(),
+        _ => BTreeMap::new(),
+    }
+}
+
+fn targets(
+    to: &str,
+    brokers: Option<&str>,
+    topics: &[String],
+    current: &BTreeMap<(String, i32), i64>,
+) -> Result<BTreeMap<(String, i32), i64>, CliError> {
+    if let Some(json) = to.strip_prefix("offsets:") {
+        let parsed: BTreeMap<String, BTreeMap<String, i64>> = serde_json::from_str(json)
+            .context("--to offsets:JSON expects {\"topic\":{\"partition\":offset}}")
+            .code(ExitCode::Usage)?;
+        let mut out = current.clone();
+        for (topic, parts) in parsed {
+            if !topics.contains(&topic) {
+                return Err(anyhow!(
+                    "topic `{topic}` is not in this checkpoint (its topics: {})",
+                    topics.join(", ")
+                ))
+                .code(ExitCode::Usage);
+            }
+            for (p, o) in parts {
+                let p: i32 = p
+                    .parse()
+                    .map_err(|_| anyhow!("partition `{p}` is not a number"))
+                    .code(ExitCode::Usage)?;
+                if o < 0 {
+                    return Err(anyhow!("offset {o} for {topic}/{p} is negative"))
+                        .code(ExitCode::Usage);
+                }
+                out.insert((topic.clone(), p), o);
+            }
+        }
+        return Ok(out);
+    }
+    let brokers = brokers
+        .ok_or_else(|| anyhow!("--to {to} needs --brokers to look the offsets up"))
+        .code(ExitCode::Usage)?;
+    let source = KafkaSource::new(
+        brokers,
+        &BTreeMap::new(),
+        "sluice-reset",
+        false,
+        Duration::from_secs(30),
+    )?;
+    let mut out = BTreeMap::new();
+    for topic in topics {
+        let parts = source.partitions(topic)?;
+        let by_time = match to.strip_prefix("timestamp:") {
+            Some(ms) => {
+                let ms: i64 = ms
+                    .parse()
+                    .map_err(|_| {
+                        anyhow!("--to timestamp:MS expects milliseconds since the Unix epoch")
+                    })
+                    .code(ExitCode::Usage)?;
+                Some(source.offsets_for_timestamp(topic, &parts, ms).map_err(|e| {
+                    anyhow!("{e}; this broker cannot answer timestamp lookups, reset with --to offsets:JSON instead")
+                })?)
+            }
+            None => None,
+        };
+        for p in parts {
+            let (low, high) = source.watermarks(topic, p)?;
+            let o = match (to, &by_time) {
+                ("earliest", _) => low,
+                ("latest", _) => high,
+                (_, Some(t)) => t.get(&p).copied().unwrap_or(high),
+                _ => {
+                    return Err(anyhow!(
+                        "--to `{to}`: use earliest, latest, timestamp:MS or offsets:JSON"
+                    ))
+                    .code(ExitCode::Usage);
+                }
+            };
+            out.insert((topic.clone(), p), o);
+        }
+    }
+    Ok(out)
 }
 
 /// Run `host checkpoint …`.
@@ -28,6 +148,71 @@ pub enum CheckpointCommand {
 /// Exit 1 for a corrupt, missing or unreadable checkpoint.
 pub fn run(cmd: CheckpointCommand) -> Result<(), CliError> {
     match cmd {
+        CheckpointCommand::Reset {
+            dir,
+            to,
+            brokers,
+            dry_run,
+        } => {
+            let s = checkpoint::status(&dir)?;
+            if s.owner.is_some() && !dry_run {
+                let owner = s.owner.clone();
+                return Err(CliError {
+                    code: ExitCode::Owned,
+                    error: anyhow!(
+                        "{}; stop it before resetting (reset refuses to move a running pipeline)",
+                        checkpoint::CheckpointError::Owned {
+                            dir: dir.clone(),
+                            owner
+                        }
+                    ),
+                });
+            }
+            let topics = s.metadata.fingerprint.topics.clone();
+            let before = positions(&s);
+            let after = targets(&to, brokers.as_deref(), &topics, &before)?;
+            println!(
+                "{:<24} {:>9} {:>14} {:>14}",
+                "TOPIC", "PARTITION", "BEFORE", "AFTER"
+            );
+            for ((t, p), o) in &after {
+                let b = before
+                    .get(&(t.clone(), *p))
+                    .map_or("-".to_string(), |b| b.to_string());
+                println!("{t:<24} {p:>9} {b:>14} {o:>14}");
+            }
+            if dry_run {
+                println!("dry run: nothing written");
+                return Ok(());
+            }
+            let mut cp = Checkpoint::open(
+                &dir,
+                &OpenOptions {
+                    topics,
+                    create: false,
+                    ..OpenOptions::default()
+                },
+            )
+            .map_err(|e| CliError {
+                code: if e.is_owned() {
+                    ExitCode::Owned
+                } else {
+                    ExitCode::Failed
+                },
+                error: e.into(),
+            })?;
+            let plugins = s.last_committed.map(|c| c.plugins).unwrap_or_default();
+            let note = format!(
+                "reset to {to} by `host checkpoint reset` (pid {}, {})",
+                std::process::id(),
+                rfc3339_ms(checkpoint::now_ms())
+            );
+            let batch = cp.reset(&after, plugins, note)?;
+            println!(
+                "wrote batch {batch} (offsets/{batch} and commits/{batch}); the next run starts from AFTER"
+            );
+            Ok(())
+        }
         CheckpointCommand::Show { dir, json } => {
             let s = checkpoint::status(&dir)?;
             if json {

@@ -7,6 +7,7 @@
 //! process.
 
 mod checkpoint_cmd;
+mod demo_cmd;
 mod plugin_cmd;
 pub mod run_cmd;
 mod swap_cmd;
@@ -89,6 +90,9 @@ pub enum LogFormat {
 /// Subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Try Sluice in one command: the company pipeline on an embedded Kafka
+    /// broker and SQLite, with a restart, and a summary.
+    Demo(demo_cmd::DemoArgs),
     /// Run a pipeline: read Kafka, map, sink, checkpoint — exactly once
     /// across restarts and crashes.
     Run(Box<run_cmd::RunArgs>),
@@ -190,6 +194,7 @@ pub fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
     let result = match cli.command {
+        Command::Demo(args) => demo_cmd::run(args),
         Command::Run(args) => run_cmd::run(*args),
         Command::Swap(args) => swap_cmd::swap(args),
         Command::Status(args) => swap_cmd::status(args),

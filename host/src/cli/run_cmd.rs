@@ -99,6 +99,9 @@ pub struct RunArgs {
     /// Memory cap of each plugin instance [default: 256MiB].
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     pub plugin_memory: Option<u64>,
+    /// Serve Prometheus metrics on HOST:PORT (`GET /metrics`).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
     /// Progress output on stdout: one JSON line per batch, or none.
     #[arg(long, value_enum, default_value = "json")]
     pub progress: ProgressFormat,
@@ -284,6 +287,7 @@ pub fn pipeline(args: &RunArgs) -> Result<PipelineConfig, CliError> {
         memory_bytes: memory,
     };
     cfg.progress_json = args.progress == ProgressFormat::Json;
+    cfg.metrics_addr = args.metrics_addr;
     Ok(cfg)
 }
 

@@ -88,6 +88,8 @@ pub struct PipelineConfig {
     pub attempts: u32,
     /// Print one JSON progress line per batch on stdout.
     pub progress_json: bool,
+    /// Serve Prometheus metrics on this address.
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 impl PipelineConfig {
@@ -119,6 +121,7 @@ impl PipelineConfig {
             kafka_timeout: Duration::from_secs(30),
             attempts: 3,
             progress_json: true,
+            metrics_addr: None,
         }
     }
 }

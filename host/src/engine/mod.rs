@@ -29,6 +29,7 @@ use crate::checkpoint::{
     PluginRef, Recovery, StageKind, Timings, now_ms,
 };
 use crate::control::{ControlServer, HandoverNote, LiveStatus, Request, ServerContext};
+use crate::metrics::{Metrics, MetricsServer};
 use crate::plugin::chain::{ChainResult, Rejection, run_chain};
 use crate::plugin::{CallContext, Instance, Plugin, PluginError, Runtime, StageFailure};
 use crate::sink::sql::{DbError, SqlGrant};
@@ -464,6 +465,14 @@ pub fn run_with(
         cfg.kafka_timeout,
     )?;
     let cdigest = config_digest(cfg);
+    let metrics = Arc::new(Metrics::new());
+    metrics.set_epoch(epoch);
+    let _metrics_server = match cfg.metrics_addr {
+        Some(addr) => {
+            Some(MetricsServer::start(addr, metrics.clone()).map_err(EngineError::Config)?)
+        }
+        None => None,
+    };
 
     // The control socket: status, handover, swap.
     let status = Arc::new(Mutex::new(LiveStatus {
@@ -535,6 +544,7 @@ pub fn run_with(
                                 s.plugins = stages.refs.clone();
                                 s.swaps += 1;
                             }
+                            metrics.swap();
                         }
                         let _ = swap.reply.send(result);
                     }
@@ -617,8 +627,15 @@ pub fn run_with(
             s.current_batch = Some(entry.batch_id);
         }
         let plan_ms = ms(batch_started.elapsed());
-        let (counts, mut timings) =
-            run_batch(cfg, &mut source, &mut stages, &driver, &entry, &query_id)?;
+        let (counts, mut timings) = run_batch(
+            cfg,
+            &mut source,
+            &mut stages,
+            &driver,
+            &entry,
+            &query_id,
+            &metrics,
+        )?;
         timings.plan = plan_ms;
 
         crate::checkpoint::failpoint("engine:before-commit");
@@ -648,6 +665,8 @@ pub fn run_with(
             .plugins_per_batch
             .push((entry.batch_id, stages.refs.clone()));
         add_counts(&mut summary.counts, &counts);
+        let lag = planner.lag();
+        metrics.batch(&counts, &timings, rerun, &lag);
         let event = Progress::new(
             &entry,
             epoch,
@@ -655,7 +674,7 @@ pub fn run_with(
             &counts,
             &timings,
             batch_started.elapsed(),
-            planner.lag(),
+            lag,
             &gaps,
         );
         event.emit(cfg.progress_json);
@@ -846,6 +865,7 @@ fn map_partition(
     ctx: &CallContext,
     records: &[Record<'_>],
     attempts: u32,
+    metrics: &Metrics,
 ) -> Result<ChainResult, PluginError> {
     let mut excluded: Vec<Rejection> = Vec::new();
     loop {
@@ -854,7 +874,11 @@ fn map_partition(
             .collect();
         let subset: Vec<Record<'_>> = keep.iter().map(|&i| records[i].clone()).collect();
         let result = with_retries(attempts, "map", PluginError::is_retryable, || {
-            run_chain(&mut stages.maps, ctx, &subset)
+            let r = run_chain(&mut stages.maps, ctx, &subset);
+            if matches!(r, Err(PluginError::Trap(_))) {
+                metrics.trap();
+            }
+            r
         });
         match result {
             Ok(mut r) => {
@@ -894,6 +918,7 @@ fn run_batch(
     driver: &SinkDriver,
     entry: &OffsetsEntry,
     query_id: &str,
+    metrics: &Metrics,
 ) -> Result<(Counts, Timings), EngineError> {
     let mut timings = Timings::default();
     let mut counts = Counts::default();
@@ -927,7 +952,7 @@ fn run_batch(
         let mapped = if stages.maps.is_empty() {
             passthrough(&views)
         } else {
-            map_partition(stages, &ctx, &views, cfg.attempts)?
+            map_partition(stages, &ctx, &views, cfg.attempts, metrics)?
         };
         map_time += t.elapsed();
 
@@ -1020,7 +1045,11 @@ fn run_batch(
         };
         let t = Instant::now();
         let applied = with_retries(cfg.attempts, "sink", sink_retryable, || {
-            driver.apply(stages.sink.as_mut(), &batch)
+            let r = driver.apply(stages.sink.as_mut(), &batch);
+            if matches!(r, Err(SinkError::Plugin(PluginError::Trap(_)))) {
+                metrics.trap();
+            }
+            r
         })?;
         sink_time += t.elapsed();
         match applied {

@@ -271,6 +271,59 @@ impl KafkaSource {
         )
     }
 
+    /// The earliest offset of each partition whose timestamp is at or after
+    /// `ms` (the high watermark when none is). Uses the ListOffsets API.
+    ///
+    /// # Errors
+    /// [`SourceError::Unavailable`] when the broker does not answer the
+    /// lookup (some brokers do not implement timestamp lookups).
+    pub fn offsets_for_timestamp(
+        &self,
+        topic: &str,
+        partitions: &[i32],
+        ms: i64,
+    ) -> Result<BTreeMap<i32, i64>, SourceError> {
+        let mut tpl = TopicPartitionList::new();
+        for p in partitions {
+            tpl.add_partition_offset(topic, *p, Offset::Offset(ms))
+                .map_err(|e| SourceError::Client(e.to_string()))?;
+        }
+        let per_call = self.timeout.min(Duration::from_secs(10));
+        let answer = self
+            .consumer
+            .offsets_for_times(tpl, per_call)
+            .map_err(|e| {
+                self.unavailable(
+                    format!("timestamp lookup on {topic} (ListOffsets by time)"),
+                    per_call,
+                    e.to_string(),
+                )
+            })?;
+        let mut out = BTreeMap::new();
+        for e in answer.elements() {
+            if let Err(err) = e.error() {
+                return Err(self.unavailable(
+                    format!("timestamp lookup on {topic}/{}", e.partition()),
+                    per_call,
+                    err.to_string(),
+                ));
+            }
+            let offset = match e.offset() {
+                Offset::Offset(o) => o,
+                Offset::End => self.watermarks(topic, e.partition())?.1,
+                other => {
+                    return Err(self.unavailable(
+                        format!("timestamp lookup on {topic}/{}", e.partition()),
+                        per_call,
+                        format!("the broker answered {other:?}"),
+                    ));
+                }
+            };
+            out.insert(e.partition(), offset);
+        }
+        Ok(out)
+    }
+
     /// Make the consumer deliver each active range from its start: keep a
     /// partition's fetch position (and buffered records) when the range
     /// continues where the previous one ended, add new partitions
