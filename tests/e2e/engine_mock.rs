@@ -182,10 +182,10 @@ fn tombstones_and_null_keys_flow_through_distinct_from_empty() {
 
 #[test]
 fn a_broker_outage_of_a_few_seconds_loses_and_duplicates_nothing() {
-    let mock = Arc::new(Mock::new());
+    let mock = Mock::new();
     mock.create_topic("maxwell", 3);
     let mut stream = Stream::new(11);
-    produce(mock.as_ref(), "maxwell", &mut stream, 3000, 3);
+    produce(&mock, "maxwell", &mut stream, 3000, 3);
     let dir = tempfile::tempdir().unwrap();
     let db = Db::sqlite();
     let mut cfg = pipeline(&mock.bootstrap(), "maxwell", &dir.path().join("ckpt"), &db);

@@ -370,7 +370,7 @@ fn swap_under_load_switches_exactly_at_the_reported_batch_and_bad_swaps_are_reje
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("ckpt");
     let db = Db::sqlite();
-    let feed = produce_steadily(tansu.bootstrap(), "events", 6000, 1500);
+    let feed = produce_steadily(tansu.bootstrap(), "events", 6000, 500);
     let mut run = Running::start(&args(
         &tansu,
         "events",
@@ -381,7 +381,26 @@ fn swap_under_load_switches_exactly_at_the_reported_batch_and_bad_swaps_are_reje
     ));
     run.wait_for("batch committed", Duration::from_secs(60));
 
-    // Bad swaps: rejected, the old plugin keeps running.
+    let out = host(&[
+        "swap",
+        "--checkpoint",
+        ckpt.to_str().unwrap(),
+        "--plugin",
+        plugin("tag_v2").to_str().unwrap(),
+        "--stage",
+        "map",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    let boundary: u64 = said
+        .trim()
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap_or_else(|_| panic!("{said}"));
+
+    // Bad swaps: rejected, the running plugin (v2) keeps running.
     let text = dir.path().join("notes.wasm");
     std::fs::write(&text, "not wasm").unwrap();
     for (bad, why) in [
@@ -408,25 +427,6 @@ fn swap_under_load_switches_exactly_at_the_reported_batch_and_bad_swaps_are_reje
             bad.display()
         );
     }
-
-    let out = host(&[
-        "swap",
-        "--checkpoint",
-        ckpt.to_str().unwrap(),
-        "--plugin",
-        plugin("tag_v2").to_str().unwrap(),
-        "--stage",
-        "map",
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let said = String::from_utf8_lossy(&out.stdout).to_string();
-    let boundary: u64 = said
-        .trim()
-        .rsplit(' ')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap_or_else(|_| panic!("{said}"));
 
     let status = host(&["status", "--checkpoint", ckpt.to_str().unwrap(), "--json"]);
     let v: Value = serde_json::from_slice(&status.stdout).unwrap();

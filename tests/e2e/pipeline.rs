@@ -25,8 +25,6 @@ fn run_args(b: &dyn Broker, topic: &str, ckpt: &Path, db: &Db, extra: &[&str]) -
         ckpt.to_str().unwrap(),
         "--sink-db",
         &db.url,
-        "--max-records-per-partition",
-        "100",
         "--trigger-interval",
         "100ms",
         "--kafka-timeout",
@@ -35,16 +33,12 @@ fn run_args(b: &dyn Broker, topic: &str, ckpt: &Path, db: &Db, extra: &[&str]) -
     .iter()
     .map(|s| s.to_string())
     .collect();
-    if !extra.contains(&"--no-default-plugin") {
-        v.push("--plugin".into());
-        v.push(plugin("company").display().to_string());
+    if !extra.contains(&"--max-records-per-partition") {
+        v.extend(["--max-records-per-partition".to_string(), "100".to_string()]);
     }
-    v.extend(
-        extra
-            .iter()
-            .filter(|a| **a != "--no-default-plugin")
-            .map(|s| s.to_string()),
-    );
+    v.push("--plugin".into());
+    v.push(plugin("company").display().to_string());
+    v.extend(extra.iter().map(|s| s.to_string()));
     v
 }
 
@@ -377,16 +371,16 @@ fn broker_down_for_a_few_seconds_mid_run_on_tansu() {
         ))
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("host.log")).unwrap())
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().map(|l| l.unwrap()).unwrap_or_default();
+    let log = || std::fs::read_to_string(dir.path().join("host.log")).unwrap_or_default();
     assert!(
-        lines
-            .next()
-            .unwrap()
-            .unwrap()
-            .contains("\"event\":\"batch\"")
+        first.contains("\"event\":\"batch\""),
+        "no first batch: {}",
+        log()
     );
     tansu.kill();
     std::thread::sleep(std::time::Duration::from_secs(3));

@@ -91,7 +91,7 @@ pub enum Request {
     /// Finish, commit, release the lock, answer.
     Handover(Sender<HandoverNote>),
     /// Install a plugin at the next batch boundary.
-    Swap(SwapRequest),
+    Swap(Box<SwapRequest>),
 }
 
 /// The socket server of a running owner. Dropping it stops the thread and
@@ -270,13 +270,13 @@ fn serve(stream: UnixStream, ctx: &ServerContext) -> std::io::Result<()> {
             };
             let digest = plugin.digest().to_string();
             let (tx, rx) = channel();
-            let sent = ctx.requests.send(Request::Swap(SwapRequest {
+            let sent = ctx.requests.send(Request::Swap(Box::new(SwapRequest {
                 plugin,
                 bytes,
                 stage,
                 index,
                 reply: tx,
-            }));
+            })));
             if sent.is_err() {
                 return answer(&mut writer, &fail("the engine is stopping"));
             }

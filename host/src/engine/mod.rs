@@ -788,12 +788,13 @@ fn install_swap(
     );
     if let Some(i) = map_index {
         stages.maps[i] = plugin.instance();
-        let mut n = 0;
-        for r in stages.refs.iter_mut().filter(|r| r.stage == StageKind::Map) {
-            if n == i {
-                r.digest = plugin.digest().to_string();
-            }
-            n += 1;
+        if let Some(r) = stages
+            .refs
+            .iter_mut()
+            .filter(|r| r.stage == StageKind::Map)
+            .nth(i)
+        {
+            r.digest = plugin.digest().to_string();
         }
     }
     if want_sink {
