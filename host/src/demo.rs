@@ -232,7 +232,7 @@ pub fn run(dir: &Path, plugin: &Path) -> Result<DemoSummary, String> {
     cfg.until_caught_up = true;
     cfg.max_records_per_partition = 25;
     cfg.trigger_interval = Duration::from_millis(100);
-    cfg.progress_json = false;
+    cfg.progress = crate::engine::ProgressMode::None;
     cfg.kafka_timeout = Duration::from_secs(20);
     let stop = Arc::new(AtomicBool::new(false));
     let first = engine::run(&cfg, stop.clone()).map_err(|e| format!("first run: {e}"))?;

@@ -27,5 +27,6 @@ pub mod metrics;
 pub mod plugin;
 pub mod sink;
 pub mod source;
+pub mod status_line;
 
 pub use sluice_guest::wire;

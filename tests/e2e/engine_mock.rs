@@ -26,7 +26,7 @@ pub fn pipeline(
     cfg.max_records_per_partition = 150;
     cfg.trigger_interval = Duration::from_millis(50);
     cfg.kafka_timeout = Duration::from_secs(20);
-    cfg.progress_json = false;
+    cfg.progress = sluice_host::engine::ProgressMode::None;
     cfg
 }
 

@@ -182,7 +182,7 @@ fn init_logging(format: LogFormat) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
+        .with_writer(|| crate::status_line::Writer);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
@@ -202,6 +202,7 @@ pub fn main() -> std::process::ExitCode {
         Command::Plugin(cmd) => plugin_cmd::run(cmd),
         Command::Checkpoint(cmd) => checkpoint_cmd::run(cmd),
     };
+    crate::status_line::clear();
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(CliError { code, error }) => {

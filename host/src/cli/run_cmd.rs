@@ -12,7 +12,7 @@ use clap::Args;
 use serde::Deserialize;
 
 use super::{CliError, ExitCode, WithCode, parse_bytes, parse_duration, parse_kv};
-use crate::engine::{self, DataLossPolicy, ErrorPolicy, PipelineConfig, StartingOffsets};
+use crate::engine::{self, DataLossPolicy, ErrorPolicy, PipelineConfig, ProgressMode, StartingOffsets};
 use crate::plugin::Limits;
 
 /// Flags of `host run`.
@@ -102,18 +102,11 @@ pub struct RunArgs {
     /// Serve Prometheus metrics on HOST:PORT (`GET /metrics`).
     #[arg(long, value_name = "HOST:PORT")]
     pub metrics_addr: Option<std::net::SocketAddr>,
-    /// Progress output on stdout: one JSON line per batch, or none.
-    #[arg(long, value_enum, default_value = "json")]
-    pub progress: ProgressFormat,
-}
-
-/// Progress output.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum ProgressFormat {
-    /// One JSON line per committed batch on stdout.
-    Json,
-    /// Nothing on stdout (the log still has a line per batch).
-    None,
+    /// Progress output: `auto` (a live status line when stdout is a
+    /// terminal, else JSON), `json` (one line per batch on stdout), `line`
+    /// (status line on stderr), `none`.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub progress: ProgressMode,
 }
 
 /// The config file (TOML). Every field mirrors a flag of the same name.
@@ -286,7 +279,7 @@ pub fn pipeline(args: &RunArgs) -> Result<PipelineConfig, CliError> {
             .unwrap_or(defaults.call_timeout),
         memory_bytes: memory,
     };
-    cfg.progress_json = args.progress == ProgressFormat::Json;
+    cfg.progress = args.progress;
     cfg.metrics_addr = args.metrics_addr;
     Ok(cfg)
 }

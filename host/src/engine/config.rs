@@ -42,6 +42,21 @@ pub enum StartingOffsets {
     Latest,
 }
 
+/// How progress is reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ProgressMode {
+    /// A live status line on stderr when stdout is a terminal, else JSON.
+    Auto,
+    /// One JSON line per committed batch on stdout (for machines).
+    Json,
+    /// A live status line on stderr (batch, records/s, lag), redrawn under
+    /// the log lines.
+    Line,
+    /// Nothing beyond the log.
+    None,
+}
+
 /// Everything `host run` needs.
 #[derive(Debug, Clone)]
 pub struct PipelineConfig {
@@ -86,8 +101,8 @@ pub struct PipelineConfig {
     pub kafka_timeout: Duration,
     /// Attempts for a retryable stage failure or trap (1 = no retry).
     pub attempts: u32,
-    /// Print one JSON progress line per batch on stdout.
-    pub progress_json: bool,
+    /// How each committed batch is reported.
+    pub progress: ProgressMode,
     /// Serve Prometheus metrics on this address.
     pub metrics_addr: Option<std::net::SocketAddr>,
 }
@@ -120,7 +135,7 @@ impl PipelineConfig {
             wait: None,
             kafka_timeout: Duration::from_secs(30),
             attempts: 3,
-            progress_json: true,
+            progress: ProgressMode::Json,
             metrics_addr: None,
         }
     }

@@ -36,7 +36,7 @@ use crate::sink::sql::{DbError, SqlGrant};
 use crate::sink::{Applied, DeadLetter, PartitionBatch, SinkDriver, SinkError};
 use crate::source::{FetchRange, KafkaSource, SourceError, SourceRecord, TopicPartition};
 
-pub use config::{DataLossPolicy, ErrorPolicy, PipelineConfig, StartingOffsets};
+pub use config::{DataLossPolicy, ErrorPolicy, PipelineConfig, ProgressMode, StartingOffsets};
 pub use progress::{PartitionProgress, Progress};
 
 /// Why the job stopped with an error.
@@ -677,7 +677,7 @@ pub fn run_with(
             lag,
             &gaps,
         );
-        event.emit(cfg.progress_json);
+        event.emit(cfg.progress);
         if let Ok(mut s) = status.lock() {
             s.current_batch = None;
             s.last_committed = Some(entry.batch_id);

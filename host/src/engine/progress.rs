@@ -3,13 +3,16 @@
 //! line (for people).
 
 use std::collections::BTreeMap;
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::time::Duration;
 
 use serde::Serialize;
 
 use crate::checkpoint::{Counts, DataLossGap, OffsetsEntry, Timings, rfc3339_ms};
 use crate::source::TopicPartition;
+
+use super::ProgressMode;
+use crate::status_line;
 
 /// Per-partition part of a progress event.
 #[derive(Debug, Clone, Serialize)]
@@ -96,15 +99,36 @@ impl Progress {
         }
     }
 
-    /// Print the JSON line (when `json`) and log a summary.
-    pub fn emit(&self, json: bool) {
-        if json && let Ok(line) = serde_json::to_string(self) {
-            let stdout = std::io::stdout();
-            let mut out = stdout.lock();
-            let _ = writeln!(out, "{line}");
-            let _ = out.flush();
-        }
+    /// Report the batch: JSON line on stdout, live status line on stderr,
+    /// or neither; and a log line in every case.
+    pub fn emit(&self, mode: ProgressMode) {
         let lag: i64 = self.partitions.iter().map(|p| p.lag).sum();
+        let mode = match mode {
+            ProgressMode::Auto if std::io::stdout().is_terminal() => ProgressMode::Line,
+            ProgressMode::Auto => ProgressMode::Json,
+            m => m,
+        };
+        match mode {
+            ProgressMode::Json => {
+                if let Ok(line) = serde_json::to_string(self) {
+                    let stdout = std::io::stdout();
+                    let mut out = stdout.lock();
+                    let _ = writeln!(out, "{line}");
+                    let _ = out.flush();
+                }
+            }
+            ProgressMode::Line => status_line::set(format!(
+                "batch {} | epoch {} | {} in, {} out | {:.0} rows/s | lag {} | {:.0} ms",
+                self.batch_id,
+                self.epoch,
+                self.counts.input,
+                self.counts.output,
+                self.rows_per_sec,
+                lag,
+                self.total_ms
+            )),
+            _ => {}
+        }
         tracing::info!(
             batch = self.batch_id,
             epoch = self.epoch,
