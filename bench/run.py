@@ -1,0 +1,254 @@
+#!/usr/bin/env python3
+"""Side-by-side benchmark of Sluice and what users would pick instead.
+
+Same machine, same data (Maxwell company events of ~200 bytes, produced once
+per broker before timing), two brokers: librdkafka's in-process mock cluster
+(run as its own process) and Tansu with sqlite storage. Every cell is the
+median of RUNS runs. Prints one table (markdown) and writes it to
+bench/results.md.
+
+Run with `bash bench/run.sh` (it builds everything in release mode first).
+Environment: RUNS (default 3), EVENTS (default 60000), PARTITIONS (default 6),
+TANSU (path of the tansu binary), SKIP_QUIX=1, SKIP_PYTHON=1.
+"""
+import json
+import os
+import shutil
+import socket
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REL = os.path.join(ROOT, "target", "release")
+WASM = os.path.join(ROOT, "target", "wasm32-wasip2", "release")
+HOST = os.path.join(REL, "host")
+RUNS = int(os.environ.get("RUNS", "3"))
+EVENTS = int(os.environ.get("EVENTS", "60000"))
+PARTS = int(os.environ.get("PARTITIONS", "6"))
+PY = os.environ.get("BENCH_PYTHON", sys.executable)
+TANSU = os.environ.get("TANSU", os.path.expanduser("~/.cache/sluice-tools/bin/tansu"))
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def timed(cmd, **kw):
+    """Run cmd under /usr/bin/time; (wall seconds, peak RSS MiB, stdout)."""
+    out = subprocess.run(["/usr/bin/time", "-f", "TIME %e %M"] + cmd, capture_output=True, text=True, **kw)
+    if out.returncode != 0:
+        raise RuntimeError(f"{cmd[0]} failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    line = [l for l in out.stderr.splitlines() if l.startswith("TIME ")][-1]
+    _, wall, rss = line.split()
+    return float(wall), int(rss) / 1024.0, out.stdout
+
+
+def table_of(db, pk="pk", row="row_json"):
+    c = sqlite3.connect(db)
+    try:
+        return dict(c.execute(f"SELECT {pk}, {row} FROM companies").fetchall())
+    finally:
+        c.close()
+
+
+class Mock:
+    name = "mock cluster"
+
+    def __enter__(self):
+        self.p = subprocess.Popen([os.path.join(REL, "mock-broker"), "maxwell", str(PARTS)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.bootstrap = self.p.stdout.readline().strip()
+        return self
+
+    def __exit__(self, *a):
+        self.p.stdin.close()
+        self.p.wait()
+
+
+class Tansu:
+    name = "Tansu (sqlite)"
+
+    def __enter__(self):
+        self.dir = tempfile.mkdtemp(prefix="bench-tansu-")
+        port = free_port()
+        url = f"tcp://127.0.0.1:{port}"
+        self.p = subprocess.Popen([TANSU, "broker", "--listener-url", url, "--advertised-listener-url", url,
+                                   "--storage-engine", "sqlite://tansu.db"], cwd=self.dir,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  env=dict(os.environ, RUST_LOG="warn"))
+        for _ in range(300):
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.2).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        subprocess.run([TANSU, "topic", "create", "maxwell", "--broker", url, "--partitions", str(PARTS)],
+                       check=True, cwd=self.dir, capture_output=True)
+        self.bootstrap = f"127.0.0.1:{port}"
+        return self
+
+    def __exit__(self, *a):
+        self.p.kill()
+        self.p.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def median_of(fn):
+    results = [fn(i) for i in range(RUNS)]
+    rates = [r[0] for r in results]
+    m = statistics.median(rates)
+    pick = results[rates.index(m)] if m in rates else results[0]
+    return m, pick
+
+
+def sluice(broker, plugin, sink, work, i):
+    ck = os.path.join(work, f"ck-{plugin}-{i}")
+    args = [HOST, "run", "--brokers", broker.bootstrap, "--topic", "maxwell", "--checkpoint", ck,
+            "--plugin", os.path.join(WASM, f"{plugin}.wasm"), "--until-caught-up", "--progress", "json",
+            "--max-records-per-partition", "20000", "--trigger-interval", "10ms"]
+    db = None
+    if sink:
+        db = os.path.join(work, f"sink-{i}.db")
+        args += ["--sink-db", f"sqlite:{db}"]
+    wall, rss, out = timed(args, env=dict(os.environ, RUST_LOG="warn"))
+    n = sum(json.loads(l)["counts"]["input"] for l in out.splitlines() if l.startswith("{"))
+    if n != EVENTS:
+        raise RuntimeError(f"sluice read {n} records, expected {EVENTS}")
+    return EVENTS / wall, rss, db
+
+
+def run_broker(broker_cls, rows, work):
+    with broker_cls() as b:
+        expected_file = os.path.join(work, "expected.json")
+        subprocess.run([os.path.join(REL, "produce"), b.bootstrap, "maxwell", str(PARTS), str(EVENTS), expected_file],
+                       check=True)
+        expected = json.load(open(expected_file))
+        res = {}
+
+        def bare(i):
+            wall, rss, out = timed([os.path.join(REL, "bare-consumer"), b.bootstrap, "maxwell"])
+            n, _ = out.split()
+            if int(n) != EVENTS:
+                raise RuntimeError(f"bare consumer read {n}")
+            return EVENTS / wall, rss
+        res["ceiling"] = median_of(bare)
+        res["passthrough"] = median_of(lambda i: sluice(b, "passthrough", False, work, i))
+
+        def company(i):
+            rate, rss, db = sluice(b, "company", True, work, i)
+            return rate, rss, table_of(db) == expected
+        res["company"] = median_of(company)
+
+        if not os.environ.get("SKIP_PYTHON"):
+            def py(i):
+                db = os.path.join(work, f"py-{i}.db")
+                wall, rss, _ = timed([PY, os.path.join(ROOT, "bench", "py_consumer.py"), b.bootstrap, "maxwell", db, "1000"])
+                return EVENTS / wall, rss, table_of(db) == expected
+            res["python"] = median_of(py)
+        if broker_cls is Tansu and not os.environ.get("SKIP_QUIX"):
+            def quix(i):
+                db = os.path.join(work, f"quix-{i}.db")
+                wall, rss, _ = timed([PY, os.path.join(ROOT, "bench", "quix_consumer.py"), b.bootstrap, "maxwell", db, str(EVENTS)])
+                return EVENTS / wall, rss, table_of(db) == expected
+            try:
+                res["quix"] = median_of(quix)
+            except Exception as e:  # reported, not fatal
+                res["quix_error"] = str(e).splitlines()[0][:200]
+        rows[b.name] = res
+
+
+def recovery(work):
+    """Restart on a 100-batch checkpoint, takeover gap, swap latency (mock)."""
+    out = {}
+    with Mock() as b:
+        subprocess.run([os.path.join(REL, "produce"), b.bootstrap, "maxwell", str(PARTS), "12000",
+                        os.path.join(work, "rexp.json")], check=True)
+        ck = os.path.join(work, "ck-recovery")
+        db = os.path.join(work, "recovery.db")
+        base = [HOST, "run", "--brokers", b.bootstrap, "--topic", "maxwell", "--checkpoint", ck,
+                "--sink-db", f"sqlite:{db}", "--trigger-interval", "10ms", "--progress", "json"]
+        plugin = ["--plugin", os.path.join(WASM, "company.wasm")]
+        subprocess.run(base + plugin + ["--until-caught-up", "--max-records-per-partition", "20"],
+                       check=True, capture_output=True, env=dict(os.environ, RUST_LOG="warn"))
+        batches = len(os.listdir(os.path.join(ck, "commits")))
+        subprocess.run([os.path.join(REL, "produce"), b.bootstrap, "maxwell", str(PARTS), "600",
+                        os.path.join(work, "rexp2.json")], check=True)
+        t0 = time.time()
+        p = subprocess.Popen(base, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                             env=dict(os.environ, RUST_LOG="warn"))
+        p.stdout.readline()
+        out["restart_to_first_commit_ms"] = (time.time() - t0) * 1000
+        out["restart_checkpoint_batches"] = batches
+        # Swap: request -> answer (effective at the next batch boundary).
+        t0 = time.time()
+        s = subprocess.run([HOST, "swap", "--checkpoint", ck, "--plugin", os.path.join(WASM, "company.wasm")],
+                           capture_output=True, text=True)
+        out["swap_request_to_effective_ms"] = (time.time() - t0) * 1000
+        out["swap_answer"] = s.stdout.strip() or s.stderr.strip()[-200:]
+        # Takeover gap as measured by the new owner.
+        n = subprocess.Popen(base + ["--takeover", "60s", "--progress", "none"], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True, env=dict(os.environ, RUST_LOG="info"))
+        gap = None
+        for line in n.stderr:
+            if "gap from the old owner" in line:
+                gap = float(line.rsplit(":", 1)[1].strip().split()[0])
+                break
+        out["takeover_gap_ms"] = gap
+        p.wait(timeout=60)
+        n.terminate()
+        n.wait(timeout=60)
+    return out
+
+
+def main():
+    work = tempfile.mkdtemp(prefix="sluice-bench-")
+    rows = {}
+    try:
+        run_broker(Mock, rows, work)
+        run_broker(Tansu, rows, work)
+        rec = recovery(work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    lines = [f"{EVENTS} Maxwell events (~200 bytes) over {PARTS} partitions; medians of {RUNS} runs; rec/s = events / wall time of the whole process.",
+             "",
+             "| broker | system | rec/s | peak RSS MiB | final table correct (byte-exact) | ratio |",
+             "|---|---|---:|---:|---|---|"]
+    for broker, r in rows.items():
+        ceil = r["ceiling"][0]
+        def row(label, key, ratio_to=None, ratio_label=""):
+            if key not in r:
+                return
+            rate, pick = r[key]
+            rss = pick[1]
+            ok = {True: "yes", False: "no"}.get(pick[2], "-") if len(pick) > 2 and isinstance(pick[2], bool) else "-"
+            ratio = f"{rate / ratio_to:.2f}x {ratio_label}" if ratio_to else ""
+            lines.append(f"| {broker} | {label} | {rate:,.0f} | {rss:.0f} | {ok} | {ratio} |")
+        row("(1) bare rdkafka consumer (ceiling)", "ceiling")
+        row("(2) Sluice passthrough, discard sink", "passthrough", ceil, "of (1)")
+        row("(3) Sluice company -> SQLite, exactly once", "company", ceil, "of (1)")
+        if "python" in r:
+            row("(4a) Python confluent-kafka + sqlite3, commit every 1000", "python")
+            lines.append(f"| {broker} | (3) / (4a) | | | | {r['company'][0] / r['python'][0]:.2f}x |")
+        if "quix" in r:
+            row("(4b) Quix Streams + sqlite3", "quix")
+        if "quix_error" in r:
+            lines.append(f"| {broker} | (4b) Quix Streams | failed: {r['quix_error']} | | | |")
+    lines += ["", "Recovery and upgrade (mock cluster):", ""]
+    for k, v in rec.items():
+        lines.append(f"- {k}: {v if not isinstance(v, float) else round(v, 1)}")
+    text = "\n".join(lines)
+    print(text)
+    with open(os.path.join(ROOT, "bench", "results.md"), "w") as f:
+        f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
