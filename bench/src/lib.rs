@@ -30,7 +30,7 @@ impl Events {
         self.n += 1;
         let id = (self.n * 7919) % companies + 1;
         let pk = format!(r#"{{"id":{id}}}"#);
-        let delete = self.n % 50 == 0 && self.expected.contains_key(&pk);
+        let delete = self.n.is_multiple_of(50) && self.expected.contains_key(&pk);
         let row = format!(
             r#"{{"id":{id},"name":"Company {id}","valuation":{}.{:06},"founded":"0000-00-00 00:00:00"}}"#,
             999_999_000_000u64 + id,

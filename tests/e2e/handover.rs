@@ -162,6 +162,15 @@ fn wait_applied(db: &Db, n: i64, timeout: Duration) {
     }
 }
 
+/// Wait until the sink applied at least one record.
+fn wait_some_applied(db: &Db, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    while db.scalar("SELECT COALESCE(SUM(end_offset), 0) FROM sluice_progress") == 0 {
+        assert!(Instant::now() < deadline, "nothing applied in time");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 fn assert_each_once(db: &Db, n: i64) {
     assert_eq!(
         db.scalar("SELECT COUNT(*) FROM seen"),
@@ -380,6 +389,8 @@ fn swap_under_load_switches_exactly_at_the_reported_batch_and_bad_swaps_are_reje
         &[],
     ));
     run.wait_for("batch committed", Duration::from_secs(60));
+    // Some records must have gone through v1 before the swap.
+    wait_some_applied(&db, Duration::from_secs(60));
 
     let out = host(&[
         "swap",

@@ -266,11 +266,26 @@ fn inspect_reports_stages_version_and_imports() {
 
 #[test]
 fn cli_reference_matches_help() {
-    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/cli.md")).unwrap();
-    for cmd in ["", "run", "demo", "test", "swap", "status", "plugin inspect", "checkpoint show", "checkpoint reset"] {
+    let doc =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/cli.md")).unwrap();
+    for cmd in [
+        "",
+        "run",
+        "demo",
+        "test",
+        "swap",
+        "status",
+        "plugin inspect",
+        "checkpoint show",
+        "checkpoint reset",
+    ] {
         let mut args: Vec<&str> = cmd.split_whitespace().collect();
         args.push("--help");
-        let out = std::process::Command::new(crate::support::host_bin()).args(&args).env("COLUMNS", "100").output().unwrap();
+        let out = std::process::Command::new(crate::support::host_bin())
+            .args(&args)
+            .env("COLUMNS", "100")
+            .output()
+            .unwrap();
         let help = String::from_utf8_lossy(&out.stdout);
         assert!(
             doc.contains(help.trim_end()),

@@ -41,7 +41,9 @@ fn main() {
     let mut ends = std::collections::HashMap::new();
     for t in md.topics() {
         for p in t.partitions() {
-            let (_, high) = c.fetch_watermarks(&a[2], p.id(), Duration::from_secs(10)).unwrap_or((0, 0));
+            let (_, high) = c
+                .fetch_watermarks(&a[2], p.id(), Duration::from_secs(10))
+                .unwrap_or((0, 0));
             let _ = tpl.add_partition_offset(&a[2], p.id(), Offset::Offset(0));
             ends.insert(p.id(), high);
             remaining += high;

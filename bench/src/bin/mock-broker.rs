@@ -9,7 +9,8 @@ use rdkafka::mocking::MockCluster;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let (Some(topic), Some(parts)) = (args.get(1), args.get(2).and_then(|p| p.parse::<i32>().ok())) else {
+    let (Some(topic), Some(parts)) = (args.get(1), args.get(2).and_then(|p| p.parse::<i32>().ok()))
+    else {
         eprintln!("usage: mock-broker TOPIC PARTITIONS");
         std::process::exit(2);
     };

@@ -35,7 +35,10 @@ fn main() {
     for _ in 0..n {
         let (id, key, value) = ev.next_event(5000);
         bytes += value.len();
-        let mut rec = BaseRecord::to(&a[2]).partition((id % parts) as i32).key(&key).payload(&value);
+        let mut rec = BaseRecord::to(&a[2])
+            .partition((id % parts) as i32)
+            .key(&key)
+            .payload(&value);
         loop {
             match p.send(rec) {
                 Ok(()) => break,
@@ -56,5 +59,8 @@ fn main() {
         eprintln!("{}: {e}", a[5]);
         std::process::exit(1);
     }
-    eprintln!("produced {n} events, {} bytes per value on average", bytes / n.max(1) as usize);
+    eprintln!(
+        "produced {n} events, {} bytes per value on average",
+        bytes / n.max(1) as usize
+    );
 }

@@ -82,7 +82,9 @@ pub(crate) fn acquire(dir: &Path, wait: Option<Duration>) -> std::io::Result<Acq
         .create(true)
         .truncate(false)
         .open(dir.join("lock"))?;
-    let deadline = wait.map(|w| Instant::now() + w);
+    // Without --wait, still retry for a moment: a `host status` probe holds
+    // a shared lock for an instant and must not make a start fail.
+    let deadline = Some(Instant::now() + wait.unwrap_or(Duration::from_millis(200)));
     loop {
         match file.try_lock() {
             Ok(()) => return Ok(Acquire::Held(file)),

@@ -12,7 +12,9 @@ use clap::Args;
 use serde::Deserialize;
 
 use super::{CliError, ExitCode, WithCode, parse_bytes, parse_duration, parse_kv};
-use crate::engine::{self, DataLossPolicy, ErrorPolicy, PipelineConfig, ProgressMode, StartingOffsets};
+use crate::engine::{
+    self, DataLossPolicy, ErrorPolicy, PipelineConfig, ProgressMode, StartingOffsets,
+};
 use crate::plugin::Limits;
 
 /// Flags of `host run`.

@@ -74,6 +74,13 @@ pub fn swap(args: SwapArgs) -> Result<(), CliError> {
             code: ExitCode::Failed,
             error: anyhow::anyhow!("swap rejected, the running plugin is unchanged: {reason}"),
         }),
+        Err(ClientError::Timeout { timeout, .. }) => Err(CliError {
+            code: ExitCode::Failed,
+            error: anyhow::anyhow!(
+                "no answer within {} s; the swap is still queued and may take effect at the next batch boundary: check `host status`",
+                timeout.as_secs()
+            ),
+        }),
         Err(e) => Err(e.into()),
     }
 }

@@ -86,10 +86,24 @@ pub struct HandoverNote {
     pub pid: u32,
 }
 
+/// A handover in two phases: the engine sends its note at a batch boundary
+/// (still holding the lock) and releases only on `go = true`; anything else
+/// (the requester gave up) leaves it running as the owner.
+pub struct Handover {
+    /// The engine's note, sent at the boundary.
+    pub note: Sender<HandoverNote>,
+    /// The requester's confirmation.
+    pub go: Receiver<bool>,
+    /// Closed when the conversation ended (the new owner reported its first
+    /// write-ahead, or gave up): the old owner exits only then, so it can log
+    /// the gap.
+    pub finished: Receiver<()>,
+}
+
 /// Requests for the engine.
 pub enum Request {
-    /// Finish, commit, release the lock, answer.
-    Handover(Sender<HandoverNote>),
+    /// Finish, commit, offer the checkpoint; release on confirmation.
+    Handover(Handover),
     /// Install a plugin at the next batch boundary.
     Swap(Box<SwapRequest>),
 }
@@ -104,6 +118,7 @@ pub struct ControlServer {
 }
 
 /// Everything the server thread needs.
+#[derive(Clone)]
 pub struct ServerContext {
     /// Shared engine/linker (swap compiles here).
     pub runtime: Arc<Runtime>,
@@ -137,9 +152,16 @@ impl ControlServer {
                 while !stop.load(Ordering::Relaxed) {
                     match listener.accept() {
                         Ok((stream, _)) => {
-                            if let Err(e) = serve(stream, &ctx) {
-                                tracing::debug!("control connection: {e}");
-                            }
+                            // One thread per connection: a handover waiting
+                            // for a batch boundary must not block `status`.
+                            let ctx = ctx.clone();
+                            let _ = std::thread::Builder::new()
+                                .name("sluice-control-conn".into())
+                                .spawn(move || {
+                                    if let Err(e) = serve(stream, &ctx) {
+                                        tracing::debug!("control connection: {e}");
+                                    }
+                                });
                         }
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                             std::thread::sleep(Duration::from_millis(50));
@@ -210,18 +232,47 @@ fn serve(stream: UnixStream, ctx: &ServerContext) -> std::io::Result<()> {
             answer(&mut writer, &json!({"ok": true, "status": s}))
         }
         Some("handover") => {
-            let (tx, rx) = channel();
-            if ctx.requests.send(Request::Handover(tx)).is_err() {
+            let (note_tx, note_rx) = channel();
+            let (go_tx, go_rx) = channel();
+            // Dropped at the end of this conversation, which wakes the engine.
+            let (_finished_tx, finished_rx) = channel::<()>();
+            if ctx
+                .requests
+                .send(Request::Handover(Handover {
+                    note: note_tx,
+                    go: go_rx,
+                    finished: finished_rx,
+                }))
+                .is_err()
+            {
                 return answer(&mut writer, &fail("the engine is stopping"));
             }
             ctx.wake.store(true, Ordering::Relaxed);
-            let note = match rx.recv() {
+            let note = match note_rx.recv() {
                 Ok(n) => n,
                 Err(_) => {
                     return answer(&mut writer, &fail("the engine stopped before handing over"));
                 }
             };
-            answer(&mut writer, &json!({"ok": true, "note": note}))?;
+            // Phase 1: offer. Phase 2: release only if the requester is still
+            // there and confirms.
+            let mut go = answer(
+                &mut writer,
+                &json!({"ok": true, "phase": "ready", "note": note}),
+            )
+            .is_ok();
+            if go {
+                reader
+                    .get_ref()
+                    .set_read_timeout(Some(Duration::from_secs(10)))?;
+                line.clear();
+                go = reader.read_line(&mut line).is_ok()
+                    && serde_json::from_str::<Value>(&line).is_ok_and(|v| v["op"] == "go");
+            }
+            let _ = go_tx.send(go);
+            if !go {
+                return Ok(());
+            }
             // Wait (bounded) for the new owner's first write-ahead time.
             reader
                 .get_ref()

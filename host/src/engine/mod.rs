@@ -30,8 +30,8 @@ use crate::checkpoint::{
 };
 use crate::control::{ControlServer, HandoverNote, LiveStatus, Request, ServerContext};
 use crate::metrics::{Metrics, MetricsServer};
-use crate::plugin::chain::{ChainResult, Rejection, run_chain};
-use crate::plugin::{CallContext, Instance, Plugin, PluginError, Runtime, StageFailure};
+use crate::plugin::chain::{ChainResult, run_chain};
+use crate::plugin::{CallContext, Instance, Plugin, PluginError, Runtime};
 use crate::sink::sql::{DbError, SqlGrant};
 use crate::sink::{Applied, DeadLetter, PartitionBatch, SinkDriver, SinkError};
 use crate::source::{FetchRange, KafkaSource, SourceError, SourceRecord, TopicPartition};
@@ -359,7 +359,15 @@ fn request_handover(
     tracing::info!("--takeover: asking the owner to hand over at its next batch boundary");
     let answer = client
         .request(&serde_json::json!({"op": "handover"}))
-        .map_err(|e| EngineError::Takeover(format!("{e}; the checkpoint was not touched")))?;
+        .map_err(|e| {
+            EngineError::Takeover(format!(
+                "{e}; the checkpoint was not touched and the owner keeps running"
+            ))
+        })?;
+    // Confirm: the owner releases the lock only now.
+    client
+        .send(&serde_json::json!({"op": "go"}))
+        .map_err(|e| EngineError::Takeover(format!("{e}; the owner keeps running")))?;
     Ok(Some((client, answer["note"].clone())))
 }
 
@@ -444,8 +452,17 @@ pub fn run_with(
         Recovery::Resume { plugins, .. } => plugins.clone(),
         Recovery::Rerun { entry } => entry.plugins.clone(),
     };
+    // Plugins preloaded before a takeover must still be the ones to use:
+    // the old owner may have swapped one in meanwhile.
+    let preloaded_ok = |l: &[(Plugin, Vec<u8>)]| {
+        !l.is_empty()
+            && (!cfg.plugins.is_empty()
+                || recorded
+                    .iter()
+                    .all(|r| l.iter().any(|(p, _)| p.digest() == r.digest)))
+    };
     let loaded = match preloaded {
-        Some(l) if !l.is_empty() => l,
+        Some(l) if preloaded_ok(&l) => l,
         _ => load_plugins(cfg, &runtime, &recorded)?,
     };
     for (_, bytes) in &loaded {
@@ -548,7 +565,7 @@ pub fn run_with(
                         }
                         let _ = swap.reply.send(result);
                     }
-                    Request::Handover(reply) => {
+                    Request::Handover(h) => {
                         let note = HandoverNote {
                             epoch,
                             last_batch: cp.last_committed(),
@@ -556,6 +573,14 @@ pub fn run_with(
                             released_at_ms: now_ms(),
                             pid: std::process::id(),
                         };
+                        if h.note.send(note.clone()).is_err()
+                            || h.go.recv_timeout(Duration::from_secs(15)) != Ok(true)
+                        {
+                            tracing::warn!(
+                                "the takeover requester went away before confirming; still the owner"
+                            );
+                            continue;
+                        }
                         let _ = std::fs::write(
                             cfg.checkpoint.join("handover"),
                             serde_json::to_vec_pretty(&note).unwrap_or_default(),
@@ -566,9 +591,9 @@ pub fn run_with(
                         }
                         drop(cp);
                         tracing::info!(epoch, last_batch = ?note.last_batch, "handed over: lock released");
-                        let _ = reply.send(note);
                         summary.handed_over = true;
                         // Wait (bounded) for the new owner's report, then stop.
+                        let _ = h.finished.recv_timeout(Duration::from_secs(70));
                         drop(control.take());
                         return Ok(summary);
                     }
@@ -627,15 +652,19 @@ pub fn run_with(
             s.current_batch = Some(entry.batch_id);
         }
         let plan_ms = ms(batch_started.elapsed());
-        let (counts, mut timings) = run_batch(
+        let (counts, mut timings, rerun_gaps) = run_batch(
             cfg,
             &mut source,
             &mut stages,
             &driver,
             &entry,
             &query_id,
+            epoch,
+            rerun,
             &metrics,
         )?;
+        let mut gaps = gaps;
+        gaps.extend(rerun_gaps);
         timings.plan = plan_ms;
 
         crate::checkpoint::failpoint("engine:before-commit");
@@ -859,8 +888,9 @@ fn sink_retryable(e: &SinkError) -> bool {
     }
 }
 
-/// Map a partition's records, taking whole-call `bad-record` errors as
-/// rejections of that record (the rest is mapped again).
+/// Map a partition's records through the chain, retrying retryable
+/// failures and traps (whole-call `bad-record` errors are handled by the
+/// chain itself).
 fn map_partition(
     stages: &mut Stages,
     ctx: &CallContext,
@@ -868,50 +898,18 @@ fn map_partition(
     attempts: u32,
     metrics: &Metrics,
 ) -> Result<ChainResult, PluginError> {
-    let mut excluded: Vec<Rejection> = Vec::new();
-    loop {
-        let keep: Vec<usize> = (0..records.len())
-            .filter(|i| !excluded.iter().any(|r| r.source_index == *i))
-            .collect();
-        let subset: Vec<Record<'_>> = keep.iter().map(|&i| records[i].clone()).collect();
-        let result = with_retries(attempts, "map", PluginError::is_retryable, || {
-            let r = run_chain(&mut stages.maps, ctx, &subset);
-            if matches!(r, Err(PluginError::Trap(_))) {
-                metrics.trap();
-            }
-            r
-        });
-        match result {
-            Ok(mut r) => {
-                for o in &mut r.outputs {
-                    o.source_index = keep[o.source_index];
-                }
-                for b in &mut r.rejected {
-                    b.source_index = keep[b.source_index];
-                }
-                r.rejected.extend(excluded);
-                r.rejected.sort_by_key(|b| b.source_index);
-                return Ok(r);
-            }
-            Err(PluginError::Stage {
-                failure: StageFailure::BadRecord { index, message },
-                digest,
-                ..
-            }) if (index as usize) < subset.len() => {
-                excluded.push(Rejection {
-                    source_index: keep[index as usize],
-                    stage: 0,
-                    plugin_digest: digest,
-                    message,
-                });
-            }
-            Err(e) => return Err(e),
+    with_retries(attempts, "map", PluginError::is_retryable, || {
+        let r = run_chain(&mut stages.maps, ctx, records);
+        if matches!(r, Err(PluginError::Trap(_))) {
+            metrics.trap();
         }
-    }
+        r
+    })
 }
 
-/// Fetch, map and sink one batch. Returns counts and timings (plan and
-/// commit are filled in by the caller).
+/// Fetch, map and sink one batch. Returns counts, timings (plan and commit
+/// are filled in by the caller) and, for a re-run, ranges found deleted.
+#[allow(clippy::too_many_arguments)]
 fn run_batch(
     cfg: &PipelineConfig,
     source: &mut KafkaSource,
@@ -919,8 +917,10 @@ fn run_batch(
     driver: &SinkDriver,
     entry: &OffsetsEntry,
     query_id: &str,
+    epoch: u64,
+    rerun: bool,
     metrics: &Metrics,
-) -> Result<(Counts, Timings), EngineError> {
+) -> Result<(Counts, Timings, Vec<crate::checkpoint::DataLossGap>), EngineError> {
     let mut timings = Timings::default();
     let mut counts = Counts::default();
     let t = Instant::now();
@@ -934,12 +934,46 @@ fn run_batch(
             end: r.end,
         })
         .collect();
+    // A re-run may find part of its planned range deleted by retention since
+    // it was planned: the data-loss policy applies here too.
+    let mut ranges = ranges;
+    let mut gaps = Vec::new();
+    if rerun {
+        for r in ranges.iter_mut().filter(|r| r.end > r.start) {
+            let (low, _) = source.watermarks(&r.topic, r.partition)?;
+            if low > r.start {
+                match cfg.on_data_loss {
+                    DataLossPolicy::Fail => {
+                        return Err(EngineError::DataLoss {
+                            topic: r.topic.clone(),
+                            partition: r.partition,
+                            from: r.start,
+                            to: low,
+                        });
+                    }
+                    DataLossPolicy::Skip => {
+                        let to = low.min(r.end);
+                        tracing::warn!(topic = %r.topic, partition = r.partition, "data loss in re-run batch: offsets [{}, {to}) were deleted; skipping them", r.start);
+                        gaps.push(crate::checkpoint::DataLossGap {
+                            topic: r.topic.clone(),
+                            partition: r.partition,
+                            from: r.start,
+                            to,
+                        });
+                        r.start = to;
+                    }
+                }
+            }
+        }
+    }
     let fetched = source.fetch(&ranges)?;
     timings.fetch = ms(t.elapsed());
+    // Our epoch, also when re-running a batch planned by an older owner:
+    // sinks fence on it.
     let ctx = CallContext {
         query_id: query_id.to_string(),
         batch_id: entry.batch_id,
-        epoch: entry.epoch,
+        epoch,
     };
     let mut map_time = Duration::ZERO;
     let mut sink_time = Duration::ZERO;
@@ -1063,7 +1097,7 @@ fn run_batch(
     }
     timings.map = ms(map_time);
     timings.sink = ms(sink_time);
-    Ok((counts, timings))
+    Ok((counts, timings, gaps))
 }
 
 /// The chain with no map stage: every record passes unchanged.

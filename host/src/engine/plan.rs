@@ -78,9 +78,14 @@ impl Planner {
                 let (low, high) = source.watermarks(topic, partition)?;
                 self.highs.insert(tp.clone(), high);
                 let known = self.positions.get(&tp).copied();
+                // A topic with no known partition at all (a new checkpoint,
+                // or a topic added with --allow-fingerprint-change) starts
+                // at the configured starting offsets; a new partition of a
+                // known topic at its log start.
+                let topic_known = self.positions.keys().any(|(t, _)| t == topic);
                 let mut start = match known {
                     Some(p) => p,
-                    None if self.new_checkpoint => match cfg.starting_offsets {
+                    None if self.new_checkpoint || !topic_known => match cfg.starting_offsets {
                         StartingOffsets::Earliest => low,
                         StartingOffsets::Latest => high,
                     },

@@ -5,12 +5,14 @@
 //! topic, partition, offset and timestamp. The final outputs of one source
 //! record are numbered 0, 1, 2, … in order; output n gets idempotency key
 //! `{topic}/{partition}/{offset}` (n = 0) or `…#{n}` (DESIGN.md,
-//! "Idempotency key"). A record rejected by any stage produces no output
-//! and is reported once, with the stage that rejected it.
+//! "Idempotency key"). A record rejected by any stage — inline in the map
+//! result, or by a whole-call `bad-record` error, after which the stage is
+//! called again without that input — produces no output at all and is
+//! reported once, with the first stage that rejected it.
 
 use sluice_guest::wire::{self, Header, Record};
 
-use super::{CallContext, Instance, PluginError};
+use super::{CallContext, Instance, PluginError, StageFailure};
 
 /// One final output of the chain, owned.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -117,50 +119,82 @@ pub fn run_chain(
                 }
             })
             .collect();
-        let result = instance.map(ctx, &inputs)?;
-        let outputs =
-            wire::decode_outputs(&result.outputs).map_err(|e| PluginError::BadResult {
-                path: path.clone(),
-                digest: digest.clone(),
-                call: "map",
-                site: super::describe_site(&inputs),
-                reason: e.to_string(),
-            })?;
-        for bad in &result.rejected {
-            let Some(p) = pending.get(bad.index as usize) else {
-                return Err(bad_index(&path, &digest, &inputs, bad.index));
+        // Call the stage. A whole-call `bad-record` error rejects that
+        // input; the stage is called again with the rest (at most once per
+        // input).
+        let mut live: Vec<usize> = (0..inputs.len()).collect();
+        let mut next = Vec::new();
+        while !live.is_empty() {
+            let call: Vec<Record<'_>> = live.iter().map(|&i| inputs[i].clone()).collect();
+            let result = match instance.map(ctx, &call) {
+                Ok(r) => r,
+                Err(PluginError::Stage {
+                    failure: StageFailure::BadRecord { index, message },
+                    ..
+                }) if (index as usize) < live.len() => {
+                    let input = live.remove(index as usize);
+                    rejected.push(Rejection {
+                        source_index: pending[input].source,
+                        stage: stage_index,
+                        plugin_digest: digest.clone(),
+                        message,
+                    });
+                    continue;
+                }
+                Err(e) => return Err(e),
             };
-            rejected.push(Rejection {
-                source_index: p.source,
-                stage: stage_index,
-                plugin_digest: digest.clone(),
-                message: bad.message.clone(),
-            });
-        }
-        let mut next = Vec::with_capacity(outputs.len());
-        for o in outputs {
-            let Some(p) = pending.get(o.input_index as usize) else {
-                return Err(bad_index(&path, &digest, &inputs, o.input_index));
+            let outputs =
+                wire::decode_outputs(&result.outputs).map_err(|e| PluginError::BadResult {
+                    path: path.clone(),
+                    digest: digest.clone(),
+                    call: "map",
+                    site: super::describe_site(&call),
+                    reason: e.to_string(),
+                })?;
+            // Indices in the result refer to `call`; `live` maps them back.
+            let source_of = |i: u32| -> Result<usize, PluginError> {
+                live.get(i as usize)
+                    .map(|&input| pending[input].source)
+                    .ok_or_else(|| bad_index(&path, &digest, &call, i))
             };
-            next.push(Pending {
-                source: p.source,
-                key: o.key.map(<[u8]>::to_vec),
-                value: o.value.map(<[u8]>::to_vec),
-                headers: o
-                    .headers
-                    .iter()
-                    .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
-                    .collect(),
-            });
+            for bad in &result.rejected {
+                rejected.push(Rejection {
+                    source_index: source_of(bad.index)?,
+                    stage: stage_index,
+                    plugin_digest: digest.clone(),
+                    message: bad.message.clone(),
+                });
+            }
+            for o in outputs {
+                next.push(Pending {
+                    source: source_of(o.input_index)?,
+                    key: o.key.map(<[u8]>::to_vec),
+                    value: o.value.map(<[u8]>::to_vec),
+                    headers: o
+                        .headers
+                        .iter()
+                        .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
+                        .collect(),
+                });
+            }
+            break;
         }
         drop(inputs);
         pending = next;
     }
 
+    // A source record is rejected once (its first rejection wins) and, if
+    // rejected, none of its outputs survive.
+    rejected.sort_by_key(|r| (r.source_index, r.stage));
+    rejected.dedup_by_key(|r| r.source_index);
+    pending.retain(|p| {
+        rejected
+            .binary_search_by_key(&p.source, |r| r.source_index)
+            .is_err()
+    });
     // Outputs must stay in source order for numbering; stages emit in
     // input order, but a stable sort makes it a guarantee.
     pending.sort_by_key(|p| p.source);
-    rejected.sort_by_key(|r| r.source_index);
     let mut outputs = Vec::with_capacity(pending.len());
     let mut last: Option<(usize, u32)> = None;
     for p in pending {

@@ -315,7 +315,7 @@ impl SinkDriver {
                      ON CONFLICT (query_id, topic, \"partition\") DO UPDATE SET \
                        end_offset = excluded.end_offset, batch_id = excluded.batch_id, \
                        epoch = excluded.epoch, updated_at_ms = excluded.updated_at_ms \
-                     WHERE sluice_progress.epoch <= excluded.epoch",
+                     WHERE sluice_progress.epoch <= excluded.epoch AND sluice_progress.end_offset <= $8",
                     &[
                         SqlValue::Text(r.batch.query_id.clone()),
                         SqlValue::Text(r.topic.clone()),
@@ -324,10 +324,13 @@ impl SinkDriver {
                         SqlValue::Integer(r.batch.batch_id as i64),
                         SqlValue::Integer(r.batch.epoch as i64),
                         SqlValue::Integer(crate::checkpoint::now_ms()),
+                        SqlValue::Integer(r.start_offset),
                     ],
                 )
                 .map_err(sql_err("updating sluice_progress"))?;
             if changed == 0 {
+                // Someone else wrote this partition's progress since we read
+                // it: a newer epoch, or a concurrent writer of the same range.
                 return Err(SinkError::Fenced {
                     site: site(r),
                     stored: r.batch.epoch + 1,

@@ -498,7 +498,16 @@ const REFUSED: &[&str] = &[
     "PREPARE",
     "LISTEN",
     "NOTIFY",
+    "SET",
+    "RESET",
+    "DISCARD",
+    "LOCK",
+    "DO",
+    "CALL",
 ];
+
+/// Tables the host owns; plugin SQL may not name them.
+const HOST_TABLES: &[&str] = &["sluice_progress", "sluice_dead_letters"];
 
 /// State behind the capability: the connection and the transaction the
 /// driver has open for the current partition range.
@@ -588,6 +597,14 @@ impl Session {
         if REFUSED.contains(&kw.as_str()) {
             let e = DbError::host(format!(
                 "`{kw}` statements are not allowed: the host owns the transaction and the connection"
+            ));
+            self.failed = Some(e.clone());
+            return Err(e);
+        }
+        let lower = sql.to_ascii_lowercase();
+        if let Some(t) = HOST_TABLES.iter().find(|t| lower.contains(*t)) {
+            let e = DbError::host(format!(
+                "table {t} belongs to the host; plugins may not use it"
             ));
             self.failed = Some(e.clone());
             return Err(e);
