@@ -332,6 +332,16 @@ pub(crate) fn analyze(dir: &Path, current_epoch: u64) -> Result<Analysis, Checkp
         }
     }
 
+    if let Some(&huge) = offsets
+        .iter()
+        .chain(commits.iter())
+        .find(|&&id| id >= u64::MAX / 2)
+    {
+        return Err(corrupt(
+            odir.join(huge.to_string()),
+            "batch id out of range".into(),
+        ));
+    }
     let (Some(&min), Some(&max)) = (offsets.first(), offsets.last()) else {
         if let Some(c) = commits.iter().next() {
             return Err(corrupt(
@@ -567,6 +577,12 @@ impl Checkpoint {
             file: dir.join("epoch"),
             reason: e.to_string(),
         })?;
+        if previous >= u64::MAX / 2 {
+            return Err(CheckpointError::Corrupt {
+                file: dir.join("epoch"),
+                reason: format!("epoch {previous} out of range"),
+            });
+        }
         let analysis = analyze(dir, previous)?;
         let epoch = previous + 1;
         lock::write_epoch(dir, epoch).map_err(io_err(dir.join("epoch"), "write epoch"))?;

@@ -168,6 +168,16 @@ pub fn run(cmd: CheckpointCommand) -> Result<(), CliError> {
                     ),
                 });
             }
+            if s.next_action == "rerun" && !dry_run {
+                return Err(CliError {
+                    code: ExitCode::Failed,
+                    error: anyhow!(
+                        "checkpoint {}: batch {} is planned but not committed; run the pipeline once so it is re-run and committed, then reset",
+                        dir.display(),
+                        s.next_batch
+                    ),
+                });
+            }
             let topics = s.metadata.fingerprint.topics.clone();
             let before = positions(&s);
             let after = targets(&to, brokers.as_deref(), &topics, &before)?;

@@ -208,6 +208,15 @@ pub fn pipeline(args: &RunArgs) -> Result<PipelineConfig, CliError> {
         .clone()
         .or(file.checkpoint.clone())
         .ok_or_else(|| missing("--checkpoint"))?;
+    let mut topics = topics;
+    topics.sort();
+    topics.dedup();
+    if topics.iter().any(|t| t.trim().is_empty()) || brokers.trim().is_empty() {
+        return Err(CliError {
+            code: ExitCode::Usage,
+            error: anyhow::anyhow!("--brokers and --topic must not be empty"),
+        });
+    }
     let mut cfg = PipelineConfig::new(brokers, topics, checkpoint);
     cfg.plugins = if args.plugins.is_empty() {
         file.plugins.clone()
@@ -259,6 +268,12 @@ pub fn pipeline(args: &RunArgs) -> Result<PipelineConfig, CliError> {
         .kafka_timeout
         .or(dur(&file.kafka_timeout, "kafka_timeout")?)
     {
+        if d < Duration::from_secs(1) {
+            return Err(CliError {
+                code: ExitCode::Usage,
+                error: anyhow::anyhow!("--kafka-timeout must be at least 1s"),
+            });
+        }
         cfg.kafka_timeout = d;
     }
     cfg.attempts = args
@@ -299,6 +314,19 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
         signal_hook::flag::register_conditional_shutdown(sig, 130, stop.clone())
             .and_then(|_| signal_hook::flag::register(sig, stop.clone()))
             .context("installing signal handlers")?;
+    }
+    {
+        // Say at once that the stop is being honoured (a plugin call or a
+        // fetch may take a while to finish).
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            tracing::info!(
+                "stop requested: finishing the batch in flight, then exiting (signal again to abort)"
+            );
+        });
     }
     let acquire = match args.takeover {
         Some(t) => engine::Acquire::Takeover(t),

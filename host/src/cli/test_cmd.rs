@@ -142,7 +142,9 @@ fn parse_records(input: &[u8], format: InputFormat) -> anyhow::Result<Vec<Owned>
                 value: Some(line.to_vec()),
                 headers: Vec::new(),
             }),
+            InputFormat::Records if line.iter().all(u8::is_ascii_whitespace) => continue,
             InputFormat::Records => {
+                let line = line.strip_prefix(b"\xef\xbb\xbf").unwrap_or(line);
                 let r: InputRecord = serde_json::from_slice(line)
                     .with_context(|| format!("input line {}: not a record object", i + 1))?;
                 let ctx = || format!("input line {}", i + 1);

@@ -48,6 +48,9 @@ pub enum EngineError {
     /// Kafka failed.
     #[error(transparent)]
     Source(#[from] SourceError),
+    /// A plugin could not be loaded (nothing was processed).
+    #[error(transparent)]
+    PluginLoad(PluginError),
     /// A plugin failed (after retries).
     #[error("{0}; batch not committed, it is re-run on the next start")]
     Plugin(#[from] PluginError),
@@ -180,16 +183,24 @@ fn load_plugins(
             }
             seen.push(&r.digest);
             let (path, bytes) = crate::checkpoint::read_stored_plugin(&cfg.checkpoint, &r.digest)?;
-            loaded.push((runtime.load_bytes(&path, &bytes, config.clone())?, bytes));
+            let plugin = runtime
+                .load_bytes(&path, &bytes, config.clone())
+                .map_err(EngineError::PluginLoad)?;
+            loaded.push((plugin, bytes));
         }
         tracing::info!("resuming with the plugins recorded in the checkpoint");
     } else {
         for path in &cfg.plugins {
-            let bytes = std::fs::read(path).map_err(|source| PluginError::Read {
-                path: path.clone(),
-                source,
+            let bytes = std::fs::read(path).map_err(|source| {
+                EngineError::PluginLoad(PluginError::Read {
+                    path: path.clone(),
+                    source,
+                })
             })?;
-            loaded.push((runtime.load_bytes(path, &bytes, config.clone())?, bytes));
+            let plugin = runtime
+                .load_bytes(path, &bytes, config.clone())
+                .map_err(EngineError::PluginLoad)?;
+            loaded.push((plugin, bytes));
         }
     }
     Ok(loaded)
@@ -423,6 +434,19 @@ pub fn run_with(
         wait = Some(wait.unwrap_or(Duration::ZERO).max(Duration::from_secs(10)));
     }
 
+    // Validate what the user gave before creating or touching the
+    // checkpoint: explicit plugins and the sink database.
+    if preloaded.is_none() && !cfg.plugins.is_empty() {
+        preloaded = Some(load_plugins(cfg, &runtime, &[])?);
+    }
+    let sql = match &cfg.sink_db {
+        Some(url) => Some(SqlGrant::connect(url).map_err(|error| EngineError::SinkDb {
+            url: url.clone(),
+            error,
+        })?),
+        None => None,
+    };
+
     let mut cp = Checkpoint::open(
         &cfg.checkpoint,
         &OpenOptions {
@@ -437,13 +461,6 @@ pub fn run_with(
     let query_id = cp.metadata().query_id.clone();
     tracing::info!(checkpoint = %cfg.checkpoint.display(), epoch, query_id, "checkpoint opened");
 
-    let sql = match &cfg.sink_db {
-        Some(url) => Some(SqlGrant::connect(url).map_err(|error| EngineError::SinkDb {
-            url: url.clone(),
-            error,
-        })?),
-        None => None,
-    };
     let driver = SinkDriver::new(sql.clone()).map_err(|error| EngineError::SinkDb {
         url: cfg.sink_db.clone().unwrap_or_default(),
         error,

@@ -117,7 +117,7 @@ impl fmt::Display for Trapped {
 #[derive(Debug, thiserror::Error)]
 pub enum PluginError {
     /// The file could not be read.
-    #[error("plugin {path}: cannot read: {source}")]
+    #[error("plugin {path}: cannot read it")]
     Read {
         /// The plugin file.
         path: PathBuf,
