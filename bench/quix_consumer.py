@@ -4,6 +4,7 @@ Usage: quix_consumer.py BOOTSTRAP TOPIC DB_PATH TOTAL
 Stops once TOTAL records were processed.
 """
 import json
+import os
 import sqlite3
 import sys
 
@@ -14,7 +15,7 @@ db = sqlite3.connect(db_path, check_same_thread=False)
 db.execute("PRAGMA journal_mode=WAL")
 db.execute("PRAGMA synchronous=FULL")
 db.execute("CREATE TABLE IF NOT EXISTS companies (pk TEXT PRIMARY KEY, row_json TEXT NOT NULL)")
-app = Application(broker_address=bootstrap, consumer_group="bench-quix", auto_offset_reset="earliest",
+app = Application(broker_address=bootstrap, consumer_group=f"bench-quix-{os.getpid()}", auto_offset_reset="earliest",
                   state_dir=db_path + ".state")
 topic = app.topic(topic_name, value_deserializer="bytes")
 sdf = app.dataframe(topic)
