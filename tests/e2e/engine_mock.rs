@@ -356,3 +356,55 @@ fn metrics_endpoint_is_scraped_and_parsed_as_prometheus_text() {
         assert!(phases.contains(&p), "phase {p} missing: {phases:?}");
     }
 }
+
+/// Neither broker available here can add partitions to a live topic (the
+/// mock cluster does not answer CreatePartitions, Tansu 0.6.0 answers
+/// UnsupportedFeature), so the partition appears between two runs: the
+/// topic is recreated with a second partition and partition 0 refilled to
+/// the same offsets. The second run must discover partition 1 at planning
+/// and read it from offset 0.
+#[test]
+fn a_partition_that_appears_is_picked_up_from_offset_0() {
+    let tansu = crate::kafka::Tansu::start();
+    tansu.create_topic("grow", 1);
+    let p = producer(&tansu.bootstrap());
+    for i in 0..10 {
+        p.send("grow", 0, None, Some(format!("a{i}").as_bytes()), &[]);
+    }
+    p.flush();
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::sqlite();
+    let mut cfg = pipeline(&tansu.bootstrap(), "grow", &dir.path().join("ckpt"), &db);
+    cfg.plugins = vec![plugin("passthrough"), plugin("sql_counter")];
+    engine::run(&cfg, no_stop()).unwrap();
+    assert_eq!(db.scalar("SELECT COUNT(*) FROM seen"), 10);
+
+    let broker = format!("tcp://{}", tansu.bootstrap());
+    let out = tansu.topic(&["delete", "grow", "--broker", &broker]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    tansu.create_topic("grow", 2);
+    let p = producer(&tansu.bootstrap()); // fresh metadata: two partitions
+    for i in 0..10 {
+        p.send("grow", 0, None, Some(format!("a{i}").as_bytes()), &[]);
+    }
+    for i in 0..5 {
+        p.send("grow", 1, None, Some(format!("b{i}").as_bytes()), &[]);
+    }
+    p.flush();
+    let run = engine::run(&cfg, no_stop()).unwrap();
+    assert_eq!(run.counts.input, 5, "only the new partition's records");
+    assert_eq!(
+        db.scalar("SELECT COUNT(*) FROM seen WHERE idempotency_key LIKE 'grow/1/%'"),
+        5
+    );
+    assert_eq!(
+        db.scalar("SELECT COUNT(*) FROM seen WHERE idempotency_key = 'grow/1/0'"),
+        1,
+        "from offset 0"
+    );
+    assert_eq!(db.scalar("SELECT COUNT(*) FROM seen"), 15);
+}
