@@ -42,11 +42,7 @@ fn owned(outcome: MapOutcome) -> Result<Mapped, StageError> {
             input_index: o.input_index,
             key: o.key.map(<[u8]>::to_vec),
             value: o.value.map(<[u8]>::to_vec),
-            headers: o
-                .headers
-                .iter()
-                .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
-                .collect(),
+            headers: wire::owned_headers(&o.headers),
         })
         .collect();
     Ok(Mapped {

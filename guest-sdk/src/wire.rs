@@ -73,6 +73,28 @@ pub struct Header<'a> {
     pub value: Option<&'a [u8]>,
 }
 
+/// A header with owned bytes: (key, value), `None` = no value.
+pub type OwnedHeader = (String, Option<Vec<u8>>);
+
+/// Copy borrowed headers into owned ones.
+pub fn owned_headers(headers: &[Header<'_>]) -> Vec<OwnedHeader> {
+    headers
+        .iter()
+        .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
+        .collect()
+}
+
+/// Borrow owned headers as [`Header`]s.
+pub fn header_views(headers: &[OwnedHeader]) -> Vec<Header<'_>> {
+    headers
+        .iter()
+        .map(|(k, v)| Header {
+            key: k,
+            value: v.as_deref(),
+        })
+        .collect()
+}
+
 /// One Kafka record, borrowed from a packed batch (or from anywhere, in
 /// native tests).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -379,7 +379,7 @@ fn swap_under_load_switches_exactly_at_the_reported_batch_and_bad_swaps_are_reje
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("ckpt");
     let db = Db::sqlite();
-    let feed = produce_steadily(tansu.bootstrap(), "events", 6000, 500);
+    let feed = produce_steadily(tansu.bootstrap(), "events", 6000, 300);
     let mut run = Running::start(&args(
         &tansu,
         "events",

@@ -75,41 +75,54 @@ pub fn tansu_bin() -> PathBuf {
     p
 }
 
+/// Start `tansu broker` on `port` with sqlite storage in `dir` (log
+/// appended to `dir/tansu.log`) and wait until it listens.
+fn spawn_broker(bin: &std::path::Path, dir: &std::path::Path, port: u16) -> Child {
+    let url = format!("tcp://127.0.0.1:{port}");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("tansu.log"))
+        .unwrap();
+    let mut child = Command::new(bin)
+        .args([
+            "broker",
+            "--listener-url",
+            &url,
+            "--advertised-listener-url",
+            &url,
+            "--storage-engine",
+            "sqlite://tansu.db",
+        ])
+        .current_dir(dir)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start tansu");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("tansu did not listen on {port}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child
+}
+
 impl Tansu {
     pub fn start() -> Tansu {
         let bin = tansu_bin();
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
-        let url = format!("tcp://127.0.0.1:{port}");
-        let log = std::fs::File::create(dir.path().join("tansu.log")).unwrap();
-        let child = Command::new(&bin)
-            .args([
-                "broker",
-                "--listener-url",
-                &url,
-                "--advertised-listener-url",
-                &url,
-                "--storage-engine",
-                "sqlite://tansu.db",
-            ])
-            .current_dir(dir.path())
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start tansu");
-        let t = Tansu {
+        let child = spawn_broker(&bin, dir.path(), port);
+        Tansu {
             child,
             port,
             bin,
             _dir: dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "tansu did not listen on {port}");
-            std::thread::sleep(Duration::from_millis(50));
         }
-        t
     }
 
     /// Stop the broker process (for outage tests).
@@ -120,32 +133,7 @@ impl Tansu {
 
     /// Start it again on the same port and storage.
     pub fn restart(&mut self) {
-        let url = format!("tcp://127.0.0.1:{}", self.port);
-        let log = std::fs::OpenOptions::new()
-            .append(true)
-            .open(self._dir.path().join("tansu.log"))
-            .unwrap();
-        self.child = Command::new(&self.bin)
-            .args([
-                "broker",
-                "--listener-url",
-                &url,
-                "--advertised-listener-url",
-                &url,
-                "--storage-engine",
-                "sqlite://tansu.db",
-            ])
-            .current_dir(self._dir.path())
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("restart tansu");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(Instant::now() < deadline, "tansu did not come back");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        self.child = spawn_broker(&self.bin, self._dir.path(), self.port);
     }
 
     pub fn topic(&self, args: &[&str]) -> std::process::Output {

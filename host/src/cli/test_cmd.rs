@@ -13,7 +13,7 @@ use base64::engine::general_purpose::STANDARD as B64;
 use clap::{Args, ValueEnum};
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use sluice_guest::wire::{Header, Record, TimestampType};
+use sluice_guest::wire::{Record, TimestampType};
 
 use super::{CliError, ExitCode, LimitArgs, WithCode, parse_kv};
 use crate::plugin::chain::run_chain;
@@ -251,22 +251,9 @@ pub fn run(args: TestArgs) -> Result<(), CliError> {
         stages.push(plugin.instance());
     }
 
-    let header_views: Vec<Vec<Header<'_>>> = owned
-        .iter()
-        .map(|o| {
-            o.headers
-                .iter()
-                .map(|(k, v)| Header {
-                    key: k,
-                    value: v.as_deref(),
-                })
-                .collect()
-        })
-        .collect();
     let records: Vec<Record<'_>> = owned
         .iter()
-        .zip(header_views)
-        .map(|(o, headers)| Record {
+        .map(|o| Record {
             topic: &o.topic,
             partition: o.partition,
             offset: o.offset,
@@ -274,7 +261,7 @@ pub fn run(args: TestArgs) -> Result<(), CliError> {
             timestamp_type: o.timestamp_type,
             key: o.key.as_deref(),
             value: o.value.as_deref(),
-            headers,
+            headers: sluice_guest::wire::header_views(&o.headers),
         })
         .collect();
     let ctx = CallContext {

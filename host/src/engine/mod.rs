@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
-use sluice_guest::wire::{Header, Record, SinkRecord};
+use sluice_guest::wire::{Record, SinkRecord};
 
 use crate::checkpoint::{
     Checkpoint, CheckpointError, CommitEntry, Counts, OffsetsEntry, OpenOptions, PartitionRange,
@@ -323,14 +323,7 @@ fn record_views<'a>(topic: &'a str, partition: i32, recs: &'a [SourceRecord]) ->
             timestamp_type: r.timestamp_type,
             key: r.key.as_deref(),
             value: r.value.as_deref(),
-            headers: r
-                .headers
-                .iter()
-                .map(|(k, v)| Header {
-                    key: k,
-                    value: v.as_deref(),
-                })
-                .collect(),
+            headers: sluice_guest::wire::header_views(&r.headers),
         })
         .collect()
 }
@@ -1072,14 +1065,7 @@ fn run_batch(
                         timestamp_type: s.timestamp_type,
                         key: o.key.as_deref(),
                         value: o.value.as_deref(),
-                        headers: o
-                            .headers
-                            .iter()
-                            .map(|(k, v)| Header {
-                                key: k,
-                                value: v.as_deref(),
-                            })
-                            .collect(),
+                        headers: sluice_guest::wire::header_views(&o.headers),
                     },
                 }
             })
@@ -1133,11 +1119,7 @@ fn passthrough(views: &[Record<'_>]) -> ChainResult {
                 ),
                 key: r.key.map(<[u8]>::to_vec),
                 value: r.value.map(<[u8]>::to_vec),
-                headers: r
-                    .headers
-                    .iter()
-                    .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
-                    .collect(),
+                headers: sluice_guest::wire::owned_headers(&r.headers),
             })
             .collect(),
         rejected: Vec::new(),

@@ -10,7 +10,7 @@
 //! called again without that input — produces no output at all and is
 //! reported once, with the first stage that rejected it.
 
-use sluice_guest::wire::{self, Header, Record};
+use sluice_guest::wire::{self, Record};
 
 use super::{CallContext, Instance, PluginError, StageFailure};
 
@@ -77,11 +77,7 @@ pub fn run_chain(
             source: i,
             key: r.key.map(<[u8]>::to_vec),
             value: r.value.map(<[u8]>::to_vec),
-            headers: r
-                .headers
-                .iter()
-                .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
-                .collect(),
+            headers: wire::owned_headers(&r.headers),
         })
         .collect();
     let mut rejected = Vec::new();
@@ -90,22 +86,9 @@ pub fn run_chain(
         let digest = instance.digest().to_string();
         let path = instance.path().to_path_buf();
         // Inputs of this stage: source coordinates with current content.
-        let header_views: Vec<Vec<Header<'_>>> = pending
-            .iter()
-            .map(|p| {
-                p.headers
-                    .iter()
-                    .map(|(k, v)| Header {
-                        key: k,
-                        value: v.as_deref(),
-                    })
-                    .collect()
-            })
-            .collect();
         let inputs: Vec<Record<'_>> = pending
             .iter()
-            .zip(header_views)
-            .map(|(p, headers)| {
+            .map(|p| {
                 let s = &source[p.source];
                 Record {
                     topic: s.topic,
@@ -115,7 +98,7 @@ pub fn run_chain(
                     timestamp_type: s.timestamp_type,
                     key: p.key.as_deref(),
                     value: p.value.as_deref(),
-                    headers,
+                    headers: wire::header_views(&p.headers),
                 }
             })
             .collect();
@@ -170,11 +153,7 @@ pub fn run_chain(
                     source: source_of(o.input_index)?,
                     key: o.key.map(<[u8]>::to_vec),
                     value: o.value.map(<[u8]>::to_vec),
-                    headers: o
-                        .headers
-                        .iter()
-                        .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
-                        .collect(),
+                    headers: wire::owned_headers(&o.headers),
                 });
             }
             break;
