@@ -18,7 +18,8 @@ rustup target add wasm32-wasip2
 
 step "Tansu 0.6.0 (Kafka-compatible broker for the end-to-end tests)"
 # Installed once into a tools dir outside the repo and reused across runs
-# (a cold build took 17 minutes on 2 cores here, alongside other builds).
+# (a cold `cargo install` took about 20 minutes here on 2 cores, niced and
+# alongside other builds).
 TOOLS=${SLUICE_TOOLS:-$HOME/.cache/sluice-tools}
 if [ ! -x "$TOOLS/bin/tansu" ] || ! grep -qs '^0.6.0$' "$TOOLS/tansu.version"; then
   cargo install tansu --locked --version 0.6.0 --features dynostore,libsql --root "$TOOLS"
