@@ -31,7 +31,7 @@
 //! and its Kafka timestamp as `updated_at_ms`. `upsert` inserts or
 //! replaces, `delete` removes.
 
-use sluice_guest::json::{self, Object};
+use sluice_guest::json::{self, Object, RawValue};
 use sluice_guest::sql::{self, Value};
 use sluice_guest::{Config, Emit, Error, Mapper, Record, Sink, SinkRecord};
 
@@ -109,11 +109,17 @@ impl Mapper for Company {
             .get("data")
             .filter(|d| !json::is_null(d))
             .ok_or_else(|| Error::bad_record(format!("`{event_type}` event without `data`")))?;
-        let row = Object::from_raw(data)
-            .map_err(|e| Error::bad_record(format!("`data` is not an object: {e}")))?;
+        // `data` is valid JSON already (the event parsed); it is only parsed
+        // as an object when the key has no `pk.*` and `data.id` is needed.
+        if !data.get().starts_with('{') {
+            return Err(Error::bad_record(format!(
+                "`data` is not an object: {}",
+                data.get()
+            )));
+        }
 
         self.pk.clear();
-        primary_key(record.key, &row, &mut self.pk)?;
+        primary_key(record.key, data, &mut self.pk)?;
 
         let o = &mut self.out;
         o.clear();
@@ -142,8 +148,8 @@ impl Mapper for Company {
 
 /// Write the primary key object into `pk`: the Kafka key's `pk.*` fields
 /// (Maxwell's hash key format) with the prefix removed, else `{"id":…}`
-/// from the row. Values are copied byte for byte.
-fn primary_key(key: Option<&[u8]>, row: &Object<'_>, pk: &mut Vec<u8>) -> Result<(), Error> {
+/// from the row (`data`, a JSON object). Values are copied byte for byte.
+fn primary_key(key: Option<&[u8]>, data: &RawValue, pk: &mut Vec<u8>) -> Result<(), Error> {
     pk.push(b'{');
     if let Some(key) = key
         && let Ok(k) = Object::parse(key)
@@ -160,6 +166,8 @@ fn primary_key(key: Option<&[u8]>, row: &Object<'_>, pk: &mut Vec<u8>) -> Result
         }
     }
     if pk.len() == 1 {
+        let row = Object::from_raw(data)
+            .map_err(|e| Error::bad_record(format!("`data` is not an object: {e}")))?;
         let id = row.get("id").filter(|v| !json::is_null(v)).ok_or_else(|| {
             Error::bad_record("no primary key: no `pk.*` in the key and no `data.id`")
         })?;
