@@ -15,17 +15,14 @@ use sluice_guest::wire::Record;
 use sluice_guest::{Config, Mapper};
 use sluice_host::plugin::{CallContext, Limits, Runtime};
 
-fn events(n: usize) -> Vec<Vec<u8>> {
+/// `n` keyed Maxwell company events (Kafka key, value): the generator the
+/// end-to-end benchmark produces (bench/src/lib.rs), ~200-byte values.
+fn events(n: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut source = sluice_bench::Events::new();
     (0..n)
-        .map(|i| {
-            let id = i % 5000 + 1;
-            format!(
-                r#"{{"database":"shop","table":"company","type":"update","ts":{},"xid":{},"commit":true,"data":{{"id":{id},"name":"Company {id}","valuation":999999999{:03}.5,"founded":"0000-00-00 00:00:00"}},"old":{{"name":"C"}}}}"#,
-                1_700_000_000 + i,
-                900_000 + i,
-                i % 1000
-            )
-            .into_bytes()
+        .map(|_| {
+            let (_, key, value) = source.next_event(5000);
+            (key.into_bytes(), value.into_bytes())
         })
         .collect()
 }
@@ -71,10 +68,10 @@ fn main() {
     let mut native = company::Company::new(&Config::default()).expect("native mapper");
     let ctx = CallContext::default();
     let payloads = events(10_000);
-    let avg = payloads.iter().map(Vec::len).sum::<usize>() / payloads.len();
+    let avg = payloads.iter().map(|(_, v)| v.len()).sum::<usize>() / payloads.len();
 
     println!(
-        "company map, {avg}-byte Maxwell events, {} ms per cell",
+        "company map, keyed {avg}-byte Maxwell events, {} ms per cell",
         min_time.as_millis()
     );
     println!(
@@ -82,23 +79,41 @@ fn main() {
         "batch", "native rec/s", "wasm rec/s", "wasm/native"
     );
     println!("{:->7}-+-{:->14}-+-{:->14}-+-{:->11}", "", "", "", "");
-    for batch in [1usize, 100, 10_000] {
+    // SLUICE_BENCH_ONLY=native|wasm runs one side (for profiling).
+    let only = std::env::var("SLUICE_BENCH_ONLY").unwrap_or_default();
+    let sizes: Vec<usize> = std::env::var("SLUICE_BENCH_BATCHES")
+        .ok()
+        .map(|s| s.split(',').filter_map(|b| b.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 100, 10_000]);
+    for batch in sizes {
+        let batch = batch.clamp(1, payloads.len());
         let records: Vec<Record<'_>> = payloads[..batch]
             .iter()
             .enumerate()
-            .map(|(i, v)| Record::with_value("maxwell", 0, i as i64, v))
+            .map(|(i, (k, v))| Record {
+                key: Some(k),
+                ..Record::with_value("maxwell", 0, i as i64, v)
+            })
             .collect();
-        let n = measure(20_000, min_time, || {
-            let out =
-                sluice_guest::testing::map_records(&mut native, &records).expect("native map");
-            assert!(out.rejected.is_empty());
-            batch
-        });
-        let w = measure(20_000, min_time, || {
-            let out = instance.map(&ctx, &records).expect("wasm map");
-            assert!(out.rejected.is_empty());
-            batch
-        });
+        let n = if only == "wasm" {
+            f64::NAN
+        } else {
+            measure(20_000, min_time, || {
+                let out =
+                    sluice_guest::testing::map_records(&mut native, &records).expect("native map");
+                assert!(out.rejected.is_empty());
+                batch
+            })
+        };
+        let w = if only == "native" {
+            f64::NAN
+        } else {
+            measure(20_000, min_time, || {
+                let out = instance.map(&ctx, &records).expect("wasm map");
+                assert!(out.rejected.is_empty());
+                batch
+            })
+        };
         println!("{batch:>7} | {n:>14.0} | {w:>14.0} | {:>10.2}x", w / n);
     }
 }

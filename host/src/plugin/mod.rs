@@ -102,6 +102,10 @@ impl Runtime {
         let mut config = Config::new();
         config.wasm_component_model(true);
         config.epoch_interruption(true);
+        #[cfg(feature = "profiling")]
+        if std::env::var_os("SLUICE_PERF_MAP").is_some() {
+            config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+        }
         // Compiled code is cached on disk (keyed by the component's bytes),
         // so restarts and `host test` do not recompile unchanged plugins.
         if std::env::var_os("SLUICE_NO_COMPILE_CACHE").is_none() {
