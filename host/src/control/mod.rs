@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use rustix::event::{PollFd, PollFlags};
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -113,6 +114,7 @@ pub enum Request {
 pub struct ControlServer {
     path: PathBuf,
     shutdown: Arc<AtomicBool>,
+    waker: UnixStream,
     thread: Option<JoinHandle<()>>,
     unlinked: bool,
 }
@@ -145,6 +147,10 @@ impl ControlServer {
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
         listener.set_nonblocking(true)?;
         let shutdown = Arc::new(AtomicBool::new(false));
+        // The thread sleeps in poll(2) on the listener and on one end of a
+        // socket pair; dropping the server writes to the other end, so both
+        // requests and shutdown are served at once (no polling interval).
+        let (waker, wake_rx) = UnixStream::pair()?;
         let stop = shutdown.clone();
         let thread = std::thread::Builder::new()
             .name("sluice-control".into())
@@ -152,8 +158,10 @@ impl ControlServer {
                 while !stop.load(Ordering::Relaxed) {
                     match listener.accept() {
                         Ok((stream, _)) => {
-                            // One thread per connection: a handover waiting
-                            // for a batch boundary must not block `status`.
+                            // Served in blocking mode, one thread per
+                            // connection: a handover waiting for a batch
+                            // boundary must not block `status`.
+                            let _ = stream.set_nonblocking(false);
                             let ctx = ctx.clone();
                             let _ = std::thread::Builder::new()
                                 .name("sluice-control-conn".into())
@@ -164,7 +172,16 @@ impl ControlServer {
                                 });
                         }
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                            std::thread::sleep(Duration::from_millis(50));
+                            let mut fds = [
+                                PollFd::new(&listener, PollFlags::IN),
+                                PollFd::new(&wake_rx, PollFlags::IN),
+                            ];
+                            if let Err(e) = rustix::event::poll(&mut fds, None)
+                                && e != rustix::io::Errno::INTR
+                            {
+                                tracing::warn!("control socket poll: {e}");
+                                std::thread::sleep(Duration::from_millis(200));
+                            }
                         }
                         Err(e) => {
                             tracing::warn!("control socket: {e}");
@@ -176,6 +193,7 @@ impl ControlServer {
         Ok(ControlServer {
             path,
             shutdown,
+            waker,
             thread: Some(thread),
             unlinked: false,
         })
@@ -193,6 +211,9 @@ impl ControlServer {
 impl Drop for ControlServer {
     fn drop(&mut self) {
         self.shutdown.store(true, Ordering::Relaxed);
+        // Wake the thread from poll(2); if the write fails the pair is
+        // broken, which also wakes it.
+        let _ = (&self.waker).write_all(&[1]);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
