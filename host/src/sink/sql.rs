@@ -131,6 +131,11 @@ fn sqlite_code_name(code: i32) -> String {
     name.to_string()
 }
 
+/// `$1`, `$2`, … : the names SQLite gives `$n` placeholders, made once
+/// (looked up for every bound parameter of every statement).
+static PARAM_NAMES: std::sync::LazyLock<Vec<String>> =
+    std::sync::LazyLock::new(|| (1..=64).map(|i| format!("${i}")).collect());
+
 impl Sqlite {
     fn open(path: &str) -> Result<Self, DbError> {
         let conn = rusqlite::Connection::open(path).map_err(sqlite_err)?;
@@ -161,10 +166,12 @@ impl Sqlite {
             });
         }
         for (i, v) in params.iter().enumerate() {
-            let idx = stmt
-                .parameter_index(&format!("${}", i + 1))
-                .map_err(sqlite_err)?
-                .unwrap_or(i + 1);
+            let idx = match PARAM_NAMES.get(i) {
+                Some(name) => stmt.parameter_index(name),
+                None => stmt.parameter_index(&format!("${}", i + 1)),
+            }
+            .map_err(sqlite_err)?
+            .unwrap_or(i + 1);
             let r = match v {
                 SqlValue::Null => stmt.raw_bind_parameter(idx, rusqlite::types::Null),
                 SqlValue::Integer(n) => stmt.raw_bind_parameter(idx, n),
@@ -518,7 +525,13 @@ pub struct Session {
     /// The first SQL error of the current transaction: it is rolled back
     /// whatever the plugin does next.
     failed: Option<DbError>,
+    /// Statement texts that passed the guard (the verdict depends on the
+    /// text only), so a sink's per-record statements are checked once.
+    approved: std::collections::HashSet<String>,
 }
+
+/// Most distinct statement texts remembered in [`Session::approved`].
+const APPROVED_CAP: usize = 256;
 
 /// A shared handle on a [`Session`]: what a sink instance is granted.
 #[derive(Clone)]
@@ -537,6 +550,7 @@ impl SqlGrant {
             backend,
             open: false,
             failed: None,
+            approved: std::collections::HashSet::new(),
         })))
     }
 
@@ -593,6 +607,27 @@ impl Session {
                 code: e.code.clone(),
             });
         }
+        if !self.approved.contains(sql) {
+            self.check(sql)?;
+            if self.approved.len() >= APPROVED_CAP {
+                self.approved.clear();
+            }
+            self.approved.insert(sql.to_string());
+        }
+        let r = f(self.backend.as_mut());
+        if let Err(e) = &r {
+            self.failed = Some(e.clone());
+        } else if self.backend.in_autocommit() == Some(true) {
+            let e = DbError::host("the statement ended the host's transaction");
+            self.failed = Some(e.clone());
+            return Err(e);
+        }
+        r
+    }
+
+    /// Refuse transaction control, escapes from the granted database and
+    /// the host's own tables; a refusal fails the transaction.
+    fn check(&mut self, sql: &str) -> Result<(), DbError> {
         let kw = first_keyword(sql);
         if REFUSED.contains(&kw.as_str()) {
             let e = DbError::host(format!(
@@ -609,15 +644,7 @@ impl Session {
             self.failed = Some(e.clone());
             return Err(e);
         }
-        let r = f(self.backend.as_mut());
-        if let Err(e) = &r {
-            self.failed = Some(e.clone());
-        } else if self.backend.in_autocommit() == Some(true) {
-            let e = DbError::host("the statement ended the host's transaction");
-            self.failed = Some(e.clone());
-            return Err(e);
-        }
-        r
+        Ok(())
     }
 
     pub(crate) fn backend(&mut self) -> &mut dyn Backend {
@@ -703,6 +730,33 @@ mod tests {
         assert!(e.message.contains("not allowed"), "{e}");
         let again = g.plugin_execute("SELECT 1", &[]).unwrap_err();
         assert!(again.message.contains("already failed"), "{again}");
+        g.lock().rollback();
+    }
+
+    #[test]
+    fn guard_verdicts_are_remembered_only_for_allowed_statements() {
+        let g = SqlGrant::connect("sqlite::memory:").unwrap();
+        for _ in 0..3 {
+            g.lock().begin().unwrap();
+            // Rolled back at the end of each round, so made again.
+            g.plugin_execute("CREATE TABLE t (a INTEGER)", &[]).unwrap();
+            for i in 0..3 {
+                g.plugin_execute("INSERT INTO t (a) VALUES ($1)", &[SqlValue::Integer(i)])
+                    .unwrap();
+            }
+            // Refused every time, never remembered as allowed.
+            let e = g
+                .plugin_execute("DELETE FROM sluice_progress", &[])
+                .unwrap_err();
+            assert!(e.message.contains("belongs to the host"), "{e}");
+            g.lock().rollback();
+        }
+        // Many distinct texts: the memory stays bounded.
+        g.lock().begin().unwrap();
+        for i in 0..(APPROVED_CAP + 10) {
+            g.plugin_query(&format!("SELECT {i}"), &[]).unwrap();
+        }
+        assert!(g.lock().approved.len() <= APPROVED_CAP);
         g.lock().rollback();
     }
 }
