@@ -293,3 +293,33 @@ fn cli_reference_matches_help() {
         );
     }
 }
+
+#[test]
+fn closed_stdout_ends_quietly_with_141() {
+    // stdout is a pipe whose read end is already closed: the first write
+    // fails with EPIPE. Both kinds of output are covered: `plugin inspect`
+    // (line output) and `host test` (streamed records).
+    let input = write_input(&[maxwell("insert", Some(ROW1), "")]);
+    for args in [
+        vec!["plugin", "inspect", plugin("company").to_str().unwrap()],
+        vec![
+            "test",
+            "--plugin",
+            plugin("company").to_str().unwrap(),
+            "--input",
+            input.path().to_str().unwrap(),
+        ],
+    ] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = std::process::Command::new(crate::support::host_bin())
+            .args(&args)
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(141), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}

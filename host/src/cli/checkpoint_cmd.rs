@@ -181,18 +181,21 @@ pub fn run(cmd: CheckpointCommand) -> Result<(), CliError> {
             let topics = s.metadata.fingerprint.topics.clone();
             let before = positions(&s);
             let after = targets(&to, brokers.as_deref(), &topics, &before)?;
-            println!(
+            outln!(
                 "{:<24} {:>9} {:>14} {:>14}",
-                "TOPIC", "PARTITION", "BEFORE", "AFTER"
+                "TOPIC",
+                "PARTITION",
+                "BEFORE",
+                "AFTER"
             );
             for ((t, p), o) in &after {
                 let b = before
                     .get(&(t.clone(), *p))
                     .map_or("-".to_string(), |b| b.to_string());
-                println!("{t:<24} {p:>9} {b:>14} {o:>14}");
+                outln!("{t:<24} {p:>9} {b:>14} {o:>14}");
             }
             if dry_run {
-                println!("dry run: nothing written");
+                outln!("dry run: nothing written");
                 return Ok(());
             }
             let mut cp = Checkpoint::open(
@@ -218,7 +221,7 @@ pub fn run(cmd: CheckpointCommand) -> Result<(), CliError> {
                 rfc3339_ms(checkpoint::now_ms())
             );
             let batch = cp.reset(&after, plugins, note)?;
-            println!(
+            outln!(
                 "wrote batch {batch} (offsets/{batch} and commits/{batch}); the next run starts from AFTER"
             );
             Ok(())
@@ -226,40 +229,40 @@ pub fn run(cmd: CheckpointCommand) -> Result<(), CliError> {
         CheckpointCommand::Show { dir, json } => {
             let s = checkpoint::status(&dir)?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&s)?);
+                outln!("{}", serde_json::to_string_pretty(&s)?);
                 return Ok(());
             }
             let m = &s.metadata;
-            println!("checkpoint  {}", s.dir.display());
-            println!("query id    {}", m.query_id);
-            println!("created     {}", rfc3339_ms(m.created_at_ms));
-            println!(
+            outln!("checkpoint  {}", s.dir.display());
+            outln!("query id    {}", m.query_id);
+            outln!("created     {}", rfc3339_ms(m.created_at_ms));
+            outln!(
                 "topics      {}  ({})",
                 m.fingerprint.topics.join(", "),
                 m.fingerprint.contract
             );
             match &s.owner {
-                Some(o) => println!(
+                Some(o) => outln!(
                     "owner       pid {} on {} since {} (epoch {})",
                     o.pid,
                     o.hostname,
                     o.since(),
                     o.epoch
                 ),
-                None => println!("owner       none (not running)"),
+                None => outln!("owner       none (not running)"),
             }
-            println!("epoch       {} (last issued)", s.epoch);
+            outln!("epoch       {} (last issued)", s.epoch);
             match &s.last_planned {
-                Some(o) => println!(
+                Some(o) => outln!(
                     "planned     batch {} (epoch {}, {})",
                     o.batch_id,
                     o.epoch,
                     rfc3339_ms(o.planned_at_ms)
                 ),
-                None => println!("planned     none"),
+                None => outln!("planned     none"),
             }
             match &s.last_committed {
-                Some(c) => println!(
+                Some(c) => outln!(
                     "committed   batch {} (epoch {}, {}; {} in, {} out, {} dead-lettered)",
                     c.batch_id,
                     c.epoch,
@@ -268,28 +271,31 @@ pub fn run(cmd: CheckpointCommand) -> Result<(), CliError> {
                     c.counts.output,
                     c.counts.dead_lettered
                 ),
-                None => println!("committed   none"),
+                None => outln!("committed   none"),
             }
             if s.next_action == "rerun" {
-                println!(
+                outln!(
                     "next        re-run batch {} with its planned ranges",
                     s.next_batch
                 );
             } else {
-                println!("next        batch {}", s.next_batch);
+                outln!("next        batch {}", s.next_batch);
             }
             if let Some(t) = &s.torn_entry {
-                println!("torn        {t} (discarded at the next start)");
+                outln!("torn        {t} (discarded at the next start)");
             }
             if let Some(o) = &s.last_planned {
                 let committed = s.last_committed.as_ref().map(|c| c.batch_id) == Some(o.batch_id);
-                println!();
-                println!(
+                outln!();
+                outln!(
                     "{:<24} {:>9} {:>14} {:>14}  BATCH",
-                    "TOPIC", "PARTITION", "START", "END"
+                    "TOPIC",
+                    "PARTITION",
+                    "START",
+                    "END"
                 );
                 for r in &o.ranges {
-                    println!(
+                    outln!(
                         "{:<24} {:>9} {:>14} {:>14}  {} {}",
                         r.topic,
                         r.partition,
@@ -299,12 +305,12 @@ pub fn run(cmd: CheckpointCommand) -> Result<(), CliError> {
                         if committed { "committed" } else { "planned" }
                     );
                 }
-                println!();
+                outln!();
                 for p in &o.plugins {
-                    println!("plugin      {:?} sha256:{}", p.stage, p.digest);
+                    outln!("plugin      {:?} sha256:{}", p.stage, p.digest);
                 }
             }
-            println!(
+            outln!(
                 "store       {} component(s) in plugins/",
                 s.stored_plugins.len()
             );

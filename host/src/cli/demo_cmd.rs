@@ -54,37 +54,35 @@ pub fn run(args: DemoArgs) -> Result<(), CliError> {
         summary.kept_in = Some(dir.clone());
     }
     if args.json {
-        println!("{}", serde_json::to_string(&summary)?);
+        outln!("{}", serde_json::to_string(&summary)?);
     } else {
-        println!(
-            "Sluice demo: Maxwell CDC -> company plugin -> SQLite, on an embedded Kafka broker"
-        );
-        println!(
+        outln!("Sluice demo: Maxwell CDC -> company plugin -> SQLite, on an embedded Kafka broker");
+        outln!(
             "  events produced                {}",
             summary.events_produced
         );
-        println!(
+        outln!(
             "  changes applied                {}",
             summary.changes_applied
         );
-        println!(
+        outln!(
             "  events filtered                {} (bootstrap markers, DDL, other tables)",
             summary.events_filtered
         );
-        println!(
+        outln!(
             "  rows in companies              {}",
             summary.rows_in_companies
         );
-        println!(
+        outln!(
             "  dead letters                   {} (the malformed event, with its original bytes)",
             summary.dead_letters
         );
-        println!("  batches                        {}", summary.batches);
-        println!(
+        outln!("  batches                        {}", summary.batches);
+        outln!(
             "  batches re-run after restart   {}",
             summary.batches_rerun_after_restart
         );
-        println!(
+        outln!(
             "  table matches expected state   {}",
             if summary.table_matches_expected {
                 "yes"
@@ -93,7 +91,7 @@ pub fn run(args: DemoArgs) -> Result<(), CliError> {
             }
         );
         if let Some(d) = &summary.kept_in {
-            println!(
+            outln!(
                 "Kept in {}: `host checkpoint show {}/checkpoint`, `sqlite3 {}/sink.db 'select * from companies'`",
                 d.display(),
                 d.display(),

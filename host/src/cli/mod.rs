@@ -6,6 +6,18 @@
 //! (clap's own code for flag errors); 3 the checkpoint is owned by another
 //! process.
 
+/// `println!` for command output: when stdout is a closed pipe
+/// (`host status --json | head -1`) the process ends quietly with exit code
+/// 141, as a C tool killed by SIGPIPE would, instead of panicking.
+macro_rules! outln {
+    () => {
+        $crate::cli::write_line(format_args!(""))
+    };
+    ($($arg:tt)*) => {
+        $crate::cli::write_line(format_args!($($arg)*))
+    };
+}
+
 mod checkpoint_cmd;
 mod demo_cmd;
 mod plugin_cmd;
@@ -189,6 +201,32 @@ fn init_logging(format: LogFormat) {
     }
 }
 
+/// Exit code used when stdout is a closed pipe (128 + SIGPIPE).
+const BROKEN_PIPE_EXIT: i32 = 141;
+
+/// Write one line of command output to stdout (see `outln!`).
+pub(crate) fn write_line(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let r = out
+        .write_fmt(args)
+        .and_then(|()| out.write_all(b"\n"))
+        .and_then(|()| out.flush());
+    if let Err(e) = r
+        && e.kind() == std::io::ErrorKind::BrokenPipe
+    {
+        std::process::exit(BROKEN_PIPE_EXIT);
+    }
+}
+
+/// True when `error` comes from writing to a closed pipe.
+fn is_broken_pipe(error: &anyhow::Error) -> bool {
+    error.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
 /// Entry point used by the `host` binary.
 pub fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
@@ -205,6 +243,9 @@ pub fn main() -> std::process::ExitCode {
     crate::status_line::clear();
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(CliError { error, .. }) if is_broken_pipe(&error) => {
+            std::process::ExitCode::from(BROKEN_PIPE_EXIT as u8)
+        }
         Err(CliError { code, error }) => {
             eprintln!("host: {error:#}");
             std::process::ExitCode::from(code as u8)

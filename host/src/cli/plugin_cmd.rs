@@ -50,20 +50,20 @@ pub fn run(cmd: PluginCommand) -> Result<(), CliError> {
                     "imports": plugin.imports(),
                     "exports": plugin.exports(),
                 });
-                println!("{v}");
+                outln!("{v}");
             } else {
-                println!("file:      {}", file.display());
-                println!("digest:    sha256:{}", plugin.digest());
-                println!("size:      {} bytes", plugin.size());
-                println!("stages:    {}", plugin.stages().names().join(", "));
-                println!("contract:  sluice:plugin@{version}");
-                println!("imports:");
+                outln!("file:      {}", file.display());
+                outln!("digest:    sha256:{}", plugin.digest());
+                outln!("size:      {} bytes", plugin.size());
+                outln!("stages:    {}", plugin.stages().names().join(", "));
+                outln!("contract:  sluice:plugin@{version}");
+                outln!("imports:");
                 for i in plugin.imports() {
-                    println!("  {i}");
+                    outln!("  {i}");
                 }
-                println!("exports:");
+                outln!("exports:");
                 for e in plugin.exports() {
-                    println!("  {e}");
+                    outln!("  {e}");
                 }
             }
             Ok(())

@@ -63,7 +63,7 @@ pub fn swap(args: SwapArgs) -> Result<(), CliError> {
     }));
     match answer {
         Ok(v) => {
-            println!(
+            outln!(
                 "swapped in sha256:{} from batch {}",
                 v["digest"].as_str().unwrap_or_default(),
                 v["effective_batch"]
@@ -109,12 +109,12 @@ pub fn status(args: StatusArgs) -> Result<(), CliError> {
     let on_disk = checkpoint::status(&args.checkpoint)?;
     if args.json {
         let v = json!({"running": live.is_some(), "live": live, "checkpoint": on_disk});
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
     match &live {
         Some(s) => {
-            println!(
+            outln!(
                 "owner       pid {} on {} since {} (epoch {})",
                 s["pid"],
                 s["hostname"].as_str().unwrap_or_default(),
@@ -122,19 +122,19 @@ pub fn status(args: StatusArgs) -> Result<(), CliError> {
                 s["epoch"]
             );
             match s["current_batch"].as_u64() {
-                Some(b) => println!("current     batch {b} in flight"),
-                None => println!("current     between batches"),
+                Some(b) => outln!("current     batch {b} in flight"),
+                None => outln!("current     between batches"),
             }
-            println!("committed   batch {}", s["last_committed"]);
+            outln!("committed   batch {}", s["last_committed"]);
             for p in s["plugins"].as_array().into_iter().flatten() {
-                println!(
+                outln!(
                     "plugin      {} sha256:{}",
                     p["stage"].as_str().unwrap_or_default(),
                     p["digest"].as_str().unwrap_or_default()
                 );
             }
             if let Some(p) = s["last_progress"].as_object() {
-                println!(
+                outln!(
                     "last batch  {} at {}: {} in, {} out, {} rows/s, {} ms",
                     p["batch_id"],
                     p["committed_at"].as_str().unwrap_or_default(),
@@ -149,14 +149,14 @@ pub fn status(args: StatusArgs) -> Result<(), CliError> {
                     .flatten()
                     .map(|x| x["lag"].as_i64().unwrap_or(0))
                     .sum();
-                println!("lag         {lag} records");
+                outln!("lag         {lag} records");
             }
         }
-        None => println!("owner       none (not running)"),
+        None => outln!("owner       none (not running)"),
     }
-    println!("epoch       {} (last issued)", on_disk.epoch);
+    outln!("epoch       {} (last issued)", on_disk.epoch);
     if let Some(c) = &on_disk.last_committed {
-        println!(
+        outln!(
             "checkpoint  last committed batch {} ({})",
             c.batch_id,
             rfc3339_ms(c.committed_at_ms)
