@@ -447,25 +447,62 @@ impl KafkaSource {
         let started = Instant::now();
         let mut last_error = String::from("no records delivered");
         let mut last_position_check = Instant::now();
+        // Records arrive in runs from one partition: remember the last
+        // partition's index so most records need no key allocation or hash.
+        let mut last: Option<(TopicPartition, Option<usize>)> = None;
+        // The clock is read when a poll comes back empty and every
+        // CLOCK_EVERY records, not for every record.
+        const CLOCK_EVERY: u32 = 256;
+        let mut since_clock = 0u32;
         while !remaining.is_empty() {
-            if started.elapsed() > self.timeout {
-                let mut missing: Vec<String> = remaining
-                    .iter()
-                    .map(|((t, p), end)| format!("{t}/{p} up to {end}"))
-                    .collect();
-                missing.sort();
-                return Err(self.unavailable(
-                    format!("fetching {}", missing.join(", ")),
-                    started.elapsed(),
-                    last_error,
-                ));
+            since_clock += 1;
+            if since_clock >= CLOCK_EVERY {
+                since_clock = 0;
+                if started.elapsed() > self.timeout {
+                    let mut missing: Vec<String> = remaining
+                        .iter()
+                        .map(|((t, p), end)| format!("{t}/{p} up to {end}"))
+                        .collect();
+                    missing.sort();
+                    return Err(self.unavailable(
+                        format!("fetching {}", missing.join(", ")),
+                        started.elapsed(),
+                        last_error,
+                    ));
+                }
+                // Control records and compaction gaps leave no message at
+                // the end of a range: the consumer position tells us we are
+                // past it.
+                if last_position_check.elapsed() > Duration::from_millis(200) {
+                    last_position_check = Instant::now();
+                    if let Ok(pos) = self.consumer.position() {
+                        for e in pos.elements() {
+                            if let Offset::Offset(o) = e.offset() {
+                                let tp = (e.topic().to_string(), e.partition());
+                                if remaining.get(&tp).is_some_and(|end| o >= *end) {
+                                    remaining.remove(&tp);
+                                }
+                            }
+                        }
+                    }
+                    continue;
+                }
             }
             match self.consumer.poll(Duration::from_millis(100)) {
                 Some(Ok(m)) => {
-                    let tp = (m.topic().to_string(), m.partition());
                     let offset = m.offset();
-                    let Some(&i) = index.get(&tp) else {
+                    let i = match &last {
+                        Some(((t, p), i)) if *p == m.partition() && t == m.topic() => *i,
+                        _ => {
+                            let tp = (m.topic().to_string(), m.partition());
+                            let i = index.get(&tp).copied();
+                            last = Some((tp, i));
+                            i
+                        }
+                    };
+                    let Some(i) = i else {
                         // Assigned but not planned this batch: keep for later.
+                        let tp = (m.topic().to_string(), m.partition());
                         self.pending.entry(tp).or_default().push_back(to_record(&m));
                         continue;
                     };
@@ -475,14 +512,14 @@ impl KafkaSource {
                     }
                     if offset >= r.end {
                         self.pending
-                            .entry(tp.clone())
+                            .entry((r.topic.clone(), r.partition))
                             .or_default()
                             .push_back(to_record(&m));
                     } else {
                         out[i].push(to_record(&m));
                     }
                     if offset >= r.end - 1 {
-                        remaining.remove(&tp);
+                        remaining.remove(&(r.topic.clone(), r.partition));
                     }
                 }
                 Some(Err(KafkaError::MessageConsumption(
@@ -494,21 +531,9 @@ impl KafkaSource {
                     last_error = e.to_string();
                     tracing::debug!("kafka: {e}");
                 }
-                None => {}
-            }
-            // Control records and compaction gaps leave no message at the
-            // end of a range: the consumer position tells us we are past it.
-            if last_position_check.elapsed() > Duration::from_millis(200) && !remaining.is_empty() {
-                last_position_check = Instant::now();
-                if let Ok(pos) = self.consumer.position() {
-                    for e in pos.elements() {
-                        if let Offset::Offset(o) = e.offset() {
-                            let tp = (e.topic().to_string(), e.partition());
-                            if remaining.get(&tp).is_some_and(|end| o >= *end) {
-                                remaining.remove(&tp);
-                            }
-                        }
-                    }
+                None => {
+                    // Idle: the clock checks run on the next turn.
+                    since_clock = CLOCK_EVERY;
                 }
             }
         }
