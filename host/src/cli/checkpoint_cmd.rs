@@ -187,15 +187,15 @@ pub fn run(cmd: CheckpointCommand) -> Result<(), CliError> {
                 "PARTITION",
                 "BEFORE",
                 "AFTER"
-            );
+            )?;
             for ((t, p), o) in &after {
                 let b = before
                     .get(&(t.clone(), *p))
                     .map_or("-".to_string(), |b| b.to_string());
-                outln!("{t:<24} {p:>9} {b:>14} {o:>14}");
+                outln!("{t:<24} {p:>9} {b:>14} {o:>14}")?;
             }
             if dry_run {
-                outln!("dry run: nothing written");
+                outln!("dry run: nothing written")?;
                 return Ok(());
             }
             let mut cp = Checkpoint::open(
@@ -223,24 +223,24 @@ pub fn run(cmd: CheckpointCommand) -> Result<(), CliError> {
             let batch = cp.reset(&after, plugins, note)?;
             outln!(
                 "wrote batch {batch} (offsets/{batch} and commits/{batch}); the next run starts from AFTER"
-            );
+            )?;
             Ok(())
         }
         CheckpointCommand::Show { dir, json } => {
             let s = checkpoint::status(&dir)?;
             if json {
-                outln!("{}", serde_json::to_string_pretty(&s)?);
+                outln!("{}", serde_json::to_string_pretty(&s)?)?;
                 return Ok(());
             }
             let m = &s.metadata;
-            outln!("checkpoint  {}", s.dir.display());
-            outln!("query id    {}", m.query_id);
-            outln!("created     {}", rfc3339_ms(m.created_at_ms));
+            outln!("checkpoint  {}", s.dir.display())?;
+            outln!("query id    {}", m.query_id)?;
+            outln!("created     {}", rfc3339_ms(m.created_at_ms))?;
             outln!(
                 "topics      {}  ({})",
                 m.fingerprint.topics.join(", "),
                 m.fingerprint.contract
-            );
+            )?;
             match &s.owner {
                 Some(o) => outln!(
                     "owner       pid {} on {} since {} (epoch {})",
@@ -248,18 +248,18 @@ pub fn run(cmd: CheckpointCommand) -> Result<(), CliError> {
                     o.hostname,
                     o.since(),
                     o.epoch
-                ),
-                None => outln!("owner       none (not running)"),
+                )?,
+                None => outln!("owner       none (not running)")?,
             }
-            outln!("epoch       {} (last issued)", s.epoch);
+            outln!("epoch       {} (last issued)", s.epoch)?;
             match &s.last_planned {
                 Some(o) => outln!(
                     "planned     batch {} (epoch {}, {})",
                     o.batch_id,
                     o.epoch,
                     rfc3339_ms(o.planned_at_ms)
-                ),
-                None => outln!("planned     none"),
+                )?,
+                None => outln!("planned     none")?,
             }
             match &s.last_committed {
                 Some(c) => outln!(
@@ -270,30 +270,30 @@ pub fn run(cmd: CheckpointCommand) -> Result<(), CliError> {
                     c.counts.input,
                     c.counts.output,
                     c.counts.dead_lettered
-                ),
-                None => outln!("committed   none"),
+                )?,
+                None => outln!("committed   none")?,
             }
             if s.next_action == "rerun" {
                 outln!(
                     "next        re-run batch {} with its planned ranges",
                     s.next_batch
-                );
+                )?;
             } else {
-                outln!("next        batch {}", s.next_batch);
+                outln!("next        batch {}", s.next_batch)?;
             }
             if let Some(t) = &s.torn_entry {
-                outln!("torn        {t} (discarded at the next start)");
+                outln!("torn        {t} (discarded at the next start)")?;
             }
             if let Some(o) = &s.last_planned {
                 let committed = s.last_committed.as_ref().map(|c| c.batch_id) == Some(o.batch_id);
-                outln!();
+                outln!()?;
                 outln!(
                     "{:<24} {:>9} {:>14} {:>14}  BATCH",
                     "TOPIC",
                     "PARTITION",
                     "START",
                     "END"
-                );
+                )?;
                 for r in &o.ranges {
                     outln!(
                         "{:<24} {:>9} {:>14} {:>14}  {} {}",
@@ -303,17 +303,17 @@ pub fn run(cmd: CheckpointCommand) -> Result<(), CliError> {
                         r.end,
                         o.batch_id,
                         if committed { "committed" } else { "planned" }
-                    );
+                    )?;
                 }
-                outln!();
+                outln!()?;
                 for p in &o.plugins {
-                    outln!("plugin      {:?} sha256:{}", p.stage, p.digest);
+                    outln!("plugin      {:?} sha256:{}", p.stage, p.digest)?;
                 }
             }
             outln!(
                 "store       {} component(s) in plugins/",
                 s.stored_plugins.len()
-            );
+            )?;
             Ok(())
         }
     }

@@ -54,34 +54,36 @@ pub fn run(args: DemoArgs) -> Result<(), CliError> {
         summary.kept_in = Some(dir.clone());
     }
     if args.json {
-        outln!("{}", serde_json::to_string(&summary)?);
+        outln!("{}", serde_json::to_string(&summary)?)?;
     } else {
-        outln!("Sluice demo: Maxwell CDC -> company plugin -> SQLite, on an embedded Kafka broker");
+        outln!(
+            "Sluice demo: Maxwell CDC -> company plugin -> SQLite, on an embedded Kafka broker"
+        )?;
         outln!(
             "  events produced                {}",
             summary.events_produced
-        );
+        )?;
         outln!(
             "  changes applied                {}",
             summary.changes_applied
-        );
+        )?;
         outln!(
             "  events filtered                {} (bootstrap markers, DDL, other tables)",
             summary.events_filtered
-        );
+        )?;
         outln!(
             "  rows in companies              {}",
             summary.rows_in_companies
-        );
+        )?;
         outln!(
             "  dead letters                   {} (the malformed event, with its original bytes)",
             summary.dead_letters
-        );
-        outln!("  batches                        {}", summary.batches);
+        )?;
+        outln!("  batches                        {}", summary.batches)?;
         outln!(
             "  batches re-run after restart   {}",
             summary.batches_rerun_after_restart
-        );
+        )?;
         outln!(
             "  table matches expected state   {}",
             if summary.table_matches_expected {
@@ -89,14 +91,14 @@ pub fn run(args: DemoArgs) -> Result<(), CliError> {
             } else {
                 "NO"
             }
-        );
+        )?;
         if let Some(d) = &summary.kept_in {
             outln!(
                 "Kept in {}: `host checkpoint show {}/checkpoint`, `sqlite3 {}/sink.db 'select * from companies'`",
                 d.display(),
                 d.display(),
                 d.display()
-            );
+            )?;
         }
     }
     if !summary.table_matches_expected {

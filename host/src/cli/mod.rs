@@ -4,11 +4,13 @@
 //! Exit codes: 0 success; 1 the job or command failed (a trap, a fatal
 //! stage error, a corrupt checkpoint…); 2 bad usage or unreadable input
 //! (clap's own code for flag errors); 3 the checkpoint is owned by another
-//! process.
+//! process; 141 command output went to a closed pipe (128 + SIGPIPE).
 
-/// `println!` for command output: when stdout is a closed pipe
-/// (`host status --json | head -1`) the process ends quietly with exit code
-/// 141, as a C tool killed by SIGPIPE would, instead of panicking.
+/// `println!` for command output, used with `?` in functions returning
+/// `Result<_, CliError>`: a write error ends the command through the normal
+/// error path (so temp dirs and locks are released), and a closed pipe
+/// (`host checkpoint show ck | head -1` on a long listing) becomes exit code
+/// 141, as for a C tool killed by SIGPIPE, instead of a panic.
 macro_rules! outln {
     () => {
         $crate::cli::write_line(format_args!(""))
@@ -202,29 +204,34 @@ fn init_logging(format: LogFormat) {
 }
 
 /// Exit code used when stdout is a closed pipe (128 + SIGPIPE).
-const BROKEN_PIPE_EXIT: i32 = 141;
+const BROKEN_PIPE_EXIT: u8 = 141;
 
-/// Write one line of command output to stdout (see `outln!`).
-pub(crate) fn write_line(args: std::fmt::Arguments<'_>) {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    let r = out
-        .write_fmt(args)
-        .and_then(|()| out.write_all(b"\n"))
-        .and_then(|()| out.flush());
-    if let Err(e) = r
-        && e.kind() == std::io::ErrorKind::BrokenPipe
-    {
-        std::process::exit(BROKEN_PIPE_EXIT);
+/// Command output could not be written because stdout is a closed pipe.
+#[derive(Debug, thiserror::Error)]
+#[error("stdout is a closed pipe")]
+pub(crate) struct StdoutClosed;
+
+/// Turn an error writing command output into [`StdoutClosed`] (closed
+/// pipe) or a `writing to stdout` error.
+pub(crate) fn stdout_error(e: std::io::Error) -> anyhow::Error {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        anyhow::Error::new(StdoutClosed)
+    } else {
+        anyhow::Error::new(e).context("writing to stdout")
     }
 }
 
-/// True when `error` comes from writing to a closed pipe.
-fn is_broken_pipe(error: &anyhow::Error) -> bool {
-    error.chain().any(|c| {
-        c.downcast_ref::<std::io::Error>()
-            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
-    })
+/// Write one line of command output to stdout (see `outln!`).
+///
+/// # Errors
+/// [`StdoutClosed`] for a closed pipe, else the I/O error.
+pub(crate) fn write_line(args: std::fmt::Arguments<'_>) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    out.write_fmt(args)
+        .and_then(|()| out.write_all(b"\n"))
+        .and_then(|()| out.flush())
+        .map_err(stdout_error)
 }
 
 /// Entry point used by the `host` binary.
@@ -243,8 +250,8 @@ pub fn main() -> std::process::ExitCode {
     crate::status_line::clear();
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(CliError { error, .. }) if is_broken_pipe(&error) => {
-            std::process::ExitCode::from(BROKEN_PIPE_EXIT as u8)
+        Err(CliError { error, .. }) if error.downcast_ref::<StdoutClosed>().is_some() => {
+            std::process::ExitCode::from(BROKEN_PIPE_EXIT)
         }
         Err(CliError { code, error }) => {
             eprintln!("host: {error:#}");

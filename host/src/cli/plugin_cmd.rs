@@ -50,20 +50,20 @@ pub fn run(cmd: PluginCommand) -> Result<(), CliError> {
                     "imports": plugin.imports(),
                     "exports": plugin.exports(),
                 });
-                outln!("{v}");
+                outln!("{v}")?;
             } else {
-                outln!("file:      {}", file.display());
-                outln!("digest:    sha256:{}", plugin.digest());
-                outln!("size:      {} bytes", plugin.size());
-                outln!("stages:    {}", plugin.stages().names().join(", "));
-                outln!("contract:  sluice:plugin@{version}");
-                outln!("imports:");
+                outln!("file:      {}", file.display())?;
+                outln!("digest:    sha256:{}", plugin.digest())?;
+                outln!("size:      {} bytes", plugin.size())?;
+                outln!("stages:    {}", plugin.stages().names().join(", "))?;
+                outln!("contract:  sluice:plugin@{version}")?;
+                outln!("imports:")?;
                 for i in plugin.imports() {
-                    outln!("  {i}");
+                    outln!("  {i}")?;
                 }
-                outln!("exports:");
+                outln!("exports:")?;
                 for e in plugin.exports() {
-                    outln!("  {e}");
+                    outln!("  {e}")?;
                 }
             }
             Ok(())

@@ -67,7 +67,7 @@ pub fn swap(args: SwapArgs) -> Result<(), CliError> {
                 "swapped in sha256:{} from batch {}",
                 v["digest"].as_str().unwrap_or_default(),
                 v["effective_batch"]
-            );
+            )?;
             Ok(())
         }
         Err(ClientError::Refused(reason)) => Err(CliError {
@@ -109,7 +109,7 @@ pub fn status(args: StatusArgs) -> Result<(), CliError> {
     let on_disk = checkpoint::status(&args.checkpoint)?;
     if args.json {
         let v = json!({"running": live.is_some(), "live": live, "checkpoint": on_disk});
-        outln!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?)?;
         return Ok(());
     }
     match &live {
@@ -120,18 +120,18 @@ pub fn status(args: StatusArgs) -> Result<(), CliError> {
                 s["hostname"].as_str().unwrap_or_default(),
                 rfc3339_ms(s["since_ms"].as_i64().unwrap_or_default()),
                 s["epoch"]
-            );
+            )?;
             match s["current_batch"].as_u64() {
-                Some(b) => outln!("current     batch {b} in flight"),
-                None => outln!("current     between batches"),
+                Some(b) => outln!("current     batch {b} in flight")?,
+                None => outln!("current     between batches")?,
             }
-            outln!("committed   batch {}", s["last_committed"]);
+            outln!("committed   batch {}", s["last_committed"])?;
             for p in s["plugins"].as_array().into_iter().flatten() {
                 outln!(
                     "plugin      {} sha256:{}",
                     p["stage"].as_str().unwrap_or_default(),
                     p["digest"].as_str().unwrap_or_default()
-                );
+                )?;
             }
             if let Some(p) = s["last_progress"].as_object() {
                 outln!(
@@ -142,25 +142,25 @@ pub fn status(args: StatusArgs) -> Result<(), CliError> {
                     p["counts"]["output"],
                     p["rows_per_sec"],
                     p["total_ms"]
-                );
+                )?;
                 let lag: i64 = p["partitions"]
                     .as_array()
                     .into_iter()
                     .flatten()
                     .map(|x| x["lag"].as_i64().unwrap_or(0))
                     .sum();
-                outln!("lag         {lag} records");
+                outln!("lag         {lag} records")?;
             }
         }
-        None => outln!("owner       none (not running)"),
+        None => outln!("owner       none (not running)")?,
     }
-    outln!("epoch       {} (last issued)", on_disk.epoch);
+    outln!("epoch       {} (last issued)", on_disk.epoch)?;
     if let Some(c) = &on_disk.last_committed {
         outln!(
             "checkpoint  last committed batch {} ({})",
             c.batch_id,
             rfc3339_ms(c.committed_at_ms)
-        );
+        )?;
     }
     Ok(())
 }

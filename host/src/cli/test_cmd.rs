@@ -299,7 +299,7 @@ pub fn run(args: TestArgs) -> Result<(), CliError> {
                 })
                 .collect();
             obj.insert("headers".into(), headers.into());
-            writeln!(out, "{}", serde_json::Value::Object(obj))?;
+            writeln!(out, "{}", serde_json::Value::Object(obj)).map_err(super::stdout_error)?;
         }
         while let Some(b) = rejected.next_if(|b| b.source_index == i) {
             any = true;
@@ -312,13 +312,13 @@ pub fn run(args: TestArgs) -> Result<(), CliError> {
                 "plugin_digest": b.plugin_digest,
                 "error": b.message,
             });
-            writeln!(out, "{line}")?;
+            writeln!(out, "{line}").map_err(super::stdout_error)?;
         }
         if !any {
             filtered += 1;
         }
     }
-    out.flush()?;
+    out.flush().map_err(super::stdout_error)?;
     tracing::info!(
         records = records.len(),
         outputs = result.outputs.len(),
