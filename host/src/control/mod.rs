@@ -141,27 +141,26 @@ impl ControlServer {
     /// # Errors
     /// The OS error from bind or chmod.
     pub fn start(dir: &Path, ctx: ServerContext) -> std::io::Result<Self> {
+        // The thread sleeps in poll(2) on the listener and on one end of a
+        // socket pair; dropping the server shuts the other end down, so
+        // both requests and shutdown are served at once (no polling
+        // interval). Made first: a failure here leaves no socket file.
+        let (waker, wake_rx) = UnixStream::pair()?;
         let path = dir.join(SOCKET);
         let _ = std::fs::remove_file(&path);
         let listener = UnixListener::bind(&path)?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
         listener.set_nonblocking(true)?;
         let shutdown = Arc::new(AtomicBool::new(false));
-        // The thread sleeps in poll(2) on the listener and on one end of a
-        // socket pair; dropping the server writes to the other end, so both
-        // requests and shutdown are served at once (no polling interval).
-        let (waker, wake_rx) = UnixStream::pair()?;
         let stop = shutdown.clone();
         let thread = std::thread::Builder::new()
             .name("sluice-control".into())
             .spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
+                while !stop.load(Ordering::Acquire) {
                     match listener.accept() {
                         Ok((stream, _)) => {
-                            // Served in blocking mode, one thread per
-                            // connection: a handover waiting for a batch
-                            // boundary must not block `status`.
-                            let _ = stream.set_nonblocking(false);
+                            // One thread per connection: a handover waiting
+                            // for a batch boundary must not block `status`.
                             let ctx = ctx.clone();
                             let _ = std::thread::Builder::new()
                                 .name("sluice-control-conn".into())
@@ -210,10 +209,11 @@ impl ControlServer {
 
 impl Drop for ControlServer {
     fn drop(&mut self) {
-        self.shutdown.store(true, Ordering::Relaxed);
-        // Wake the thread from poll(2); if the write fails the pair is
-        // broken, which also wakes it.
-        let _ = (&self.waker).write_all(&[1]);
+        self.shutdown.store(true, Ordering::Release);
+        // Wake the thread from poll(2): its end of the pair becomes readable
+        // (end of stream). Unlike a write, this cannot raise SIGPIPE if the
+        // thread is already gone.
+        let _ = self.waker.shutdown(std::net::Shutdown::Both);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -503,4 +503,54 @@ pub fn pending(rx: &Receiver<Request>) -> Vec<Request> {
 /// Milliseconds since the Unix epoch (re-exported for callers).
 pub fn now() -> i64 {
     now_ms()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plugin::Limits;
+    use std::time::Instant;
+
+    fn server(dir: &Path) -> (ControlServer, Receiver<Request>) {
+        let (tx, rx) = channel();
+        let ctx = ServerContext {
+            runtime: Arc::new(Runtime::new(Limits::default()).unwrap()),
+            config: Arc::new(BTreeMap::new()),
+            status: Arc::new(Mutex::new(LiveStatus {
+                pid: 42,
+                ..LiveStatus::default()
+            })),
+            requests: tx,
+            wake: Arc::new(AtomicBool::new(false)),
+        };
+        (ControlServer::start(dir, ctx).unwrap(), rx)
+    }
+
+    #[test]
+    fn requests_are_answered_and_drop_returns_at_once() {
+        for unlink_first in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let (mut srv, _rx) = server(dir.path());
+            for _ in 0..3 {
+                let mut c = Client::connect(dir.path(), Duration::from_secs(5)).unwrap();
+                let started = Instant::now();
+                let v = c.request(&json!({"op": "status"})).unwrap();
+                assert_eq!(v["status"]["pid"], 42);
+                // Served from poll(2), not from a polling interval.
+                assert!(started.elapsed() < Duration::from_secs(2));
+            }
+            if unlink_first {
+                srv.unlink();
+                assert!(!dir.path().join(SOCKET).exists());
+            }
+            let started = Instant::now();
+            drop(srv);
+            assert!(
+                started.elapsed() < Duration::from_secs(1),
+                "drop took {:?}",
+                started.elapsed()
+            );
+            assert!(!dir.path().join(SOCKET).exists());
+        }
+    }
 }
