@@ -532,6 +532,10 @@ pub struct Session {
 
 /// Most distinct statement texts remembered in [`Session::approved`].
 const APPROVED_CAP: usize = 256;
+/// Longest statement text remembered, bytes (longer ones are checked every
+/// time), so the cache holds at most `APPROVED_CAP × APPROVED_MAX_LEN`
+/// bytes whatever a plugin sends.
+const APPROVED_MAX_LEN: usize = 4096;
 
 /// A shared handle on a [`Session`]: what a sink instance is granted.
 #[derive(Clone)]
@@ -609,10 +613,12 @@ impl Session {
         }
         if !self.approved.contains(sql) {
             self.check(sql)?;
-            if self.approved.len() >= APPROVED_CAP {
-                self.approved.clear();
+            if sql.len() <= APPROVED_MAX_LEN {
+                if self.approved.len() >= APPROVED_CAP {
+                    self.approved.clear();
+                }
+                self.approved.insert(sql.to_string());
             }
-            self.approved.insert(sql.to_string());
         }
         let r = f(self.backend.as_mut());
         if let Err(e) = &r {
@@ -757,6 +763,10 @@ mod tests {
             g.plugin_query(&format!("SELECT {i}"), &[]).unwrap();
         }
         assert!(g.lock().approved.len() <= APPROVED_CAP);
+        // Long texts are checked but not kept.
+        let long = format!("SELECT 1 {}", " ".repeat(APPROVED_MAX_LEN));
+        g.plugin_query(&long, &[]).unwrap();
+        assert!(!g.lock().approved.contains(&long));
         g.lock().rollback();
     }
 }
