@@ -408,3 +408,66 @@ fn a_partition_that_appears_is_picked_up_from_offset_0() {
     );
     assert_eq!(db.scalar("SELECT COUNT(*) FROM seen"), 15);
 }
+
+#[test]
+fn ranges_ending_on_transaction_markers_finish_without_a_message() {
+    // Transactions leave control records (commit markers) in the log that a
+    // consumer never receives; a range ending on one is finished through
+    // the consumer position, not a delivered message. Log here: records
+    // 0-4, marker 5, records 6-7, marker 8; with 3 records per batch the
+    // ranges [3,6) and [6,9) end on markers. (Aborted transactions are not
+    // tested here: the mock cluster's Fetch never lists them, so it
+    // delivers aborted records even to read_committed consumers.)
+    use rdkafka::ClientConfig;
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let mock = Mock::new();
+    mock.create_topic("raw", 1);
+    let p: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", mock.bootstrap())
+        .set("transactional.id", "sluice-test-txn")
+        .create()
+        .unwrap();
+    let t = Duration::from_secs(30);
+    p.init_transactions(t).unwrap();
+    for (txn, (n, commit)) in [(5, true), (2, true)].into_iter().enumerate() {
+        p.begin_transaction().unwrap();
+        for i in 0..n {
+            let v = format!("txn{txn}-{i}");
+            p.send(
+                BaseRecord::<[u8], [u8]>::to("raw")
+                    .partition(0)
+                    .payload(v.as_bytes()),
+            )
+            .map_err(|(e, _)| e)
+            .unwrap();
+        }
+        p.flush(t).unwrap();
+        if commit {
+            p.commit_transaction(t).unwrap();
+        } else {
+            p.abort_transaction(t).unwrap();
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::sqlite();
+    let mut cfg = pipeline(&mock.bootstrap(), "raw", &dir.path().join("ckpt"), &db);
+    cfg.plugins = vec![plugin("passthrough"), plugin("sql_counter")];
+    cfg.max_records_per_partition = 3;
+    let run = engine::run(&cfg, no_stop()).unwrap();
+    let mut got: Vec<String> = db
+        .query("SELECT value FROM seen")
+        .into_iter()
+        .map(|r| match &r[0] {
+            SqlValue::Text(v) => v.clone(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    got.sort();
+    let want: Vec<String> = (0..5)
+        .map(|i| format!("txn0-{i}"))
+        .chain((0..2).map(|i| format!("txn1-{i}")))
+        .collect();
+    assert_eq!(got, want, "only committed records, each once");
+    assert_eq!(run.counts.input, 7);
+    assert_eq!(run.batches, 3, "ranges [0,3) [3,6) [6,9)");
+}

@@ -450,8 +450,8 @@ impl KafkaSource {
         // Records arrive in runs from one partition: remember the last
         // partition's index so most records need no key allocation or hash.
         let mut last: Option<(TopicPartition, Option<usize>)> = None;
-        // The clock is read when a poll comes back empty and every
-        // CLOCK_EVERY records, not for every record.
+        // The clock is read after a poll that delivered no record (empty
+        // or an error) and every CLOCK_EVERY turns, not for every record.
         const CLOCK_EVERY: u32 = 256;
         let mut since_clock = 0u32;
         while !remaining.is_empty() {
@@ -530,6 +530,7 @@ impl KafkaSource {
                 Some(Err(e)) => {
                     last_error = e.to_string();
                     tracing::debug!("kafka: {e}");
+                    since_clock = CLOCK_EVERY;
                 }
                 None => {
                     // Idle: the clock checks run on the next turn.
