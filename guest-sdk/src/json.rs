@@ -99,7 +99,7 @@ impl<'a> Object<'a> {
     /// Parse a raw value (for nested objects).
     ///
     /// # Errors
-    /// As [`Object::parse`].
+    /// As [`Object::parse_str`].
     pub fn from_raw(raw: &'a RawValue) -> Result<Self, String> {
         Self::parse_str(raw.get())
     }

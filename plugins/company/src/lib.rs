@@ -112,9 +112,14 @@ impl Mapper for Company {
         // `data` is valid JSON already (the event parsed); it is only parsed
         // as an object when the key has no `pk.*` and `data.id` is needed.
         if !data.get().starts_with('{') {
+            let kind = match data.get().as_bytes().first() {
+                Some(b'[') => "an array",
+                Some(b'"') => "a string",
+                Some(b't' | b'f') => "a boolean",
+                _ => "a number",
+            };
             return Err(Error::bad_record(format!(
-                "`data` is not an object: {}",
-                data.get()
+                "`data` is {kind}, not an object"
             )));
         }
 
@@ -309,6 +314,37 @@ mod tests {
             r#"{"op":"upsert","database":"shop","table":"company","pk":{"id":1},"data":{"id":1,"v":999999999999.999998,"d":"0000-00-00 00:00:00"},"ts":1}"#
         );
         assert_eq!(m.outputs[0].key.as_deref(), Some(&br#"{"id":1}"#[..]));
+    }
+
+    #[test]
+    fn data_that_is_not_an_object_is_a_bad_record_with_or_without_a_key() {
+        for key in [None, Some(&br#"{"pk.id":1}"#[..])] {
+            let records: Vec<Record<'_>> = [
+                &br#"{"table":"company","type":"insert","data":[1,2]}"#[..],
+                br#"{"table":"company","type":"insert","data":"x"}"#,
+                br#"{"table":"company","type":"insert","data":7}"#,
+                br#"{"table":"company","type":"insert","data":{"id":1}}"#,
+            ]
+            .iter()
+            .enumerate()
+            .map(|(i, v)| Record {
+                key,
+                ..Record::with_value("t", 0, i as i64, v)
+            })
+            .collect();
+            let m = testing::map::<Company>(&Config::default(), &records).unwrap();
+            let messages: Vec<&str> = m.rejected.iter().map(|r| r.1.as_str()).collect();
+            assert_eq!(
+                messages,
+                [
+                    "`data` is an array, not an object",
+                    "`data` is a string, not an object",
+                    "`data` is a number, not an object",
+                ],
+                "key {key:?}"
+            );
+            assert_eq!(m.outputs.len(), 1);
+        }
     }
 
     #[test]
