@@ -22,6 +22,8 @@ R=target/release
 W=target/wasm32-wasip2/release
 mkdir -p "$OUT"
 coproc MB { "$R/mock-broker" maxwell "$PARTS"; }
+# The broker stops when its stdin closes; kill it if this script fails.
+trap 'kill "$MB_PID" 2>/dev/null || true' EXIT
 read -r BOOT <&"${MB[0]}"
 "$R/produce" "$BOOT" maxwell "$PARTS" "$EVENTS" "$OUT/expected.json" >/dev/null
 for row in passthrough company; do

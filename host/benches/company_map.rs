@@ -81,10 +81,16 @@ fn main() {
     println!("{:->7}-+-{:->14}-+-{:->14}-+-{:->11}", "", "", "", "");
     // SLUICE_BENCH_ONLY=native|wasm runs one side (for profiling).
     let only = std::env::var("SLUICE_BENCH_ONLY").unwrap_or_default();
-    let sizes: Vec<usize> = std::env::var("SLUICE_BENCH_BATCHES")
-        .ok()
-        .map(|s| s.split(',').filter_map(|b| b.trim().parse().ok()).collect())
-        .unwrap_or_else(|| vec![1, 100, 10_000]);
+    let sizes: Vec<usize> = match std::env::var("SLUICE_BENCH_BATCHES") {
+        Err(_) => vec![1, 100, 10_000],
+        Ok(s) => match s.split(',').map(|b| b.trim().parse()).collect() {
+            Ok(v) => v,
+            Err(e) => {
+                eprintln!("SLUICE_BENCH_BATCHES={s}: {e} (expected e.g. 100,10000)");
+                std::process::exit(2);
+            }
+        },
+    };
     for batch in sizes {
         let batch = batch.clamp(1, payloads.len());
         let records: Vec<Record<'_>> = payloads[..batch]
