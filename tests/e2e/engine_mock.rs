@@ -471,3 +471,69 @@ fn ranges_ending_on_transaction_markers_finish_without_a_message() {
     assert_eq!(run.counts.input, 7);
     assert_eq!(run.batches, 3, "ranges [0,3) [3,6) [6,9)");
 }
+
+#[test]
+fn a_record_that_always_traps_is_isolated_and_dead_lettered_the_rest_flows() {
+    // Under `fail` a trap stops the batch; under `dlq` the host re-runs the
+    // call in halves until the trapping records are alone, dead-letters
+    // them with the trap as the error and maps every other record.
+    let mock = Mock::new();
+    mock.create_topic("raw", 1);
+    let p = producer(&mock.bootstrap());
+    let values: Vec<String> = (0..40)
+        .map(|i| match i {
+            7 => "panic".to_string(),
+            23 => "loop".to_string(),
+            _ => format!("v{i}"),
+        })
+        .collect();
+    for v in &values {
+        p.send("raw", 0, None, Some(v.as_bytes()), &[]);
+    }
+    p.flush();
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::sqlite();
+    let mut cfg = pipeline(&mock.bootstrap(), "raw", &dir.path().join("ckpt"), &db);
+    cfg.plugins = vec![plugin("misbehave"), plugin("sql_counter")];
+    cfg.limits.call_timeout = Duration::from_millis(300);
+    cfg.attempts = 1;
+    let e = engine::run(&cfg, no_stop()).unwrap_err().to_string();
+    assert!(e.contains("trapped"), "{e}");
+    assert_eq!(db.scalar("SELECT COUNT(*) FROM sluice_progress"), 0);
+
+    cfg.on_error = ErrorPolicy::Dlq;
+    let run = engine::run(&cfg, no_stop()).unwrap();
+    assert_eq!(run.counts.dead_lettered, 2);
+    assert_eq!(run.counts.output, 38);
+    let dl = db.query(
+        "SELECT \"offset\", record_value, error FROM sluice_dead_letters ORDER BY \"offset\"",
+    );
+    assert_eq!(dl.len(), 2);
+    assert_eq!(dl[0][0], SqlValue::Integer(7));
+    assert_eq!(dl[0][1], SqlValue::Blob(b"panic".to_vec()));
+    assert_eq!(dl[1][0], SqlValue::Integer(23));
+    match (&dl[0][2], &dl[1][2]) {
+        (SqlValue::Text(panic), SqlValue::Text(timeout)) => {
+            assert!(panic.contains("panicked on purpose at offset 7"), "{panic}");
+            assert!(panic.contains("raw/0 offset 7"), "{panic}");
+            assert!(timeout.contains("raw/0 offset 23"), "{timeout}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Every other record went through once, with its usual key.
+    let mut keys: Vec<String> = db
+        .query("SELECT idempotency_key FROM seen")
+        .into_iter()
+        .map(|r| match &r[0] {
+            SqlValue::Text(k) => k.clone(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    keys.sort();
+    let mut want: Vec<String> = (0..40)
+        .filter(|i| *i != 7 && *i != 23)
+        .map(|i| format!("raw/0/{i}"))
+        .collect();
+    want.sort();
+    assert_eq!(keys, want);
+}

@@ -30,7 +30,7 @@ use crate::checkpoint::{
 };
 use crate::control::{ControlServer, HandoverNote, LiveStatus, Request, ServerContext};
 use crate::metrics::{Metrics, MetricsServer};
-use crate::plugin::chain::{ChainResult, run_chain};
+use crate::plugin::chain::{ChainResult, isolate_traps, run_chain};
 use crate::plugin::{CallContext, Instance, Plugin, PluginError, Runtime};
 use crate::sink::sql::{DbError, SqlGrant};
 use crate::sink::{Applied, DeadLetter, PartitionBatch, SinkDriver, SinkError};
@@ -900,21 +900,29 @@ fn sink_retryable(e: &SinkError) -> bool {
 
 /// Map a partition's records through the chain, retrying retryable
 /// failures and traps (whole-call `bad-record` errors are handled by the
-/// chain itself).
+/// chain itself). When the call still traps and `isolate_traps` (error
+/// policy `dlq` or `skip`), the records that make it trap are found by
+/// [`isolate_traps`] and become bad records; under `fail` the trap stops
+/// the batch.
 fn map_partition(
     stages: &mut Stages,
     ctx: &CallContext,
     records: &[Record<'_>],
     attempts: u32,
+    isolate: bool,
     metrics: &Metrics,
 ) -> Result<ChainResult, PluginError> {
-    with_retries(attempts, "map", PluginError::is_retryable, || {
+    let r = with_retries(attempts, "map", PluginError::is_retryable, || {
         let r = run_chain(&mut stages.maps, ctx, records);
         if matches!(r, Err(PluginError::Trap(_))) {
             metrics.trap();
         }
         r
-    })
+    });
+    match r {
+        Err(PluginError::Trap(t)) if isolate => isolate_traps(&mut stages.maps, ctx, records, t),
+        other => other,
+    }
 }
 
 /// Fetch, map and sink one batch. Returns counts, timings (plan and commit
@@ -997,7 +1005,8 @@ fn run_batch(
         let mapped = if stages.maps.is_empty() {
             passthrough(&views)
         } else {
-            map_partition(stages, &ctx, &views, cfg.attempts, metrics)?
+            let isolate = cfg.on_error != ErrorPolicy::Fail;
+            map_partition(stages, &ctx, &views, cfg.attempts, isolate, metrics)?
         };
         map_time += t.elapsed();
 

@@ -12,7 +12,7 @@
 
 use sluice_guest::wire::{self, Record};
 
-use super::{CallContext, Instance, PluginError, StageFailure};
+use super::{CallContext, Instance, PluginError, StageFailure, Trapped};
 
 /// One final output of the chain, owned.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -192,6 +192,78 @@ pub fn run_chain(
         });
     }
     Ok(ChainResult { outputs, rejected })
+}
+
+/// Find the records whose map call traps, for error policies that keep the
+/// pipeline going (`dlq`, `skip`): `source` is a call that trapped with
+/// `trap`. The records are run again in halves, recursively, until each
+/// trapping record is alone in its call; such a record becomes a
+/// [`Rejection`] whose message is the trap (plugin, digest, offset, limit
+/// hit), and every other record gets the outputs and idempotency keys it
+/// would have had in one call (keys depend only on source coordinates).
+///
+/// Cost: a record that traps every time costs one trap per halving, about
+/// log2(records) calls; for a timeout each of those waits for the
+/// deadline.
+///
+/// # Errors
+/// Any non-trap [`PluginError`] of a re-run.
+pub fn isolate_traps(
+    stages: &mut [Instance],
+    ctx: &CallContext,
+    source: &[Record<'_>],
+    trap: Box<Trapped>,
+) -> Result<ChainResult, PluginError> {
+    match source.len() {
+        0 => Err(PluginError::Trap(trap)),
+        1 => {
+            let stage = stages
+                .iter()
+                .position(|s| s.digest() == trap.digest)
+                .unwrap_or(0);
+            Ok(ChainResult {
+                outputs: Vec::new(),
+                rejected: vec![Rejection {
+                    source_index: 0,
+                    stage,
+                    plugin_digest: trap.digest.clone(),
+                    message: trap.to_string(),
+                }],
+            })
+        }
+        n => {
+            tracing::warn!(
+                "{trap}; running the {n} records again in halves to find the one that traps"
+            );
+            let mid = n / 2;
+            let mut result = run_part(stages, ctx, &source[..mid])?;
+            let second = run_part(stages, ctx, &source[mid..])?;
+            result
+                .outputs
+                .extend(second.outputs.into_iter().map(|mut o| {
+                    o.source_index += mid;
+                    o
+                }));
+            result
+                .rejected
+                .extend(second.rejected.into_iter().map(|mut r| {
+                    r.source_index += mid;
+                    r
+                }));
+            Ok(result)
+        }
+    }
+}
+
+fn run_part(
+    stages: &mut [Instance],
+    ctx: &CallContext,
+    part: &[Record<'_>],
+) -> Result<ChainResult, PluginError> {
+    match run_chain(stages, ctx, part) {
+        Err(PluginError::Trap(t)) => isolate_traps(stages, ctx, part, t),
+        other => other,
+    }
 }
 
 fn bad_index(

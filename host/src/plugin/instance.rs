@@ -321,9 +321,13 @@ pub struct Instance {
 }
 
 /// Describe the input of a call for error messages:
-/// `topic/partition offsets A..=B (N records)`.
+/// `topic/partition offsets A..=B (N records)`, or `topic/partition
+/// offset A` for one record.
 pub fn describe_site(records: &[Record<'_>]) -> String {
     match (records.first(), records.last()) {
+        (Some(a), _) if records.len() == 1 => {
+            format!("{}/{} offset {}", a.topic, a.partition, a.offset)
+        }
         (Some(a), Some(b)) if a.topic == b.topic && a.partition == b.partition => format!(
             "{}/{} offsets {}..={} ({} records)",
             a.topic,
