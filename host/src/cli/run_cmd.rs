@@ -106,9 +106,9 @@ pub struct RunArgs {
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// Progress output: `auto` (a live status line when stdout is a
     /// terminal, else JSON), `json` (one line per batch on stdout), `line`
-    /// (status line on stderr), `none`.
-    #[arg(long, value_enum, default_value = "auto")]
-    pub progress: ProgressMode,
+    /// (status line on stderr), `none` [default: auto].
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub progress: Option<ProgressMode>,
 }
 
 /// The config file (TOML). Every field mirrors a flag of the same name.
@@ -158,6 +158,10 @@ pub struct FileConfig {
     pub plugin_timeout: Option<String>,
     /// `--plugin-memory` (e.g. "256MiB").
     pub plugin_memory: Option<String>,
+    /// `--metrics-addr` (e.g. "127.0.0.1:9464").
+    pub metrics_addr: Option<String>,
+    /// `--progress`.
+    pub progress: Option<ProgressMode>,
 }
 
 fn missing(flag: &str) -> CliError {
@@ -262,6 +266,14 @@ pub fn pipeline(args: &RunArgs) -> Result<PipelineConfig, CliError> {
         .unwrap_or(cfg.starting_offsets);
     cfg.group_id = args.group_id.clone().or(file.group_id.clone());
     cfg.retention = args.retention.or(file.retention).unwrap_or(cfg.retention);
+    if cfg.retention == 0 {
+        return Err(CliError {
+            code: ExitCode::Usage,
+            error: anyhow::anyhow!(
+                "--retention must be at least 1 (the newest batch is always kept)"
+            ),
+        });
+    }
     cfg.allow_fingerprint_change = args.allow_fingerprint_change;
     cfg.wait = args.wait;
     if let Some(d) = args
@@ -276,11 +288,13 @@ pub fn pipeline(args: &RunArgs) -> Result<PipelineConfig, CliError> {
         }
         cfg.kafka_timeout = d;
     }
-    cfg.attempts = args
-        .attempts
-        .or(file.attempts)
-        .unwrap_or(cfg.attempts)
-        .max(1);
+    cfg.attempts = args.attempts.or(file.attempts).unwrap_or(cfg.attempts);
+    if cfg.attempts == 0 {
+        return Err(CliError {
+            code: ExitCode::Usage,
+            error: anyhow::anyhow!("--attempts must be at least 1 (1 = no retries)"),
+        });
+    }
     let defaults = Limits::default();
     let memory = match (&args.plugin_memory, &file.plugin_memory) {
         (Some(m), _) => *m,
@@ -296,8 +310,19 @@ pub fn pipeline(args: &RunArgs) -> Result<PipelineConfig, CliError> {
             .unwrap_or(defaults.call_timeout),
         memory_bytes: memory,
     };
-    cfg.progress = args.progress;
-    cfg.metrics_addr = args.metrics_addr;
+    cfg.progress = args
+        .progress
+        .or(file.progress)
+        .unwrap_or(ProgressMode::Auto);
+    cfg.metrics_addr = match (args.metrics_addr, &file.metrics_addr) {
+        (Some(a), _) => Some(a),
+        (None, Some(s)) => Some(
+            s.parse()
+                .map_err(|e| anyhow::anyhow!("config file: metrics_addr `{s}`: {e}"))
+                .code(ExitCode::Usage)?,
+        ),
+        (None, None) => None,
+    };
     Ok(cfg)
 }
 
@@ -361,6 +386,79 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
                 code,
                 error: e.into(),
             })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct T {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    fn merged(flags: &[&str], file: &str) -> Result<PipelineConfig, CliError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pipeline.toml");
+        std::fs::write(&path, file).unwrap();
+        let mut argv = vec!["t", "--config-file", path.to_str().unwrap()];
+        argv.extend_from_slice(flags);
+        pipeline(&T::try_parse_from(argv).unwrap().run)
+    }
+
+    const BASE: &str = r#"
+brokers = "b:9092"
+topics = ["t"]
+checkpoint = "ck"
+plugins = ["p.wasm"]
+"#;
+
+    #[test]
+    fn file_sets_progress_metrics_and_attempts_and_flags_win() {
+        let file =
+            format!("{BASE}progress = \"line\"\nmetrics_addr = \"127.0.0.1:9464\"\nattempts = 5\n");
+        let cfg = merged(&[], &file).unwrap();
+        assert_eq!(cfg.progress, ProgressMode::Line);
+        assert_eq!(cfg.metrics_addr, Some("127.0.0.1:9464".parse().unwrap()));
+        assert_eq!(cfg.attempts, 5);
+        let cfg = merged(
+            &[
+                "--progress",
+                "none",
+                "--metrics-addr",
+                "0.0.0.0:1",
+                "--attempts",
+                "2",
+            ],
+            &file,
+        )
+        .unwrap();
+        assert_eq!(cfg.progress, ProgressMode::None);
+        assert_eq!(cfg.metrics_addr, Some("0.0.0.0:1".parse().unwrap()));
+        assert_eq!(cfg.attempts, 2);
+        assert_eq!(merged(&[], BASE).unwrap().progress, ProgressMode::Auto);
+    }
+
+    #[test]
+    fn zero_attempts_or_retention_and_bad_keys_are_usage_errors() {
+        for (flags, file, says) in [
+            (vec!["--attempts", "0"], BASE.to_string(), "--attempts"),
+            (vec![], format!("{BASE}attempts = 0\n"), "--attempts"),
+            (vec!["--retention", "0"], BASE.to_string(), "--retention"),
+            (
+                vec![],
+                format!("{BASE}metrics_addr = \"nowhere\"\n"),
+                "metrics_addr",
+            ),
+            (vec![], format!("{BASE}atempts = 3\n"), "atempts"),
+        ] {
+            let e = merged(&flags, &file).unwrap_err();
+            assert_eq!(e.code, ExitCode::Usage, "{flags:?} {file}");
+            assert!(format!("{:#}", e.error).contains(says), "{:#}", e.error);
         }
     }
 }
