@@ -537,3 +537,29 @@ fn a_record_that_always_traps_is_isolated_and_dead_lettered_the_rest_flows() {
     want.sort();
     assert_eq!(keys, want);
 }
+
+#[test]
+fn a_plugin_that_traps_on_everything_is_not_isolated_forever() {
+    // Isolation has a budget of trapping calls per partition and batch; a
+    // plugin trapping on every record exhausts it and the batch stops
+    // uncommitted, as under `fail`.
+    let mock = Mock::new();
+    mock.create_topic("raw", 1);
+    let p = producer(&mock.bootstrap());
+    for _ in 0..60 {
+        p.send("raw", 0, None, Some(b"panic"), &[]);
+    }
+    p.flush();
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::sqlite();
+    let mut cfg = pipeline(&mock.bootstrap(), "raw", &dir.path().join("ckpt"), &db);
+    cfg.plugins = vec![plugin("misbehave"), plugin("sql_counter")];
+    cfg.attempts = 1;
+    cfg.on_error = ErrorPolicy::Skip;
+    let e = engine::run(&cfg, no_stop()).unwrap_err().to_string();
+    assert!(e.contains("panicked on purpose"), "{e}");
+    assert!(e.contains("batch not committed"), "{e}");
+    assert_eq!(db.scalar("SELECT COUNT(*) FROM sluice_progress"), 0);
+    // The message is not repeated by the error chain.
+    assert_eq!(e.matches("panicked on purpose").count(), 1, "{e}");
+}

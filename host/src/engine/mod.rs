@@ -30,7 +30,9 @@ use crate::checkpoint::{
 };
 use crate::control::{ControlServer, HandoverNote, LiveStatus, Request, ServerContext};
 use crate::metrics::{Metrics, MetricsServer};
-use crate::plugin::chain::{ChainResult, isolate_traps, run_chain};
+use crate::plugin::chain::{
+    ChainResult, DEFAULT_ISOLATION_TRAPS, TrapBudget, isolate_traps, run_chain,
+};
 use crate::plugin::{CallContext, Instance, Plugin, PluginError, Runtime};
 use crate::sink::sql::{DbError, SqlGrant};
 use crate::sink::{Applied, DeadLetter, PartitionBatch, SinkDriver, SinkError};
@@ -51,12 +53,13 @@ pub enum EngineError {
     /// A plugin could not be loaded (nothing was processed).
     #[error(transparent)]
     PluginLoad(PluginError),
-    /// A plugin failed (after retries).
+    /// A plugin failed (after retries). (Not a `source`: the message
+    /// already contains it, and an error chain would print it twice.)
     #[error("{0}; batch not committed, it is re-run on the next start")]
-    Plugin(#[from] PluginError),
+    Plugin(PluginError),
     /// The sink failed (after retries).
     #[error("{0}; batch not committed, it is re-run on the next start")]
-    Sink(#[from] SinkError),
+    Sink(SinkError),
     /// The sink database is unreachable or refused the schema.
     #[error("sink database {url}: {error}")]
     SinkDb {
@@ -121,6 +124,18 @@ pub enum EngineError {
     /// `--takeover` gave up; the checkpoint was not touched.
     #[error("takeover: {0}")]
     Takeover(String),
+}
+
+impl From<PluginError> for EngineError {
+    fn from(e: PluginError) -> Self {
+        EngineError::Plugin(e)
+    }
+}
+
+impl From<SinkError> for EngineError {
+    fn from(e: SinkError) -> Self {
+        EngineError::Sink(e)
+    }
 }
 
 impl EngineError {
@@ -672,6 +687,7 @@ pub fn run_with(
             epoch,
             rerun,
             &metrics,
+            &stop,
         )?;
         let mut gaps = gaps;
         gaps.extend(rerun_gaps);
@@ -900,16 +916,16 @@ fn sink_retryable(e: &SinkError) -> bool {
 
 /// Map a partition's records through the chain, retrying retryable
 /// failures and traps (whole-call `bad-record` errors are handled by the
-/// chain itself). When the call still traps and `isolate_traps` (error
-/// policy `dlq` or `skip`), the records that make it trap are found by
-/// [`isolate_traps`] and become bad records; under `fail` the trap stops
-/// the batch.
+/// chain itself). When the call still traps and `isolate` is given (error
+/// policy `dlq` or `skip`; the process's stop flag), the records that make
+/// it trap are found by [`isolate_traps`] and become bad records; under
+/// `fail` the trap stops the batch.
 fn map_partition(
     stages: &mut Stages,
     ctx: &CallContext,
     records: &[Record<'_>],
     attempts: u32,
-    isolate: bool,
+    isolate: Option<&AtomicBool>,
     metrics: &Metrics,
 ) -> Result<ChainResult, PluginError> {
     let r = with_retries(attempts, "map", PluginError::is_retryable, || {
@@ -919,9 +935,15 @@ fn map_partition(
         }
         r
     });
-    match r {
-        Err(PluginError::Trap(t)) if isolate => isolate_traps(&mut stages.maps, ctx, records, t),
-        other => other,
+    match (r, isolate) {
+        (Err(PluginError::Trap(t)), Some(stop)) => {
+            let mut budget = TrapBudget {
+                stop,
+                traps_left: DEFAULT_ISOLATION_TRAPS,
+            };
+            isolate_traps(&mut stages.maps, ctx, records, t, &mut budget)
+        }
+        (other, _) => other,
     }
 }
 
@@ -938,6 +960,7 @@ fn run_batch(
     epoch: u64,
     rerun: bool,
     metrics: &Metrics,
+    stop: &AtomicBool,
 ) -> Result<(Counts, Timings, Vec<crate::checkpoint::DataLossGap>), EngineError> {
     let mut timings = Timings::default();
     let mut counts = Counts::default();
@@ -1005,7 +1028,7 @@ fn run_batch(
         let mapped = if stages.maps.is_empty() {
             passthrough(&views)
         } else {
-            let isolate = cfg.on_error != ErrorPolicy::Fail;
+            let isolate = (cfg.on_error != ErrorPolicy::Fail).then_some(stop);
             map_partition(stages, &ctx, &views, cfg.attempts, isolate, metrics)?
         };
         map_time += t.elapsed();
@@ -1034,18 +1057,21 @@ fn run_batch(
                     counts.skipped += 1;
                     tracing::warn!(topic = %range.topic, partition = range.partition, offset = r.offset, plugin = %b.plugin_digest, "skipping bad record: {}", b.message);
                 }
-                ErrorPolicy::Dlq => dead_letters.push(DeadLetter {
-                    topic: range.topic.clone(),
-                    partition: range.partition,
-                    offset: r.offset,
-                    timestamp_ms: r.timestamp,
-                    key: r.key.clone(),
-                    value: r.value.clone(),
-                    headers: r.headers.clone(),
-                    error: b.message.clone(),
-                    plugin_digest: b.plugin_digest.clone(),
-                    stage: b.stage,
-                }),
+                ErrorPolicy::Dlq => {
+                    tracing::warn!(topic = %range.topic, partition = range.partition, offset = r.offset, plugin = %b.plugin_digest, "dead-lettering bad record: {}", b.message);
+                    dead_letters.push(DeadLetter {
+                        topic: range.topic.clone(),
+                        partition: range.partition,
+                        offset: r.offset,
+                        timestamp_ms: r.timestamp,
+                        key: r.key.clone(),
+                        value: r.value.clone(),
+                        headers: r.headers.clone(),
+                        error: b.message.clone(),
+                        plugin_digest: b.plugin_digest.clone(),
+                        stage: b.stage,
+                    });
+                }
             }
         }
         let mut with_output = vec![false; recs.len()];

@@ -194,6 +194,24 @@ pub fn run_chain(
     Ok(ChainResult { outputs, rejected })
 }
 
+/// Bounds on [`isolate_traps`]: a plugin that traps on many records is
+/// broken rather than fed bad data, and a stop request must not wait for a
+/// long isolation.
+pub struct TrapBudget<'a> {
+    /// Set when the process should stop: isolation gives up at the next
+    /// call (the batch is not committed and is re-run on the next start).
+    pub stop: &'a std::sync::atomic::AtomicBool,
+    /// Trapping calls still allowed while isolating; at zero isolation gives
+    /// up with the last trap.
+    pub traps_left: u32,
+}
+
+/// Trapping calls [`isolate_traps`] allows per partition range of a batch
+/// by default: enough to isolate a few bad records among 10,000 (about 14
+/// trapping calls each), few enough that a plugin trapping on everything
+/// stops after a bounded number of deadlines.
+pub const DEFAULT_ISOLATION_TRAPS: u32 = 48;
+
 /// Find the records whose map call traps, for error policies that keep the
 /// pipeline going (`dlq`, `skip`): `source` is a call that trapped with
 /// `trap`. The records are run again in halves, recursively, until each
@@ -202,17 +220,19 @@ pub fn run_chain(
 /// hit), and every other record gets the outputs and idempotency keys it
 /// would have had in one call (keys depend only on source coordinates).
 ///
-/// Cost: a record that traps every time costs one trap per halving, about
-/// log2(records) calls; for a timeout each of those waits for the
-/// deadline.
+/// Cost: each trapping record costs about log2(records) trapping calls (for
+/// a timeout, each waits for the deadline); `budget` bounds the total.
 ///
 /// # Errors
-/// Any non-trap [`PluginError`] of a re-run.
+/// The trap itself when the budget runs out or a stop is requested (the
+/// batch then fails as under `--on-error fail`); any non-trap
+/// [`PluginError`] of a re-run.
 pub fn isolate_traps(
     stages: &mut [Instance],
     ctx: &CallContext,
     source: &[Record<'_>],
     trap: Box<Trapped>,
+    budget: &mut TrapBudget<'_>,
 ) -> Result<ChainResult, PluginError> {
     match source.len() {
         0 => Err(PluginError::Trap(trap)),
@@ -236,8 +256,8 @@ pub fn isolate_traps(
                 "{trap}; running the {n} records again in halves to find the one that traps"
             );
             let mid = n / 2;
-            let mut result = run_part(stages, ctx, &source[..mid])?;
-            let second = run_part(stages, ctx, &source[mid..])?;
+            let mut result = run_part(stages, ctx, &source[..mid], budget)?;
+            let second = run_part(stages, ctx, &source[mid..], budget)?;
             result
                 .outputs
                 .extend(second.outputs.into_iter().map(|mut o| {
@@ -259,9 +279,23 @@ fn run_part(
     stages: &mut [Instance],
     ctx: &CallContext,
     part: &[Record<'_>],
+    budget: &mut TrapBudget<'_>,
 ) -> Result<ChainResult, PluginError> {
+    if budget.stop.load(std::sync::atomic::Ordering::Relaxed) {
+        // Run the part once more without isolating: a trap ends the batch.
+        return run_chain(stages, ctx, part);
+    }
     match run_chain(stages, ctx, part) {
-        Err(PluginError::Trap(t)) => isolate_traps(stages, ctx, part, t),
+        Err(PluginError::Trap(t)) if budget.traps_left == 0 => {
+            tracing::error!(
+                "giving up finding the records that trap: the plugin trapped on more calls than the isolation allows ({DEFAULT_ISOLATION_TRAPS} per partition and batch); it looks broken rather than fed bad records"
+            );
+            Err(PluginError::Trap(t))
+        }
+        Err(PluginError::Trap(t)) => {
+            budget.traps_left -= 1;
+            isolate_traps(stages, ctx, part, t, budget)
+        }
         other => other,
     }
 }
