@@ -310,6 +310,14 @@ pub fn pipeline(args: &RunArgs) -> Result<PipelineConfig, CliError> {
             .unwrap_or(defaults.call_timeout),
         memory_bytes: memory,
     };
+    if cfg.limits.call_timeout < Duration::from_millis(10) {
+        return Err(CliError {
+            code: ExitCode::Usage,
+            error: anyhow::anyhow!(
+                "--plugin-timeout must be at least 10ms (deadlines are checked every 5 ms)"
+            ),
+        });
+    }
     cfg.progress = args
         .progress
         .or(file.progress)
@@ -449,6 +457,16 @@ plugins = ["p.wasm"]
             (vec!["--attempts", "0"], BASE.to_string(), "--attempts"),
             (vec![], format!("{BASE}attempts = 0\n"), "--attempts"),
             (vec!["--retention", "0"], BASE.to_string(), "--retention"),
+            (
+                vec!["--plugin-timeout", "0s"],
+                BASE.to_string(),
+                "--plugin-timeout",
+            ),
+            (
+                vec![],
+                format!("{BASE}plugin_timeout = \"1ms\"\n"),
+                "--plugin-timeout",
+            ),
             (
                 vec![],
                 format!("{BASE}metrics_addr = \"nowhere\"\n"),

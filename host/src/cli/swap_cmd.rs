@@ -125,7 +125,10 @@ pub fn status(args: StatusArgs) -> Result<(), CliError> {
                 Some(b) => outln!("current     batch {b} in flight")?,
                 None => outln!("current     between batches")?,
             }
-            outln!("committed   batch {}", s["last_committed"])?;
+            match s["last_committed"].as_u64() {
+                Some(b) => outln!("committed   batch {b}")?,
+                None => outln!("committed   none yet")?,
+            }
             for p in s["plugins"].as_array().into_iter().flatten() {
                 outln!(
                     "plugin      {} sha256:{}",

@@ -523,6 +523,12 @@ impl Instance {
                 Some(Trap::StackOverflow) => TrapKind::StackOverflow,
                 Some(trap) => match panic_message(&guest_stderr) {
                     Some(message) => TrapKind::Panic { message },
+                    // Rust and C guests keep their stack in linear memory
+                    // (below the data); overflowing it shows up as an
+                    // out-of-bounds access, not as wasm's stack overflow.
+                    None if *trap == Trap::MemoryOutOfBounds => TrapKind::Other(format!(
+                        "{trap} (in a Rust or C plugin usually a stack overflow: deep recursion or a large local)"
+                    )),
                     None => TrapKind::Other(trap.to_string()),
                 },
                 None => match panic_message(&guest_stderr) {
