@@ -101,8 +101,9 @@ pub struct RunArgs {
     /// Memory cap of each plugin instance [default: 256MiB].
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     pub plugin_memory: Option<u64>,
-    /// Serve Prometheus metrics on HOST:PORT (`GET /metrics`).
-    #[arg(long, value_name = "HOST:PORT")]
+    /// Serve Prometheus metrics on IP:PORT (`GET /metrics`), e.g.
+    /// `127.0.0.1:9464`.
+    #[arg(long, value_name = "IP:PORT")]
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// Progress output: `auto` (a live status line when stdout is a
     /// terminal, else JSON), `json` (one line per batch on stdout), `line`
