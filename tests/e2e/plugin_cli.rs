@@ -175,12 +175,22 @@ fn trap_exits_non_zero_with_one_line_reason() {
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
     let last = err.lines().last().unwrap_or_default();
-    assert!(last.starts_with("host: plugin "), "{err}");
+    assert!(
+        last.starts_with("host: 1 record(s) made the plugin trap"),
+        "{err}"
+    );
     assert!(
         last.contains("misbehave panicked on purpose at offset 1"),
         "{err}"
     );
-    assert!(last.contains("test/0 offsets 0..=1"), "{err}");
+    // Narrowed down to the record, and the other record's output is shown.
+    assert!(last.contains("test/0 offset 1:"), "{err}");
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(lines[0]["type"], "output");
+    assert_eq!(lines[0]["value"], "ok");
+    assert_eq!(lines[1]["type"], "bad_record");
+    assert_eq!(lines[1]["offset"], 1);
 }
 
 #[test]

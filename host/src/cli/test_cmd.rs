@@ -16,8 +16,10 @@ use serde_json::value::RawValue;
 use sluice_guest::wire::{Record, TimestampType};
 
 use super::{CliError, ExitCode, LimitArgs, WithCode, parse_kv};
-use crate::plugin::chain::run_chain;
-use crate::plugin::{CallContext, Runtime};
+use crate::plugin::chain::{
+    DEFAULT_ISOLATION_TRAPS, Rejection, TrapBudget, isolate_traps, run_chain,
+};
+use crate::plugin::{CallContext, PluginError, Runtime};
 
 /// Flags of `host test`.
 #[derive(Debug, Args)]
@@ -269,7 +271,20 @@ pub fn run(args: TestArgs) -> Result<(), CliError> {
         batch_id: 0,
         epoch: 0,
     };
-    let result = run_chain(&mut stages, &ctx, &records)?;
+    // A trap is narrowed down to the records that cause it (as under
+    // `host run --on-error dlq`), so the author sees which input it is and
+    // the outputs of all the others; the command still fails.
+    let result = match run_chain(&mut stages, &ctx, &records) {
+        Err(PluginError::Trap(t)) => {
+            let never = std::sync::atomic::AtomicBool::new(false);
+            let mut budget = TrapBudget {
+                stop: &never,
+                traps_left: DEFAULT_ISOLATION_TRAPS,
+            };
+            isolate_traps(&mut stages, &ctx, &records, t, &mut budget)?
+        }
+        other => other?,
+    };
 
     let stdout = std::io::stdout();
     let mut out = BufWriter::new(stdout.lock());
@@ -319,6 +334,17 @@ pub fn run(args: TestArgs) -> Result<(), CliError> {
         }
     }
     out.flush().map_err(super::stdout_error)?;
+    let trapped: Vec<&Rejection> = result.rejected.iter().filter(|r| r.trapped).collect();
+    if let Some(first) = trapped.first() {
+        return Err(CliError {
+            code: ExitCode::Failed,
+            error: anyhow::anyhow!(
+                "{} record(s) made the plugin trap (their lines above are bad_record); the first: {}",
+                trapped.len(),
+                first.message
+            ),
+        });
+    }
     tracing::info!(
         records = records.len(),
         outputs = result.outputs.len(),

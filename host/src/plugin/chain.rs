@@ -38,8 +38,12 @@ pub struct Rejection {
     pub stage: usize,
     /// Digest of the rejecting plugin.
     pub plugin_digest: String,
-    /// The stage's message.
+    /// The stage's message (for a trap: the trap, naming plugin, digest,
+    /// offset and limit hit).
     pub message: String,
+    /// The record was rejected because its call trapped (found by
+    /// [`isolate_traps`]), not by the stage's own verdict.
+    pub trapped: bool,
 }
 
 /// Result of one batch through the chain.
@@ -121,6 +125,7 @@ pub fn run_chain(
                         stage: stage_index,
                         plugin_digest: digest.clone(),
                         message,
+                        trapped: false,
                     });
                     continue;
                 }
@@ -146,6 +151,7 @@ pub fn run_chain(
                     stage: stage_index,
                     plugin_digest: digest.clone(),
                     message: bad.message.clone(),
+                    trapped: false,
                 });
             }
             for o in outputs {
@@ -248,6 +254,7 @@ pub fn isolate_traps(
                     stage,
                     plugin_digest: trap.digest.clone(),
                     message: trap.to_string(),
+                    trapped: true,
                 }],
             })
         }
