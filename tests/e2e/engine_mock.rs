@@ -540,26 +540,39 @@ fn a_record_that_always_traps_is_isolated_and_dead_lettered_the_rest_flows() {
 
 #[test]
 fn a_plugin_that_traps_on_everything_is_not_isolated_forever() {
-    // Isolation has a budget of trapping calls per partition and batch; a
-    // plugin trapping on every record exhausts it and the batch stops
-    // uncommitted, as under `fail`.
-    let mock = Mock::new();
-    mock.create_topic("raw", 1);
-    let p = producer(&mock.bootstrap());
-    for _ in 0..60 {
-        p.send("raw", 0, None, Some(b"panic"), &[]);
+    // A plugin trapping on every record is broken, not fed bad data: with
+    // many records the isolation budget runs out, with few every record of
+    // the range traps; either way the batch stops uncommitted, as under
+    // `fail`, instead of dead-lettering or skipping everything.
+    for (records, policy) in [(60, ErrorPolicy::Skip), (5, ErrorPolicy::Dlq)] {
+        let mock = Mock::new();
+        mock.create_topic("raw", 1);
+        let p = producer(&mock.bootstrap());
+        for _ in 0..records {
+            p.send("raw", 0, None, Some(b"panic"), &[]);
+        }
+        p.flush();
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::sqlite();
+        let mut cfg = pipeline(&mock.bootstrap(), "raw", &dir.path().join("ckpt"), &db);
+        cfg.plugins = vec![plugin("misbehave"), plugin("sql_counter")];
+        cfg.attempts = 1;
+        cfg.on_error = policy;
+        let err = engine::run(&cfg, no_stop()).unwrap_err();
+        // The message with its source chain, as `host` prints it.
+        let mut e = err.to_string();
+        let mut source = std::error::Error::source(&err);
+        while let Some(s) = source {
+            e.push_str(&format!(": {s}"));
+            source = s.source();
+        }
+        assert!(e.contains("panicked on purpose"), "{e}");
+        assert!(e.contains("batch not committed"), "{e}");
+        // The error chain does not print the trap twice.
+        assert_eq!(e.matches("panicked on purpose").count(), 1, "{e}");
+        assert_eq!(db.scalar("SELECT COUNT(*) FROM sluice_progress"), 0);
+        if policy == ErrorPolicy::Dlq {
+            assert_eq!(db.scalar("SELECT COUNT(*) FROM sluice_dead_letters"), 0);
+        }
     }
-    p.flush();
-    let dir = tempfile::tempdir().unwrap();
-    let db = Db::sqlite();
-    let mut cfg = pipeline(&mock.bootstrap(), "raw", &dir.path().join("ckpt"), &db);
-    cfg.plugins = vec![plugin("misbehave"), plugin("sql_counter")];
-    cfg.attempts = 1;
-    cfg.on_error = ErrorPolicy::Skip;
-    let e = engine::run(&cfg, no_stop()).unwrap_err().to_string();
-    assert!(e.contains("panicked on purpose"), "{e}");
-    assert!(e.contains("batch not committed"), "{e}");
-    assert_eq!(db.scalar("SELECT COUNT(*) FROM sluice_progress"), 0);
-    // The message is not repeated by the error chain.
-    assert_eq!(e.matches("panicked on purpose").count(), 1, "{e}");
 }

@@ -132,7 +132,7 @@ pub enum Command {
 pub struct LimitArgs {
     /// Deadline of one plugin call (e.g. 500ms, 10s). A call that runs
     /// longer is interrupted and the instance discarded.
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_plugin_timeout)]
     pub plugin_timeout: Duration,
 
     /// Memory cap of each plugin instance, bytes (suffixes KiB, MiB, GiB).
@@ -153,6 +153,20 @@ impl LimitArgs {
 /// Parse `10s`, `500ms`, `2m` (humantime syntax).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 500ms, 10s, 2m)"))
+}
+
+/// Shortest plugin call deadline accepted: deadlines are checked every
+/// 5 ms (the epoch tick), so shorter ones are meaningless.
+pub const MIN_PLUGIN_TIMEOUT: Duration = Duration::from_millis(10);
+
+/// Parse a `--plugin-timeout` (as [`parse_duration`], at least
+/// [`MIN_PLUGIN_TIMEOUT`]).
+pub fn parse_plugin_timeout(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < MIN_PLUGIN_TIMEOUT {
+        return Err("must be at least 10ms (deadlines are checked every 5 ms)".into());
+    }
+    Ok(d)
 }
 
 /// Parse a byte count: `1048576`, `64KiB`, `256MiB`, `1GiB` (also KB/MB/GB

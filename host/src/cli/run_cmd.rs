@@ -311,7 +311,7 @@ pub fn pipeline(args: &RunArgs) -> Result<PipelineConfig, CliError> {
             .unwrap_or(defaults.call_timeout),
         memory_bytes: memory,
     };
-    if cfg.limits.call_timeout < Duration::from_millis(10) {
+    if cfg.limits.call_timeout < super::MIN_PLUGIN_TIMEOUT {
         return Err(CliError {
             code: ExitCode::Usage,
             error: anyhow::anyhow!(

@@ -280,6 +280,7 @@ pub fn run(args: TestArgs) -> Result<(), CliError> {
             let mut budget = TrapBudget {
                 stop: &never,
                 traps_left: DEFAULT_ISOLATION_TRAPS,
+                attempts: 1,
             };
             isolate_traps(&mut stages, &ctx, &records, t, &mut budget)?
         }

@@ -937,11 +937,28 @@ fn map_partition(
     });
     match (r, isolate) {
         (Err(PluginError::Trap(t)), Some(stop)) => {
+            let first = t.clone();
             let mut budget = TrapBudget {
                 stop,
                 traps_left: DEFAULT_ISOLATION_TRAPS,
+                attempts,
             };
-            isolate_traps(&mut stages.maps, ctx, records, t, &mut budget)
+            let result = isolate_traps(&mut stages.maps, ctx, records, t, &mut budget)?;
+            let trapped = result.rejected.iter().filter(|r| r.trapped).count();
+            for _ in 0..trapped {
+                metrics.trap();
+            }
+            if records.len() > 1 && trapped == records.len() {
+                // Not one record could be mapped: a broken plugin (or limit)
+                // rather than bad records. Stop instead of dead-lettering
+                // or skipping the whole range.
+                tracing::error!(
+                    "every record of {} made the plugin trap: it looks broken, not fed bad records; stopping",
+                    first.site
+                );
+                return Err(PluginError::Trap(first));
+            }
+            Ok(result)
         }
         (other, _) => other,
     }

@@ -204,12 +204,16 @@ pub fn run_chain(
 /// broken rather than fed bad data, and a stop request must not wait for a
 /// long isolation.
 pub struct TrapBudget<'a> {
-    /// Set when the process should stop: isolation gives up at the next
-    /// call (the batch is not committed and is re-run on the next start).
+    /// Set when the process should stop: no further splitting (the rest
+    /// runs unsplit, so another trap fails the batch, uncommitted).
     pub stop: &'a std::sync::atomic::AtomicBool,
     /// Trapping calls still allowed while isolating; at zero isolation gives
     /// up with the last trap.
     pub traps_left: u32,
+    /// Attempts per call (`--attempts`): a record alone in its call is
+    /// rejected only after trapping this many times, and a retryable stage
+    /// error is retried as often.
+    pub attempts: u32,
 }
 
 /// Trapping calls [`isolate_traps`] allows per partition range of a batch
@@ -260,7 +264,9 @@ pub fn isolate_traps(
         }
         n => {
             tracing::warn!(
-                "{trap}; running the {n} records again in halves to find the one that traps"
+                plugin = %trap.digest,
+                "a call on {} trapped; running its {n} records again in halves to find the ones that trap",
+                trap.site
             );
             let mid = n / 2;
             let mut result = run_part(stages, ctx, &source[..mid], budget)?;
@@ -288,22 +294,35 @@ fn run_part(
     part: &[Record<'_>],
     budget: &mut TrapBudget<'_>,
 ) -> Result<ChainResult, PluginError> {
-    if budget.stop.load(std::sync::atomic::Ordering::Relaxed) {
-        // Run the part once more without isolating: a trap ends the batch.
-        return run_chain(stages, ctx, part);
-    }
-    match run_chain(stages, ctx, part) {
-        Err(PluginError::Trap(t)) if budget.traps_left == 0 => {
-            tracing::error!(
-                "giving up finding the records that trap: the plugin trapped on more calls than the isolation allows ({DEFAULT_ISOLATION_TRAPS} per partition and batch); it looks broken rather than fed bad records"
-            );
-            Err(PluginError::Trap(t))
+    let mut attempt = 1;
+    loop {
+        if budget.stop.load(std::sync::atomic::Ordering::Relaxed) {
+            // No more splitting: a trap now ends the batch.
+            return run_chain(stages, ctx, part);
         }
-        Err(PluginError::Trap(t)) => {
-            budget.traps_left -= 1;
-            isolate_traps(stages, ctx, part, t, budget)
+        match run_chain(stages, ctx, part) {
+            Err(PluginError::Trap(t)) if budget.traps_left == 0 => {
+                tracing::error!(
+                    "giving up finding the records that trap: the plugin trapped on more calls than the isolation allows ({DEFAULT_ISOLATION_TRAPS} per partition and batch); it looks broken rather than fed bad records"
+                );
+                return Err(PluginError::Trap(t));
+            }
+            Err(PluginError::Trap(t)) => {
+                budget.traps_left -= 1;
+                if part.len() == 1 && attempt < budget.attempts {
+                    // A lone record gets the same attempts as a whole call
+                    // (a deadline can be missed on a busy machine).
+                    attempt += 1;
+                    continue;
+                }
+                return isolate_traps(stages, ctx, part, t, budget);
+            }
+            Err(e) if e.is_retryable() && attempt < budget.attempts => {
+                tracing::warn!("{e}; retrying (attempt {attempt} of {})", budget.attempts);
+                attempt += 1;
+            }
+            other => return other,
         }
-        other => other,
     }
 }
 
