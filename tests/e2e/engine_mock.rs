@@ -454,15 +454,7 @@ fn ranges_ending_on_transaction_markers_finish_without_a_message() {
     cfg.plugins = vec![plugin("passthrough"), plugin("sql_counter")];
     cfg.max_records_per_partition = 3;
     let run = engine::run(&cfg, no_stop()).unwrap();
-    let mut got: Vec<String> = db
-        .query("SELECT value FROM seen")
-        .into_iter()
-        .map(|r| match &r[0] {
-            SqlValue::Text(v) => v.clone(),
-            other => panic!("{other:?}"),
-        })
-        .collect();
-    got.sort();
+    let got = db.sorted_texts("SELECT value FROM seen");
     let want: Vec<String> = (0..5)
         .map(|i| format!("txn0-{i}"))
         .chain((0..2).map(|i| format!("txn1-{i}")))
@@ -521,15 +513,7 @@ fn a_record_that_always_traps_is_isolated_and_dead_lettered_the_rest_flows() {
         other => panic!("{other:?}"),
     }
     // Every other record went through once, with its usual key.
-    let mut keys: Vec<String> = db
-        .query("SELECT idempotency_key FROM seen")
-        .into_iter()
-        .map(|r| match &r[0] {
-            SqlValue::Text(k) => k.clone(),
-            other => panic!("{other:?}"),
-        })
-        .collect();
-    keys.sort();
+    let keys = db.sorted_texts("SELECT idempotency_key FROM seen");
     let mut want: Vec<String> = (0..40)
         .filter(|i| *i != 7 && *i != 23)
         .map(|i| format!("raw/0/{i}"))

@@ -80,6 +80,20 @@ impl Db {
             other => panic!("{}: {sql}: {other:?}", self.name),
         }
     }
+
+    /// The first column of every row, as text, sorted.
+    pub fn sorted_texts(&self, sql: &str) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .query(sql)
+            .into_iter()
+            .map(|r| match r.first() {
+                Some(SqlValue::Text(t)) => t.clone(),
+                other => panic!("{}: {sql}: {other:?}", self.name),
+            })
+            .collect();
+        v.sort();
+        v
+    }
 }
 
 pub struct Owned {
