@@ -166,9 +166,16 @@ pub struct FileConfig {
 }
 
 fn missing(flag: &str) -> CliError {
+    usage(format!(
+        "{flag} is required (as a flag or in --config-file)"
+    ))
+}
+
+/// A usage error (exit 2) with `message`.
+fn usage(message: impl std::fmt::Display) -> CliError {
     CliError {
         code: ExitCode::Usage,
-        error: anyhow::anyhow!("{flag} is required (as a flag or in --config-file)"),
+        error: anyhow::anyhow!("{message}"),
     }
 }
 
@@ -217,10 +224,7 @@ pub fn pipeline(args: &RunArgs) -> Result<PipelineConfig, CliError> {
     topics.sort();
     topics.dedup();
     if topics.iter().any(|t| t.trim().is_empty()) || brokers.trim().is_empty() {
-        return Err(CliError {
-            code: ExitCode::Usage,
-            error: anyhow::anyhow!("--brokers and --topic must not be empty"),
-        });
+        return Err(usage("--brokers and --topic must not be empty"));
     }
     let mut cfg = PipelineConfig::new(brokers, topics, checkpoint);
     cfg.plugins = if args.plugins.is_empty() {
@@ -242,10 +246,7 @@ pub fn pipeline(args: &RunArgs) -> Result<PipelineConfig, CliError> {
         .or(file.max_records_per_partition)
     {
         if n == 0 {
-            return Err(CliError {
-                code: ExitCode::Usage,
-                error: anyhow::anyhow!("--max-records-per-partition must be at least 1"),
-            });
+            return Err(usage("--max-records-per-partition must be at least 1"));
         }
         cfg.max_records_per_partition = n;
     }
@@ -268,12 +269,9 @@ pub fn pipeline(args: &RunArgs) -> Result<PipelineConfig, CliError> {
     cfg.group_id = args.group_id.clone().or(file.group_id.clone());
     cfg.retention = args.retention.or(file.retention).unwrap_or(cfg.retention);
     if cfg.retention == 0 {
-        return Err(CliError {
-            code: ExitCode::Usage,
-            error: anyhow::anyhow!(
-                "--retention must be at least 1 (the newest batch is always kept)"
-            ),
-        });
+        return Err(usage(
+            "--retention must be at least 1 (the newest batch is always kept)",
+        ));
     }
     cfg.allow_fingerprint_change = args.allow_fingerprint_change;
     cfg.wait = args.wait;
@@ -282,19 +280,13 @@ pub fn pipeline(args: &RunArgs) -> Result<PipelineConfig, CliError> {
         .or(dur(&file.kafka_timeout, "kafka_timeout")?)
     {
         if d < Duration::from_secs(1) {
-            return Err(CliError {
-                code: ExitCode::Usage,
-                error: anyhow::anyhow!("--kafka-timeout must be at least 1s"),
-            });
+            return Err(usage("--kafka-timeout must be at least 1s"));
         }
         cfg.kafka_timeout = d;
     }
     cfg.attempts = args.attempts.or(file.attempts).unwrap_or(cfg.attempts);
     if cfg.attempts == 0 {
-        return Err(CliError {
-            code: ExitCode::Usage,
-            error: anyhow::anyhow!("--attempts must be at least 1 (1 = no retries)"),
-        });
+        return Err(usage("--attempts must be at least 1 (1 = no retries)"));
     }
     let defaults = Limits::default();
     let memory = match (&args.plugin_memory, &file.plugin_memory) {
@@ -312,12 +304,9 @@ pub fn pipeline(args: &RunArgs) -> Result<PipelineConfig, CliError> {
         memory_bytes: memory,
     };
     if cfg.limits.call_timeout < super::MIN_PLUGIN_TIMEOUT {
-        return Err(CliError {
-            code: ExitCode::Usage,
-            error: anyhow::anyhow!(
-                "--plugin-timeout must be at least 10ms (deadlines are checked every 5 ms)"
-            ),
-        });
+        return Err(usage(
+            "--plugin-timeout must be at least 10ms (deadlines are checked every 5 ms)",
+        ));
     }
     cfg.progress = args
         .progress
