@@ -74,38 +74,39 @@ pub fn run_chain(
     ctx: &CallContext,
     source: &[Record<'_>],
 ) -> Result<ChainResult, PluginError> {
-    let mut pending: Vec<Pending> = source
-        .iter()
-        .enumerate()
-        .map(|(i, r)| Pending {
-            source: i,
-            key: r.key.map(<[u8]>::to_vec),
-            value: r.value.map(<[u8]>::to_vec),
-            headers: wire::owned_headers(&r.headers),
-        })
-        .collect();
+    // Stage inputs: views of the source records for the first stage (their
+    // bytes are not copied), then the previous stage's outputs.
+    let mut pending: Option<Vec<Pending>> = None;
     let mut rejected = Vec::new();
 
     for (stage_index, instance) in stages.iter_mut().enumerate() {
         let digest = instance.digest().to_string();
         let path = instance.path().to_path_buf();
         // Inputs of this stage: source coordinates with current content.
-        let inputs: Vec<Record<'_>> = pending
-            .iter()
-            .map(|p| {
-                let s = &source[p.source];
-                Record {
-                    topic: s.topic,
-                    partition: s.partition,
-                    offset: s.offset,
-                    timestamp: s.timestamp,
-                    timestamp_type: s.timestamp_type,
-                    key: p.key.as_deref(),
-                    value: p.value.as_deref(),
-                    headers: wire::header_views(&p.headers),
-                }
-            })
-            .collect();
+        let inputs: Vec<Record<'_>> = match &pending {
+            None => source.to_vec(),
+            Some(pending) => pending
+                .iter()
+                .map(|p| {
+                    let s = &source[p.source];
+                    Record {
+                        topic: s.topic,
+                        partition: s.partition,
+                        offset: s.offset,
+                        timestamp: s.timestamp,
+                        timestamp_type: s.timestamp_type,
+                        key: p.key.as_deref(),
+                        value: p.value.as_deref(),
+                        headers: wire::header_views(&p.headers),
+                    }
+                })
+                .collect(),
+        };
+        // Source index of input `i` of this stage.
+        let source_index = |i: usize| match &pending {
+            None => i,
+            Some(pending) => pending[i].source,
+        };
         // Call the stage. A whole-call `bad-record` error rejects that
         // input; the stage is called again with the rest (at most once per
         // input).
@@ -121,7 +122,7 @@ pub fn run_chain(
                 }) if (index as usize) < live.len() => {
                     let input = live.remove(index as usize);
                     rejected.push(Rejection {
-                        source_index: pending[input].source,
+                        source_index: source_index(input),
                         stage: stage_index,
                         plugin_digest: digest.clone(),
                         message,
@@ -142,7 +143,7 @@ pub fn run_chain(
             // Indices in the result refer to `call`; `live` maps them back.
             let source_of = |i: u32| -> Result<usize, PluginError> {
                 live.get(i as usize)
-                    .map(|&input| pending[input].source)
+                    .map(|&input| source_index(input))
                     .ok_or_else(|| bad_index(&path, &digest, &call, i))
             };
             for bad in &result.rejected {
@@ -165,8 +166,20 @@ pub fn run_chain(
             break;
         }
         drop(inputs);
-        pending = next;
+        pending = Some(next);
     }
+    let mut pending = pending.unwrap_or_else(|| {
+        source
+            .iter()
+            .enumerate()
+            .map(|(i, r)| Pending {
+                source: i,
+                key: r.key.map(<[u8]>::to_vec),
+                value: r.value.map(<[u8]>::to_vec),
+                headers: wire::owned_headers(&r.headers),
+            })
+            .collect()
+    });
 
     // A source record is rejected once (its first rejection wins) and, if
     // rejected, none of its outputs survive.
@@ -217,9 +230,10 @@ pub struct TrapBudget<'a> {
 }
 
 /// Trapping calls [`isolate_traps`] allows per partition range of a batch
-/// by default: enough to isolate a few bad records among 10,000 (about 14
-/// trapping calls each), few enough that a plugin trapping on everything
-/// stops after a bounded number of deadlines.
+/// by default (the engine shares one budget across the range's map calls
+/// of at most 2,000 records): enough to isolate a few bad records (about
+/// 11 trapping calls each), few enough that a plugin trapping on
+/// everything stops after a bounded number of deadlines.
 pub const DEFAULT_ISOLATION_TRAPS: u32 = 48;
 
 /// Find the records whose map call traps, for error policies that keep the
