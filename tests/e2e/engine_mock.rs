@@ -142,6 +142,92 @@ fn poison_record_fail_stops_before_commit_and_dlq_dead_letters_it_once() {
 }
 
 #[test]
+fn a_range_mapped_in_pieces_keeps_offsets_keys_and_bad_records_exact() {
+    // One partition, one batch of 4,600 records: the engine maps it in
+    // pieces of 2,000 while it reads. Bad records in the second and third
+    // piece must be reported with their own offsets, not their position in
+    // the piece.
+    // Events go to two partitions by id (as Maxwell keys by primary key),
+    // so pieces of the two ranges interleave.
+    let mock = Mock::new();
+    mock.create_topic("maxwell", 2);
+    let mut stream = Stream::new(11);
+    let p = producer(&mock.bootstrap());
+    let mut next = [0i64; 2];
+    let mut bad = Vec::new();
+    while next[0] < 4600 {
+        if next[0] == 2500 || next[0] == 4300 {
+            p.send("maxwell", 0, None, Some(b"{not json"), &[]);
+            bad.push(next[0]);
+            next[0] += 1;
+            continue;
+        }
+        let e = stream.event(60);
+        let partition = (e.id % 2) as usize;
+        p.send(
+            "maxwell",
+            partition as i32,
+            Some(e.key.as_bytes()),
+            Some(e.value.as_bytes()),
+            &[],
+        );
+        next[partition] += 1;
+    }
+    let total = (next[0] + next[1]) as u64;
+    assert!(next[1] > 2000, "partition 1 also needs several pieces");
+    p.flush();
+
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::sqlite();
+    let mut cfg = pipeline(&mock.bootstrap(), "maxwell", &dir.path().join("ckpt"), &db);
+    cfg.max_records_per_partition = 10_000;
+    let e = engine::run(&cfg, no_stop()).unwrap_err().to_string();
+    assert!(e.contains("bad record at maxwell/0 offset 2500"), "{e}");
+    // Partition 1 may have been applied (its own transaction) before
+    // partition 0 failed; partition 0 was not, and the batch is uncommitted.
+    assert_eq!(
+        db.scalar("SELECT COUNT(*) FROM sluice_progress WHERE \"partition\" = 0"),
+        0
+    );
+
+    cfg.on_error = ErrorPolicy::Dlq;
+    let run = engine::run(&cfg, no_stop()).unwrap();
+    assert_eq!(run.reran, Some(0), "the failed batch is re-run");
+    assert_eq!(run.batches, 1, "one batch, several map calls");
+    assert_eq!(run.counts.input, total);
+    assert_eq!(run.counts.output, total - 2);
+    assert_eq!(run.counts.dead_lettered, 2);
+    let offsets: Vec<i64> = db
+        .query("SELECT \"offset\" FROM sluice_dead_letters WHERE \"partition\" = 0 ORDER BY \"offset\"")
+        .into_iter()
+        .map(|r| match r[0] {
+            SqlValue::Integer(o) => o,
+            ref other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(offsets, bad);
+    assert_eq!(table(&db), stream.state);
+    // Every row carries the idempotency key and offset of its own source
+    // record: the last change of each key, at its real offset.
+    assert_eq!(
+        db.scalar("SELECT COUNT(DISTINCT source_partition) FROM companies"),
+        2
+    );
+    for r in db.query("SELECT idempotency_key, source_partition, source_offset FROM companies") {
+        match (&r[0], &r[1], &r[2]) {
+            (SqlValue::Text(k), SqlValue::Integer(p), SqlValue::Integer(o)) => {
+                assert_eq!(k, &format!("maxwell/{p}/{o}"))
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(
+        db.scalar("SELECT SUM(end_offset) FROM sluice_progress"),
+        total as i64
+    );
+}
+
+#[test]
 fn tombstones_and_null_keys_flow_through_distinct_from_empty() {
     let mock = Mock::new();
     mock.create_topic("raw", 1);
@@ -520,6 +606,41 @@ fn a_record_that_always_traps_is_isolated_and_dead_lettered_the_rest_flows() {
         .collect();
     want.sort();
     assert_eq!(keys, want);
+}
+
+#[test]
+fn trapping_records_alone_in_a_ranges_last_piece_are_dead_lettered() {
+    // 2,002 records map in pieces of 2,000 and 2. Both records of the last
+    // piece trap: they are bad records, not a broken plugin, because the
+    // rest of the range mapped.
+    let mock = Mock::new();
+    mock.create_topic("raw", 1);
+    let p = producer(&mock.bootstrap());
+    for i in 0..2002 {
+        let v = if i >= 2000 {
+            "panic".to_string()
+        } else {
+            format!("v{i}")
+        };
+        p.send("raw", 0, None, Some(v.as_bytes()), &[]);
+    }
+    p.flush();
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::sqlite();
+    let mut cfg = pipeline(&mock.bootstrap(), "raw", &dir.path().join("ckpt"), &db);
+    cfg.plugins = vec![plugin("misbehave"), plugin("sql_counter")];
+    cfg.max_records_per_partition = 5000;
+    cfg.attempts = 1;
+    cfg.on_error = ErrorPolicy::Dlq;
+    let run = engine::run(&cfg, no_stop()).unwrap();
+    assert_eq!(run.counts.dead_lettered, 2);
+    assert_eq!(run.counts.output, 2000);
+    let dl = db.query("SELECT \"offset\" FROM sluice_dead_letters ORDER BY \"offset\"");
+    assert_eq!(
+        dl,
+        vec![vec![SqlValue::Integer(2000)], vec![SqlValue::Integer(2001)]]
+    );
+    assert_eq!(db.scalar("SELECT COUNT(*) FROM seen"), 2000);
 }
 
 #[test]

@@ -214,7 +214,9 @@ pub struct Counts {
     pub skipped: u64,
 }
 
-/// Per-phase durations of a batch, milliseconds.
+/// Per-phase durations of a batch, milliseconds. Fetch runs on its own
+/// thread while pieces are mapped and finished partitions sunk, so `fetch`,
+/// `map` and `sink` overlap and may add up to more than the batch took.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Timings {
     /// Planning (partition discovery, watermarks).
@@ -223,10 +225,10 @@ pub struct Timings {
     /// Fetching records.
     #[serde(default)]
     pub fetch: f64,
-    /// Map chain.
+    /// Map chain (sum of the map calls).
     #[serde(default)]
     pub map: f64,
-    /// Sink.
+    /// Sink (sum over partitions).
     #[serde(default)]
     pub sink: f64,
     /// Writing the commit entry.

@@ -211,9 +211,44 @@ fn init_logging(format: LogFormat) {
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(|| crate::status_line::Writer);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
+    let _ = match format {
+        LogFormat::Text => tracing::subscriber::set_global_default(builder.finish()),
+        LogFormat::Json => tracing::subscriber::set_global_default(builder.json().finish()),
+    };
+    // `log` records (rdkafka's) become tracing events, up to the level the
+    // subscriber wants (set after it, as tracing-subscriber's own `init`
+    // does).
+    use tracing_log::AsLog;
+    if log::set_boxed_logger(Box::new(QuietClose(tracing_log::LogTracer::new()))).is_ok() {
+        log::set_max_level(tracing::level_filters::LevelFilter::current().as_log());
+    }
+}
+
+/// The `log` → tracing bridge, minus one message: rust-rdkafka's consumer
+/// `Drop` reports "Failed to close consumer queue on drop: … Broker handle
+/// destroyed" when the consumer is already closed, which is always the
+/// case after `KafkaSource`'s own (faster) close. Every other record passes.
+struct QuietClose(tracing_log::LogTracer);
+
+impl log::Log for QuietClose {
+    fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
+        self.0.enabled(metadata)
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        if record.target() == crate::source::CONSUMER_LOG_TARGET {
+            let text = record.args().to_string();
+            if text.starts_with("Failed to close consumer queue on drop")
+                && text.contains("destroyed")
+            {
+                return;
+            }
+        }
+        self.0.log(record);
+    }
+
+    fn flush(&self) {
+        self.0.flush();
     }
 }
 

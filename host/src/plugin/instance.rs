@@ -573,7 +573,7 @@ impl Instance {
         }
     }
 
-    /// Run the map stage over `records` (one call, whole batch).
+    /// Run the map stage over `records` (one call).
     ///
     /// # Errors
     /// [`PluginError::Trap`] (instance discarded), [`PluginError::Stage`]

@@ -7,12 +7,13 @@
 //!   only when the user asks for informational group commits.
 //! - `isolation.level=read_committed`; `auto.offset.reset=error`, so a
 //!   planned offset that no longer exists is an error, never a silent jump.
-//! - [`KafkaSource::fetch`] returns exactly the records of each planned
+//! - [`KafkaSource::fetch`] delivers exactly the records of each planned
 //!   `[start, end)` that are in the log (compaction gaps and control records
 //!   are absent, which is not loss); records read past `end` are kept for
 //!   the next batch, so consecutive batches do not re-fetch.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
@@ -83,6 +84,9 @@ pub enum SourceError {
         /// The last error seen.
         last: String,
     },
+    /// The receiver of a fetch stopped taking records (it failed).
+    #[error("fetch cancelled: the batch stopped before every record was read")]
+    Cancelled,
     /// Offsets planned for reading were deleted from the log.
     #[error(
         "offsets out of range on {topic}/{partition}: the planned range [{start}, {end}) is no longer in the log (log start offset {log_start}); retention deleted it before it was read"
@@ -99,6 +103,58 @@ pub enum SourceError {
         /// Current log start offset.
         log_start: i64,
     },
+}
+
+/// Part of one planned range, delivered by [`KafkaSource::fetch`].
+#[derive(Debug)]
+pub struct Piece {
+    /// Index of the range in the `ranges` given to `fetch`.
+    pub range: usize,
+    /// Records in offset order, following the range's previous piece.
+    pub records: Vec<SourceRecord>,
+    /// Set on the range's last piece: the whole range has been delivered.
+    pub done: bool,
+}
+
+/// Per-range buffers of a fetch in progress.
+struct Pieces<'a> {
+    bufs: Vec<Vec<SourceRecord>>,
+    size: usize,
+    /// Set by the receiver when it stops taking pieces; checked every turn
+    /// of the poll loop, so a failed batch does not wait for the fetch.
+    cancel: &'a AtomicBool,
+    deliver: &'a mut dyn FnMut(Piece) -> bool,
+}
+
+impl Pieces<'_> {
+    fn send(&mut self, range: usize, done: bool) -> Result<(), SourceError> {
+        let records = std::mem::take(&mut self.bufs[range]);
+        if (self.deliver)(Piece {
+            range,
+            records,
+            done,
+        }) {
+            Ok(())
+        } else {
+            Err(SourceError::Cancelled)
+        }
+    }
+
+    fn push(&mut self, range: usize, rec: SourceRecord) -> Result<(), SourceError> {
+        let buf = &mut self.bufs[range];
+        if buf.capacity() == 0 {
+            buf.reserve_exact(self.size);
+        }
+        buf.push(rec);
+        if buf.len() >= self.size {
+            self.send(range, false)?;
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self, range: usize) -> Result<(), SourceError> {
+        self.send(range, true)
+    }
 }
 
 /// A consumer that reads exact ranges.
@@ -135,6 +191,29 @@ fn to_record(m: &rdkafka::message::BorrowedMessage<'_>) -> SourceRecord {
         key: m.key().map(<[u8]>::to_vec),
         value: m.payload().map(<[u8]>::to_vec),
         headers,
+    }
+}
+
+/// Log target of rust-rdkafka's consumer module. Its `Drop` reports an
+/// error when the consumer was already closed (by [`KafkaSource`]'s own
+/// `Drop`, below); the CLI drops that one message from this target.
+pub const CONSUMER_LOG_TARGET: &str = "rdkafka::consumer::base_consumer";
+
+impl Drop for KafkaSource {
+    /// Close the consumer before rust-rdkafka's `Drop` does: that one polls
+    /// in 100 ms steps until librdkafka reports the close done, which adds
+    /// up to 100 ms to every exit (seen with strace). Polling in 1 ms steps
+    /// ends as soon as it is done (pending informational group commits are
+    /// still flushed by the close). If it is not done within the broker
+    /// timeout, the crate's `Drop` takes over and waits as it always did.
+    fn drop(&mut self) {
+        if self.consumer.close_queue().is_err() {
+            return;
+        }
+        let started = Instant::now();
+        while !self.consumer.closed() && started.elapsed() < self.timeout {
+            let _ = self.consumer.poll(Duration::from_millis(1));
+        }
     }
 }
 
@@ -377,20 +456,59 @@ impl KafkaSource {
         self.pending.clear();
     }
 
-    /// Read every record in `ranges` (empty ranges are skipped). Returns
-    /// one vector per range, in the same order.
+    /// Read every record in `ranges` (empty ranges are skipped) and hand
+    /// them to `deliver` in pieces of at most `piece_records` records as
+    /// they arrive, so the caller can map one piece while the next is
+    /// read. Pieces of one range come in offset order; the last piece of
+    /// each non-empty range has `done` set (it may hold no records, e.g.
+    /// when the range ends on a control record). Pieces of different ranges
+    /// interleave.
     ///
     /// # Errors
     /// [`SourceError::OutOfRange`] when a range was deleted from the log;
     /// [`SourceError::Unavailable`] when the brokers do not deliver within
-    /// the timeout (nothing is returned partially).
-    pub fn fetch(&mut self, ranges: &[FetchRange]) -> Result<Vec<Vec<SourceRecord>>, SourceError> {
+    /// the timeout; [`SourceError::Cancelled`] when `deliver` returned
+    /// false or `cancel` was set. After an error the pieces delivered so far are incomplete and
+    /// the next fetch starts from a fresh assignment.
+    pub fn fetch(
+        &mut self,
+        ranges: &[FetchRange],
+        piece_records: usize,
+        cancel: &AtomicBool,
+        deliver: &mut dyn FnMut(Piece) -> bool,
+    ) -> Result<(), SourceError> {
         let active: Vec<FetchRange> = ranges.iter().filter(|r| r.end > r.start).cloned().collect();
-        let mut out: Vec<Vec<SourceRecord>> = ranges.iter().map(|_| Vec::new()).collect();
         if active.is_empty() {
-            return Ok(out);
+            return Ok(());
         }
-        self.position_for(&active)?;
+        let mut pieces = Pieces {
+            bufs: ranges.iter().map(|_| Vec::new()).collect(),
+            size: piece_records.max(1),
+            cancel,
+            deliver,
+        };
+        let result = self.fetch_into(ranges, &active, &mut pieces);
+        match result {
+            Ok(()) => {
+                for r in &active {
+                    self.assigned.insert((r.topic.clone(), r.partition), r.end);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                self.reset();
+                Err(e)
+            }
+        }
+    }
+
+    fn fetch_into(
+        &mut self,
+        ranges: &[FetchRange],
+        active: &[FetchRange],
+        pieces: &mut Pieces<'_>,
+    ) -> Result<(), SourceError> {
+        self.position_for(active)?;
         let index: HashMap<TopicPartition, usize> = ranges
             .iter()
             .enumerate()
@@ -398,7 +516,7 @@ impl KafkaSource {
             .map(|(i, r)| ((r.topic.clone(), r.partition), i))
             .collect();
         let mut remaining: HashMap<TopicPartition, i64> = HashMap::new();
-        for r in &active {
+        for r in active {
             let tp = (r.topic.clone(), r.partition);
             let i = index[&tp];
             let mut complete = false;
@@ -414,27 +532,16 @@ impl KafkaSource {
                         break;
                     }
                     complete = rec.offset == r.end - 1;
-                    out[i].push(rec);
+                    pieces.push(i, rec)?;
                 }
             }
-            if !complete {
+            if complete {
+                pieces.finish(i)?;
+            } else {
                 remaining.insert(tp, r.end);
             }
         }
-
-        let result = self.poll_until_done(ranges, &index, &mut remaining, &mut out);
-        match result {
-            Ok(()) => {
-                for r in &active {
-                    self.assigned.insert((r.topic.clone(), r.partition), r.end);
-                }
-                Ok(out)
-            }
-            Err(e) => {
-                self.reset();
-                Err(e)
-            }
-        }
+        self.poll_until_done(ranges, &index, &mut remaining, pieces)
     }
 
     fn poll_until_done(
@@ -442,7 +549,7 @@ impl KafkaSource {
         ranges: &[FetchRange],
         index: &HashMap<TopicPartition, usize>,
         remaining: &mut HashMap<TopicPartition, i64>,
-        out: &mut [Vec<SourceRecord>],
+        pieces: &mut Pieces<'_>,
     ) -> Result<(), SourceError> {
         let started = Instant::now();
         let mut last_error = String::from("no records delivered");
@@ -455,6 +562,9 @@ impl KafkaSource {
         const CLOCK_EVERY: u32 = 256;
         let mut since_clock = 0u32;
         while !remaining.is_empty() {
+            if pieces.cancel.load(Ordering::Relaxed) {
+                return Err(SourceError::Cancelled);
+            }
             since_clock += 1;
             if since_clock >= CLOCK_EVERY {
                 since_clock = 0;
@@ -481,6 +591,9 @@ impl KafkaSource {
                                 let tp = (e.topic().to_string(), e.partition());
                                 if remaining.get(&tp).is_some_and(|end| o >= *end) {
                                     remaining.remove(&tp);
+                                    if let Some(i) = index.get(&tp) {
+                                        pieces.finish(*i)?;
+                                    }
                                 }
                             }
                         }
@@ -516,10 +629,12 @@ impl KafkaSource {
                             .or_default()
                             .push_back(to_record(&m));
                     } else {
-                        out[i].push(to_record(&m));
+                        pieces.push(i, to_record(&m))?;
                     }
-                    if offset >= r.end - 1 {
-                        remaining.remove(&(r.topic.clone(), r.partition));
+                    if offset >= r.end - 1
+                        && remaining.remove(&(r.topic.clone(), r.partition)).is_some()
+                    {
+                        pieces.finish(i)?;
                     }
                 }
                 Some(Err(KafkaError::MessageConsumption(
