@@ -160,6 +160,8 @@ impl Pieces<'_> {
 /// A consumer that reads exact ranges.
 pub struct KafkaSource {
     consumer: BaseConsumer,
+    /// Client for metadata and ListOffsets only (see [`KafkaSource::new`]).
+    meta: BaseConsumer,
     brokers: String,
     timeout: Duration,
     /// Partitions currently assigned, with the next offset the consumer
@@ -247,6 +249,17 @@ impl KafkaSource {
             .set("auto.offset.reset", "error")
             .set("isolation.level", "read_committed")
             .set("enable.partition.eof", "false");
+        // Metadata and ListOffsets (watermarks, timestamp lookups) go over a
+        // client of their own: on the fetching client's connection they wait
+        // behind in-flight Fetch requests, which the broker answers in order
+        // (measured on Tansu: planning took ~700 ms instead of ~60 ms while
+        // the consumer was prefetching). Same settings, so the same
+        // read_committed answers; no group.id, so it never closes a group.
+        let mut meta_cfg = cfg.clone();
+        meta_cfg.set("client.id", "sluice-meta");
+        let meta: BaseConsumer = meta_cfg
+            .create()
+            .map_err(|e| SourceError::Client(e.to_string()))?;
         // librdkafka needs a group.id even for manual assignment; without
         // `subscribe` the consumer never joins the group.
         cfg.set("group.id", group_id);
@@ -255,6 +268,7 @@ impl KafkaSource {
             .map_err(|e| SourceError::Client(e.to_string()))?;
         Ok(KafkaSource {
             consumer,
+            meta,
             brokers: brokers.to_string(),
             timeout,
             assigned: BTreeMap::new(),
@@ -304,7 +318,7 @@ impl KafkaSource {
         let md = self.retry(
             || format!("metadata of topic {topic}"),
             || {
-                let md = self.consumer.fetch_metadata(Some(topic), per_call)?;
+                let md = self.meta.fetch_metadata(Some(topic), per_call)?;
                 match md.topics().iter().find(|t| t.name() == topic) {
                     Some(t) => match t.error() {
                         None => Ok(t.partitions().iter().map(|p| p.id()).collect::<Vec<_>>()),
@@ -346,7 +360,7 @@ impl KafkaSource {
         let per_call = self.timeout.min(Duration::from_secs(5));
         self.retry(
             || format!("watermarks of {topic}/{partition}"),
-            || self.consumer.fetch_watermarks(topic, partition, per_call),
+            || self.meta.fetch_watermarks(topic, partition, per_call),
         )
     }
 
@@ -368,16 +382,13 @@ impl KafkaSource {
                 .map_err(|e| SourceError::Client(e.to_string()))?;
         }
         let per_call = self.timeout.min(Duration::from_secs(10));
-        let answer = self
-            .consumer
-            .offsets_for_times(tpl, per_call)
-            .map_err(|e| {
-                self.unavailable(
-                    format!("timestamp lookup on {topic} (ListOffsets by time)"),
-                    per_call,
-                    e.to_string(),
-                )
-            })?;
+        let answer = self.meta.offsets_for_times(tpl, per_call).map_err(|e| {
+            self.unavailable(
+                format!("timestamp lookup on {topic} (ListOffsets by time)"),
+                per_call,
+                e.to_string(),
+            )
+        })?;
         let mut out = BTreeMap::new();
         for e in answer.elements() {
             if let Err(err) = e.error() {
