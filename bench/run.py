@@ -4,8 +4,8 @@
 Same machine, same data (Maxwell company events of ~200 bytes, produced once
 per broker before timing), two brokers: librdkafka's in-process mock cluster
 (run as its own process) and Tansu with sqlite storage. Every cell is the
-median of RUNS runs. Prints one table (markdown) and writes it to
-bench/results.md.
+median of RUNS runs, run round-robin (every system once per round). Prints
+one table (markdown) and writes it to bench/results.md.
 
 Run with `bash bench/run.sh` (it builds everything in release mode first).
 Environment: RUNS (default 3), EVENTS (default 60000), PARTITIONS (default 6),
@@ -107,12 +107,30 @@ class Tansu:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def median_of(fn):
-    results = [fn(i) for i in range(RUNS)]
+def median_of(results):
+    """Median by rate of a list of (rate, ...) results, and the run it came from."""
     rates = [r[0] for r in results]
     m = statistics.median(rates)
     pick = results[rates.index(m)] if m in rates else results[0]
     return m, pick
+
+
+def interleaved(cells):
+    """Run every cell once per round, RUNS rounds, so that no system always
+    runs first after the data was produced (Tansu is still busy then) or
+    always last; median of each."""
+    results = {k: [] for k in cells}
+    errors = {}
+    for i in range(RUNS):
+        for k, fn in cells.items():
+            if k in errors:
+                continue
+            try:
+                results[k].append(fn(i))
+            except Exception as e:  # recorded; the other cells go on
+                errors[k] = str(e).splitlines()[0][:200]
+    out = {k: median_of(v) for k, v in results.items() if v and k not in errors}
+    return out, errors
 
 
 def sluice(broker, plugin, sink, work, i):
@@ -147,29 +165,37 @@ def run_broker(broker_cls, rows, work):
             if int(n) != EVENTS:
                 raise RuntimeError(f"bare consumer read {n}")
             return EVENTS / wall, rss
-        res["ceiling"] = median_of(bare)
-        res["passthrough"] = median_of(lambda i: sluice(b, "passthrough", False, work, i))
 
         def company(i):
             rate, rss, db = sluice(b, "company", True, work, i)
             return rate, rss, table_of(db) == expected
-        res["company"] = median_of(company)
 
+        def py(i):
+            db = os.path.join(work, f"py-{i}.db")
+            wall, rss, _ = timed([PY, os.path.join(ROOT, "bench", "py_consumer.py"), b.bootstrap, "maxwell", db, "1000"])
+            return EVENTS / wall, rss, table_of(db) == expected
+
+        def quix(i):
+            db = os.path.join(work, f"quix-{i}.db")
+            wall, rss, _ = timed([PY, os.path.join(ROOT, "bench", "quix_consumer.py"), b.bootstrap, "maxwell", db, str(EVENTS)])
+            return EVENTS / wall, rss, table_of(db) == expected
+
+        cells = {
+            "ceiling": bare,
+            "passthrough": lambda i: sluice(b, "passthrough", False, work, i),
+            "company": company,
+        }
         if not os.environ.get("SKIP_PYTHON"):
-            def py(i):
-                db = os.path.join(work, f"py-{i}.db")
-                wall, rss, _ = timed([PY, os.path.join(ROOT, "bench", "py_consumer.py"), b.bootstrap, "maxwell", db, "1000"])
-                return EVENTS / wall, rss, table_of(db) == expected
-            res["python"] = median_of(py)
+            cells["python"] = py
         if broker_cls is Tansu and not os.environ.get("SKIP_QUIX"):
-            def quix(i):
-                db = os.path.join(work, f"quix-{i}.db")
-                wall, rss, _ = timed([PY, os.path.join(ROOT, "bench", "quix_consumer.py"), b.bootstrap, "maxwell", db, str(EVENTS)])
-                return EVENTS / wall, rss, table_of(db) == expected
-            try:
-                res["quix"] = median_of(quix)
-            except Exception as e:  # reported, not fatal
-                res["quix_error"] = str(e).splitlines()[0][:200]
+            cells["quix"] = quix
+        bare(-1)  # warm-up, not counted: the broker may still be settling after the produce
+        res, errors = interleaved(cells)
+        for k in ("ceiling", "passthrough", "company", "python"):
+            if k in errors:
+                raise RuntimeError(f"{k}: {errors[k]}")
+        if "quix" in errors:  # reported, not fatal
+            res["quix_error"] = errors["quix"]
         rows[b.name] = res
 
 
