@@ -163,6 +163,8 @@ pub struct KafkaSource {
     consumer: BaseConsumer,
     /// Client for metadata and ListOffsets only (see [`KafkaSource::new`]).
     meta: Arc<BaseConsumer>,
+    /// The metadata client's background connect was started.
+    meta_warm: bool,
     brokers: String,
     timeout: Duration,
     /// Partitions currently assigned, with the next offset the consumer
@@ -263,14 +265,7 @@ impl KafkaSource {
                 .create()
                 .map_err(|e| SourceError::Client(e.to_string()))?,
         );
-        // Connect it in the background (bootstrap, broker list), so its
-        // first real request after the first fetch does not pay for that.
-        let warm = Arc::clone(&meta);
-        let _ = std::thread::Builder::new()
-            .name("sluice-meta-warm".into())
-            .spawn(move || {
-                let _ = warm.fetch_metadata(None, Duration::from_secs(5));
-            });
+
         // librdkafka needs a group.id even for manual assignment; without
         // `subscribe` the consumer never joins the group.
         cfg.set("group.id", group_id);
@@ -280,6 +275,7 @@ impl KafkaSource {
         Ok(KafkaSource {
             consumer,
             meta,
+            meta_warm: false,
             brokers: brokers.to_string(),
             timeout,
             assigned: BTreeMap::new(),
@@ -516,6 +512,19 @@ impl KafkaSource {
         let active: Vec<FetchRange> = ranges.iter().filter(|r| r.end > r.start).cloned().collect();
         if active.is_empty() {
             return Ok(());
+        }
+        if !self.meta_warm {
+            // The metadata client answers from the next plan on: connect it
+            // (bootstrap, broker list) in the background while this batch
+            // runs, rather than at start, where it would compete with the
+            // consumer's own bootstrap.
+            self.meta_warm = true;
+            let warm = Arc::clone(&self.meta);
+            let _ = std::thread::Builder::new()
+                .name("sluice-meta-warm".into())
+                .spawn(move || {
+                    let _ = warm.fetch_metadata(None, Duration::from_secs(5));
+                });
         }
         let mut pieces = Pieces {
             bufs: ranges.iter().map(|_| Vec::new()).collect(),
