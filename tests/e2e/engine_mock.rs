@@ -228,6 +228,29 @@ fn a_range_mapped_in_pieces_keeps_offsets_keys_and_bad_records_exact() {
 }
 
 #[test]
+fn a_mistyped_topic_fails_clearly_and_leaves_no_checkpoint() {
+    let mock = Mock::new();
+    mock.create_topic("maxwell", 1);
+    let mut stream = Stream::new(5);
+    produce(&mock, "maxwell", &mut stream, 10, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let db = Db::sqlite();
+    let mut cfg = pipeline(&mock.bootstrap(), "maxwel", &ckpt, &db);
+    cfg.kafka_timeout = Duration::from_secs(3);
+    let e = engine::run(&cfg, no_stop()).unwrap_err().to_string();
+    assert!(e.contains("topic `maxwel` does not exist"), "{e}");
+    assert!(
+        !ckpt.join("metadata").exists(),
+        "no checkpoint tied to the wrong topic"
+    );
+    // The corrected command starts normally.
+    cfg.topics = vec!["maxwell".to_string()];
+    let run = engine::run(&cfg, no_stop()).unwrap();
+    assert_eq!(run.counts.input, 10);
+}
+
+#[test]
 fn tombstones_and_null_keys_flow_through_distinct_from_empty() {
     let mock = Mock::new();
     mock.create_topic("raw", 1);

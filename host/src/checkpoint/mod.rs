@@ -477,6 +477,13 @@ pub(crate) fn analyze(dir: &Path, current_epoch: u64) -> Result<Analysis, Checkp
     })
 }
 
+/// True when `dir` holds a checkpoint (its `metadata` file exists, even if
+/// unreadable: opening it then reports why). False for a missing or empty
+/// directory, which [`Checkpoint::open`] would create a checkpoint in.
+pub fn exists(dir: &Path) -> bool {
+    dir.join("metadata").exists()
+}
+
 fn read_metadata(dir: &Path) -> Result<Option<Metadata>, CheckpointError> {
     let path = dir.join("metadata");
     match std::fs::read(&path) {

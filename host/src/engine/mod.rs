@@ -79,7 +79,7 @@ pub enum EngineError {
     },
     /// A bad record under `--on-error fail`.
     #[error(
-        "bad record at {topic}/{partition} offset {offset}, rejected by plugin {plugin} (sha256:{digest}): {message}; batch {batch} not committed (--on-error fail). Fix the plugin or the data, or restart with --on-error dlq (dead-letter it) or --on-error skip"
+        "bad record at {topic}/{partition} offset {offset}, rejected by plugin {plugin} (sha256:{digest}): {message}; batch {batch} not committed (--on-error fail). Fix the plugin or the data, or restart with --on-error dlq (dead-letter it into the --sink-db database) or --on-error skip"
     )]
     BadRecord {
         /// Topic.
@@ -469,6 +469,22 @@ pub fn run_with(
         })?),
         None => None,
     };
+
+    // A new checkpoint records the topics in its fingerprint: check they
+    // exist first, so a mistyped topic leaves no checkpoint behind that a
+    // corrected command would then refuse.
+    if !crate::checkpoint::exists(&cfg.checkpoint) {
+        let probe = KafkaSource::new(
+            &cfg.brokers,
+            &cfg.kafka,
+            "sluice-topic-check",
+            false,
+            cfg.kafka_timeout,
+        )?;
+        for topic in &cfg.topics {
+            probe.partitions(topic)?;
+        }
+    }
 
     let mut cp = Checkpoint::open(
         &cfg.checkpoint,
