@@ -7,4 +7,4 @@ cd "$(dirname "$0")/.."
 rustup target add wasm32-wasip2 >/dev/null
 cargo build --release --target wasm32-wasip2 -p company
 cargo build --release -p host
-exec ./target/release/host demo "$@"
+exec "${CARGO_TARGET_DIR:-target}/release/host" demo "$@"

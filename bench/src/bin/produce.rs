@@ -1,8 +1,11 @@
 //! Produce N Maxwell company events (~200 bytes) over P partitions and
-//! write the expected final table as JSON.
+//! write the expected final table as JSON; or produce the lines of a file
+//! (`-`: stdin), one record value per line, without keys.
 //!
 //! Usage: produce BOOTSTRAP TOPIC PARTITIONS N EXPECTED.json
+//!        produce BOOTSTRAP TOPIC --lines FILE
 
+use std::io::BufRead;
 use std::time::Duration;
 
 use rdkafka::ClientConfig;
@@ -11,8 +14,14 @@ use sluice_bench::Events;
 
 fn main() {
     let a: Vec<String> = std::env::args().collect();
+    if a.len() == 5 && a[3] == "--lines" {
+        produce_lines(&a[1], &a[2], &a[4]);
+        return;
+    }
     if a.len() != 6 {
-        eprintln!("usage: produce BOOTSTRAP TOPIC PARTITIONS N EXPECTED.json");
+        eprintln!(
+            "usage: produce BOOTSTRAP TOPIC PARTITIONS N EXPECTED.json\n       produce BOOTSTRAP TOPIC --lines FILE   (FILE - = stdin; one record value per line)"
+        );
         std::process::exit(2);
     }
     let parts: u64 = a[3].parse().unwrap_or(1);
@@ -63,4 +72,58 @@ fn main() {
         "produced {n} events, {} bytes per value on average",
         bytes / n.max(1) as usize
     );
+}
+
+/// Send each line of `file` (`-`: stdin) to `topic` as one record value
+/// with no key (librdkafka's partitioner picks the partition), then flush.
+fn produce_lines(bootstrap: &str, topic: &str, file: &str) {
+    let input: Box<dyn BufRead> = if file == "-" {
+        Box::new(std::io::stdin().lock())
+    } else {
+        match std::fs::File::open(file) {
+            Ok(f) => Box::new(std::io::BufReader::new(f)),
+            Err(e) => {
+                eprintln!("{file}: {e}");
+                std::process::exit(1);
+            }
+        }
+    };
+    let p: BaseProducer = match ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+    {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("producer: {e}");
+            std::process::exit(1);
+        }
+    };
+    let mut n = 0u64;
+    for line in input.lines() {
+        let line = match line {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("{file}: {e}");
+                std::process::exit(1);
+            }
+        };
+        let mut rec = BaseRecord::<(), _>::to(topic).payload(line.as_bytes());
+        loop {
+            match p.send(rec) {
+                Ok(()) => break,
+                Err((_, r)) => {
+                    p.poll(Duration::from_millis(20));
+                    rec = r;
+                }
+            }
+        }
+        n += 1;
+    }
+    if let Err(e) = p.flush(Duration::from_secs(60)) {
+        eprintln!(
+            "flush: {e} (is the broker at {bootstrap} running, and does topic {topic} exist?)"
+        );
+        std::process::exit(1);
+    }
+    eprintln!("produced {n} records to {topic}");
 }
