@@ -237,9 +237,18 @@ fn a_mistyped_topic_fails_clearly_and_leaves_no_checkpoint() {
     let ckpt = dir.path().join("ckpt");
     let db = Db::sqlite();
     let mut cfg = pipeline(&mock.bootstrap(), "maxwel", &ckpt, &db);
-    cfg.kafka_timeout = Duration::from_secs(3);
+    // The broker answers "unknown topic": that is retried briefly (5 s),
+    // not for the whole broker timeout, which is for brokers that do not
+    // answer at all.
+    cfg.kafka_timeout = Duration::from_secs(120);
+    let started = std::time::Instant::now();
     let e = engine::run(&cfg, no_stop()).unwrap_err().to_string();
     assert!(e.contains("topic `maxwel` does not exist"), "{e}");
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "gave up only after {:?}",
+        started.elapsed()
+    );
     assert!(
         !ckpt.join("metadata").exists(),
         "no checkpoint tied to the wrong topic"

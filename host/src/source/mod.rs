@@ -158,6 +158,11 @@ impl Pieces<'_> {
     }
 }
 
+/// How long a broker's "unknown topic" answer is retried before the topic
+/// is reported missing (shorter than the broker timeout, which is for
+/// brokers that do not answer).
+const UNKNOWN_TOPIC_PATIENCE: Duration = Duration::from_secs(5);
+
 /// A consumer that reads exact ranges.
 pub struct KafkaSource {
     consumer: BaseConsumer,
@@ -333,9 +338,23 @@ impl KafkaSource {
     /// The partitions of `topic`, sorted.
     ///
     /// # Errors
-    /// [`SourceError::UnknownTopic`], [`SourceError::Unavailable`].
+    /// [`SourceError::UnknownTopic`] when the brokers answer for 5 s that
+    /// it does not exist; [`SourceError::Unavailable`] when they do not
+    /// answer within the timeout.
     pub fn partitions(&self, topic: &str) -> Result<Vec<i32>, SourceError> {
         let per_call = self.timeout.min(Duration::from_secs(5));
+        // A broker that answers "unknown topic" is asked again for a few
+        // seconds (metadata can lag a topic's creation), not for the whole
+        // broker timeout: a mistyped topic should fail fast. An unreachable
+        // broker is still waited for up to the timeout.
+        let started = Instant::now();
+        let unknown = |code: RDKafkaErrorCode| {
+            if started.elapsed() >= UNKNOWN_TOPIC_PATIENCE.min(self.timeout) {
+                Ok(Vec::new()) // reported as UnknownTopic below
+            } else {
+                Err(KafkaError::MetadataFetch(code))
+            }
+        };
         let md = self.retry(
             || format!("metadata of topic {topic}"),
             || {
@@ -343,11 +362,13 @@ impl KafkaSource {
                 match md.topics().iter().find(|t| t.name() == topic) {
                     Some(t) => match t.error() {
                         None => Ok(t.partitions().iter().map(|p| p.id()).collect::<Vec<_>>()),
-                        Some(e) => Err(KafkaError::MetadataFetch(e.into())),
+                        Some(e) => match RDKafkaErrorCode::from(e) {
+                            c @ (RDKafkaErrorCode::UnknownTopicOrPartition
+                            | RDKafkaErrorCode::UnknownTopic) => unknown(c),
+                            c => Err(KafkaError::MetadataFetch(c)),
+                        },
                     },
-                    None => Err(KafkaError::MetadataFetch(
-                        RDKafkaErrorCode::UnknownTopicOrPartition,
-                    )),
+                    None => unknown(RDKafkaErrorCode::UnknownTopicOrPartition),
                 }
             },
         );
