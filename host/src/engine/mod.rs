@@ -1055,20 +1055,17 @@ impl BatchRun<'_> {
         }
         let views = record_views(&range.topic, range.partition, &records);
         let t = Instant::now();
-        let mapped = if self.stages.maps.is_empty() {
-            passthrough(&views)
-        } else {
-            let isolate = (self.cfg.on_error != ErrorPolicy::Fail)
-                .then_some((self.stop, &mut self.states[i].traps));
-            map_partition(
-                self.stages,
-                &self.ctx,
-                &views,
-                self.cfg.attempts,
-                isolate,
-                self.metrics,
-            )?
-        };
+        // With no map stage the chain passes every record through.
+        let isolate = (self.cfg.on_error != ErrorPolicy::Fail)
+            .then_some((self.stop, &mut self.states[i].traps));
+        let mapped = map_partition(
+            self.stages,
+            &self.ctx,
+            &views,
+            self.cfg.attempts,
+            isolate,
+            self.metrics,
+        )?;
         self.map_time += t.elapsed();
         drop(views);
         let st = &mut self.states[i];
@@ -1375,38 +1372,14 @@ fn run_batch(
     })?;
     timings.fetch = ms(fetch_time);
     let BatchRun {
-        counts: c,
+        counts,
         map_time,
         sink_time,
         ..
     } = run;
-    let counts = c;
     timings.map = ms(map_time);
     timings.sink = ms(sink_time);
     Ok((counts, timings, gaps))
-}
-
-/// The chain with no map stage: every record passes unchanged.
-fn passthrough(views: &[Record<'_>]) -> ChainResult {
-    ChainResult {
-        outputs: views
-            .iter()
-            .enumerate()
-            .map(|(i, r)| crate::plugin::chain::ChainOutput {
-                source_index: i,
-                idempotency_key: sluice_guest::wire::idempotency_key(
-                    r.topic,
-                    r.partition,
-                    r.offset,
-                    0,
-                ),
-                key: r.key.map(<[u8]>::to_vec),
-                value: r.value.map(<[u8]>::to_vec),
-                headers: sluice_guest::wire::owned_headers(&r.headers),
-            })
-            .collect(),
-        rejected: Vec::new(),
-    }
 }
 
 /// Positions after a batch: the end of each range.
