@@ -44,19 +44,13 @@ fn main() {
     for _ in 0..n {
         let (id, key, value) = ev.next_event(5000);
         bytes += value.len();
-        let mut rec = BaseRecord::to(&a[2])
-            .partition((id % parts) as i32)
-            .key(&key)
-            .payload(&value);
-        loop {
-            match p.send(rec) {
-                Ok(()) => break,
-                Err((_, r)) => {
-                    p.poll(Duration::from_millis(20));
-                    rec = r;
-                }
-            }
-        }
+        send(
+            &p,
+            BaseRecord::to(&a[2])
+                .partition((id % parts) as i32)
+                .key(&key)
+                .payload(&value),
+        );
         p.poll(Duration::ZERO);
     }
     if let Err(e) = p.flush(Duration::from_secs(120)) {
@@ -107,16 +101,7 @@ fn produce_lines(bootstrap: &str, topic: &str, file: &str) {
                 std::process::exit(1);
             }
         };
-        let mut rec = BaseRecord::<(), _>::to(topic).payload(line.as_bytes());
-        loop {
-            match p.send(rec) {
-                Ok(()) => break,
-                Err((_, r)) => {
-                    p.poll(Duration::from_millis(20));
-                    rec = r;
-                }
-            }
-        }
+        send(&p, BaseRecord::<(), _>::to(topic).payload(line.as_bytes()));
         n += 1;
     }
     if let Err(e) = p.flush(Duration::from_secs(60)) {
@@ -126,4 +111,15 @@ fn produce_lines(bootstrap: &str, topic: &str, file: &str) {
         std::process::exit(1);
     }
     eprintln!("produced {n} records to {topic}");
+}
+
+/// Queue `rec`, serving delivery reports while the local queue is full.
+fn send<K: rdkafka::message::ToBytes + ?Sized, V: rdkafka::message::ToBytes + ?Sized>(
+    p: &BaseProducer,
+    mut rec: BaseRecord<'_, K, V>,
+) {
+    while let Err((_, r)) = p.send(rec) {
+        p.poll(Duration::from_millis(20));
+        rec = r;
+    }
 }
