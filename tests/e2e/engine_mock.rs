@@ -59,6 +59,27 @@ fn no_stop() -> Arc<AtomicBool> {
     Arc::new(AtomicBool::new(false))
 }
 
+/// A mock cluster whose one-partition topic `raw` holds `values` (no keys,
+/// offsets from 0), and the `misbehave` → `sql_counter` chain on it with
+/// one attempt per call: `misbehave` traps on the values `panic` and `loop`.
+fn trap_pipeline<V: AsRef<[u8]>>(
+    values: impl IntoIterator<Item = V>,
+    dir: &std::path::Path,
+    db: &Db,
+) -> (Mock, PipelineConfig) {
+    let mock = Mock::new();
+    mock.create_topic("raw", 1);
+    let p = producer(&mock.bootstrap());
+    for v in values {
+        p.send("raw", 0, None, Some(v.as_ref()), &[]);
+    }
+    p.flush();
+    let mut cfg = pipeline(&mock.bootstrap(), "raw", &dir.join("ckpt"), db);
+    cfg.plugins = vec![plugin("misbehave"), plugin("sql_counter")];
+    cfg.attempts = 1;
+    (mock, cfg)
+}
+
 #[test]
 fn restart_after_caught_up_reruns_nothing_and_the_table_is_exact() {
     let mock = Mock::new();
@@ -587,26 +608,15 @@ fn a_record_that_always_traps_is_isolated_and_dead_lettered_the_rest_flows() {
     // Under `fail` a trap stops the batch; under `dlq` the host re-runs the
     // call in halves until the trapping records are alone, dead-letters
     // them with the trap as the error and maps every other record.
-    let mock = Mock::new();
-    mock.create_topic("raw", 1);
-    let p = producer(&mock.bootstrap());
-    let values: Vec<String> = (0..40)
-        .map(|i| match i {
-            7 => "panic".to_string(),
-            23 => "loop".to_string(),
-            _ => format!("v{i}"),
-        })
-        .collect();
-    for v in &values {
-        p.send("raw", 0, None, Some(v.as_bytes()), &[]);
-    }
-    p.flush();
+    let values = (0..40).map(|i| match i {
+        7 => "panic".to_string(),
+        23 => "loop".to_string(),
+        _ => format!("v{i}"),
+    });
     let dir = tempfile::tempdir().unwrap();
     let db = Db::sqlite();
-    let mut cfg = pipeline(&mock.bootstrap(), "raw", &dir.path().join("ckpt"), &db);
-    cfg.plugins = vec![plugin("misbehave"), plugin("sql_counter")];
+    let (_mock, mut cfg) = trap_pipeline(values, dir.path(), &db);
     cfg.limits.call_timeout = Duration::from_millis(300);
-    cfg.attempts = 1;
     let e = engine::run(&cfg, no_stop()).unwrap_err().to_string();
     assert!(e.contains("trapped"), "{e}");
     assert_eq!(db.scalar("SELECT COUNT(*) FROM sluice_progress"), 0);
@@ -645,24 +655,17 @@ fn trapping_records_alone_in_a_ranges_last_piece_are_dead_lettered() {
     // 2,002 records map in pieces of 2,000 and 2. Both records of the last
     // piece trap: they are bad records, not a broken plugin, because the
     // rest of the range mapped.
-    let mock = Mock::new();
-    mock.create_topic("raw", 1);
-    let p = producer(&mock.bootstrap());
-    for i in 0..2002 {
-        let v = if i >= 2000 {
+    let values = (0..2002).map(|i| {
+        if i >= 2000 {
             "panic".to_string()
         } else {
             format!("v{i}")
-        };
-        p.send("raw", 0, None, Some(v.as_bytes()), &[]);
-    }
-    p.flush();
+        }
+    });
     let dir = tempfile::tempdir().unwrap();
     let db = Db::sqlite();
-    let mut cfg = pipeline(&mock.bootstrap(), "raw", &dir.path().join("ckpt"), &db);
-    cfg.plugins = vec![plugin("misbehave"), plugin("sql_counter")];
+    let (_mock, mut cfg) = trap_pipeline(values, dir.path(), &db);
     cfg.max_records_per_partition = 5000;
-    cfg.attempts = 1;
     cfg.on_error = ErrorPolicy::Dlq;
     let run = engine::run(&cfg, no_stop()).unwrap();
     assert_eq!(run.counts.dead_lettered, 2);
@@ -682,18 +685,9 @@ fn a_plugin_that_traps_on_everything_is_not_isolated_forever() {
     // the range traps; either way the batch stops uncommitted, as under
     // `fail`, instead of dead-lettering or skipping everything.
     for (records, policy) in [(60, ErrorPolicy::Skip), (5, ErrorPolicy::Dlq)] {
-        let mock = Mock::new();
-        mock.create_topic("raw", 1);
-        let p = producer(&mock.bootstrap());
-        for _ in 0..records {
-            p.send("raw", 0, None, Some(b"panic"), &[]);
-        }
-        p.flush();
         let dir = tempfile::tempdir().unwrap();
         let db = Db::sqlite();
-        let mut cfg = pipeline(&mock.bootstrap(), "raw", &dir.path().join("ckpt"), &db);
-        cfg.plugins = vec![plugin("misbehave"), plugin("sql_counter")];
-        cfg.attempts = 1;
+        let (_mock, mut cfg) = trap_pipeline(vec![b"panic"; records], dir.path(), &db);
         cfg.on_error = policy;
         let err = engine::run(&cfg, no_stop()).unwrap_err();
         // The message with its source chain, as `host` prints it.
