@@ -21,6 +21,9 @@ fn main() {
         .set("group.id", "bench-bare")
         .set("enable.auto.commit", "false")
         .set("fetch.wait.max.ms", "100")
+        // As the host sets it: librdkafka otherwise holds the first
+        // metadata request back for up to 50 ms in some starts.
+        .set("reconnect.backoff.ms", "10")
         .create()
     {
         Ok(c) => c,
