@@ -186,7 +186,9 @@ pub trait Mapper: Sized + 'static {
     fn map(&mut self, record: &Record<'_>, out: &mut Emit<'_>) -> Result<(), Error>;
 }
 
-/// Facts about the partition range a sink is about to write.
+/// Facts about the partition range a sink is about to write: a batch's
+/// share of one partition, or a consecutive part of it (the host sinks a
+/// range in parts as it reads it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PartitionContext {
     /// The checkpoint's query id (UUID).

@@ -16,7 +16,7 @@ pub enum ErrorPolicy {
     /// Stop before committing the batch; exit non-zero; nothing is lost.
     Fail,
     /// Store the record in `sluice_dead_letters` (needs `--sink-db`), in
-    /// the same transaction as the partition's writes.
+    /// the same transaction as the writes of its part of the range.
     Dlq,
     /// Count it, log it, go on.
     Skip,

@@ -3,12 +3,15 @@
 //!
 //! Within a batch the stages overlap: a fetch thread reads the planned
 //! ranges and hands over pieces of at most `MAP_PIECE_RECORDS` (2,000) records,
-//! which this thread maps while the next piece is read; a partition is
-//! sunk as soon as its whole range is read and mapped. Keys depend only
-//! on source coordinates, so how a range is split into map calls does not
-//! change what the sink receives. (DESIGN.md says "guest calls with whole
-//! batches"; calls with pieces keep every guarantee and let reading and
-//! mapping share the two cores.)
+//! which this thread maps and sinks while the next piece is read. A
+//! partition's range thus reaches the sink in consecutive parts, each its
+//! own `open`/`write`/`close` (one transaction with the SQL capability,
+//! whose progress row records the part's end). Keys depend only on source
+//! coordinates, so how a range is split does not change what the sink
+//! receives, and a re-run resumes after the last part applied. (DESIGN.md
+//! says "guest calls with whole batches" and one transaction per
+//! partition; parts keep every guarantee, and let reading, mapping and
+//! sinking overlap instead of the sink trailing the fetch.)
 //!
 //! Invariants:
 //! - `offsets/N` is durable before any record of batch N is read; `commits/N`
@@ -1015,12 +1018,21 @@ impl Default for RangeTraps {
 /// the next (2,000 records of ~200 bytes: ~0.4 MB, a few ms of mapping).
 const MAP_PIECE_RECORDS: usize = 2_000;
 
-/// One partition's range within a batch: what was read and mapped so far.
+/// One partition's range within a batch: what was read and mapped and not
+/// yet sunk, and how far the sink got.
 #[derive(Default)]
 struct RangeState {
+    /// Records read and mapped since the last sink of this range.
     records: Vec<SourceRecord>,
+    /// Their map results (source indices into `records`).
     mapped: ChainResult,
     traps: RangeTraps,
+    /// Records of the range read so far, sunk or held.
+    seen: usize,
+    /// Offsets below this are sunk (`None`: nothing yet, the range's start).
+    sunk_to: Option<i64>,
+    /// Some part of the range was found applied by an earlier run.
+    already_applied: bool,
     /// The range's last piece arrived and its sink ran.
     finished: bool,
 }
@@ -1082,45 +1094,44 @@ impl BatchRun<'_> {
                 b.source_index += base;
                 b
             }));
+        st.seen += records.len();
+        let next = records.last().map(|r| r.offset + 1);
         if st.records.is_empty() {
             st.records = records;
         } else {
             st.records.extend(records);
         }
+        // Sink the piece now, as a part of the range, so the sink keeps up
+        // with the fetch instead of trailing it and the piece's memory is
+        // reused for the next one — unless every record of the range so far
+        // trapped: that may turn out to be a broken plugin (see `finish`),
+        // which must stop the batch rather than dead-letter or skip the
+        // range.
+        if st.traps.trapped < st.seen
+            && let Some(next) = next
+        {
+            self.sink_held(i, next)?;
+        }
         Ok(())
     }
 
-    /// Range `i` is read and mapped: apply bad-record policy and sink it.
+    /// Range `i` is read and mapped: sink the rest of it.
     fn finish(&mut self, i: usize) -> Result<(), EngineError> {
         let range = &self.entry.ranges[i];
-        let cfg = self.cfg;
-        let ctx = &self.ctx;
-        let counts = &mut self.counts;
-        if self.states[i].finished {
+        let st = &mut self.states[i];
+        if st.finished {
             return Err(EngineError::Internal(format!(
                 "range [{}, {}) of {}/{} finished twice",
                 range.start, range.end, range.topic, range.partition
             )));
         }
-        let RangeState {
-            records: recs,
-            mapped,
-            traps,
-            ..
-        } = std::mem::replace(
-            &mut self.states[i],
-            RangeState {
-                finished: true,
-                ..RangeState::default()
-            },
-        );
-        if recs.len() > 1
-            && traps.trapped == recs.len()
-            && let Some(first) = traps.first
+        if st.seen > 1
+            && st.traps.trapped == st.seen
+            && let Some(first) = st.traps.first.take()
         {
             // Not one record could be mapped: a broken plugin (or limit)
             // rather than bad records. Stop instead of dead-lettering or
-            // skipping the whole range.
+            // skipping the whole range (none of it was sunk).
             tracing::error!(
                 "every record of {}/{} [{}, {}) made the plugin trap: it looks broken, not fed bad records; stopping",
                 range.topic,
@@ -1130,6 +1141,32 @@ impl BatchRun<'_> {
             );
             return Err(EngineError::Plugin(PluginError::Trap(first)));
         }
+        // The part after the last record (control records, compaction gaps)
+        // or the whole range when nothing was sunk yet.
+        if st.sunk_to != Some(range.end) {
+            self.sink_held(i, range.end)?;
+        }
+        let st = &mut self.states[i];
+        st.finished = true;
+        if st.already_applied {
+            tracing::info!(topic = %range.topic, partition = range.partition, "range [{}, {}) was already applied by the sink (in whole or part); that part was skipped", range.start, range.end);
+        }
+        Ok(())
+    }
+
+    /// Sink the records range `i` holds as the part `[sunk_to, end)` of the
+    /// range (`end`: the offset after the last held record, or the range's
+    /// end): apply the bad-record policy, then one sink call (one
+    /// transaction with the SQL capability), retried as configured.
+    fn sink_held(&mut self, i: usize, end: i64) -> Result<(), EngineError> {
+        let range = &self.entry.ranges[i];
+        let cfg = self.cfg;
+        let ctx = &self.ctx;
+        let counts = &mut self.counts;
+        let st = &mut self.states[i];
+        let start = st.sunk_to.unwrap_or(range.start);
+        let recs = std::mem::take(&mut st.records);
+        let mapped = std::mem::take(&mut st.mapped);
         counts.input += recs.len() as u64;
         let views = record_views(&range.topic, range.partition, &recs);
         let mut dead_letters = Vec::new();
@@ -1210,8 +1247,8 @@ impl BatchRun<'_> {
                 batch: ctx.clone(),
                 topic: range.topic.clone(),
                 partition: range.partition,
-                start_offset: range.start,
-                end_offset: range.end,
+                start_offset: start,
+                end_offset: end,
             },
             records: &sink_records,
             dead_letters: &dead_letters,
@@ -1228,10 +1265,12 @@ impl BatchRun<'_> {
         match applied {
             Applied::Written { dead_lettered, .. } => counts.dead_lettered += dead_lettered,
             Applied::AlreadyApplied => {
-                tracing::info!(topic = %range.topic, partition = range.partition, "range [{}, {}) already applied by the sink; skipped", range.start, range.end);
+                tracing::debug!(topic = %range.topic, partition = range.partition, "[{start}, {end}) already applied by the sink; skipped");
+                self.states[i].already_applied = true;
                 counts.dead_lettered += dead_letters.len() as u64;
             }
         }
+        self.states[i].sunk_to = Some(end);
         Ok(())
     }
 }
@@ -1314,9 +1353,8 @@ fn run_batch(
         map_time: Duration::ZERO,
         sink_time: Duration::ZERO,
     };
-    // Fetch on its own thread and map each piece as it arrives: the map of
-    // one piece overlaps the reading of the next. A partition's sink runs
-    // once its whole range is read and mapped.
+    // Fetch on its own thread and map and sink each piece as it arrives:
+    // the map and sink of one piece overlap the reading of the next.
     let mut fetch_time = Duration::ZERO;
     let cancel = AtomicBool::new(false);
     std::thread::scope(|s| -> Result<(), EngineError> {

@@ -10,6 +10,13 @@
 //! sink (`UPDATE counters SET n = n + 1`) ends exactly right after any
 //! crash and replay.
 //!
+//! The engine may apply a batch's share of a partition in consecutive
+//! parts (`[s, m)`, then `[m, e)`), each its own transaction, so the sink
+//! keeps up with the fetch. A re-run of that batch finds the progress row
+//! of the same batch id ending inside its range and writes only the
+//! records from that end on; a row of another batch ending inside the
+//! range is a mismatch ([`SinkError::Overlap`]).
+//!
 //! Without it, the plugin's `open`/`write`/`close` run as they are: the
 //! delivery is at-least-once and the plugin must use the idempotency keys.
 
@@ -104,8 +111,9 @@ pub enum SinkError {
         /// Ours.
         ours: u64,
     },
-    /// The stored progress ends inside our range: the checkpoint and the
-    /// database disagree (e.g. the checkpoint was reset or replaced).
+    /// The stored progress of another batch ends inside our range: the
+    /// checkpoint and the database disagree (e.g. the checkpoint was reset
+    /// or replaced).
     #[error(
         "sink progress mismatch on {site}: sluice_progress says offsets up to {stored_end} are applied, which falls inside this range; the checkpoint and the database disagree (was the checkpoint reset or replaced?). Delete the progress row for this query id only if you know the database does not hold this range's effects"
     )]
@@ -215,7 +223,7 @@ impl SinkDriver {
                 .lock()
                 .backend()
                 .query(
-                    "SELECT end_offset, epoch FROM sluice_progress WHERE query_id = $1 AND topic = $2 AND \"partition\" = $3",
+                    "SELECT end_offset, epoch, batch_id FROM sluice_progress WHERE query_id = $1 AND topic = $2 AND \"partition\" = $3",
                     &[
                         SqlValue::Text(r.batch.query_id.clone()),
                         SqlValue::Text(r.topic.clone()),
@@ -223,9 +231,18 @@ impl SinkDriver {
                     ],
                 )
                 .map_err(sql_err("reading sluice_progress"))?;
+            // Where this run starts writing: the range's start, or, when an
+            // earlier run of the same batch already applied a first part of
+            // the range (the engine sinks a range in consecutive parts, each
+            // its own transaction), the end of that part.
+            let mut from = r.start_offset;
             if let Some(row) = stored.rows.first() {
-                let (end, epoch) = match (row.first(), row.get(1)) {
-                    (Some(SqlValue::Integer(e)), Some(SqlValue::Integer(p))) => (*e, *p as u64),
+                let (end, epoch, batch_id) = match (row.first(), row.get(1), row.get(2)) {
+                    (
+                        Some(SqlValue::Integer(e)),
+                        Some(SqlValue::Integer(p)),
+                        Some(SqlValue::Integer(b)),
+                    ) => (*e, *p as u64, *b),
                     _ => {
                         return Err(SinkError::Sql {
                             during: "reading sluice_progress",
@@ -248,12 +265,37 @@ impl SinkDriver {
                     return Ok(None);
                 }
                 if end > r.start_offset {
-                    return Err(SinkError::Overlap {
-                        site: site(r),
-                        stored_end: end,
-                    });
+                    if batch_id != r.batch.batch_id as i64 {
+                        return Err(SinkError::Overlap {
+                            site: site(r),
+                            stored_end: end,
+                        });
+                    }
+                    from = end;
                 }
             }
+            // Dead letters of the range, stored now or by that earlier run.
+            let dead_letters = batch.dead_letters.len() as u64;
+            let rest;
+            let batch = if from > r.start_offset {
+                // Records and dead letters are in offset order.
+                let records =
+                    &batch.records[batch.records.partition_point(|x| x.record.offset < from)..];
+                let dead_letters =
+                    &batch.dead_letters[batch.dead_letters.partition_point(|d| d.offset < from)..];
+                tracing::info!(topic = %r.topic, partition = r.partition, "offsets [{}, {from}) of [{}, {}) were applied by an earlier run of batch {}; writing the rest", r.start_offset, r.start_offset, r.end_offset, r.batch.batch_id);
+                rest = PartitionBatch {
+                    range: PartitionRange {
+                        start_offset: from,
+                        ..r.clone()
+                    },
+                    records,
+                    dead_letters,
+                };
+                &rest
+            } else {
+                batch
+            };
             let written = match instance {
                 Some(i) => {
                     let out = run_plugin(i, batch);
@@ -324,7 +366,7 @@ impl SinkDriver {
                         SqlValue::Integer(r.batch.batch_id as i64),
                         SqlValue::Integer(r.batch.epoch as i64),
                         SqlValue::Integer(crate::checkpoint::now_ms()),
-                        SqlValue::Integer(r.start_offset),
+                        SqlValue::Integer(from),
                     ],
                 )
                 .map_err(sql_err("updating sluice_progress"))?;
@@ -341,7 +383,7 @@ impl SinkDriver {
             Ok(Some(match written {
                 Applied::Written { records, .. } => Applied::Written {
                     records,
-                    dead_lettered: batch.dead_letters.len() as u64,
+                    dead_lettered: dead_letters,
                 },
                 a => a,
             }))
