@@ -1,6 +1,7 @@
 """Interleaved A/B of host binaries on the mock cluster: runs each binary's
 `host run --until-caught-up --progress json` in turn, N rounds, and prints
-medians of wall time, the batch's stage times and CPU time (ms).
+medians of wall time, the batch's stage times and CPU time (ms), and of
+peak RSS (MiB).
 
 Usage: N=7 PLUGIN=passthrough|company python3 bench/ab.py HOST_A HOST_B ...
 (release helpers, plugins and Tansu as built by bench/run.sh; EVENTS and
@@ -12,7 +13,7 @@ plugin = os.environ.get("PLUGIN", "passthrough")
 N = int(os.environ.get("N", "7"))
 hosts = sys.argv[1:]
 work = tempfile.mkdtemp(prefix="ab2-")
-res = {h: {"wall": [], "total": [], "fetch": [], "map": [], "sink": [], "cpu": [], "plan": [], "commit": []} for h in hosts}
+res = {h: {"wall": [], "total": [], "fetch": [], "map": [], "sink": [], "cpu": [], "plan": [], "commit": [], "rss": []} for h in hosts}
 with R.Mock() as b:
     subprocess.run([os.path.join(R.REL, "produce"), b.bootstrap, "maxwell", str(R.PARTS), str(R.EVENTS), work + "/exp.json"], check=True, capture_output=True)
     for i in range(N):
@@ -22,19 +23,20 @@ with R.Mock() as b:
             if plugin == "company": args += ["--sink-db", f"sqlite:{work}/db{i}{os.path.basename(h)}.db"]
             t0 = time.perf_counter()
             r0 = os.times()
-            p = subprocess.run(args, capture_output=True, text=True, env=dict(os.environ, RUST_LOG="warn"))
+            p = subprocess.run(["/usr/bin/time", "-f", "TIME %M"] + args, capture_output=True, text=True, env=dict(os.environ, RUST_LOG="warn"))
             wall = time.perf_counter() - t0
             r1 = os.times()
             ev = json.loads(p.stdout.splitlines()[0])
             d = ev["durations_ms"]
             r = res[h]
             r["wall"].append(wall * 1000); r["total"].append(ev["total_ms"])
+            r["rss"].append(int([l for l in p.stderr.splitlines() if l.startswith("TIME ")][-1].split()[1]) / 1024)
             for k in ("fetch", "map", "sink", "plan", "commit"): r[k].append(d[k])
             r["cpu"].append(((r1.children_user - r0.children_user) + (r1.children_system - r0.children_system)) * 1000)
 print(f"{plugin}, {R.EVENTS} events, medians of {N} (ms)")
-print(f"{'host':16} {'wall':>6} {'batch':>6} {'fetch':>6} {'map':>6} {'sink':>6} {'cpu':>6} {'plan':>6} {'commit':>6}")
+print(f"{'host':16} {'wall':>6} {'batch':>6} {'fetch':>6} {'map':>6} {'sink':>6} {'cpu':>6} {'plan':>6} {'commit':>6} {'rss':>6}")
 for h in hosts:
     r = res[h]
-    print(f"{os.path.basename(h):16} " + " ".join(f"{statistics.median(r[k]):6.0f}" for k in ("wall", "total", "fetch", "map", "sink", "cpu", "plan", "commit")))
+    print(f"{os.path.basename(h):16} " + " ".join(f"{statistics.median(r[k]):6.0f}" for k in ("wall", "total", "fetch", "map", "sink", "cpu", "plan", "commit", "rss")))
 for h in hosts:
     print(os.path.basename(h), "plans", [round(x) for x in res[h]["plan"]], "walls", [round(x) for x in res[h]["wall"]])
