@@ -213,7 +213,7 @@ pub struct PartitionContext {
 pub enum OpenAnswer {
     /// Write the range.
     Proceed,
-    /// The range is already applied; skip it.
+    /// Every offset of the range is already applied; skip it.
     AlreadyApplied,
 }
 
@@ -223,7 +223,11 @@ pub trait Sink: Sized + 'static {
     /// Build the stage from its configuration.
     fn new(config: &Config) -> Result<Self, String>;
 
-    /// Begin one partition's range. The default proceeds.
+    /// Begin one partition's range of a batch, or a consecutive part of it
+    /// (one batch may open a partition several times; part bounds are not
+    /// stable across runs). Answer [`OpenAnswer::AlreadyApplied`] only when
+    /// every offset of `[start_offset, end_offset)` is applied. The default
+    /// proceeds.
     fn open(&mut self, ctx: &PartitionContext) -> Result<OpenAnswer, Error> {
         let _ = ctx;
         Ok(OpenAnswer::Proceed)
@@ -233,7 +237,7 @@ pub trait Sink: Sized + 'static {
     /// happen once even when the range is written again after a crash.
     fn write(&mut self, record: &SinkRecord<'_>) -> Result<(), Error>;
 
-    /// Finish the range. The default does nothing.
+    /// Finish the range (or part). The default does nothing.
     fn close(&mut self) -> Result<(), Error> {
         Ok(())
     }

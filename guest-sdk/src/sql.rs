@@ -1,7 +1,7 @@
 //! The host's SQL capability, for sink stages (`sluice:plugin/sql`).
 //!
 //! Every call runs inside the host's transaction for the partition range
-//! being written; the host commits it together with its progress row, so
+//! (or part of one) being written; the host commits it together with its progress row, so
 //! the effect happens exactly once even for non-idempotent SQL. Never
 //! begin, commit or roll back yourself. Placeholders are `$1 … $n`.
 //!

@@ -7,7 +7,8 @@
 //! - [`checkpoint`]: write-ahead offset log, commit log, metadata, lock and
 //!   fencing epoch.
 //! - [`sink`]: the sink driver and the capabilities granted to sink plugins
-//!   (SQL: SQLite and PostgreSQL, one transaction per partition range).
+//!   (SQL: SQLite and PostgreSQL, one transaction per part of a
+//!   partition's range).
 //! - [`source`]: the Kafka reader (discovery, watermarks, exact ranges).
 //! - [`engine`]: the micro-batch loop.
 //! - [`control`]: the owner's control socket (status, handover, swap).

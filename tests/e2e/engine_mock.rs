@@ -219,9 +219,11 @@ fn a_range_mapped_in_pieces_keeps_offsets_keys_and_bad_records_exact() {
         0
     );
 
-    // The re-run writes partition 0 from 2000 on (and the rest of
-    // partition 1): nothing is written twice, which the dead letters'
-    // primary key and the sums below would show.
+    // The re-run skips partition 0's applied part [0, 2000) and writes the
+    // rest (and whatever of partition 1 is left). The table here is an
+    // idempotent upsert, so this checks offsets, keys and dead letters;
+    // a_crash_between_parts_of_a_range_… checks with a counter that
+    // nothing is applied twice.
     cfg.on_error = ErrorPolicy::Dlq;
     let run = engine::run(&cfg, no_stop()).unwrap();
     assert_eq!(run.reran, Some(0), "the failed batch is re-run");

@@ -191,6 +191,20 @@ fn apply_counter_in(
     end: i64,
     value: impl Fn(i64) -> Option<Vec<u8>>,
 ) -> Result<Applied, SinkError> {
+    apply_counter_part(db, batch, epoch, start..end, start, end, value)
+}
+
+/// Apply the part `[start, end)` of batch `batch`'s planned range
+/// `planned` of t/0 through sql-counter.
+fn apply_counter_part(
+    db: &Db,
+    batch: u64,
+    epoch: u64,
+    planned: std::ops::Range<i64>,
+    start: i64,
+    end: i64,
+    value: impl Fn(i64) -> Option<Vec<u8>>,
+) -> Result<Applied, SinkError> {
     let rt = runtime();
     let p = rt.load(&plugin("sql_counter"), config(&[])).unwrap();
     let grant = SqlGrant::connect(&db.url).unwrap();
@@ -202,6 +216,7 @@ fn apply_counter_in(
         Some(&mut inst),
         &PartitionBatch {
             range: range("q1", batch, epoch, "t", 0, start, end),
+            planned,
             records: &v,
             dead_letters: &[],
         },
@@ -251,9 +266,108 @@ fn a_rerun_writes_only_what_an_earlier_run_of_its_batch_left() {
             ),
             "{e}"
         );
+        // ... also when the row ends exactly where one of its parts begins:
+        // the verdict is on the planned range, not on where parts end.
+        let e = apply_counter_part(&db, 8, 2, 100..150, 120, 150, plain).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                SinkError::Overlap {
+                    stored_end: 120,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("t/0 [100, 150)"), "{e}");
+        // A range another batch applied whole is skipped, part by part.
+        assert_eq!(
+            apply_counter_part(&db, 8, 2, 90..120, 90, 100, plain).unwrap(),
+            Applied::AlreadyApplied
+        );
         assert_eq!(
             db.scalar("SELECT n FROM counters WHERE name = 'records'"),
             120,
+            "{}",
+            db.name
+        );
+    }
+}
+
+#[test]
+fn a_resumed_range_stores_only_the_dead_letters_past_the_applied_part() {
+    // Dead letters at offsets 1 and 4 of [0, 6); an earlier run of the
+    // same batch applied [0, 3) with the first. The re-run, split
+    // differently, stores only the second (the dead-letter table's primary
+    // key would refuse a second copy of the first).
+    let dead = |offset: i64| DeadLetter {
+        topic: "t".into(),
+        partition: 0,
+        offset,
+        timestamp_ms: 7,
+        key: None,
+        value: Some(b"{broken".to_vec()),
+        headers: vec![],
+        error: "not JSON".into(),
+        plugin_digest: "ab".repeat(32),
+        stage: 0,
+    };
+    let good = |r: &Owned| r.offset != 1 && r.offset != 4;
+    for db in Db::both() {
+        let rt = runtime();
+        let p = rt.load(&plugin("sql_counter"), config(&[])).unwrap();
+        let grant = SqlGrant::connect(&db.url).unwrap();
+        let driver = SinkDriver::new(Some(grant.clone())).unwrap();
+        let mut inst = p.instance_with_sql(Some(grant));
+        let first: Vec<Owned> = owned("t", 0, 0..3, plain)
+            .into_iter()
+            .filter(good)
+            .collect();
+        driver
+            .apply(
+                Some(&mut inst),
+                &PartitionBatch {
+                    range: range("q1", 3, 1, "t", 0, 0, 3),
+                    planned: 0..6,
+                    records: &views("t", 0, &first),
+                    dead_letters: &[dead(1)],
+                },
+            )
+            .unwrap();
+        let all: Vec<Owned> = owned("t", 0, 0..6, plain)
+            .into_iter()
+            .filter(good)
+            .collect();
+        let a = driver
+            .apply(
+                Some(&mut inst),
+                &PartitionBatch {
+                    range: range("q1", 3, 2, "t", 0, 0, 6),
+                    planned: 0..6,
+                    records: &views("t", 0, &all),
+                    dead_letters: &[dead(1), dead(4)],
+                },
+            )
+            .unwrap();
+        assert_eq!(
+            a,
+            Applied::Written {
+                records: 2,
+                dead_lettered: 2
+            },
+            "{}",
+            db.name
+        );
+        let offsets = db.query("SELECT \"offset\" FROM sluice_dead_letters ORDER BY \"offset\"");
+        assert_eq!(
+            offsets,
+            vec![vec![SqlValue::Integer(1)], vec![SqlValue::Integer(4)]],
+            "{}",
+            db.name
+        );
+        assert_eq!(
+            db.scalar("SELECT n FROM counters WHERE name = 'records'"),
+            4,
             "{}",
             db.name
         );
@@ -492,6 +606,7 @@ fn dead_letters_are_stored_with_original_bytes_once() {
                     Some(&mut inst),
                     &PartitionBatch {
                         range: range("q1", 0, 1, "t", 0, 0, 4),
+                        planned: 0..4,
                         records: &v,
                         dead_letters: &dl,
                     },
@@ -564,6 +679,7 @@ fn company_upserts_and_deletes_end_in_the_right_table_state() {
                 Some(&mut sink),
                 &PartitionBatch {
                     range: range("q", 0, 1, "maxwell", 0, 40, 45),
+                    planned: 40..45,
                     records: &recs,
                     dead_letters: &[],
                 },
@@ -624,6 +740,7 @@ fn the_guest_reaches_the_database_only_through_the_capability() {
             Some(&mut inst),
             &PartitionBatch {
                 range: range("q1", 0, 1, "t", 0, 1, 2),
+                planned: 1..2,
                 records: &v,
                 dead_letters: &[],
             },
@@ -637,6 +754,7 @@ fn the_guest_reaches_the_database_only_through_the_capability() {
             Some(&mut ungranted),
             &PartitionBatch {
                 range: range("q1", 0, 1, "t", 0, 2, 3),
+                planned: 2..3,
                 records: &v,
                 dead_letters: &[],
             },

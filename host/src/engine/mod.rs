@@ -1053,8 +1053,15 @@ struct BatchRun<'a> {
 }
 
 impl BatchRun<'_> {
-    /// Map the next piece of range `i` and keep its records and results.
-    fn map_piece(&mut self, i: usize, records: Vec<SourceRecord>) -> Result<(), EngineError> {
+    /// Map the next piece of range `i` and sink it as a part of the range,
+    /// unless it is the range's last piece (`done`: [`BatchRun::finish`]
+    /// sinks it, up to the planned end).
+    fn map_piece(
+        &mut self,
+        i: usize,
+        records: Vec<SourceRecord>,
+        done: bool,
+    ) -> Result<(), EngineError> {
         if records.is_empty() {
             return Ok(());
         }
@@ -1107,7 +1114,8 @@ impl BatchRun<'_> {
         // trapped: that may turn out to be a broken plugin (see `finish`),
         // which must stop the batch rather than dead-letter or skip the
         // range.
-        if st.traps.trapped < st.seen
+        if !done
+            && st.traps.trapped < st.seen
             && let Some(next) = next
         {
             self.sink_held(i, next)?;
@@ -1141,8 +1149,9 @@ impl BatchRun<'_> {
             );
             return Err(EngineError::Plugin(PluginError::Trap(first)));
         }
-        // The part after the last record (control records, compaction gaps)
-        // or the whole range when nothing was sunk yet.
+        // The last part, up to the planned end (which may lie past the last
+        // record: control records, compaction gaps); the whole range when
+        // nothing was sunk yet.
         if st.sunk_to != Some(range.end) {
             self.sink_held(i, range.end)?;
         }
@@ -1250,6 +1259,7 @@ impl BatchRun<'_> {
                 start_offset: start,
                 end_offset: end,
             },
+            planned: range.start..range.end,
             records: &sink_records,
             dead_letters: &dead_letters,
         };
@@ -1379,7 +1389,7 @@ fn run_batch(
             for piece in rx.iter() {
                 let done = piece.done;
                 let i = piece.range;
-                run.map_piece(i, piece.records)?;
+                run.map_piece(i, piece.records, done)?;
                 if done {
                     run.finish(i)?;
                 }

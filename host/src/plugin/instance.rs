@@ -256,7 +256,8 @@ pub struct CallContext {
     pub epoch: u64,
 }
 
-/// One partition's range of a batch, as a sink sees it.
+/// One partition's range of a batch, or a consecutive part of it, as a
+/// sink sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PartitionRange {
     /// The batch.
@@ -689,7 +690,7 @@ impl Instance {
         }
     }
 
-    /// Begin one partition's range (`sink.open`).
+    /// Begin one partition's range or part of one (`sink.open`).
     ///
     /// # Errors
     /// As [`Instance::map`].

@@ -1,7 +1,7 @@
 //! Sinks: apply one partition's share of a batch through a sink plugin,
 //! with the capabilities the host grants it.
 //!
-//! With the SQL capability ([`sql::SqlGrant`]) each partition range is one
+//! With the SQL capability ([`sql::SqlGrant`]) each range is one
 //! database transaction: read `sluice_progress`; if the range is already
 //! applied, skip it without calling the plugin; otherwise run the plugin's
 //! `open`/`write`/`close`, insert dead letters, upsert the progress row —
@@ -10,11 +10,12 @@
 //! sink (`UPDATE counters SET n = n + 1`) ends exactly right after any
 //! crash and replay.
 //!
-//! The engine may apply a batch's share of a partition in consecutive
-//! parts (`[s, m)`, then `[m, e)`), each its own transaction, so the sink
-//! keeps up with the fetch. A re-run of that batch finds the progress row
-//! of the same batch id ending inside its range and writes only the
-//! records from that end on; a row of another batch ending inside the
+//! The "range" applied at once may be a consecutive part of a batch's
+//! share of a partition: the engine applies it in parts (`[s, m)`, then
+//! `[m, e)`), each its own transaction, so the sink keeps up with the
+//! fetch. A re-run of that batch finds the progress row of its own batch
+//! id and writes only the records from that row's end on (part bounds may
+//! differ between runs); a row of another batch ending inside the planned
 //! range is a mismatch ([`SinkError::Overlap`]).
 //!
 //! Without it, the plugin's `open`/`write`/`close` run as they are: the
@@ -58,11 +59,17 @@ pub struct DeadLetter {
     pub stage: usize,
 }
 
-/// One partition's share of a batch, ready for the sink.
+/// One partition's share of a batch, or a consecutive part of it, ready
+/// for the sink.
 #[derive(Debug)]
 pub struct PartitionBatch<'a> {
-    /// The planned range and batch context.
+    /// The part to apply now and the batch context (the whole planned range
+    /// when it is applied at once).
     pub range: PartitionRange,
+    /// The batch's whole planned range of this partition, `[start, end)`
+    /// offsets: a progress row of another batch ending inside it is a
+    /// mismatch ([`SinkError::Overlap`]) whichever part meets it.
+    pub planned: std::ops::Range<i64>,
     /// Mapped records with their idempotency keys, in offset order.
     pub records: &'a [SinkRecord<'a>],
     /// Bad records to dead-letter (policy `dlq`).
@@ -261,17 +268,26 @@ impl SinkDriver {
                         ours: r.batch.epoch,
                     });
                 }
-                if end >= r.end_offset {
-                    return Ok(None);
-                }
-                if end > r.start_offset {
-                    if batch_id != r.batch.batch_id as i64 {
-                        return Err(SinkError::Overlap {
-                            site: site(r),
-                            stored_end: end,
-                        });
+                if batch_id == r.batch.batch_id as i64 {
+                    // An earlier part of this batch, from this run or an
+                    // earlier one, applied the range up to `end`.
+                    if end >= r.end_offset {
+                        return Ok(None);
                     }
-                    from = end;
+                    from = from.max(end);
+                } else if end >= batch.planned.end {
+                    // Another batch already applied the whole range.
+                    return Ok(None);
+                } else if end > batch.planned.start {
+                    // Judged on the whole planned range, not on this part,
+                    // so the verdict does not depend on where parts end.
+                    return Err(SinkError::Overlap {
+                        site: format!(
+                            "{}/{} [{}, {})",
+                            r.topic, r.partition, batch.planned.start, batch.planned.end
+                        ),
+                        stored_end: end,
+                    });
                 }
             }
             // Dead letters of the range, stored now or by that earlier run.
@@ -289,6 +305,7 @@ impl SinkDriver {
                         start_offset: from,
                         ..r.clone()
                     },
+                    planned: batch.planned.clone(),
                     records,
                     dead_letters,
                 };
