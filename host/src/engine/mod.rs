@@ -3,10 +3,12 @@
 //!
 //! Within a batch the stages overlap: a fetch thread reads the planned
 //! ranges and hands over pieces of at most `MAP_PIECE_RECORDS` (2,000) records,
-//! which this thread maps and sinks while the next piece is read. A
-//! partition's range thus reaches the sink in consecutive parts, each its
-//! own `open`/`write`/`close` (one transaction with the SQL capability,
-//! whose progress row records the part's end). Keys depend only on source
+//! this thread maps each piece while the next is read, and a sink thread
+//! applies each mapped piece, in order, while the next is mapped (the map
+//! and sink stages are separate instances). A partition's range thus
+//! reaches the sink in consecutive parts, each its own
+//! `open`/`write`/`close` (one transaction with the SQL capability, whose
+//! progress row records the part's end). Keys depend only on source
 //! coordinates, so how a range is split does not change what the sink
 //! receives, and a re-run resumes after the last part applied. (DESIGN.md
 //! says "guest calls with whole batches" and one transaction per
@@ -142,6 +144,10 @@ pub enum EngineError {
         "internal error: {0}; batch not committed, it is re-run on the next start (please report this)"
     )]
     Internal(String),
+    /// The sink thread stopped before the map side handed over every part
+    /// (it failed; its own error is what is reported).
+    #[error("the sink stopped; batch not committed")]
+    SinkStopped,
 }
 
 impl From<PluginError> for EngineError {
@@ -955,7 +961,7 @@ fn sink_retryable(e: &SinkError) -> bool {
 /// it trap are found by [`isolate_traps`] and become bad records; under
 /// `fail` the trap stops the batch.
 fn map_partition(
-    stages: &mut Stages,
+    maps: &mut [Instance],
     ctx: &CallContext,
     records: &[Record<'_>],
     attempts: u32,
@@ -963,7 +969,7 @@ fn map_partition(
     metrics: &Metrics,
 ) -> Result<ChainResult, PluginError> {
     let r = with_retries(attempts, "map", PluginError::is_retryable, || {
-        let r = run_chain(&mut stages.maps, ctx, records);
+        let r = run_chain(maps, ctx, records);
         if matches!(r, Err(PluginError::Trap(_))) {
             metrics.trap();
         }
@@ -979,7 +985,7 @@ fn map_partition(
                 traps_left: traps.left,
                 attempts,
             };
-            let result = isolate_traps(&mut stages.maps, ctx, records, t, &mut budget);
+            let result = isolate_traps(maps, ctx, records, t, &mut budget);
             traps.left = budget.traps_left;
             let result = result?;
             let trapped = result.rejected.iter().filter(|r| r.trapped).count();
@@ -1029,19 +1035,20 @@ struct RangeState {
     traps: RangeTraps,
     /// Records of the range read so far, sunk or held.
     seen: usize,
-    /// Offsets below this are sunk (`None`: nothing yet, the range's start).
+    /// Offsets below this were handed to the sink thread (`None`: nothing
+    /// yet, the range's start).
     sunk_to: Option<i64>,
-    /// Some part of the range was found applied by an earlier run.
-    already_applied: bool,
     /// The range's last piece arrived and its sink ran.
     finished: bool,
 }
 
-/// The map and sink side of one batch (the fetch runs on its own thread).
+/// The map side of one batch (the fetch and the sink run on threads of
+/// their own).
 struct BatchRun<'a> {
     cfg: &'a PipelineConfig,
-    stages: &'a mut Stages,
-    driver: &'a SinkDriver,
+    maps: &'a mut [Instance],
+    /// Digest → file, for messages.
+    files: &'a BTreeMap<String, String>,
     entry: &'a OffsetsEntry,
     ctx: CallContext,
     metrics: &'a Metrics,
@@ -1049,7 +1056,100 @@ struct BatchRun<'a> {
     states: Vec<RangeState>,
     counts: Counts,
     map_time: Duration,
-    sink_time: Duration,
+    /// Parts for the sink thread, in order (`None` once the batch's
+    /// pieces are all handed over: the sink thread then ends).
+    sink: Option<std::sync::mpsc::SyncSender<SinkJob>>,
+}
+
+/// Parts queued for the sink thread at most: the map runs this far ahead
+/// of the sink (each part holds up to `MAP_PIECE_RECORDS` records).
+const SINK_QUEUE: usize = 2;
+
+/// A part of a range, mapped and ready for the sink: the part's source
+/// records, its outputs (source indices into `records`) and dead letters.
+struct SinkJob {
+    /// Index of the range in the batch.
+    range: usize,
+    part: crate::plugin::PartitionRange,
+    planned: std::ops::Range<i64>,
+    records: Vec<SourceRecord>,
+    outputs: Vec<crate::plugin::chain::ChainOutput>,
+    dead_letters: Vec<DeadLetter>,
+}
+
+/// What the sink thread did in one batch.
+struct SinkReport {
+    dead_lettered: u64,
+    /// Per range: some part of it was found applied by an earlier run.
+    already_applied: Vec<bool>,
+    time: Duration,
+}
+
+/// The sink thread of a batch: apply each part, in the order queued, with
+/// retries. Stops at the first part that fails (the batch is then not
+/// committed).
+fn run_sink(
+    jobs: std::sync::mpsc::Receiver<SinkJob>,
+    mut sink: Option<&mut Instance>,
+    driver: &SinkDriver,
+    attempts: u32,
+    metrics: &Metrics,
+    ranges: usize,
+) -> Result<SinkReport, EngineError> {
+    let mut report = SinkReport {
+        dead_lettered: 0,
+        already_applied: vec![false; ranges],
+        time: Duration::ZERO,
+    };
+    for job in jobs {
+        let views = record_views(&job.part.topic, job.part.partition, &job.records);
+        let sink_records: Vec<SinkRecord<'_>> = job
+            .outputs
+            .iter()
+            .map(|o| {
+                let s = &views[o.source_index];
+                SinkRecord {
+                    idempotency_key: &o.idempotency_key,
+                    record: Record {
+                        topic: s.topic,
+                        partition: s.partition,
+                        offset: s.offset,
+                        timestamp: s.timestamp,
+                        timestamp_type: s.timestamp_type,
+                        key: o.key.as_deref(),
+                        value: o.value.as_deref(),
+                        headers: sluice_guest::wire::header_views(&o.headers),
+                    },
+                }
+            })
+            .collect();
+        let batch = PartitionBatch {
+            range: job.part.clone(),
+            planned: job.planned.clone(),
+            records: &sink_records,
+            dead_letters: &job.dead_letters,
+        };
+        let t = Instant::now();
+        let applied = with_retries(attempts, "sink", sink_retryable, || {
+            let r = driver.apply(sink.as_deref_mut(), &batch);
+            if matches!(r, Err(SinkError::Plugin(PluginError::Trap(_)))) {
+                metrics.trap();
+            }
+            r
+        })?;
+        report.time += t.elapsed();
+        match applied {
+            Applied::Written { dead_lettered, .. } => report.dead_lettered += dead_lettered,
+            Applied::AlreadyApplied => {
+                tracing::debug!(topic = %job.part.topic, partition = job.part.partition, "[{}, {}) already applied by the sink; skipped", job.part.start_offset, job.part.end_offset);
+                if let Some(a) = report.already_applied.get_mut(job.range) {
+                    *a = true;
+                }
+                report.dead_lettered += job.dead_letters.len() as u64;
+            }
+        }
+    }
+    Ok(report)
 }
 
 impl BatchRun<'_> {
@@ -1078,7 +1178,7 @@ impl BatchRun<'_> {
         let isolate = (self.cfg.on_error != ErrorPolicy::Fail)
             .then_some((self.stop, &mut self.states[i].traps));
         let mapped = map_partition(
-            self.stages,
+            self.maps,
             &self.ctx,
             &views,
             self.cfg.attempts,
@@ -1155,18 +1255,15 @@ impl BatchRun<'_> {
         if st.sunk_to != Some(range.end) {
             self.sink_held(i, range.end)?;
         }
-        let st = &mut self.states[i];
-        st.finished = true;
-        if st.already_applied {
-            tracing::info!(topic = %range.topic, partition = range.partition, "range [{}, {}) was already applied by the sink (in whole or part); that part was skipped", range.start, range.end);
-        }
+        self.states[i].finished = true;
         Ok(())
     }
 
-    /// Sink the records range `i` holds as the part `[sunk_to, end)` of the
-    /// range (`end`: the offset after the last held record, or the range's
-    /// end): apply the bad-record policy, then one sink call (one
-    /// transaction with the SQL capability), retried as configured.
+    /// Hand the records range `i` holds to the sink thread as the part
+    /// `[sunk_to, end)` of the range (`end`: the offset after the last held
+    /// record, or the range's end), after applying the bad-record policy.
+    /// The sink thread applies it with one sink call (one transaction with
+    /// the SQL capability), retried as configured.
     fn sink_held(&mut self, i: usize, end: i64) -> Result<(), EngineError> {
         let range = &self.entry.ranges[i];
         let cfg = self.cfg;
@@ -1177,7 +1274,6 @@ impl BatchRun<'_> {
         let recs = std::mem::take(&mut st.records);
         let mapped = std::mem::take(&mut st.mapped);
         counts.input += recs.len() as u64;
-        let views = record_views(&range.topic, range.partition, &recs);
         let mut dead_letters = Vec::new();
         for b in &mapped.rejected {
             let r = &recs[b.source_index];
@@ -1189,7 +1285,6 @@ impl BatchRun<'_> {
                         partition: range.partition,
                         offset: r.offset,
                         plugin: self
-                            .stages
                             .files
                             .get(&b.plugin_digest)
                             .cloned()
@@ -1231,28 +1326,9 @@ impl BatchRun<'_> {
             .filter(|(i, has)| !**has && !mapped.rejected.iter().any(|b| b.source_index == *i))
             .count() as u64;
 
-        let sink_records: Vec<SinkRecord<'_>> = mapped
-            .outputs
-            .iter()
-            .map(|o| {
-                let s = &views[o.source_index];
-                SinkRecord {
-                    idempotency_key: &o.idempotency_key,
-                    record: Record {
-                        topic: s.topic,
-                        partition: s.partition,
-                        offset: s.offset,
-                        timestamp: s.timestamp,
-                        timestamp_type: s.timestamp_type,
-                        key: o.key.as_deref(),
-                        value: o.value.as_deref(),
-                        headers: sluice_guest::wire::header_views(&o.headers),
-                    },
-                }
-            })
-            .collect();
-        let batch = PartitionBatch {
-            range: crate::plugin::PartitionRange {
+        let job = SinkJob {
+            range: i,
+            part: crate::plugin::PartitionRange {
                 batch: ctx.clone(),
                 topic: range.topic.clone(),
                 partition: range.partition,
@@ -1260,26 +1336,17 @@ impl BatchRun<'_> {
                 end_offset: end,
             },
             planned: range.start..range.end,
-            records: &sink_records,
-            dead_letters: &dead_letters,
+            records: recs,
+            outputs: mapped.outputs,
+            dead_letters,
         };
-        let t = Instant::now();
-        let applied = with_retries(cfg.attempts, "sink", sink_retryable, || {
-            let r = self.driver.apply(self.stages.sink.as_mut(), &batch);
-            if matches!(r, Err(SinkError::Plugin(PluginError::Trap(_)))) {
-                self.metrics.trap();
-            }
-            r
-        })?;
-        self.sink_time += t.elapsed();
-        match applied {
-            Applied::Written { dead_lettered, .. } => counts.dead_lettered += dead_lettered,
-            Applied::AlreadyApplied => {
-                tracing::debug!(topic = %range.topic, partition = range.partition, "[{start}, {end}) already applied by the sink; skipped");
-                self.states[i].already_applied = true;
-                counts.dead_lettered += dead_letters.len() as u64;
-            }
-        }
+        // The sink thread stopped only because a part failed: the caller
+        // reports that error.
+        self.sink
+            .as_ref()
+            .ok_or(EngineError::SinkStopped)?
+            .send(job)
+            .map_err(|_| EngineError::SinkStopped)?;
         self.states[i].sunk_to = Some(end);
         Ok(())
     }
@@ -1350,10 +1417,14 @@ fn run_batch(
         batch_id: entry.batch_id,
         epoch,
     };
+    let Stages {
+        maps, sink, files, ..
+    } = stages;
+    let (sink_tx, sink_rx) = std::sync::mpsc::sync_channel::<SinkJob>(SINK_QUEUE);
     let mut run = BatchRun {
         cfg,
-        stages,
-        driver,
+        maps,
+        files,
         entry,
         ctx,
         metrics,
@@ -1361,13 +1432,25 @@ fn run_batch(
         states: entry.ranges.iter().map(|_| RangeState::default()).collect(),
         counts: Counts::default(),
         map_time: Duration::ZERO,
-        sink_time: Duration::ZERO,
+        sink: Some(sink_tx),
     };
-    // Fetch on its own thread and map and sink each piece as it arrives:
-    // the map and sink of one piece overlap the reading of the next.
+    // Three threads: the fetch reads pieces, this thread maps each piece as
+    // it arrives, and the sink thread applies each mapped piece as a part
+    // of its range while the next is read and mapped.
     let mut fetch_time = Duration::ZERO;
+    let mut sunk = None;
     let cancel = AtomicBool::new(false);
     std::thread::scope(|s| -> Result<(), EngineError> {
+        let sinker = s.spawn(|| {
+            run_sink(
+                sink_rx,
+                sink.as_mut(),
+                driver,
+                cfg.attempts,
+                metrics,
+                entry.ranges.len(),
+            )
+        });
         let (tx, rx) = std::sync::mpsc::channel::<Piece>();
         let fetch_ranges = &ranges;
         let cancel_ref = &cancel;
@@ -1399,12 +1482,25 @@ fn run_batch(
         // Stops the fetch thread if we failed.
         cancel.store(true, Ordering::Relaxed);
         drop(rx);
+        // Closes the sink queue: the sink thread applies what is queued and
+        // ends.
+        run.sink = None;
         let (fetched, took) = match fetcher.join() {
             Ok(v) => v,
             Err(panic) => std::panic::resume_unwind(panic),
         };
         fetch_time = took;
-        processed?;
+        let report = match sinker.join() {
+            Ok(v) => v,
+            Err(panic) => std::panic::resume_unwind(panic),
+        };
+        // The sink's own error explains a stopped sink; otherwise the
+        // first failure of the map side comes first.
+        match (processed, report) {
+            (Err(EngineError::SinkStopped), Err(e)) | (Ok(()), Err(e)) => return Err(e),
+            (Err(e), _) => return Err(e),
+            (Ok(()), Ok(report)) => sunk = Some(report),
+        }
         fetched?;
         // Every planned non-empty range must have been read, mapped and
         // sunk before the batch may commit.
@@ -1420,13 +1516,20 @@ fn run_batch(
     })?;
     timings.fetch = ms(fetch_time);
     let BatchRun {
-        counts,
+        mut counts,
         map_time,
-        sink_time,
         ..
     } = run;
+    let report =
+        sunk.ok_or_else(|| EngineError::Internal("the sink thread reported nothing".into()))?;
+    for (range, applied) in entry.ranges.iter().zip(&report.already_applied) {
+        if *applied {
+            tracing::info!(topic = %range.topic, partition = range.partition, "range [{}, {}) was already applied by the sink (in whole or part); that part was skipped", range.start, range.end);
+        }
+    }
+    counts.dead_lettered += report.dead_lettered;
     timings.map = ms(map_time);
-    timings.sink = ms(sink_time);
+    timings.sink = ms(report.time);
     Ok((counts, timings, gaps))
 }
 
