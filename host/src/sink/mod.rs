@@ -348,7 +348,12 @@ impl SinkDriver {
                     .collect();
                 b.execute(
                     "INSERT INTO sluice_dead_letters (query_id, topic, \"partition\", \"offset\", timestamp_ms, record_key, record_value, headers_json, error, plugin_digest, stage, batch_id, epoch) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
+                     ON CONFLICT (query_id, topic, \"partition\", \"offset\") DO UPDATE SET \
+                       timestamp_ms = excluded.timestamp_ms, record_key = excluded.record_key, \
+                       record_value = excluded.record_value, headers_json = excluded.headers_json, \
+                       error = excluded.error, plugin_digest = excluded.plugin_digest, \
+                       stage = excluded.stage, batch_id = excluded.batch_id, epoch = excluded.epoch",
                     &[
                         SqlValue::Text(r.batch.query_id.clone()),
                         SqlValue::Text(d.topic.clone()),
