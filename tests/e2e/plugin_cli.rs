@@ -244,7 +244,7 @@ fn inspect_reports_stages_version_and_imports() {
     assert!(out.status.success(), "{}", stderr(&out));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["stages"], json!(["map", "sink"]));
-    assert_eq!(v["contract_version"], "0.1.0");
+    assert_eq!(v["contract_version"], "0.2.0");
     let digest = v["digest"].as_str().unwrap();
     assert!(digest.starts_with("sha256:") && digest.len() == 7 + 64);
     let imports: Vec<&str> = v["imports"]
@@ -253,10 +253,10 @@ fn inspect_reports_stages_version_and_imports() {
         .iter()
         .map(|i| i.as_str().unwrap())
         .collect();
-    assert!(imports.contains(&"sluice:plugin/config@0.1.0"));
-    assert!(imports.contains(&"sluice:plugin/log@0.1.0"));
+    assert!(imports.contains(&"sluice:plugin/config@0.2.0"));
+    assert!(imports.contains(&"sluice:plugin/log@0.2.0"));
     assert!(
-        imports.contains(&"sluice:plugin/sql@0.1.0"),
+        imports.contains(&"sluice:plugin/sql@0.2.0"),
         "the sink stage asks for sql"
     );
     let out = host(&[
@@ -269,7 +269,7 @@ fn inspect_reports_stages_version_and_imports() {
     assert_eq!(v["stages"], json!(["map"]));
     let imports = v["imports"].as_array().unwrap();
     assert!(
-        !imports.iter().any(|i| i == "sluice:plugin/sql@0.1.0"),
+        !imports.iter().any(|i| i == "sluice:plugin/sql@0.2.0"),
         "map-only plugins get no sql"
     );
 }

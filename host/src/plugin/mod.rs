@@ -1,5 +1,5 @@
 //! The wasmtime side of Sluice: load plugin components, check them against
-//! the contract (`wit/plugin.wit`, `sluice:plugin@0.1.0`), and run their
+//! the contract (`wit/plugin.wit`, `sluice:plugin@0.2.0`), and run their
 //! stages in a sandbox.
 //!
 //! Invariants:
@@ -334,7 +334,7 @@ fn describe(engine: &Engine, component: &Component) -> ComponentInfo {
     }
 }
 
-/// Split `sluice:plugin/mapper@0.1.0` into (`mapper`, `0.1.0`).
+/// Split `sluice:plugin/mapper@0.2.0` into (`mapper`, `0.2.0`).
 fn sluice_interface(name: &str) -> Option<(&str, &str)> {
     let rest = name.strip_prefix("sluice:plugin/")?;
     let (iface, version) = rest.split_once('@').unwrap_or((rest, ""));
@@ -403,9 +403,12 @@ mod tests {
 
     #[test]
     fn contract_versions() {
-        assert!(contract_compatible("0.1.0"));
-        assert!(contract_compatible("0.1.7"));
-        assert!(!contract_compatible("0.2.0"));
+        assert!(contract_compatible("0.2.0"));
+        assert!(contract_compatible("0.2.7"));
+        // 0.1 sinks were opened once per partition and batch; 0.2 opens
+        // each part of a range.
+        assert!(!contract_compatible("0.1.0"));
+        assert!(!contract_compatible("0.3.0"));
         assert!(!contract_compatible("9.0.0"));
         assert!(!contract_compatible(""));
     }
