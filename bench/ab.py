@@ -26,11 +26,14 @@ with R.Mock() as b:
             p = subprocess.run(["/usr/bin/time", "-f", "TIME %M"] + args, capture_output=True, text=True, env=dict(os.environ, RUST_LOG="warn"))
             wall = time.perf_counter() - t0
             r1 = os.times()
+            times = [l for l in p.stderr.splitlines() if l.startswith("TIME ")]
+            if p.returncode != 0 or not times or not p.stdout.strip():
+                sys.exit(f"{h} failed ({p.returncode}):\n{p.stderr[-2000:]}")
             ev = json.loads(p.stdout.splitlines()[0])
             d = ev["durations_ms"]
             r = res[h]
             r["wall"].append(wall * 1000); r["total"].append(ev["total_ms"])
-            r["rss"].append(int([l for l in p.stderr.splitlines() if l.startswith("TIME ")][-1].split()[1]) / 1024)
+            r["rss"].append(int(times[-1].split()[1]) / 1024)
             for k in ("fetch", "map", "sink", "plan", "commit"): r[k].append(d[k])
             r["cpu"].append(((r1.children_user - r0.children_user) + (r1.children_system - r0.children_system)) * 1000)
 print(f"{plugin}, {R.EVENTS} events, medians of {N} (ms)")

@@ -1,8 +1,9 @@
 //! The host's SQL capability, for sink stages (`sluice:plugin/sql`).
 //!
 //! Every call runs inside the host's transaction for the partition range
-//! (or part of one) being written; the host commits it together with its progress row, so
-//! the effect happens exactly once even for non-idempotent SQL. Never
+//! (or part of one) being written; the host commits it together with its
+//! progress row, so the effect happens exactly once even for
+//! non-idempotent SQL. Never
 //! begin, commit or roll back yourself. Placeholders are `$1 … $n`.
 //!
 //! ```no_run

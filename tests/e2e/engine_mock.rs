@@ -769,6 +769,55 @@ fn a_crash_between_parts_of_a_range_resumes_after_the_last_part_applied() {
 }
 
 #[test]
+fn a_part_the_sink_fails_stops_the_batch_with_the_sinks_error() {
+    // 5,000 records in one partition, sunk in parts of 2,000 on the sink
+    // thread. The value at offset 3000 makes sql-counter run bad SQL, so
+    // the second part fails: the job reports that SQL error (not just
+    // "the sink stopped"), the first part stays applied, no later part is,
+    // and the batch is not committed.
+    let values = (0..5000).map(|i| {
+        if i == 3000 {
+            "sql-error".to_string()
+        } else {
+            format!("v{i}")
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::sqlite();
+    let mock = Mock::new();
+    mock.create_topic("raw", 1);
+    let p = producer(&mock.bootstrap());
+    for v in values {
+        p.send("raw", 0, None, Some(v.as_bytes()), &[]);
+    }
+    p.flush();
+    let mut cfg = pipeline(&mock.bootstrap(), "raw", &dir.path().join("ckpt"), &db);
+    cfg.plugins = vec![plugin("sql_counter")];
+    cfg.attempts = 1;
+    cfg.max_records_per_partition = 10_000;
+    let err = engine::run(&cfg, no_stop()).unwrap_err();
+    let mut e = err.to_string();
+    let mut source = std::error::Error::source(&err);
+    while let Some(s) = source {
+        e.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    assert!(e.contains("no_such_table"), "{e}");
+    assert!(e.contains("raw/0 [2000, 4000)"), "{e}");
+    assert!(!e.contains("the sink stopped"), "{e}");
+    assert_eq!(db.scalar("SELECT end_offset FROM sluice_progress"), 2000);
+    assert_eq!(
+        db.scalar("SELECT n FROM counters WHERE name = 'records'"),
+        2000
+    );
+    let status = sluice_host::checkpoint::status(&dir.path().join("ckpt")).unwrap();
+    assert!(
+        status.last_committed.is_none(),
+        "batch 0 must not be committed"
+    );
+}
+
+#[test]
 fn a_plugin_that_traps_on_everything_is_not_isolated_forever() {
     // A plugin trapping on every record is broken, not fed bad data: with
     // many records the isolation budget runs out, with few every record of

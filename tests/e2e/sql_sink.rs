@@ -296,10 +296,10 @@ fn a_rerun_writes_only_what_an_earlier_run_of_its_batch_left() {
 
 #[test]
 fn a_resumed_range_stores_only_the_dead_letters_past_the_applied_part() {
-    // Dead letters at offsets 1 and 4 of [0, 6); an earlier run of the
-    // same batch applied [0, 3) with the first. The re-run, split
-    // differently, stores only the second (the dead-letter table's primary
-    // key would refuse a second copy of the first).
+    // Dead letters at offsets 1 and 4 of [0, 6); an earlier run (epoch 1)
+    // of the same batch applied [0, 3) with the first. The re-run (epoch
+    // 2), split differently, stores only the second: the first keeps the
+    // epoch of the run that stored it.
     let dead = |offset: i64| DeadLetter {
         topic: "t".into(),
         partition: 0,
@@ -358,10 +358,14 @@ fn a_resumed_range_stores_only_the_dead_letters_past_the_applied_part() {
             "{}",
             db.name
         );
-        let offsets = db.query("SELECT \"offset\" FROM sluice_dead_letters ORDER BY \"offset\"");
+        let offsets =
+            db.query("SELECT \"offset\", epoch FROM sluice_dead_letters ORDER BY \"offset\"");
         assert_eq!(
             offsets,
-            vec![vec![SqlValue::Integer(1)], vec![SqlValue::Integer(4)]],
+            vec![
+                vec![SqlValue::Integer(1), SqlValue::Integer(1)],
+                vec![SqlValue::Integer(4), SqlValue::Integer(2)]
+            ],
             "{}",
             db.name
         );

@@ -79,7 +79,7 @@ pub enum CheckpointError {
     },
     /// Subscribed topics or contract differ from the checkpoint's.
     #[error(
-        "checkpoint {dir}: the pipeline does not match the checkpoint's fingerprint:\n{diff}\nrestart with the checkpoint's topics, or pass --allow-fingerprint-change to adopt the new set (new topics start at the configured starting offsets)"
+        "checkpoint {dir}: the pipeline does not match the checkpoint's fingerprint:\n{diff}\nrestart with the checkpoint's topics, or pass --allow-fingerprint-change to adopt the new set (new topics start at the configured starting offsets) or, after a host upgrade that changed the plugin contract, the new contract (rebuild the plugins against the new sluice-guest first)"
     )]
     FingerprintMismatch {
         /// The checkpoint directory.

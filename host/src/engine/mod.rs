@@ -1,5 +1,6 @@
 //! The micro-batch loop (DESIGN.md, "Micro-batch loop"): plan →
-//! write-ahead → fetch → map chain → sink per partition → commit.
+//! write-ahead → fetch → map chain → sink (per part of each partition's
+//! range) → commit.
 //!
 //! Within a batch the stages overlap: a fetch thread reads the planned
 //! ranges and hands over pieces of at most `MAP_PIECE_RECORDS` (2,000) records,
@@ -144,9 +145,12 @@ pub enum EngineError {
         "internal error: {0}; batch not committed, it is re-run on the next start (please report this)"
     )]
     Internal(String),
-    /// The sink thread stopped before the map side handed over every part
-    /// (it failed; its own error is what is reported).
-    #[error("the sink stopped; batch not committed")]
+    /// The sink thread stopped before the map side handed over every part.
+    /// It stops only on a failed part, and that error is what `run`
+    /// reports; this one only tells the map side to stop.
+    #[error(
+        "the sink stopped after a failed part; batch not committed, it is re-run on the next start"
+    )]
     SinkStopped,
 }
 
@@ -1038,7 +1042,8 @@ struct RangeState {
     /// Offsets below this were handed to the sink thread (`None`: nothing
     /// yet, the range's start).
     sunk_to: Option<i64>,
-    /// The range's last piece arrived and its sink ran.
+    /// The range's last piece arrived and its last part was handed to the
+    /// sink thread.
     finished: bool,
 }
 
@@ -1062,8 +1067,12 @@ struct BatchRun<'a> {
 }
 
 /// Parts queued for the sink thread at most: the map runs this far ahead
-/// of the sink (each part holds up to `MAP_PIECE_RECORDS` records).
+/// of the sink (a part holds one piece, or more while every record of its
+/// range so far trapped).
 const SINK_QUEUE: usize = 2;
+
+/// Pieces queued between the fetch thread and the map at most.
+const PIECE_QUEUE: usize = 4;
 
 /// A part of a range, mapped and ready for the sink: the part's source
 /// records, its outputs (source indices into `records`) and dead letters.
@@ -1102,17 +1111,16 @@ fn run_sink(
         time: Duration::ZERO,
     };
     for job in jobs {
-        let views = record_views(&job.part.topic, job.part.partition, &job.records);
         let sink_records: Vec<SinkRecord<'_>> = job
             .outputs
             .iter()
             .map(|o| {
-                let s = &views[o.source_index];
+                let s = &job.records[o.source_index];
                 SinkRecord {
                     idempotency_key: &o.idempotency_key,
                     record: Record {
-                        topic: s.topic,
-                        partition: s.partition,
+                        topic: &job.part.topic,
+                        partition: job.part.partition,
                         offset: s.offset,
                         timestamp: s.timestamp,
                         timestamp_type: s.timestamp_type,
@@ -1421,26 +1429,12 @@ fn run_batch(
         maps, sink, files, ..
     } = stages;
     let (sink_tx, sink_rx) = std::sync::mpsc::sync_channel::<SinkJob>(SINK_QUEUE);
-    let mut run = BatchRun {
-        cfg,
-        maps,
-        files,
-        entry,
-        ctx,
-        metrics,
-        stop,
-        states: entry.ranges.iter().map(|_| RangeState::default()).collect(),
-        counts: Counts::default(),
-        map_time: Duration::ZERO,
-        sink: Some(sink_tx),
-    };
     // Three threads: the fetch reads pieces, this thread maps each piece as
     // it arrives, and the sink thread applies each mapped piece as a part
     // of its range while the next is read and mapped.
     let mut fetch_time = Duration::ZERO;
-    let mut sunk = None;
     let cancel = AtomicBool::new(false);
-    std::thread::scope(|s| -> Result<(), EngineError> {
+    let (mut counts, map_time, report) = std::thread::scope(|s| {
         let sinker = s.spawn(|| {
             run_sink(
                 sink_rx,
@@ -1451,7 +1445,24 @@ fn run_batch(
                 entry.ranges.len(),
             )
         });
-        let (tx, rx) = std::sync::mpsc::channel::<Piece>();
+        // Owned by this closure, so that even a panic here drops the sink
+        // queue's sender and the sink thread ends (the scope joins it).
+        let mut run = BatchRun {
+            cfg,
+            maps,
+            files,
+            entry,
+            ctx,
+            metrics,
+            stop,
+            states: entry.ranges.iter().map(|_| RangeState::default()).collect(),
+            counts: Counts::default(),
+            map_time: Duration::ZERO,
+            sink: Some(sink_tx),
+        };
+        // Bounded, like the sink queue: when the map falls behind, records
+        // wait in librdkafka's own (bounded) queue, not here.
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Piece>(PIECE_QUEUE);
         let fetch_ranges = &ranges;
         let cancel_ref = &cancel;
         let fetcher = s.spawn(move || {
@@ -1495,15 +1506,24 @@ fn run_batch(
             Err(panic) => std::panic::resume_unwind(panic),
         };
         // The sink's own error explains a stopped sink; otherwise the
-        // first failure of the map side comes first.
-        match (processed, report) {
+        // first failure of the map side is reported, and a sink error
+        // behind it is logged, not lost.
+        let report = match (processed, report) {
             (Err(EngineError::SinkStopped), Err(e)) | (Ok(()), Err(e)) => return Err(e),
-            (Err(e), _) => return Err(e),
-            (Ok(()), Ok(report)) => sunk = Some(report),
+            (Err(e), sunk) => {
+                if let Err(sink_error) = sunk {
+                    tracing::error!("the sink failed too: {sink_error}");
+                }
+                return Err(e);
+            }
+            (Ok(()), Ok(report)) => report,
+        };
+        if let Err(e) = fetched {
+            return Err(e.into());
         }
-        fetched?;
         // Every planned non-empty range must have been read, mapped and
-        // sunk before the batch may commit.
+        // handed to the sink (which applied every part) before the batch
+        // may commit.
         for (planned, state) in entry.ranges.iter().zip(&run.states) {
             if planned.start != planned.end && !state.finished {
                 return Err(EngineError::Internal(format!(
@@ -1512,16 +1532,9 @@ fn run_batch(
                 )));
             }
         }
-        Ok(())
+        Ok((run.counts, run.map_time, report))
     })?;
     timings.fetch = ms(fetch_time);
-    let BatchRun {
-        mut counts,
-        map_time,
-        ..
-    } = run;
-    let report =
-        sunk.ok_or_else(|| EngineError::Internal("the sink thread reported nothing".into()))?;
     for (range, applied) in entry.ranges.iter().zip(&report.already_applied) {
         if *applied {
             tracing::info!(topic = %range.topic, partition = range.partition, "range [{}, {}) was already applied by the sink (in whole or part); that part was skipped", range.start, range.end);

@@ -6,7 +6,7 @@
 //! applied, skip it without calling the plugin; otherwise run the plugin's
 //! `open`/`write`/`close`, insert dead letters, upsert the progress row —
 //! fenced: only while the stored epoch is not newer than ours — and commit.
-//! Any error or trap rolls the whole range back. So even a non-idempotent
+//! Any error or trap rolls that range back. So even a non-idempotent
 //! sink (`UPDATE counters SET n = n + 1`) ends exactly right after any
 //! crash and replay.
 //!
@@ -93,11 +93,15 @@ pub enum Applied {
 /// Errors of the sink driver.
 #[derive(Debug, thiserror::Error)]
 pub enum SinkError {
-    /// The plugin trapped or returned an error; the range was rolled back.
-    #[error("{0}; the range was rolled back")]
+    /// The plugin trapped or returned an error; the range (part) was
+    /// rolled back, earlier parts stay applied.
+    #[error("{0}; this range was rolled back (earlier parts of the batch stay applied)")]
     Plugin(#[from] PluginError),
-    /// A database error; the range was rolled back.
-    #[error("sink database error during {during} on {site}: {error}; the range was rolled back")]
+    /// A database error; the range (part) was rolled back, earlier parts
+    /// stay applied.
+    #[error(
+        "sink database error during {during} on {site}: {error}; this range was rolled back (earlier parts of the batch stay applied)"
+    )]
     Sql {
         /// What the host or plugin was doing.
         during: &'static str,
@@ -142,10 +146,12 @@ pub struct SinkDriver {
 }
 
 fn site(r: &PartitionRange) -> String {
-    format!(
-        "{}/{} [{}, {})",
-        r.topic, r.partition, r.start_offset, r.end_offset
-    )
+    site_of(&r.topic, r.partition, &(r.start_offset..r.end_offset))
+}
+
+/// `topic/partition [start, end)`.
+fn site_of(topic: &str, partition: i32, range: &std::ops::Range<i64>) -> String {
+    format!("{topic}/{partition} [{}, {})", range.start, range.end)
 }
 
 impl SinkDriver {
@@ -282,10 +288,7 @@ impl SinkDriver {
                     // Judged on the whole planned range, not on this part,
                     // so the verdict does not depend on where parts end.
                     return Err(SinkError::Overlap {
-                        site: format!(
-                            "{}/{} [{}, {})",
-                            r.topic, r.partition, batch.planned.start, batch.planned.end
-                        ),
+                        site: site_of(&r.topic, r.partition, &batch.planned),
                         stored_end: end,
                     });
                 }
