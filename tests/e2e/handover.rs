@@ -258,6 +258,27 @@ fn takeover_under_continuous_load_applies_every_event_once() {
     let feed = produce_steadily(tansu.bootstrap(), "events", 20_000, 2500);
     let mut old = Running::start(&args(&tansu, "events", &ckpt, &db, &plugins, &[]));
     old.wait_for("batch committed", Duration::from_secs(60));
+    // A takeover the checkpoint would refuse (other topics) fails before
+    // asking for the handover: the owner keeps running.
+    let out = Command::new(host_bin())
+        .args(args(
+            &tansu,
+            "other-topic",
+            &ckpt,
+            &db,
+            &plugins,
+            &["--takeover", "60s"],
+        ))
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("fingerprint"), "{}", stderr(&out));
+    assert!(
+        old.child.try_wait().unwrap().is_none(),
+        "the owner keeps running:\n{}",
+        old.log()
+    );
     std::thread::sleep(Duration::from_secs(2));
     let mut new = Running::start(&args(
         &tansu,

@@ -147,6 +147,28 @@ pub struct Fingerprint {
     pub contract: String,
 }
 
+/// Check, without opening or locking it, that a pipeline subscribed to
+/// `topics` matches the fingerprint of the checkpoint at `dir` (a missing
+/// checkpoint matches anything). `--takeover` checks this before asking
+/// the owner to hand over.
+///
+/// # Errors
+/// [`CheckpointError::FingerprintMismatch`] naming what differs (topics,
+/// plugin contract); [`CheckpointError::Corrupt`] or
+/// [`CheckpointError::Io`] when the metadata cannot be read.
+pub fn check_fingerprint(dir: &Path, topics: &[String]) -> Result<(), CheckpointError> {
+    match read_metadata(dir)? {
+        Some(m) => match m.fingerprint.diff(&Fingerprint::new(topics)) {
+            Some(diff) => Err(CheckpointError::FingerprintMismatch {
+                dir: dir.to_path_buf(),
+                diff,
+            }),
+            None => Ok(()),
+        },
+        None => Ok(()),
+    }
+}
+
 impl Fingerprint {
     /// Fingerprint of a pipeline subscribed to `topics` with this host's
     /// contract version.

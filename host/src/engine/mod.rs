@@ -464,6 +464,11 @@ pub fn run_with(
             })
             .unwrap_or_default();
         preloaded = Some(load_plugins(cfg, &runtime, &recorded)?);
+        // A pipeline the checkpoint would refuse must not make the owner
+        // hand over and exit first.
+        if !cfg.allow_fingerprint_change {
+            crate::checkpoint::check_fingerprint(&cfg.checkpoint, &cfg.topics)?;
+        }
         handover = request_handover(cfg, timeout)?;
         // The old owner released the lock before answering; allow for a
         // forked child still holding the descriptor for a moment.
