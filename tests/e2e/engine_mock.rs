@@ -60,13 +60,8 @@ fn no_stop() -> Arc<AtomicBool> {
 }
 
 /// A mock cluster whose one-partition topic `raw` holds `values` (no keys,
-/// offsets from 0), and the `misbehave` → `sql_counter` chain on it with
-/// one attempt per call: `misbehave` traps on the values `panic` and `loop`.
-fn trap_pipeline<V: AsRef<[u8]>>(
-    values: impl IntoIterator<Item = V>,
-    dir: &std::path::Path,
-    db: &Db,
-) -> (Mock, PipelineConfig) {
+/// offsets from 0).
+fn raw_topic<V: AsRef<[u8]>>(values: impl IntoIterator<Item = V>) -> Mock {
     let mock = Mock::new();
     mock.create_topic("raw", 1);
     let p = producer(&mock.bootstrap());
@@ -74,6 +69,29 @@ fn trap_pipeline<V: AsRef<[u8]>>(
         p.send("raw", 0, None, Some(v.as_ref()), &[]);
     }
     p.flush();
+    mock
+}
+
+/// The error with its source chain, as `host` prints it.
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut e = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        e.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    e
+}
+
+/// [`raw_topic`] holding `values`, and the `misbehave` → `sql_counter`
+/// chain on it with one attempt per call: `misbehave` traps on the values
+/// `panic` and `loop`.
+fn trap_pipeline<V: AsRef<[u8]>>(
+    values: impl IntoIterator<Item = V>,
+    dir: &std::path::Path,
+    db: &Db,
+) -> (Mock, PipelineConfig) {
+    let mock = raw_topic(values);
     let mut cfg = pipeline(&mock.bootstrap(), "raw", &dir.join("ckpt"), db);
     cfg.plugins = vec![plugin("misbehave"), plugin("sql_counter")];
     cfg.attempts = 1;
@@ -698,13 +716,7 @@ fn a_crash_between_parts_of_a_range_resumes_after_the_last_part_applied() {
     // transaction. Kill -9 just before the second part commits, restart:
     // the re-run skips [0, 2000) and applies the rest once, which a
     // non-idempotent sink (a counter bumped per record) shows exactly.
-    let mock = Mock::new();
-    mock.create_topic("raw", 1);
-    let p = producer(&mock.bootstrap());
-    for i in 0..5000 {
-        p.send("raw", 0, None, Some(format!("v{i}").as_bytes()), &[]);
-    }
-    p.flush();
+    let mock = raw_topic((0..5000).map(|i| format!("v{i}")));
     let dir = tempfile::tempdir().unwrap();
     let db = Db::sqlite();
     let ckpt = dir.path().join("ckpt");
@@ -784,24 +796,10 @@ fn a_part_the_sink_fails_stops_the_batch_with_the_sinks_error() {
     });
     let dir = tempfile::tempdir().unwrap();
     let db = Db::sqlite();
-    let mock = Mock::new();
-    mock.create_topic("raw", 1);
-    let p = producer(&mock.bootstrap());
-    for v in values {
-        p.send("raw", 0, None, Some(v.as_bytes()), &[]);
-    }
-    p.flush();
-    let mut cfg = pipeline(&mock.bootstrap(), "raw", &dir.path().join("ckpt"), &db);
+    let (_mock, mut cfg) = trap_pipeline(values, dir.path(), &db);
     cfg.plugins = vec![plugin("sql_counter")];
-    cfg.attempts = 1;
     cfg.max_records_per_partition = 10_000;
-    let err = engine::run(&cfg, no_stop()).unwrap_err();
-    let mut e = err.to_string();
-    let mut source = std::error::Error::source(&err);
-    while let Some(s) = source {
-        e.push_str(&format!(": {s}"));
-        source = s.source();
-    }
+    let e = error_chain(&engine::run(&cfg, no_stop()).unwrap_err());
     assert!(e.contains("no_such_table"), "{e}");
     assert!(e.contains("raw/0 [2000, 4000)"), "{e}");
     assert!(!e.contains("the sink stopped"), "{e}");
@@ -828,14 +826,7 @@ fn a_plugin_that_traps_on_everything_is_not_isolated_forever() {
         let db = Db::sqlite();
         let (_mock, mut cfg) = trap_pipeline(vec![b"panic"; records], dir.path(), &db);
         cfg.on_error = policy;
-        let err = engine::run(&cfg, no_stop()).unwrap_err();
-        // The message with its source chain, as `host` prints it.
-        let mut e = err.to_string();
-        let mut source = std::error::Error::source(&err);
-        while let Some(s) = source {
-            e.push_str(&format!(": {s}"));
-            source = s.source();
-        }
+        let e = error_chain(&engine::run(&cfg, no_stop()).unwrap_err());
         assert!(e.contains("panicked on purpose"), "{e}");
         assert!(e.contains("batch not committed"), "{e}");
         // The error chain does not print the trap twice.

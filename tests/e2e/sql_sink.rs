@@ -604,34 +604,20 @@ fn dead_letters_are_stored_with_original_bytes_once() {
             plugin_digest: "ab".repeat(32),
             stage: 0,
         }];
+        let batch = PartitionBatch {
+            range: range("q1", 0, 1, "t", 0, 0, 4),
+            planned: 0..4,
+            records: &v,
+            dead_letters: &dl,
+        };
         for _ in 0..2 {
-            driver
-                .apply(
-                    Some(&mut inst),
-                    &PartitionBatch {
-                        range: range("q1", 0, 1, "t", 0, 0, 4),
-                        planned: 0..4,
-                        records: &v,
-                        dead_letters: &dl,
-                    },
-                )
-                .unwrap();
+            driver.apply(Some(&mut inst), &batch).unwrap();
         }
         // Re-applying on purpose (the README's way: delete the progress
         // rows) stores the dead letter again in place, not a second copy
         // nor a primary-key error.
         db.query("DELETE FROM sluice_progress");
-        driver
-            .apply(
-                Some(&mut inst),
-                &PartitionBatch {
-                    range: range("q1", 0, 1, "t", 0, 0, 4),
-                    planned: 0..4,
-                    records: &v,
-                    dead_letters: &dl,
-                },
-            )
-            .unwrap();
+        driver.apply(Some(&mut inst), &batch).unwrap();
         let rows = db.query(
             "SELECT \"offset\", record_key, record_value, headers_json, error, plugin_digest FROM sluice_dead_letters",
         );
