@@ -81,12 +81,100 @@ pub trait Backend: Send {
     fn in_autocommit(&self) -> Option<bool>;
     /// DDL type for byte strings.
     fn blob_type(&self) -> &'static str;
+    /// Mark the statements that follow as a plugin's (`true`) or the
+    /// host's own (`false`). A backend with its own access control
+    /// (SQLite's authorizer) applies the plugin rules only in between;
+    /// the default does nothing.
+    fn set_untrusted(&mut self, _on: bool) {}
+    /// Why the backend's access control refused the last plugin
+    /// statement, if it did (taken: a second call answers `None`).
+    fn take_denial(&mut self) -> Option<String> {
+        None
+    }
 }
 
 // ------------------------------------------------------------------ SQLite
 
 struct Sqlite {
     conn: rusqlite::Connection,
+    auth: Arc<AuthState>,
+}
+
+/// What SQLite's authorizer callback shares with the connection's owner.
+#[derive(Default)]
+struct AuthState {
+    /// Statements being prepared now are a plugin's.
+    untrusted: std::sync::atomic::AtomicBool,
+    /// The reason of the last refusal.
+    denied: Mutex<Option<String>>,
+}
+
+/// SQLite's verdict on one action of a plugin's statement: `None` allows
+/// it, `Some(reason)` refuses it.
+///
+/// SQLite asks while it compiles a statement, for every table and column
+/// read or written, every trigger and view body the statement runs, and
+/// every ATTACH, PRAGMA and transaction statement
+/// (<https://www.sqlite.org/c3ref/set_authorizer.html>), so a refusal does
+/// not depend on how the SQL text is spelled. Unknown actions (a newer
+/// SQLite) are refused.
+fn sqlite_verdict(action: &rusqlite::hooks::AuthAction<'_>) -> Option<String> {
+    use rusqlite::hooks::AuthAction as A;
+    let table = match action {
+        A::Transaction { .. } | A::Savepoint { .. } => {
+            return Some(
+                "transaction control is not allowed: the host owns the transaction".into(),
+            );
+        }
+        A::Attach { filename } => {
+            return Some(format!(
+                "ATTACH `{filename}` is not allowed: plugins reach only the granted database"
+            ));
+        }
+        A::Detach { .. } => {
+            return Some("DETACH is not allowed: the host owns the connection".into());
+        }
+        A::Pragma { pragma_name, .. } => {
+            return Some(format!(
+                "PRAGMA {pragma_name} is not allowed: the host owns the connection's settings"
+            ));
+        }
+        A::Function { function_name } if function_name.eq_ignore_ascii_case("load_extension") => {
+            return Some("load_extension is not allowed".into());
+        }
+        A::Unknown { code, .. } => {
+            return Some(format!("SQLite action {code} is not known to the host"));
+        }
+        A::CreateIndex { table_name, .. }
+        | A::CreateTempIndex { table_name, .. }
+        | A::CreateTable { table_name }
+        | A::CreateTempTable { table_name }
+        | A::CreateTrigger { table_name, .. }
+        | A::CreateTempTrigger { table_name, .. }
+        | A::Delete { table_name }
+        | A::DropIndex { table_name, .. }
+        | A::DropTempIndex { table_name, .. }
+        | A::DropTable { table_name }
+        | A::DropTempTable { table_name }
+        | A::DropTrigger { table_name, .. }
+        | A::DropTempTrigger { table_name, .. }
+        | A::Insert { table_name }
+        | A::Read { table_name, .. }
+        | A::Update { table_name, .. }
+        | A::AlterTable { table_name, .. }
+        | A::Analyze { table_name }
+        | A::CreateVtable { table_name, .. }
+        | A::DropVtable { table_name, .. } => *table_name,
+        A::CreateView { view_name }
+        | A::CreateTempView { view_name }
+        | A::DropView { view_name }
+        | A::DropTempView { view_name } => *view_name,
+        _ => return None,
+    };
+    HOST_TABLES
+        .iter()
+        .find(|t| t.eq_ignore_ascii_case(table))
+        .map(|t| format!("table {t} belongs to the host; plugins may not use it"))
 }
 
 fn sqlite_err(e: rusqlite::Error) -> DbError {
@@ -146,15 +234,57 @@ impl Sqlite {
         )
         .map_err(sqlite_err)?;
         conn.set_prepared_statement_cache_capacity(64);
-        Ok(Sqlite { conn })
+        // Installed once; it judges only while a plugin statement is being
+        // prepared (SQLite also re-prepares a cached statement after a
+        // schema change, and the host's own statements must pass then).
+        let auth = Arc::new(AuthState::default());
+        let state = Arc::clone(&auth);
+        conn.authorizer(Some(move |ctx: rusqlite::hooks::AuthContext<'_>| {
+            use rusqlite::hooks::Authorization;
+            if !state.untrusted.load(std::sync::atomic::Ordering::Relaxed) {
+                return Authorization::Allow;
+            }
+            match sqlite_verdict(&ctx.action) {
+                None => Authorization::Allow,
+                Some(why) => {
+                    *state.denied.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+                    Authorization::Deny
+                }
+            }
+        }));
+        Ok(Sqlite { conn, auth })
     }
 
-    fn prepare_bound<'c>(
-        conn: &'c rusqlite::Connection,
+    fn untrusted(&self) -> bool {
+        self.auth
+            .untrusted
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Prepare `sql` and bind `params`, then run `f` on the statement.
+    ///
+    /// Only plugin statements go through the statement cache: they were
+    /// compiled under the authorizer's plugin rules, so a plugin that
+    /// sends the text of a host statement gets its own compilation (and
+    /// its refusal) instead of the host's cached one.
+    fn with_statement<T>(
+        &self,
         sql: &str,
         params: &[SqlValue],
-    ) -> Result<rusqlite::CachedStatement<'c>, DbError> {
-        let mut stmt = conn.prepare_cached(sql).map_err(sqlite_err)?;
+        f: impl FnOnce(&mut rusqlite::Statement<'_>) -> Result<T, DbError>,
+    ) -> Result<T, DbError> {
+        if self.untrusted() {
+            let mut stmt = self.conn.prepare_cached(sql).map_err(sqlite_err)?;
+            Self::bind(&mut stmt, params)?;
+            f(&mut stmt)
+        } else {
+            let mut stmt = self.conn.prepare(sql).map_err(sqlite_err)?;
+            Self::bind(&mut stmt, params)?;
+            f(&mut stmt)
+        }
+    }
+
+    fn bind(stmt: &mut rusqlite::Statement<'_>, params: &[SqlValue]) -> Result<(), DbError> {
         let expected = stmt.parameter_count();
         if expected != params.len() {
             return Err(DbError {
@@ -181,7 +311,7 @@ impl Sqlite {
             };
             r.map_err(sqlite_err)?;
         }
-        Ok(stmt)
+        Ok(())
     }
 }
 
@@ -195,30 +325,13 @@ impl Backend for Sqlite {
     }
 
     fn execute(&mut self, sql: &str, params: &[SqlValue]) -> Result<u64, DbError> {
-        let mut stmt = Self::prepare_bound(&self.conn, sql, params)?;
-        stmt.raw_execute().map(|n| n as u64).map_err(sqlite_err)
+        self.with_statement(sql, params, |stmt| {
+            stmt.raw_execute().map(|n| n as u64).map_err(sqlite_err)
+        })
     }
 
     fn query(&mut self, sql: &str, params: &[SqlValue]) -> Result<QueryRows, DbError> {
-        let mut stmt = Self::prepare_bound(&self.conn, sql, params)?;
-        let columns: Vec<String> = stmt.column_names().iter().map(|c| c.to_string()).collect();
-        let mut rows = stmt.raw_query();
-        let mut out = Vec::new();
-        while let Some(row) = rows.next().map_err(sqlite_err)? {
-            let mut vals = Vec::with_capacity(columns.len());
-            for i in 0..columns.len() {
-                use rusqlite::types::ValueRef;
-                vals.push(match row.get_ref(i).map_err(sqlite_err)? {
-                    ValueRef::Null => SqlValue::Null,
-                    ValueRef::Integer(n) => SqlValue::Integer(n),
-                    ValueRef::Real(r) => SqlValue::Real(r),
-                    ValueRef::Text(t) => SqlValue::Text(String::from_utf8_lossy(t).into_owned()),
-                    ValueRef::Blob(b) => SqlValue::Blob(b.to_vec()),
-                });
-            }
-            out.push(vals);
-        }
-        Ok(QueryRows { columns, rows: out })
+        self.with_statement(sql, params, sqlite_rows)
     }
 
     fn in_autocommit(&self) -> Option<bool> {
@@ -228,6 +341,42 @@ impl Backend for Sqlite {
     fn blob_type(&self) -> &'static str {
         "BLOB"
     }
+
+    fn set_untrusted(&mut self, on: bool) {
+        self.auth
+            .untrusted
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn take_denial(&mut self) -> Option<String> {
+        self.auth
+            .denied
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+}
+
+/// Every row of a bound SQLite statement, as [`SqlValue`]s.
+fn sqlite_rows(stmt: &mut rusqlite::Statement<'_>) -> Result<QueryRows, DbError> {
+    let columns: Vec<String> = stmt.column_names().iter().map(|c| c.to_string()).collect();
+    let mut rows = stmt.raw_query();
+    let mut out = Vec::new();
+    while let Some(row) = rows.next().map_err(sqlite_err)? {
+        let mut vals = Vec::with_capacity(columns.len());
+        for i in 0..columns.len() {
+            use rusqlite::types::ValueRef;
+            vals.push(match row.get_ref(i).map_err(sqlite_err)? {
+                ValueRef::Null => SqlValue::Null,
+                ValueRef::Integer(n) => SqlValue::Integer(n),
+                ValueRef::Real(r) => SqlValue::Real(r),
+                ValueRef::Text(t) => SqlValue::Text(String::from_utf8_lossy(t).into_owned()),
+                ValueRef::Blob(b) => SqlValue::Blob(b.to_vec()),
+            });
+        }
+        out.push(vals);
+    }
+    Ok(QueryRows { columns, rows: out })
 }
 
 // -------------------------------------------------------------- PostgreSQL
@@ -468,17 +617,19 @@ pub fn connect(url: &str) -> Result<Box<dyn Backend>, DbError> {
     )))
 }
 
-/// The first keyword of a statement, upper-cased (comments skipped).
+/// The first keyword of a statement, upper-cased (comments and empty
+/// statements before it skipped).
 fn first_keyword(sql: &str) -> String {
-    let mut s = sql.trim_start();
+    let mut s = sql.trim_start_matches(|c: char| c.is_whitespace() || c == ';');
     loop {
         if let Some(rest) = s.strip_prefix("--") {
-            s = rest.split_once('\n').map_or("", |(_, r)| r).trim_start();
+            s = rest.split_once('\n').map_or("", |(_, r)| r);
         } else if let Some(rest) = s.strip_prefix("/*") {
-            s = rest.split_once("*/").map_or("", |(_, r)| r).trim_start();
+            s = rest.split_once("*/").map_or("", |(_, r)| r);
         } else {
             break;
         }
+        s = s.trim_start_matches(|c: char| c.is_whitespace() || c == ';');
     }
     s.chars()
         .take_while(|c| c.is_ascii_alphabetic())
@@ -487,7 +638,11 @@ fn first_keyword(sql: &str) -> String {
 }
 
 /// Statements a plugin may not run: they would end or escape the host's
-/// transaction, or reach beyond the granted database.
+/// transaction, or reach beyond the granted database. Checked on the
+/// statement's text on both backends; on SQLite the authorizer
+/// ([`sqlite_verdict`]) refuses the same actions again on the compiled
+/// statement, except `VACUUM` (which SQLite does not pass to it, and whose
+/// `VACUUM INTO` would write a file).
 const REFUSED: &[&str] = &[
     "BEGIN",
     "START",
@@ -513,7 +668,10 @@ const REFUSED: &[&str] = &[
     "CALL",
 ];
 
-/// Tables the host owns; plugin SQL may not name them.
+/// Tables the host owns; plugin SQL may not use them. On SQLite the
+/// authorizer enforces this on the tables a compiled statement touches
+/// (triggers and views included); on PostgreSQL the host can only look
+/// for the names in the statement's text.
 const HOST_TABLES: &[&str] = &["sluice_progress", "sluice_dead_letters"];
 
 /// State behind the capability: the connection and the transaction the
@@ -620,7 +778,11 @@ impl Session {
                 self.approved.insert(sql.to_string());
             }
         }
+        self.backend.set_untrusted(true);
         let r = f(self.backend.as_mut());
+        self.backend.set_untrusted(false);
+        let denial = self.backend.take_denial();
+        let r = r.map_err(|e| denial.map_or(e, DbError::host));
         if let Err(e) = &r {
             self.failed = Some(e.clone());
         } else if self.backend.in_autocommit() == Some(true) {
@@ -632,7 +794,8 @@ impl Session {
     }
 
     /// Refuse transaction control, escapes from the granted database and
-    /// the host's own tables; a refusal fails the transaction.
+    /// (on PostgreSQL; SQLite's authorizer does it there) the host's own
+    /// tables, by the statement's text; a refusal fails the transaction.
     fn check(&mut self, sql: &str) -> Result<(), DbError> {
         let kw = first_keyword(sql);
         if REFUSED.contains(&kw.as_str()) {
@@ -641,6 +804,9 @@ impl Session {
             ));
             self.failed = Some(e.clone());
             return Err(e);
+        }
+        if self.backend.dialect() == "sqlite" {
+            return Ok(());
         }
         let lower = sql.to_ascii_lowercase();
         if let Some(t) = HOST_TABLES.iter().find(|t| lower.contains(*t)) {
@@ -697,6 +863,7 @@ mod tests {
         assert_eq!(first_keyword("  -- hi\n /* x */ commit"), "COMMIT");
         assert_eq!(first_keyword("insert into t"), "INSERT");
         assert_eq!(first_keyword(""), "");
+        assert_eq!(first_keyword(" ; ;\n-- x\n;vacuum into 'f'"), "VACUUM");
     }
 
     #[test]
@@ -742,6 +909,10 @@ mod tests {
     #[test]
     fn guard_verdicts_are_remembered_only_for_allowed_statements() {
         let g = SqlGrant::connect("sqlite::memory:").unwrap();
+        g.lock()
+            .backend()
+            .batch("CREATE TABLE sluice_progress (p INTEGER)")
+            .unwrap();
         for _ in 0..3 {
             g.lock().begin().unwrap();
             // Rolled back at the end of each round, so made again.
@@ -768,5 +939,95 @@ mod tests {
         g.plugin_query(&long, &[]).unwrap();
         assert!(!g.lock().approved.contains(&long));
         g.lock().rollback();
+    }
+
+    /// Ways around a text check that SQLite's authorizer closes; each must
+    /// be refused with the host's reason and fail the transaction, and the
+    /// host's own statements (same texts included) must keep working.
+    #[test]
+    fn sqlite_authorizer_refuses_what_the_text_does_not_show() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("sink.db");
+        let g = SqlGrant::connect(&format!("sqlite:{}", db.display())).unwrap();
+        let host_upsert = "INSERT INTO sluice_progress (p) VALUES ($1)";
+        {
+            let mut s = g.lock();
+            let b = s.backend();
+            b.batch("CREATE TABLE sluice_progress (p INTEGER)").unwrap();
+            b.execute(host_upsert, &[SqlValue::Integer(1)]).unwrap();
+        }
+        let setup = [
+            "CREATE TABLE t (a TEXT)",
+            "CREATE TRIGGER tr AFTER INSERT ON t BEGIN DELETE FROM sluice_progress; END",
+            "CREATE VIEW v AS SELECT p FROM sluice_progress",
+        ];
+        g.lock().begin().unwrap();
+        for sql in setup {
+            g.plugin_execute(sql, &[]).unwrap();
+        }
+        g.lock().commit().unwrap();
+        let attach = dir.path().join("escape.db");
+        let refused: Vec<(String, &str)> = vec![
+            // The trigger's body runs the plugin's insert into the host table.
+            (
+                "INSERT INTO t VALUES ('x')".into(),
+                "sluice_progress belongs to the host",
+            ),
+            (
+                "SELECT p FROM v".into(),
+                "sluice_progress belongs to the host",
+            ),
+            // The exact text of a statement the host ran (and may cache).
+            (host_upsert.into(), "sluice_progress belongs to the host"),
+            (
+                "CREATE TEMP TABLE SLUICE_PROGRESS (p INTEGER)".into(),
+                "sluice_progress belongs to the host",
+            ),
+            (
+                "CREATE TRIGGER t2 AFTER INSERT ON sluice_progress BEGIN SELECT 1; END".into(),
+                "belongs to the host",
+            ),
+            (
+                format!("SELECT 1; ATTACH '{}' AS x", attach.display()),
+                "is not allowed",
+            ),
+            (
+                format!(";ATTACH '{}' AS x", attach.display()),
+                "not allowed",
+            ),
+            (";; vacuum into 'copy.db'".into(), "not allowed"),
+        ];
+        for (sql, why) in &refused {
+            g.lock().begin().unwrap();
+            let e = g.plugin_query(sql, &[]).unwrap_err();
+            assert!(e.message.contains(why), "{sql}: {e}");
+            assert_eq!(e.code, "sluice", "{sql}: {e}");
+            let again = g.plugin_query("SELECT 1", &[]).unwrap_err();
+            assert!(again.message.contains("already failed"), "{sql}: {again}");
+            g.lock().rollback();
+        }
+        assert!(!attach.exists(), "ATTACH created {}", attach.display());
+        assert!(!dir.path().join("copy.db").exists());
+
+        // No false positives: the host table's name as data, and the host's
+        // own statements after the plugin's refusals.
+        g.lock().begin().unwrap();
+        g.plugin_execute("DROP TRIGGER tr", &[]).unwrap();
+        g.plugin_execute(
+            "INSERT INTO t VALUES ($1)",
+            &[SqlValue::Text("sluice_progress".into())],
+        )
+        .unwrap();
+        {
+            let mut s = g.lock();
+            s.end_plugin_window();
+            let b = s.backend();
+            b.execute(host_upsert, &[SqlValue::Integer(2)]).unwrap();
+            let n = b
+                .query("SELECT count(*) FROM sluice_progress", &[])
+                .unwrap();
+            assert_eq!(n.rows, vec![vec![SqlValue::Integer(2)]]);
+            s.commit().unwrap();
+        }
     }
 }
