@@ -719,9 +719,43 @@ fn a_crash_between_parts_of_a_range_resumes_after_the_last_part_applied() {
     let mock = raw_topic((0..5000).map(|i| format!("v{i}")));
     let dir = tempfile::tempdir().unwrap();
     let db = Db::sqlite();
-    let ckpt = dir.path().join("ckpt");
+    let args = counter_run_args(&mock, &dir.path().join("ckpt"), &db, "10000");
+    let mut run = Watched::spawn(&args, &[("SLUICE_FAILPOINT", "sink:before-db-commit@2")]);
+    run.wait_for("FAILPOINT", &mut Vec::new());
+    run.child.kill().unwrap();
+    run.child.wait().unwrap();
+    assert_eq!(db.scalar("SELECT end_offset FROM sluice_progress"), 2000);
+    assert_eq!(
+        db.scalar("SELECT n FROM counters WHERE name = 'records'"),
+        2000
+    );
+
+    let out = std::process::Command::new(crate::support::host_bin())
+        .args(&args)
+        .env("RUST_LOG", "info")
+        .env_remove("SLUICE_FAILPOINT")
+        .output()
+        .unwrap();
+    let log = crate::support::stderr(&out);
+    assert!(out.status.success(), "{log}");
+    assert!(
+        log.contains("range [0, 5000) was already applied by the sink (in whole or part)"),
+        "{log}"
+    );
+    assert_eq!(db.scalar("SELECT end_offset FROM sluice_progress"), 5000);
+    assert_eq!(
+        db.scalar("SELECT n FROM counters WHERE name = 'records'"),
+        5000
+    );
+    assert_eq!(db.scalar("SELECT COUNT(*) FROM seen"), 5000);
+}
+
+/// `host run` over `raw` into SQLite through sql-counter (a counter bumped
+/// per record: a duplicate or a loss shows in it), `max` records per
+/// partition per batch, until caught up.
+fn counter_run_args(mock: &Mock, ckpt: &std::path::Path, db: &Db, max: &str) -> Vec<String> {
     let counter = plugin("sql_counter");
-    let args = [
+    [
         "run",
         "--brokers",
         &mock.bootstrap(),
@@ -735,25 +769,116 @@ fn a_crash_between_parts_of_a_range_resumes_after_the_last_part_applied() {
         counter.to_str().unwrap(),
         "--until-caught-up",
         "--max-records-per-partition",
-        "10000",
+        max,
         "--progress",
         "none",
-    ];
-    let mut child = std::process::Command::new(crate::support::host_bin())
-        .args(args)
-        .env("SLUICE_FAILPOINT", "sink:before-db-commit@2")
-        .env("RUST_LOG", "warn")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let err = std::io::BufReader::new(child.stderr.take().unwrap());
-    let reached = std::io::BufRead::lines(err)
-        .map_while(Result::ok)
-        .any(|l| l.starts_with("FAILPOINT"));
-    child.kill().unwrap();
-    child.wait().unwrap();
-    assert!(reached, "failpoint not reached");
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// A running `host` whose stderr lines arrive on a channel.
+struct Watched {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Watched {
+    fn spawn(args: &[String], env: &[(&str, &str)]) -> Watched {
+        let mut cmd = std::process::Command::new(crate::support::host_bin());
+        cmd.args(args)
+            .env("RUST_LOG", "info")
+            .env_remove("SLUICE_FAILPOINT")
+            .env_remove("SLUICE_FAILPOINT_PAUSE_MS")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let err = child.stderr.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for l in std::io::BufRead::lines(std::io::BufReader::new(err)).map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        Watched { child, lines }
+    }
+
+    /// Read stderr until a line contains `what`; every line read so far.
+    fn wait_for(&self, what: &str, seen: &mut Vec<String>) {
+        loop {
+            match self.lines.recv_timeout(Duration::from_secs(60)) {
+                Ok(l) => {
+                    let hit = l.contains(what);
+                    seen.push(l);
+                    if hit {
+                        return;
+                    }
+                }
+                Err(_) => panic!("no `{what}` in:\n{}", seen.join("\n")),
+            }
+        }
+    }
+
+    fn signal(&self, sig: &str) {
+        let ok = std::process::Command::new("kill")
+            .args([&format!("-{sig}"), &self.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -{sig} failed");
+    }
+
+    /// Wait (at most 60 s, then kill and fail) for the exit; its code, and
+    /// the rest of stderr into `seen`.
+    fn finish(mut self, seen: &mut Vec<String>) -> Option<i32> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                seen.extend(self.lines.try_iter());
+                panic!("host did not exit within 60 s:\n{}", seen.join("\n"));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        seen.extend(self.lines.iter());
+        status.code()
+    }
+}
+
+#[test]
+fn sigterm_mid_batch_finishes_and_commits_that_batch_then_exits_0() {
+    // 5,000 records, 1,000 per batch. SIGTERM arrives while the second
+    // batch is paused just after its write-ahead entry: that batch is
+    // still sunk and committed, no third batch starts, and the process
+    // exits 0. A restart applies the rest, each record once.
+    let mock = raw_topic((0..5000).map(|i| format!("v{i}")));
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::sqlite();
+    let args = counter_run_args(&mock, &dir.path().join("ckpt"), &db, "1000");
+    let run = Watched::spawn(
+        &args,
+        &[
+            ("SLUICE_FAILPOINT", "engine:after-write-ahead@2"),
+            ("SLUICE_FAILPOINT_PAUSE_MS", "1500"),
+        ],
+    );
+    let mut seen = Vec::new();
+    run.wait_for("FAILPOINT", &mut seen);
+    run.signal("TERM");
+    run.wait_for("SIGTERM: stop requested", &mut seen);
+    let code = run.finish(&mut seen);
+    let log = seen.join("\n");
+    assert_eq!(code, Some(0), "{log}");
+    assert!(log.contains("stopped cleanly"), "{log}");
     assert_eq!(db.scalar("SELECT end_offset FROM sluice_progress"), 2000);
     assert_eq!(
         db.scalar("SELECT n FROM counters WHERE name = 'records'"),
@@ -761,18 +886,54 @@ fn a_crash_between_parts_of_a_range_resumes_after_the_last_part_applied() {
     );
 
     let out = std::process::Command::new(crate::support::host_bin())
-        .args(args)
-        .env("RUST_LOG", "info")
+        .args(&args)
         .env_remove("SLUICE_FAILPOINT")
         .output()
         .unwrap();
-    let log = crate::support::stderr(&out);
-    assert!(out.status.success(), "{log}");
+    assert!(out.status.success(), "{}", crate::support::stderr(&out));
+    assert_eq!(
+        db.scalar("SELECT n FROM counters WHERE name = 'records'"),
+        5000
+    );
+    assert_eq!(db.scalar("SELECT COUNT(*) FROM seen"), 5000);
+}
+
+#[test]
+fn a_second_signal_aborts_with_exit_130_and_the_batch_runs_again_exactly_once() {
+    // One batch of 5,000 records, sunk in parts of 2,000. The second part
+    // hangs before its commit; SIGINT asks for a stop (which waits for the
+    // batch), a second SIGINT aborts at once: exit 130, a message that
+    // says so, the first part applied and nothing else. The restart
+    // finishes the batch with every record counted once.
+    let mock = raw_topic((0..5000).map(|i| format!("v{i}")));
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::sqlite();
+    let args = counter_run_args(&mock, &dir.path().join("ckpt"), &db, "10000");
+    let run = Watched::spawn(&args, &[("SLUICE_FAILPOINT", "sink:before-db-commit@2")]);
+    let mut seen = Vec::new();
+    run.wait_for("FAILPOINT", &mut seen);
+    run.signal("INT");
+    run.wait_for("SIGINT: stop requested", &mut seen);
+    run.signal("INT");
+    let code = run.finish(&mut seen);
+    let log = seen.join("\n");
+    assert_eq!(code, Some(130), "{log}");
     assert!(
-        log.contains("range [0, 5000) was already applied by the sink (in whole or part)"),
+        log.contains("SIGINT: aborting now (exit 130): the batch in flight is not committed"),
         "{log}"
     );
-    assert_eq!(db.scalar("SELECT end_offset FROM sluice_progress"), 5000);
+    assert_eq!(db.scalar("SELECT end_offset FROM sluice_progress"), 2000);
+    assert_eq!(
+        db.scalar("SELECT n FROM counters WHERE name = 'records'"),
+        2000
+    );
+
+    let out = std::process::Command::new(crate::support::host_bin())
+        .args(&args)
+        .env_remove("SLUICE_FAILPOINT")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", crate::support::stderr(&out));
     assert_eq!(
         db.scalar("SELECT n FROM counters WHERE name = 'records'"),
         5000

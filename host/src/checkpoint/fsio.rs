@@ -17,7 +17,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// feature only). `SLUICE_FAILPOINT=<name>` pauses at its first hit,
 /// `<name>@<k>` at its k-th. The process prints `FAILPOINT <name>` on stderr
 /// and sleeps until killed: the test then sends SIGKILL, which is exactly a
-/// crash at that point. Without the feature this is a no-op.
+/// crash at that point. With `SLUICE_FAILPOINT_PAUSE_MS=<ms>` it sleeps that
+/// long instead and goes on (a window for a test to send a signal in).
+/// Without the feature this is a no-op.
 #[inline]
 pub fn failpoint(name: &str) {
     #[cfg(feature = "failpoints")]
@@ -44,6 +46,13 @@ pub fn failpoint(name: &str) {
         if hit == at {
             eprintln!("FAILPOINT {name}");
             let _ = io::stderr().flush();
+            if let Some(ms) = std::env::var("SLUICE_FAILPOINT_PAUSE_MS")
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+            {
+                std::thread::sleep(std::time::Duration::from_millis(ms));
+                return;
+            }
             loop {
                 std::thread::sleep(std::time::Duration::from_secs(3600));
             }

@@ -324,6 +324,44 @@ pub fn pipeline(args: &RunArgs) -> Result<PipelineConfig, CliError> {
     Ok(cfg)
 }
 
+/// SIGINT/SIGTERM handling for `host run`, on its own thread: the first
+/// signal sets `stop` (the batch in flight finishes and commits, then the
+/// process exits 0); a second one logs and exits 130 at once, leaving the
+/// batch in flight uncommitted (the next start re-runs it, exactly once
+/// on the SQL sink).
+///
+/// # Errors
+/// The signal handlers could not be installed.
+fn watch_signals(stop: Arc<AtomicBool>) -> Result<(), CliError> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
+        .context("installing signal handlers")?;
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let name = |sig| if sig == SIGINT { "SIGINT" } else { "SIGTERM" };
+            let mut seen = false;
+            for sig in signals.forever() {
+                if !seen {
+                    seen = true;
+                    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                    tracing::info!(
+                        "{}: stop requested: finishing the batch in flight, then exiting (signal again to abort)",
+                        name(sig)
+                    );
+                } else {
+                    tracing::warn!(
+                        "{}: aborting now (exit 130): the batch in flight is not committed; the next start runs it again",
+                        name(sig)
+                    );
+                    signal_hook::low_level::exit(130);
+                }
+            }
+        })
+        .context("starting the signal thread")?;
+    Ok(())
+}
+
 /// Run `host run`.
 ///
 /// # Errors
@@ -332,25 +370,7 @@ pub fn pipeline(args: &RunArgs) -> Result<PipelineConfig, CliError> {
 pub fn run(args: RunArgs) -> Result<(), CliError> {
     let cfg = pipeline(&args)?;
     let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        // A second signal while stopping exits at once (code 130).
-        signal_hook::flag::register_conditional_shutdown(sig, 130, stop.clone())
-            .and_then(|_| signal_hook::flag::register(sig, stop.clone()))
-            .context("installing signal handlers")?;
-    }
-    {
-        // Say at once that the stop is being honoured (a plugin call or a
-        // fetch may take a while to finish).
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            tracing::info!(
-                "stop requested: finishing the batch in flight, then exiting (signal again to abort)"
-            );
-        });
-    }
+    watch_signals(stop.clone())?;
     let acquire = match args.takeover {
         Some(t) => engine::Acquire::Takeover(t),
         None => engine::Acquire::Normal,
