@@ -942,6 +942,59 @@ fn a_second_signal_aborts_with_exit_130_and_the_batch_runs_again_exactly_once() 
 }
 
 #[test]
+fn reset_forward_then_back_applies_the_skipped_records_once() {
+    // `host run` applies [0, 100); `checkpoint reset` forward to 200 and
+    // a run to the end apply [200, 300); a reset back to 100 then applies
+    // the skipped [100, 200) and skips [200, 300). A counter bumped per
+    // record ends at exactly 300.
+    let mock = raw_topic((0..100).map(|i| format!("v{i}")));
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::sqlite();
+    let ckpt = dir.path().join("ckpt");
+    let args = counter_run_args(&mock, &ckpt, &db, "60");
+    let run = || {
+        let out = std::process::Command::new(crate::support::host_bin())
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", crate::support::stderr(&out));
+    };
+    let reset = |to: i64| {
+        let out = crate::support::host(&[
+            "checkpoint",
+            "reset",
+            ckpt.to_str().unwrap(),
+            "--to",
+            &format!("offsets:{{\"raw\":{{\"0\":{to}}}}}"),
+        ]);
+        assert!(out.status.success(), "{}", crate::support::stderr(&out));
+    };
+    run();
+    let p = producer(&mock.bootstrap());
+    for i in 100..300 {
+        p.send("raw", 0, None, Some(format!("v{i}").as_bytes()), &[]);
+    }
+    p.flush();
+    reset(200);
+    run();
+    assert_eq!(
+        db.scalar("SELECT n FROM counters WHERE name = 'records'"),
+        200
+    );
+    reset(100);
+    run();
+    assert_eq!(
+        db.scalar("SELECT n FROM counters WHERE name = 'records'"),
+        300
+    );
+    assert_eq!(
+        db.scalar("SELECT COUNT(DISTINCT idempotency_key) FROM seen"),
+        300
+    );
+    assert_eq!(db.scalar("SELECT end_offset FROM sluice_progress"), 300);
+}
+
+#[test]
 fn a_part_the_sink_fails_stops_the_batch_with_the_sinks_error() {
     // 5,000 records in one partition, sunk in parts of 2,000 on the sink
     // thread. The value at offset 3000 makes sql-counter run bad SQL, so

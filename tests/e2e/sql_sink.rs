@@ -191,20 +191,6 @@ fn apply_counter_in(
     end: i64,
     value: impl Fn(i64) -> Option<Vec<u8>>,
 ) -> Result<Applied, SinkError> {
-    apply_counter_part(db, batch, epoch, start..end, start, end, value)
-}
-
-/// Apply the part `[start, end)` of batch `batch`'s planned range
-/// `planned` of t/0 through sql-counter.
-fn apply_counter_part(
-    db: &Db,
-    batch: u64,
-    epoch: u64,
-    planned: std::ops::Range<i64>,
-    start: i64,
-    end: i64,
-    value: impl Fn(i64) -> Option<Vec<u8>>,
-) -> Result<Applied, SinkError> {
     let rt = runtime();
     let p = rt.load(&plugin("sql_counter"), config(&[])).unwrap();
     let grant = SqlGrant::connect(&db.url).unwrap();
@@ -216,7 +202,6 @@ fn apply_counter_part(
         Some(&mut inst),
         &PartitionBatch {
             range: range("q1", batch, epoch, "t", 0, start, end),
-            planned,
             records: &v,
             dead_letters: &[],
         },
@@ -227,8 +212,8 @@ fn apply_counter_part(
 fn a_rerun_writes_only_what_an_earlier_run_of_its_batch_left() {
     // The engine applies a range in parts, so a re-run may meet a progress
     // row of its own batch ending inside a part whose bounds differ from
-    // the first run's. It writes from the stored end on, once; a row of
-    // another batch ending inside the range is still a mismatch.
+    // the first run's. It writes from the stored end on, once; so does a
+    // batch meeting a row of another batch (a reset back).
     for db in Db::both() {
         apply_counter_in(&db, 7, 1, 0, 40, plain).unwrap();
         let a = apply_counter_in(&db, 7, 2, 0, 100, plain).unwrap();
@@ -253,43 +238,142 @@ fn a_rerun_writes_only_what_an_earlier_run_of_its_batch_left() {
         );
         assert_eq!(db.scalar("SELECT end_offset FROM sluice_progress"), 100);
         assert_eq!(db.scalar("SELECT epoch FROM sluice_progress"), 2);
-        // Batch 8 meeting a row of batch 7 that ends inside its range.
+        // Batch 8 (after a reset back) meeting a row of batch 7 that ends
+        // inside its range: the applied prefix is skipped, the rest written.
         apply_counter_in(&db, 7, 2, 100, 120, plain).unwrap();
-        let e = apply_counter_in(&db, 8, 2, 100, 150, plain).unwrap_err();
-        assert!(
-            matches!(
-                e,
-                SinkError::Overlap {
-                    stored_end: 120,
-                    ..
-                }
-            ),
-            "{e}"
-        );
-        // ... also when the row ends exactly where one of its parts begins:
-        // the verdict is on the planned range, not on where parts end.
-        let e = apply_counter_part(&db, 8, 2, 100..150, 120, 150, plain).unwrap_err();
-        assert!(
-            matches!(
-                e,
-                SinkError::Overlap {
-                    stored_end: 120,
-                    ..
-                }
-            ),
-            "{e}"
-        );
-        assert!(e.to_string().contains("t/0 [100, 150)"), "{e}");
-        // A range another batch applied whole is skipped, part by part.
         assert_eq!(
-            apply_counter_part(&db, 8, 2, 90..120, 90, 100, plain).unwrap(),
+            apply_counter_in(&db, 8, 2, 100, 150, plain).unwrap(),
+            Applied::Written {
+                records: 30,
+                dead_lettered: 0
+            },
+            "{}",
+            db.name
+        );
+        // A range another batch applied whole is skipped.
+        assert_eq!(
+            apply_counter_in(&db, 9, 2, 90, 100, plain).unwrap(),
             Applied::AlreadyApplied
         );
         assert_eq!(
             db.scalar("SELECT n FROM counters WHERE name = 'records'"),
-            120,
+            150,
             "{}",
             db.name
+        );
+        assert_eq!(
+            db.scalar("SELECT COUNT(DISTINCT idempotency_key) FROM seen"),
+            150
+        );
+    }
+}
+
+#[test]
+fn a_range_skipped_by_a_reset_forward_is_applied_when_a_reset_back_reaches_it() {
+    // [0, 100) applied, then a reset forward to 500 ([500, 600) applied):
+    // the row records [100, 500) as a hole. Moving back applies the hole,
+    // in parts and across a re-run, and skips what was applied, also inside
+    // one range. sql-counter counts every record it writes, so a duplicate
+    // or a skip shows.
+    for db in Db::both() {
+        let holes = |db: &Db| db.sorted_texts("SELECT holes FROM sluice_progress");
+        apply_counter_in(&db, 1, 1, 0, 100, plain).unwrap();
+        apply_counter_in(&db, 2, 1, 500, 600, plain).unwrap();
+        assert_eq!(holes(&db), vec!["[[100,500]]"], "{}", db.name);
+        assert_eq!(db.scalar("SELECT end_offset FROM sluice_progress"), 600);
+
+        // Back to 0: [0, 100) is skipped.
+        assert_eq!(
+            apply_counter_in(&db, 3, 1, 0, 100, plain).unwrap(),
+            Applied::AlreadyApplied
+        );
+        // Batch 4 covers the rest of what was applied and a first part of
+        // the hole; then a re-run of batch 5 (new epoch) meets its first
+        // run's part and writes only what it left.
+        assert_eq!(
+            apply_counter_in(&db, 4, 1, 50, 150, plain).unwrap(),
+            Applied::Written {
+                records: 50,
+                dead_lettered: 0
+            },
+            "{}",
+            db.name
+        );
+        apply_counter_in(&db, 5, 1, 150, 200, plain).unwrap();
+        assert_eq!(holes(&db), vec!["[[200,500]]"], "{}", db.name);
+        assert_eq!(
+            apply_counter_in(&db, 5, 2, 150, 300, plain).unwrap(),
+            Applied::Written {
+                records: 100,
+                dead_lettered: 0
+            },
+            "{}",
+            db.name
+        );
+        assert_eq!(holes(&db), vec!["[[300,500]]"], "{}", db.name);
+        // A range that ends past the hole writes the hole and skips the
+        // applied rest.
+        assert_eq!(
+            apply_counter_in(&db, 6, 2, 300, 550, plain).unwrap(),
+            Applied::Written {
+                records: 200,
+                dead_lettered: 0
+            },
+            "{}",
+            db.name
+        );
+        assert_eq!(holes(&db), vec!["[]"], "{}", db.name);
+        assert_eq!(db.scalar("SELECT end_offset FROM sluice_progress"), 600);
+        // Caught up with where the reset forward went: already applied.
+        assert_eq!(
+            apply_counter_in(&db, 7, 2, 500, 600, plain).unwrap(),
+            Applied::AlreadyApplied
+        );
+        assert_eq!(
+            db.scalar("SELECT n FROM counters WHERE name = 'records'"),
+            600,
+            "{}",
+            db.name
+        );
+        assert_eq!(
+            db.scalar("SELECT COUNT(DISTINCT idempotency_key) FROM seen"),
+            600
+        );
+    }
+}
+
+#[test]
+fn a_progress_table_from_before_holes_gets_the_column_and_keeps_its_rows() {
+    // sluice_progress as host 0.2.0 made it (no `holes`), with [0, 100)
+    // applied: the driver adds the column, reads the row as having no
+    // holes, and goes on from 100.
+    for db in Db::both() {
+        connect(&db.url)
+            .unwrap()
+            .batch(
+                "CREATE TABLE sluice_progress (\
+                   query_id TEXT NOT NULL, topic TEXT NOT NULL, \"partition\" INTEGER NOT NULL, \
+                   end_offset BIGINT NOT NULL, batch_id BIGINT NOT NULL, epoch BIGINT NOT NULL, \
+                   updated_at_ms BIGINT NOT NULL, \
+                   PRIMARY KEY (query_id, topic, \"partition\"));\
+                 INSERT INTO sluice_progress VALUES ('q1', 't', 0, 100, 1, 1, 0);",
+            )
+            .unwrap();
+        assert_eq!(
+            apply_counter_in(&db, 1, 1, 0, 100, plain).unwrap(),
+            Applied::AlreadyApplied,
+            "{}",
+            db.name
+        );
+        apply_counter_in(&db, 2, 1, 100, 150, plain).unwrap();
+        assert_eq!(db.scalar("SELECT end_offset FROM sluice_progress"), 150);
+        assert_eq!(
+            db.sorted_texts("SELECT holes FROM sluice_progress"),
+            vec!["[]"]
+        );
+        assert_eq!(
+            db.scalar("SELECT n FROM counters WHERE name = 'records'"),
+            50
         );
     }
 }
@@ -328,7 +412,6 @@ fn a_resumed_range_stores_only_the_dead_letters_past_the_applied_part() {
                 Some(&mut inst),
                 &PartitionBatch {
                     range: range("q1", 3, 1, "t", 0, 0, 3),
-                    planned: 0..6,
                     records: &views("t", 0, &first),
                     dead_letters: &[dead(1)],
                 },
@@ -343,7 +426,6 @@ fn a_resumed_range_stores_only_the_dead_letters_past_the_applied_part() {
                 Some(&mut inst),
                 &PartitionBatch {
                     range: range("q1", 3, 2, "t", 0, 0, 6),
-                    planned: 0..6,
                     records: &views("t", 0, &all),
                     dead_letters: &[dead(1), dead(4)],
                 },
@@ -606,7 +688,6 @@ fn dead_letters_are_stored_with_original_bytes_once() {
         }];
         let batch = PartitionBatch {
             range: range("q1", 0, 1, "t", 0, 0, 4),
-            planned: 0..4,
             records: &v,
             dead_letters: &dl,
         };
@@ -684,7 +765,6 @@ fn company_upserts_and_deletes_end_in_the_right_table_state() {
                 Some(&mut sink),
                 &PartitionBatch {
                     range: range("q", 0, 1, "maxwell", 0, 40, 45),
-                    planned: 40..45,
                     records: &recs,
                     dead_letters: &[],
                 },
@@ -745,7 +825,6 @@ fn the_guest_reaches_the_database_only_through_the_capability() {
             Some(&mut inst),
             &PartitionBatch {
                 range: range("q1", 0, 1, "t", 0, 1, 2),
-                planned: 1..2,
                 records: &v,
                 dead_letters: &[],
             },
@@ -759,7 +838,6 @@ fn the_guest_reaches_the_database_only_through_the_capability() {
             Some(&mut ungranted),
             &PartitionBatch {
                 range: range("q1", 0, 1, "t", 0, 2, 3),
-                planned: 2..3,
                 records: &v,
                 dead_letters: &[],
             },

@@ -1085,7 +1085,6 @@ struct SinkJob {
     /// Index of the range in the batch.
     range: usize,
     part: crate::plugin::PartitionRange,
-    planned: std::ops::Range<i64>,
     records: Vec<SourceRecord>,
     outputs: Vec<crate::plugin::chain::ChainOutput>,
     dead_letters: Vec<DeadLetter>,
@@ -1138,7 +1137,6 @@ fn run_sink(
             .collect();
         let batch = PartitionBatch {
             range: job.part.clone(),
-            planned: job.planned.clone(),
             records: &sink_records,
             dead_letters: &job.dead_letters,
         };
@@ -1348,7 +1346,6 @@ impl BatchRun<'_> {
                 start_offset: start,
                 end_offset: end,
             },
-            planned: range.start..range.end,
             records: recs,
             outputs: mapped.outputs,
             dead_letters,

@@ -13,19 +13,25 @@
 //! The "range" applied at once may be a consecutive part of a batch's
 //! share of a partition: the engine applies it in parts (`[s, m)`, then
 //! `[m, e)`), each its own transaction, so the sink keeps up with the
-//! fetch. A re-run of that batch finds the progress row of its own batch
-//! id and writes only the records from that row's end on (part bounds may
-//! differ between runs); a row of another batch ending inside the planned
-//! range is a mismatch ([`SinkError::Overlap`]).
+//! fetch.
+//!
+//! The progress row records the applied offsets as an end offset and the
+//! holes below it ([`applied::AppliedSet`]), and a range writes only the
+//! offsets the row does not show applied. So a re-run of a batch writes
+//! only what its earlier run left (part bounds may differ between runs), a
+//! reset back skips what was applied, and a range a reset forward jumped
+//! over is applied when a reset back reaches it.
 //!
 //! Without it, the plugin's `open`/`write`/`close` run as they are: the
 //! delivery is at-least-once and the plugin must use the idempotency keys.
 
+pub mod applied;
 pub mod sql;
 
 use sluice_guest::wire::{self, SinkRecord};
 
 use crate::plugin::{Instance, OpenAnswer, PartitionRange, PluginError};
+use applied::AppliedSet;
 use sql::{DbError, SqlGrant, SqlValue};
 
 /// Records per `sink.write` call.
@@ -66,10 +72,6 @@ pub struct PartitionBatch<'a> {
     /// The part to apply now and the batch context (the whole planned range
     /// when it is applied at once).
     pub range: PartitionRange,
-    /// The batch's whole planned range of this partition, `[start, end)`
-    /// offsets: a progress row of another batch ending inside it is a
-    /// mismatch ([`SinkError::Overlap`]) whichever part meets it.
-    pub planned: std::ops::Range<i64>,
     /// Mapped records with their idempotency keys, in offset order.
     pub records: &'a [SinkRecord<'a>],
     /// Bad records to dead-letter (policy `dlq`).
@@ -122,18 +124,6 @@ pub enum SinkError {
         /// Ours.
         ours: u64,
     },
-    /// The stored progress of another batch ends inside our range: the
-    /// checkpoint and the database disagree (e.g. the checkpoint was reset
-    /// or replaced).
-    #[error(
-        "sink progress mismatch on {site}: sluice_progress says offsets up to {stored_end} are applied, which falls inside this range; the checkpoint and the database disagree (was the checkpoint reset or replaced?). Delete the progress row for this query id only if you know the database does not hold this range's effects"
-    )]
-    Overlap {
-        /// `topic/partition [start, end)`.
-        site: String,
-        /// Stored end offset.
-        stored_end: i64,
-    },
     /// Dead letters without a database to put them in.
     #[error("the dlq error policy needs a sink database (--sink-db) to store dead letters")]
     NoDeadLetterStore,
@@ -169,7 +159,7 @@ impl SinkDriver {
                 "CREATE TABLE IF NOT EXISTS sluice_progress (\
                    query_id TEXT NOT NULL, topic TEXT NOT NULL, \"partition\" INTEGER NOT NULL, \
                    end_offset BIGINT NOT NULL, batch_id BIGINT NOT NULL, epoch BIGINT NOT NULL, \
-                   updated_at_ms BIGINT NOT NULL, \
+                   updated_at_ms BIGINT NOT NULL, holes TEXT NOT NULL DEFAULT '[]', \
                    PRIMARY KEY (query_id, topic, \"partition\"));\
                  CREATE TABLE IF NOT EXISTS sluice_dead_letters (\
                    query_id TEXT NOT NULL, topic TEXT NOT NULL, \"partition\" INTEGER NOT NULL, \
@@ -179,6 +169,13 @@ impl SinkDriver {
                    batch_id BIGINT NOT NULL, epoch BIGINT NOT NULL, \
                    PRIMARY KEY (query_id, topic, \"partition\", \"offset\"));"
             ))?;
+            // Tables made before holes were recorded (0.2.0) get the column;
+            // their rows have no holes.
+            if b.query("SELECT holes FROM sluice_progress WHERE 1 = 0", &[])
+                .is_err()
+            {
+                b.batch("ALTER TABLE sluice_progress ADD COLUMN holes TEXT NOT NULL DEFAULT '[]'")?;
+            }
         }
         Ok(SinkDriver { sql })
     }
@@ -236,7 +233,7 @@ impl SinkDriver {
                 .lock()
                 .backend()
                 .query(
-                    "SELECT end_offset, epoch, batch_id FROM sluice_progress WHERE query_id = $1 AND topic = $2 AND \"partition\" = $3",
+                    "SELECT end_offset, epoch, batch_id, holes FROM sluice_progress WHERE query_id = $1 AND topic = $2 AND \"partition\" = $3",
                     &[
                         SqlValue::Text(r.batch.query_id.clone()),
                         SqlValue::Text(r.topic.clone()),
@@ -244,77 +241,99 @@ impl SinkDriver {
                     ],
                 )
                 .map_err(sql_err("reading sluice_progress"))?;
-            // Where this run starts writing: the range's start, or, when an
-            // earlier run of the same batch already applied a first part of
-            // the range (the engine sinks a range in consecutive parts, each
-            // its own transaction), the end of that part.
-            let mut from = r.start_offset;
-            if let Some(row) = stored.rows.first() {
-                let (end, epoch, batch_id) = match (row.first(), row.get(1), row.get(2)) {
-                    (
-                        Some(SqlValue::Integer(e)),
-                        Some(SqlValue::Integer(p)),
-                        Some(SqlValue::Integer(b)),
-                    ) => (*e, *p as u64, *b),
-                    _ => {
-                        return Err(SinkError::Sql {
-                            during: "reading sluice_progress",
+            let bad_row = |message: String| SinkError::Sql {
+                during: "reading sluice_progress",
+                site: site(r),
+                error: DbError {
+                    message,
+                    code: "sluice".into(),
+                },
+            };
+            // What the row shows applied, and the row's `end_offset` and
+            // `holes` text as read (the update below is conditional on
+            // them being unchanged).
+            let (mut applied, row_read) = match stored.rows.first() {
+                None => (AppliedSet::empty(), None),
+                Some(row) => {
+                    let (end, epoch, batch_id, holes) =
+                        match (row.first(), row.get(1), row.get(2), row.get(3)) {
+                            (
+                                Some(SqlValue::Integer(e)),
+                                Some(SqlValue::Integer(p)),
+                                Some(SqlValue::Integer(b)),
+                                Some(SqlValue::Text(h)),
+                            ) => (*e, *p as u64, *b, h.clone()),
+                            _ => return Err(bad_row(format!("unexpected row {row:?}"))),
+                        };
+                    if epoch > r.batch.epoch {
+                        return Err(SinkError::Fenced {
                             site: site(r),
-                            error: DbError {
-                                message: format!("unexpected row {row:?}"),
-                                code: "sluice".into(),
-                            },
+                            stored: epoch,
+                            ours: r.batch.epoch,
                         });
                     }
-                };
-                if epoch > r.batch.epoch {
-                    return Err(SinkError::Fenced {
-                        site: site(r),
-                        stored: epoch,
-                        ours: r.batch.epoch,
-                    });
+                    let applied = AppliedSet::from_row(end, &holes).map_err(bad_row)?;
+                    (applied, Some((end, holes, batch_id)))
                 }
-                if batch_id == r.batch.batch_id as i64 {
-                    // An earlier part of this batch, from this run or an
-                    // earlier one, applied the range up to `end`.
-                    if end >= r.end_offset {
-                        return Ok(None);
-                    }
-                    from = from.max(end);
-                } else if end >= batch.planned.end {
-                    // Another batch already applied the whole range.
-                    return Ok(None);
-                } else if end > batch.planned.start {
-                    // Judged on the whole planned range, not on this part,
-                    // so the verdict does not depend on where parts end.
-                    return Err(SinkError::Overlap {
-                        site: site_of(&r.topic, r.partition, &batch.planned),
-                        stored_end: end,
-                    });
-                }
-            }
+            };
+            // Write only the offsets the row does not show applied: usually
+            // the whole range; after a crash, the rest of a range an earlier
+            // run of this batch applied in part; after a reset back, a hole
+            // a reset forward left.
+            let part = r.start_offset..r.end_offset;
+            let missing = applied.missing(&part);
+            let Some(written_range) = missing
+                .first()
+                .zip(missing.last())
+                .map(|(a, b)| a.start..b.end)
+            else {
+                return Ok(None);
+            };
             // Dead letters of the range, stored now or by that earlier run.
             let dead_letters = batch.dead_letters.len() as u64;
-            let rest;
-            let batch = if from > r.start_offset {
-                // Records and dead letters are in offset order.
-                let records =
-                    &batch.records[batch.records.partition_point(|x| x.record.offset < from)..];
-                let dead_letters =
-                    &batch.dead_letters[batch.dead_letters.partition_point(|d| d.offset < from)..];
-                tracing::info!(topic = %r.topic, partition = r.partition, "offsets [{}, {from}) of [{}, {}) were applied by an earlier run of batch {}; writing the rest", r.start_offset, r.start_offset, r.end_offset, r.batch.batch_id);
+            let (rest, kept_records, kept_dead_letters);
+            let batch = if missing == [part.clone()] {
+                batch
+            } else {
+                let wanted = |o: i64| {
+                    let i = missing.partition_point(|m| m.end <= o);
+                    missing.get(i).is_some_and(|m| m.start <= o)
+                };
+                kept_records = batch
+                    .records
+                    .iter()
+                    .filter(|x| wanted(x.record.offset))
+                    .cloned()
+                    .collect::<Vec<_>>();
+                kept_dead_letters = batch
+                    .dead_letters
+                    .iter()
+                    .filter(|d| wanted(d.offset))
+                    .cloned()
+                    .collect::<Vec<_>>();
+                let pieces: Vec<String> = missing
+                    .iter()
+                    .map(|m| format!("[{}, {})", m.start, m.end))
+                    .collect();
+                tracing::info!(
+                    topic = %r.topic,
+                    partition = r.partition,
+                    "offsets [{}, {}): sluice_progress (last written by batch {}) shows the rest applied; writing only {}",
+                    r.start_offset,
+                    r.end_offset,
+                    row_read.as_ref().map_or(-1, |(_, _, b)| *b),
+                    pieces.join(", ")
+                );
                 rest = PartitionBatch {
                     range: PartitionRange {
-                        start_offset: from,
+                        start_offset: written_range.start,
+                        end_offset: written_range.end,
                         ..r.clone()
                     },
-                    planned: batch.planned.clone(),
-                    records,
-                    dead_letters,
+                    records: &kept_records,
+                    dead_letters: &kept_dead_letters,
                 };
                 &rest
-            } else {
-                batch
             };
             let written = match instance {
                 Some(i) => {
@@ -375,23 +394,38 @@ impl SinkDriver {
                 )
                 .map_err(sql_err("inserting dead letters"))?;
             }
+            for piece in missing {
+                applied
+                    .record(piece)
+                    .map_err(|e| bad_row(format!("cannot record the range applied: {e}")))?;
+            }
+            let new_end = applied.end().unwrap_or(r.end_offset);
+            let (read_end, holes_read) = row_read.map_or((-1, String::new()), |(e, h, _)| (e, h));
+            // Conditional on the row being what was read above (none: no row
+            // at all), and never over a newer epoch.
             let changed = b
                 .execute(
-                    "INSERT INTO sluice_progress (query_id, topic, \"partition\", end_offset, batch_id, epoch, updated_at_ms) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7) \
+                    "INSERT INTO sluice_progress (query_id, topic, \"partition\", end_offset, batch_id, epoch, updated_at_ms, holes) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
                      ON CONFLICT (query_id, topic, \"partition\") DO UPDATE SET \
                        end_offset = excluded.end_offset, batch_id = excluded.batch_id, \
-                       epoch = excluded.epoch, updated_at_ms = excluded.updated_at_ms \
-                     WHERE sluice_progress.epoch <= excluded.epoch AND sluice_progress.end_offset <= $8",
+                       epoch = excluded.epoch, updated_at_ms = excluded.updated_at_ms, \
+                       holes = excluded.holes \
+                     WHERE sluice_progress.epoch <= excluded.epoch \
+                       AND sluice_progress.end_offset = $9 AND sluice_progress.holes = $10",
                     &[
                         SqlValue::Text(r.batch.query_id.clone()),
                         SqlValue::Text(r.topic.clone()),
                         SqlValue::Integer(r.partition.into()),
-                        SqlValue::Integer(r.end_offset),
+                        SqlValue::Integer(new_end),
                         SqlValue::Integer(r.batch.batch_id as i64),
                         SqlValue::Integer(r.batch.epoch as i64),
                         SqlValue::Integer(crate::checkpoint::now_ms()),
-                        SqlValue::Integer(from),
+                        SqlValue::Text(applied.holes_text()),
+                        // -1 matches no row: a row that appeared since the read
+                        // fails the update.
+                        SqlValue::Integer(read_end),
+                        SqlValue::Text(holes_read),
                     ],
                 )
                 .map_err(sql_err("updating sluice_progress"))?;
