@@ -783,13 +783,22 @@ struct Watched {
     lines: std::sync::mpsc::Receiver<String>,
 }
 
+impl Drop for Watched {
+    /// A test that fails mid-way leaves no host behind (one may be paused
+    /// at a failpoint, holding the database).
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 impl Watched {
     fn spawn(args: &[String], env: &[(&str, &str)]) -> Watched {
         let mut cmd = std::process::Command::new(crate::support::host_bin());
         cmd.args(args)
             .env("RUST_LOG", "info")
             .env_remove("SLUICE_FAILPOINT")
-            .env_remove("SLUICE_FAILPOINT_PAUSE_MS")
+            .env_remove("SLUICE_FAILPOINT_RESUME_FILE")
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped());
         for (k, v) in env {
@@ -857,24 +866,27 @@ impl Watched {
 #[test]
 fn sigterm_mid_batch_finishes_and_commits_that_batch_then_exits_0() {
     // 5,000 records, 1,000 per batch. SIGTERM arrives while the second
-    // batch is paused just after its write-ahead entry: that batch is
-    // still sunk and committed, no third batch starts, and the process
-    // exits 0. A restart applies the rest, each record once.
+    // batch is paused just after its write-ahead entry (until the test
+    // has seen the stop request): that batch is still sunk and committed,
+    // no third batch starts, and the process exits 0. A restart applies
+    // the rest, each record once.
     let mock = raw_topic((0..5000).map(|i| format!("v{i}")));
     let dir = tempfile::tempdir().unwrap();
     let db = Db::sqlite();
     let args = counter_run_args(&mock, &dir.path().join("ckpt"), &db, "1000");
+    let resume = dir.path().join("resume");
     let run = Watched::spawn(
         &args,
         &[
             ("SLUICE_FAILPOINT", "engine:after-write-ahead@2"),
-            ("SLUICE_FAILPOINT_PAUSE_MS", "1500"),
+            ("SLUICE_FAILPOINT_RESUME_FILE", resume.to_str().unwrap()),
         ],
     );
     let mut seen = Vec::new();
     run.wait_for("FAILPOINT", &mut seen);
     run.signal("TERM");
     run.wait_for("SIGTERM: stop requested", &mut seen);
+    std::fs::write(&resume, "").unwrap();
     let code = run.finish(&mut seen);
     let log = seen.join("\n");
     assert_eq!(code, Some(0), "{log}");
@@ -919,7 +931,7 @@ fn a_second_signal_aborts_with_exit_130_and_the_batch_runs_again_exactly_once() 
     let log = seen.join("\n");
     assert_eq!(code, Some(130), "{log}");
     assert!(
-        log.contains("SIGINT: aborting now (exit 130): the batch in flight is not committed"),
+        log.contains("SIGINT: aborting now (exit 130): a batch in flight is not committed"),
         "{log}"
     );
     assert_eq!(db.scalar("SELECT end_offset FROM sluice_progress"), 2000);

@@ -17,9 +17,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// feature only). `SLUICE_FAILPOINT=<name>` pauses at its first hit,
 /// `<name>@<k>` at its k-th. The process prints `FAILPOINT <name>` on stderr
 /// and sleeps until killed: the test then sends SIGKILL, which is exactly a
-/// crash at that point. With `SLUICE_FAILPOINT_PAUSE_MS=<ms>` it sleeps that
-/// long instead and goes on (a window for a test to send a signal in).
-/// Without the feature this is a no-op.
+/// crash at that point. With `SLUICE_FAILPOINT_RESUME_FILE=<path>` it waits
+/// until that file exists instead and goes on (a window, as long as the
+/// test needs, to send a signal in). Without the feature this is a no-op.
 #[inline]
 pub fn failpoint(name: &str) {
     #[cfg(feature = "failpoints")]
@@ -46,11 +46,10 @@ pub fn failpoint(name: &str) {
         if hit == at {
             eprintln!("FAILPOINT {name}");
             let _ = io::stderr().flush();
-            if let Some(ms) = std::env::var("SLUICE_FAILPOINT_PAUSE_MS")
-                .ok()
-                .and_then(|v| v.parse::<u64>().ok())
-            {
-                std::thread::sleep(std::time::Duration::from_millis(ms));
+            if let Some(resume) = std::env::var_os("SLUICE_FAILPOINT_RESUME_FILE") {
+                while !std::path::Path::new(&resume).exists() {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
                 return;
             }
             loop {

@@ -345,13 +345,22 @@ fn watch_signals(stop: Arc<AtomicBool>) -> Result<(), CliError> {
                 if !seen {
                     seen = true;
                     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-                    tracing::info!(
-                        "{}: stop requested: finishing the batch in flight, then exiting (signal again to abort)",
-                        name(sig)
-                    );
+                    // Logged from another thread: a blocked stderr must not
+                    // keep this one from seeing the second signal.
+                    let _ = std::thread::Builder::new().spawn(move || {
+                        tracing::info!(
+                            "{}: stop requested: finishing the batch in flight, then exiting (signal again to abort)",
+                            name(sig)
+                        );
+                    });
                 } else {
+                    // Exit within a second even if the log write blocks.
+                    let _ = std::thread::Builder::new().spawn(|| {
+                        std::thread::sleep(Duration::from_secs(1));
+                        signal_hook::low_level::exit(130);
+                    });
                     tracing::warn!(
-                        "{}: aborting now (exit 130): the batch in flight is not committed; the next start runs it again",
+                        "{}: aborting now (exit 130): a batch in flight is not committed; the next start runs it again",
                         name(sig)
                     );
                     signal_hook::low_level::exit(130);
