@@ -329,16 +329,33 @@ fn a_range_skipped_by_a_reset_forward_is_applied_when_a_reset_back_reaches_it() 
             apply_counter_in(&db, 7, 2, 500, 600, plain).unwrap(),
             Applied::AlreadyApplied
         );
+        // Two more jumps forward, then one range over both holes and what
+        // lies between and around them: only the two holes are written.
+        apply_counter_in(&db, 8, 2, 600, 700, plain).unwrap();
+        apply_counter_in(&db, 9, 2, 800, 900, plain).unwrap();
+        apply_counter_in(&db, 10, 2, 1000, 1100, plain).unwrap();
+        assert_eq!(holes(&db), vec!["[[700,800],[900,1000]]"], "{}", db.name);
+        assert_eq!(
+            apply_counter_in(&db, 11, 2, 650, 1100, plain).unwrap(),
+            Applied::Written {
+                records: 200,
+                dead_lettered: 0
+            },
+            "{}",
+            db.name
+        );
+        assert_eq!(holes(&db), vec!["[]"], "{}", db.name);
         assert_eq!(
             db.scalar("SELECT n FROM counters WHERE name = 'records'"),
-            600,
+            1100,
             "{}",
             db.name
         );
         assert_eq!(
             db.scalar("SELECT COUNT(DISTINCT idempotency_key) FROM seen"),
-            600
+            1100
         );
+        assert_eq!(db.scalar("SELECT COUNT(*) FROM seen"), 1100);
     }
 }
 

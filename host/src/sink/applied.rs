@@ -3,9 +3,11 @@
 //! except the `holes`.
 //!
 //! A hole is a range the pipeline jumped over without applying it: a
-//! `host checkpoint reset` forward, or records that retention deleted
-//! before they were read. Moving back into a hole later applies it (once);
-//! moving back into what was applied skips it as already applied.
+//! `host checkpoint reset` forward, records that retention deleted before
+//! they were read, or the offsets below a partition's first write (a
+//! pipeline that started at `latest`). Moving back into a hole later
+//! applies it (once); moving back into what was applied skips it as
+//! already applied.
 //!
 //! `holes` is stored as JSON text, `[[start, end], …]` (half-open, sorted,
 //! disjoint, every hole ending below `end_offset`); `[]` when there are
@@ -120,12 +122,22 @@ impl AppliedSet {
             return Ok(());
         }
         let Some(end) = self.end else {
+            // The first write of a partition: what lies below it (offsets
+            // start at 0) was not applied either.
+            if written.start > 0 {
+                self.holes.push(0..written.start);
+            }
             self.end = Some(written.end);
             return Ok(());
         };
         if written.start >= end {
             if written.start > end {
-                self.holes.push(end..written.start);
+                match self.holes.last_mut() {
+                    // A hole that reaches the end (possible in a stored row)
+                    // grows rather than getting a neighbour.
+                    Some(last) if last.end == end => last.end = written.start,
+                    _ => self.holes.push(end..written.start),
+                }
             }
             self.end = Some(written.end);
             return Ok(());
@@ -203,6 +215,13 @@ mod tests {
 
     #[test]
     fn recording_forward_jumps_and_filling_holes() {
+        let mut first = AppliedSet::empty();
+        first.record(40..50).unwrap();
+        assert_eq!(first, set(50, &[(0, 40)]));
+        // A stored hole reaching the end grows instead of a neighbour.
+        let mut grown = AppliedSet::from_row(50, "[[40,50]]").unwrap();
+        grown.record(55..60).unwrap();
+        assert_eq!(grown, set(60, &[(40, 55)]));
         let mut s = AppliedSet::empty();
         s.record(0..100).unwrap();
         // A reset forward to 500: [100, 500) becomes a hole.

@@ -124,6 +124,17 @@ pub enum SinkError {
         /// Ours.
         ours: u64,
     },
+    /// The progress row changed between this range's read and its update:
+    /// another process wrote the same query id's progress.
+    #[error(
+        "sluice_progress for {site} changed while this range was applied (now: {now}); is another process writing this query id's progress? This range was rolled back"
+    )]
+    ProgressChanged {
+        /// `topic/partition [start, end)`.
+        site: String,
+        /// What the row holds now.
+        now: String,
+    },
     /// Dead letters without a database to put them in.
     #[error("the dlq error policy needs a sink database (--sink-db) to store dead letters")]
     NoDeadLetterStore,
@@ -133,6 +144,19 @@ pub enum SinkError {
 /// capability.
 pub struct SinkDriver {
     sql: Option<SqlGrant>,
+    /// The host's tables, schema-qualified (see [`HostTables`]).
+    tables: HostTables,
+}
+
+/// The host's table names, qualified with their schema (`main` on SQLite,
+/// the connection's `current_schema()` on PostgreSQL). Both databases look
+/// up an unqualified name in the session's temporary schema first, where a
+/// plugin may create (or rename) a table of the same name; qualified names
+/// never resolve there.
+#[derive(Debug, Clone, Default)]
+struct HostTables {
+    progress: String,
+    dead_letters: String,
 }
 
 fn site(r: &PartitionRange) -> String {
@@ -146,22 +170,49 @@ fn site_of(topic: &str, partition: i32, range: &std::ops::Range<i64>) -> String 
 
 impl SinkDriver {
     /// A driver; with `sql`, creates `sluice_progress` and
-    /// `sluice_dead_letters` if they are missing.
+    /// `sluice_dead_letters` if they are missing, and adds the `holes`
+    /// column to a `sluice_progress` made by host 0.2.0.
     ///
     /// # Errors
     /// The database's error.
     pub fn new(sql: Option<SqlGrant>) -> Result<Self, DbError> {
+        let mut tables = HostTables::default();
         if let Some(g) = &sql {
             let mut s = g.lock();
             let b = s.backend();
+            let schema = match b.dialect() {
+                "sqlite" => "main".to_string(),
+                _ => match b
+                    .query("SELECT current_schema()", &[])?
+                    .rows
+                    .first()
+                    .and_then(|r| r.first())
+                {
+                    Some(SqlValue::Text(schema)) => format!("\"{}\"", schema.replace('"', "\"\"")),
+                    _ => {
+                        return Err(DbError {
+                            message: "the connection has no current schema to create the host's tables in (check search_path)".into(),
+                            code: "sluice".into(),
+                        });
+                    }
+                },
+            };
+            tables = HostTables {
+                progress: format!("{schema}.sluice_progress"),
+                dead_letters: format!("{schema}.sluice_dead_letters"),
+            };
             let blob = b.blob_type();
+            let HostTables {
+                progress,
+                dead_letters,
+            } = &tables;
             b.batch(&format!(
-                "CREATE TABLE IF NOT EXISTS sluice_progress (\
+                "CREATE TABLE IF NOT EXISTS {progress} (\
                    query_id TEXT NOT NULL, topic TEXT NOT NULL, \"partition\" INTEGER NOT NULL, \
                    end_offset BIGINT NOT NULL, batch_id BIGINT NOT NULL, epoch BIGINT NOT NULL, \
                    updated_at_ms BIGINT NOT NULL, holes TEXT NOT NULL DEFAULT '[]', \
                    PRIMARY KEY (query_id, topic, \"partition\"));\
-                 CREATE TABLE IF NOT EXISTS sluice_dead_letters (\
+                 CREATE TABLE IF NOT EXISTS {dead_letters} (\
                    query_id TEXT NOT NULL, topic TEXT NOT NULL, \"partition\" INTEGER NOT NULL, \
                    \"offset\" BIGINT NOT NULL, timestamp_ms BIGINT NOT NULL, \
                    record_key {blob}, record_value {blob}, headers_json TEXT NOT NULL, \
@@ -171,13 +222,17 @@ impl SinkDriver {
             ))?;
             // Tables made before holes were recorded (0.2.0) get the column;
             // their rows have no holes.
-            if b.query("SELECT holes FROM sluice_progress WHERE 1 = 0", &[])
-                .is_err()
-            {
-                b.batch("ALTER TABLE sluice_progress ADD COLUMN holes TEXT NOT NULL DEFAULT '[]'")?;
+            match b.query(&format!("SELECT holes FROM {progress} WHERE 1 = 0"), &[]) {
+                Ok(_) => {}
+                Err(e) if e.code == "42703" || e.message.contains("no such column") => {
+                    b.batch(&format!(
+                        "ALTER TABLE {progress} ADD COLUMN holes TEXT NOT NULL DEFAULT '[]'"
+                    ))?;
+                }
+                Err(e) => return Err(e),
             }
         }
-        Ok(SinkDriver { sql })
+        Ok(SinkDriver { sql, tables })
     }
 
     /// The SQL grant, for sink instances.
@@ -213,6 +268,69 @@ impl SinkDriver {
         }
     }
 
+    /// The progress row of `r`'s partition: what it shows applied, and the
+    /// row as read (`end_offset`, `holes` text, `batch_id`), `None` without
+    /// a row. A row of a newer epoch is [`SinkError::Fenced`].
+    #[allow(clippy::type_complexity)]
+    fn read_progress(
+        &self,
+        b: &mut dyn sql::Backend,
+        r: &PartitionRange,
+    ) -> Result<(AppliedSet, Option<(i64, String, i64)>), SinkError> {
+        let bad_row = |message: String| SinkError::Sql {
+            during: "reading sluice_progress",
+            site: site(r),
+            error: DbError {
+                message,
+                code: "sluice".into(),
+            },
+        };
+        let stored = b
+            .query(
+                &format!(
+                    "SELECT end_offset, epoch, batch_id, holes FROM {} WHERE query_id = $1 AND topic = $2 AND \"partition\" = $3",
+                    self.tables.progress
+                ),
+                &[
+                    SqlValue::Text(r.batch.query_id.clone()),
+                    SqlValue::Text(r.topic.clone()),
+                    SqlValue::Integer(r.partition.into()),
+                ],
+            )
+            .map_err(|error| SinkError::Sql {
+                during: "reading sluice_progress",
+                site: site(r),
+                error,
+            })?;
+        let Some(row) = stored.rows.first() else {
+            return Ok((AppliedSet::empty(), None));
+        };
+        let (end, epoch, batch_id, holes) = match (row.first(), row.get(1), row.get(2), row.get(3))
+        {
+            (
+                Some(SqlValue::Integer(e)),
+                Some(SqlValue::Integer(p)),
+                Some(SqlValue::Integer(b)),
+                Some(SqlValue::Text(h)),
+            ) => (*e, *p as u64, *b, h.clone()),
+            _ => return Err(bad_row(format!("unexpected row {row:?}"))),
+        };
+        if epoch > r.batch.epoch {
+            return Err(SinkError::Fenced {
+                site: site(r),
+                stored: epoch,
+                ours: r.batch.epoch,
+            });
+        }
+        let applied = AppliedSet::from_row(end, &holes).map_err(|e| {
+            bad_row(format!(
+                "{e}; the row for query id {} was changed by hand? Fix or delete it",
+                r.batch.query_id
+            ))
+        })?;
+        Ok((applied, Some((end, holes, batch_id))))
+    }
+
     fn apply_transactional(
         &self,
         g: &SqlGrant,
@@ -229,115 +347,74 @@ impl SinkDriver {
         };
         g.lock().begin().map_err(sql_err("begin"))?;
         let result = (|| {
-            let stored = g
-                .lock()
-                .backend()
-                .query(
-                    "SELECT end_offset, epoch, batch_id, holes FROM sluice_progress WHERE query_id = $1 AND topic = $2 AND \"partition\" = $3",
-                    &[
-                        SqlValue::Text(r.batch.query_id.clone()),
-                        SqlValue::Text(r.topic.clone()),
-                        SqlValue::Integer(r.partition.into()),
-                    ],
-                )
-                .map_err(sql_err("reading sluice_progress"))?;
-            let bad_row = |message: String| SinkError::Sql {
-                during: "reading sluice_progress",
-                site: site(r),
-                error: DbError {
-                    message,
-                    code: "sluice".into(),
-                },
-            };
-            // What the row shows applied, and the row's `end_offset` and
-            // `holes` text as read (the update below is conditional on
-            // them being unchanged).
-            let (mut applied, row_read) = match stored.rows.first() {
-                None => (AppliedSet::empty(), None),
-                Some(row) => {
-                    let (end, epoch, batch_id, holes) =
-                        match (row.first(), row.get(1), row.get(2), row.get(3)) {
-                            (
-                                Some(SqlValue::Integer(e)),
-                                Some(SqlValue::Integer(p)),
-                                Some(SqlValue::Integer(b)),
-                                Some(SqlValue::Text(h)),
-                            ) => (*e, *p as u64, *b, h.clone()),
-                            _ => return Err(bad_row(format!("unexpected row {row:?}"))),
-                        };
-                    if epoch > r.batch.epoch {
-                        return Err(SinkError::Fenced {
-                            site: site(r),
-                            stored: epoch,
-                            ours: r.batch.epoch,
-                        });
-                    }
-                    let applied = AppliedSet::from_row(end, &holes).map_err(bad_row)?;
-                    (applied, Some((end, holes, batch_id)))
-                }
-            };
+            // What the row shows applied, and the row as read (the update
+            // below is conditional on it being unchanged).
+            let (mut applied, row_read) = self.read_progress(g.lock().backend(), r)?;
             // Write only the offsets the row does not show applied: usually
             // the whole range; after a crash, the rest of a range an earlier
             // run of this batch applied in part; after a reset back, a hole
-            // a reset forward left.
-            let part = r.start_offset..r.end_offset;
-            let missing = applied.missing(&part);
-            let Some(written_range) = missing
-                .first()
-                .zip(missing.last())
-                .map(|(a, b)| a.start..b.end)
-            else {
+            // a reset forward left, and not what was applied around it.
+            let missing = applied.missing(&(r.start_offset..r.end_offset));
+            if missing.is_empty() {
                 return Ok(None);
-            };
-            // Dead letters of the range, stored now or by that earlier run.
-            let dead_letters = batch.dead_letters.len() as u64;
-            let (rest, kept_records, kept_dead_letters);
-            let batch = if missing == [part.clone()] {
-                batch
-            } else {
-                let wanted = |o: i64| {
-                    let i = missing.partition_point(|m| m.end <= o);
-                    missing.get(i).is_some_and(|m| m.start <= o)
-                };
-                kept_records = batch
-                    .records
-                    .iter()
-                    .filter(|x| wanted(x.record.offset))
-                    .cloned()
-                    .collect::<Vec<_>>();
-                kept_dead_letters = batch
-                    .dead_letters
-                    .iter()
-                    .filter(|d| wanted(d.offset))
-                    .cloned()
-                    .collect::<Vec<_>>();
+            }
+            let skipped_by_other_batch = row_read
+                .as_ref()
+                .is_some_and(|(_, _, b)| *b != r.batch.batch_id as i64);
+            let whole = missing.len() == 1
+                && missing[0].start == r.start_offset
+                && missing[0].end == r.end_offset;
+            if !whole {
                 let pieces: Vec<String> = missing
                     .iter()
                     .map(|m| format!("[{}, {})", m.start, m.end))
                     .collect();
-                tracing::info!(
-                    topic = %r.topic,
-                    partition = r.partition,
-                    "offsets [{}, {}): sluice_progress (last written by batch {}) shows the rest applied; writing only {}",
-                    r.start_offset,
-                    r.end_offset,
-                    row_read.as_ref().map_or(-1, |(_, _, b)| *b),
-                    pieces.join(", ")
-                );
-                rest = PartitionBatch {
+                let by = row_read.as_ref().map_or(-1, |(_, _, b)| *b);
+                if skipped_by_other_batch {
+                    tracing::warn!(topic = %r.topic, partition = r.partition, "offsets of [{}, {}) are already applied in the sink (sluice_progress, last written by batch {by}): a reset back or a restored checkpoint; writing only {}", r.start_offset, r.end_offset, pieces.join(", "));
+                } else {
+                    tracing::info!(topic = %r.topic, partition = r.partition, "offsets of [{}, {}) were applied by an earlier run of batch {by}; writing only {}", r.start_offset, r.end_offset, pieces.join(", "));
+                }
+            }
+            // Each missing piece is its own open/write/close of the plugin,
+            // with its own range, inside this one transaction.
+            let slice_of = |piece: &std::ops::Range<i64>| {
+                let lo = batch
+                    .records
+                    .partition_point(|x| x.record.offset < piece.start);
+                let hi = batch
+                    .records
+                    .partition_point(|x| x.record.offset < piece.end);
+                let dlo = batch
+                    .dead_letters
+                    .partition_point(|d| d.offset < piece.start);
+                let dhi = batch.dead_letters.partition_point(|d| d.offset < piece.end);
+                PartitionBatch {
                     range: PartitionRange {
-                        start_offset: written_range.start,
-                        end_offset: written_range.end,
+                        start_offset: piece.start,
+                        end_offset: piece.end,
                         ..r.clone()
                     },
-                    records: &kept_records,
-                    dead_letters: &kept_dead_letters,
-                };
-                &rest
+                    records: &batch.records[lo..hi],
+                    dead_letters: &batch.dead_letters[dlo..dhi],
+                }
             };
-            let written = match instance {
+            let pieces: Vec<PartitionBatch<'_>> = missing.iter().map(slice_of).collect();
+            let mut written_records = 0u64;
+            let mut plugin_said_applied = 0usize;
+            match instance {
                 Some(i) => {
-                    let out = run_plugin(i, batch);
+                    let mut out = Ok(());
+                    for piece in &pieces {
+                        match run_plugin(i, piece) {
+                            Ok(Applied::Written { records, .. }) => written_records += records,
+                            Ok(Applied::AlreadyApplied) => plugin_said_applied += 1,
+                            Err(e) => {
+                                out = Err(e);
+                                break;
+                            }
+                        }
+                    }
                     if let Some(e) = g.lock().end_plugin_window() {
                         return Err(SinkError::Sql {
                             during: "the plugin's SQL",
@@ -345,19 +422,16 @@ impl SinkDriver {
                             error: e,
                         });
                     }
-                    out?
+                    out?;
                 }
                 None => {
                     g.lock().end_plugin_window();
-                    Applied::Written {
-                        records: batch.records.len() as u64,
-                        dead_lettered: 0,
-                    }
+                    written_records = pieces.iter().map(|p| p.records.len() as u64).sum();
                 }
-            };
+            }
             let mut s = g.lock();
             let b = s.backend();
-            for d in batch.dead_letters {
+            for d in pieces.iter().flat_map(|p| p.dead_letters) {
                 let headers: Vec<serde_json::Value> = d
                     .headers
                     .iter()
@@ -369,13 +443,16 @@ impl SinkDriver {
                     })
                     .collect();
                 b.execute(
-                    "INSERT INTO sluice_dead_letters (query_id, topic, \"partition\", \"offset\", timestamp_ms, record_key, record_value, headers_json, error, plugin_digest, stage, batch_id, epoch) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
-                     ON CONFLICT (query_id, topic, \"partition\", \"offset\") DO UPDATE SET \
-                       timestamp_ms = excluded.timestamp_ms, record_key = excluded.record_key, \
-                       record_value = excluded.record_value, headers_json = excluded.headers_json, \
-                       error = excluded.error, plugin_digest = excluded.plugin_digest, \
-                       stage = excluded.stage, batch_id = excluded.batch_id, epoch = excluded.epoch",
+                    &format!(
+                        "INSERT INTO {} (query_id, topic, \"partition\", \"offset\", timestamp_ms, record_key, record_value, headers_json, error, plugin_digest, stage, batch_id, epoch) \
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
+                         ON CONFLICT (query_id, topic, \"partition\", \"offset\") DO UPDATE SET \
+                           timestamp_ms = excluded.timestamp_ms, record_key = excluded.record_key, \
+                           record_value = excluded.record_value, headers_json = excluded.headers_json, \
+                           error = excluded.error, plugin_digest = excluded.plugin_digest, \
+                           stage = excluded.stage, batch_id = excluded.batch_id, epoch = excluded.epoch",
+                        self.tables.dead_letters
+                    ),
                     &[
                         SqlValue::Text(r.batch.query_id.clone()),
                         SqlValue::Text(d.topic.clone()),
@@ -394,10 +471,22 @@ impl SinkDriver {
                 )
                 .map_err(sql_err("inserting dead letters"))?;
             }
-            for piece in missing {
-                applied
-                    .record(piece)
-                    .map_err(|e| bad_row(format!("cannot record the range applied: {e}")))?;
+            let holes_before = applied.holes().len();
+            for piece in &missing {
+                applied.record(piece.clone()).map_err(|e| SinkError::Sql {
+                    during: "updating sluice_progress",
+                    site: site(r),
+                    error: DbError {
+                        message: format!("cannot record the range applied: {e}"),
+                        code: "sluice".into(),
+                    },
+                })?;
+            }
+            if applied.holes().len() > holes_before
+                && let (Some(new), Some((end, _, _))) = (applied.holes().last(), &row_read)
+                && new.start == *end
+            {
+                tracing::warn!(topic = %r.topic, partition = r.partition, "offsets [{}, {}) were never applied to the sink and this range starts past them (a reset forward, retention, or a sink database older than the checkpoint); recorded as a hole in sluice_progress, applied if a reset back reaches them", new.start, new.end);
             }
             let new_end = applied.end().unwrap_or(r.end_offset);
             let (read_end, holes_read) = row_read.map_or((-1, String::new()), |(e, h, _)| (e, h));
@@ -405,14 +494,16 @@ impl SinkDriver {
             // at all), and never over a newer epoch.
             let changed = b
                 .execute(
-                    "INSERT INTO sluice_progress (query_id, topic, \"partition\", end_offset, batch_id, epoch, updated_at_ms, holes) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
-                     ON CONFLICT (query_id, topic, \"partition\") DO UPDATE SET \
-                       end_offset = excluded.end_offset, batch_id = excluded.batch_id, \
-                       epoch = excluded.epoch, updated_at_ms = excluded.updated_at_ms, \
-                       holes = excluded.holes \
-                     WHERE sluice_progress.epoch <= excluded.epoch \
-                       AND sluice_progress.end_offset = $9 AND sluice_progress.holes = $10",
+                    &format!(
+                        "INSERT INTO {} AS p (query_id, topic, \"partition\", end_offset, batch_id, epoch, updated_at_ms, holes) \
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+                         ON CONFLICT (query_id, topic, \"partition\") DO UPDATE SET \
+                           end_offset = excluded.end_offset, batch_id = excluded.batch_id, \
+                           epoch = excluded.epoch, updated_at_ms = excluded.updated_at_ms, \
+                           holes = excluded.holes \
+                         WHERE p.epoch <= excluded.epoch AND p.end_offset = $9 AND p.holes = $10",
+                        self.tables.progress
+                    ),
                     &[
                         SqlValue::Text(r.batch.query_id.clone()),
                         SqlValue::Text(r.topic.clone()),
@@ -429,22 +520,29 @@ impl SinkDriver {
                     ],
                 )
                 .map_err(sql_err("updating sluice_progress"))?;
+            drop(s);
             if changed == 0 {
-                // Someone else wrote this partition's progress since we read
-                // it: a newer epoch, or a concurrent writer of the same range.
-                return Err(SinkError::Fenced {
+                // The row changed since it was read: a newer epoch (fenced),
+                // or another writer of the same query id.
+                let (_, now) = self.read_progress(g.lock().backend(), r)?;
+                return Err(SinkError::ProgressChanged {
                     site: site(r),
-                    stored: r.batch.epoch + 1,
-                    ours: r.batch.epoch,
+                    now: now.map_or_else(
+                        || "no row".to_string(),
+                        |(e, h, b)| format!("end_offset {e}, holes {h}, batch {b}"),
+                    ),
                 });
             }
             crate::checkpoint::failpoint("sink:before-db-commit");
-            Ok(Some(match written {
-                Applied::Written { records, .. } => Applied::Written {
-                    records,
-                    dead_lettered: dead_letters,
-                },
-                a => a,
+            Ok(Some(if plugin_said_applied == pieces.len() {
+                Applied::AlreadyApplied
+            } else {
+                Applied::Written {
+                    records: written_records,
+                    // Dead letters of the whole range, stored now or by an
+                    // earlier run.
+                    dead_lettered: batch.dead_letters.len() as u64,
+                }
             }))
         })();
         // Ok(None): the progress row shows the range applied; nothing to do.
@@ -502,4 +600,103 @@ fn run_plugin(instance: &mut Instance, batch: &PartitionBatch<'_>) -> Result<App
         records: batch.records.len() as u64,
         dead_lettered: 0,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plugin::CallContext;
+
+    /// SQLite always; PostgreSQL too when the test suite's server is up
+    /// (`SLUICE_TEST_PG_URL`, set by scripts/test.sh), in a new database.
+    fn databases(dir: &std::path::Path) -> Vec<String> {
+        let mut urls = vec![format!("sqlite:{}", dir.join("sink.db").display())];
+        if let Ok(admin) = std::env::var("SLUICE_TEST_PG_URL") {
+            let name = format!("sluice_unit_{}", std::process::id());
+            let mut b = sql::connect(&admin).unwrap();
+            b.batch(&format!("DROP DATABASE IF EXISTS {name}")).unwrap();
+            b.batch(&format!("CREATE DATABASE {name}")).unwrap();
+            let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap();
+            urls.push(format!("{base}/{name}"));
+        }
+        urls
+    }
+
+    fn part(batch: u64, start: i64, end: i64) -> PartitionRange {
+        PartitionRange {
+            batch: CallContext {
+                query_id: "q1".into(),
+                batch_id: batch,
+                epoch: 1,
+            },
+            topic: "t".into(),
+            partition: 0,
+            start_offset: start,
+            end_offset: end,
+        }
+    }
+
+    /// Both databases look up an unqualified table name in the session's
+    /// temporary schema first. Should plugin SQL ever get a TEMP
+    /// sluice_progress onto the connection (here the test puts it there,
+    /// claiming [0, 1000) applied), the host still reads and writes its
+    /// own, schema-qualified table.
+    #[test]
+    fn a_temporary_table_named_like_a_host_table_does_not_fool_the_host() {
+        let dir = tempfile::tempdir().unwrap();
+        for url in databases(dir.path()) {
+            let grant = SqlGrant::connect(&url).unwrap();
+            let driver = SinkDriver::new(Some(grant.clone())).unwrap();
+            let apply = |batch, start, end| {
+                driver.apply(
+                    None,
+                    &PartitionBatch {
+                        range: part(batch, start, end),
+                        records: &[],
+                        dead_letters: &[],
+                    },
+                )
+            };
+            apply(1, 0, 10).unwrap();
+            grant
+                .lock()
+                .backend()
+                .batch(
+                    "CREATE TEMP TABLE sluice_progress (query_id TEXT, topic TEXT, \"partition\" INTEGER, \
+                       end_offset BIGINT, batch_id BIGINT, epoch BIGINT, updated_at_ms BIGINT, holes TEXT, \
+                       PRIMARY KEY (query_id, topic, \"partition\")); \
+                     INSERT INTO sluice_progress VALUES ('q1', 't', 0, 1000, 1, 1, 0, '[]');",
+                )
+                .unwrap();
+            assert_eq!(
+                apply(2, 10, 20).unwrap(),
+                Applied::Written {
+                    records: 0,
+                    dead_lettered: 0
+                },
+                "{url}"
+            );
+            let mut s = grant.lock();
+            let b = s.backend();
+            b.batch("DROP TABLE sluice_progress").unwrap();
+            let rows = b
+                .query("SELECT end_offset FROM sluice_progress", &[])
+                .unwrap();
+            assert_eq!(rows.rows, vec![vec![SqlValue::Integer(20)]], "{url}");
+            // On PostgreSQL plugin SQL is checked by its text, so names
+            // spelled with Unicode escapes are refused.
+            if b.dialect() == "postgres" {
+                drop(s);
+                grant.lock().begin().unwrap();
+                let e = grant
+                    .plugin_execute(
+                        "CREATE TEMP TABLE U&\"sluice\\005fprogress\" (p INTEGER)",
+                        &[],
+                    )
+                    .unwrap_err();
+                assert!(e.message.contains("Unicode-escaped identifiers"), "{e}");
+                grant.lock().rollback();
+            }
+        }
+    }
 }

@@ -142,6 +142,13 @@ fn sqlite_verdict(action: &rusqlite::hooks::AuthAction<'_>) -> Option<String> {
         A::Function { function_name } if function_name.eq_ignore_ascii_case("load_extension") => {
             return Some("load_extension is not allowed".into());
         }
+        // SQLite tells the authorizer only the old name of a table being
+        // renamed; a temporary table renamed to a host table's name would
+        // shadow it for unqualified names. The host qualifies its own, and
+        // plugins have no need to alter temporary tables.
+        A::AlterTable { database_name, .. } if database_name.eq_ignore_ascii_case("temp") => {
+            return Some("ALTER TABLE on a temporary table is not allowed".into());
+        }
         A::Unknown { code, .. } => {
             return Some(format!("SQLite action {code} is not known to the host"));
         }
@@ -234,6 +241,10 @@ impl Sqlite {
         )
         .map_err(sqlite_err)?;
         conn.set_prepared_statement_cache_capacity(64);
+        // No writable schema, no shadow-table writes, no journal_mode=OFF
+        // from plugin SQL (https://www.sqlite.org/c3ref/c_dbconfig_defensive.html).
+        conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_DEFENSIVE, true)
+            .map_err(sqlite_err)?;
         // Installed once; it judges only while a plugin statement is being
         // prepared (SQLite also re-prepares a cached statement after a
         // schema change, and the host's own statements must pass then).
@@ -752,6 +763,27 @@ impl SqlGrant {
     }
 }
 
+/// A backend in plugin mode ([`Backend::set_untrusted`]) until dropped,
+/// also when the plugin statement's call panics.
+struct Untrusted<'a>(&'a mut dyn Backend);
+
+impl<'a> Untrusted<'a> {
+    fn new(backend: &'a mut dyn Backend) -> Self {
+        backend.set_untrusted(true);
+        Untrusted(backend)
+    }
+
+    fn backend(&mut self) -> &mut dyn Backend {
+        &mut *self.0
+    }
+}
+
+impl Drop for Untrusted<'_> {
+    fn drop(&mut self) {
+        self.0.set_untrusted(false);
+    }
+}
+
 impl Session {
     fn guarded<T>(
         &mut self,
@@ -778,9 +810,10 @@ impl Session {
                 self.approved.insert(sql.to_string());
             }
         }
-        self.backend.set_untrusted(true);
-        let r = f(self.backend.as_mut());
-        self.backend.set_untrusted(false);
+        let r = {
+            let mut untrusted = Untrusted::new(self.backend.as_mut());
+            f(untrusted.backend())
+        };
         let denial = self.backend.take_denial();
         let r = r.map_err(|e| denial.map_or(e, DbError::host));
         if let Err(e) = &r {
@@ -809,6 +842,13 @@ impl Session {
             return Ok(());
         }
         let lower = sql.to_ascii_lowercase();
+        if lower.contains("u&\"") {
+            let e = DbError::host(
+                "Unicode-escaped identifiers (U&\"…\") are not allowed: the host checks table names by their text",
+            );
+            self.failed = Some(e.clone());
+            return Err(e);
+        }
         if let Some(t) = HOST_TABLES.iter().find(|t| lower.contains(*t)) {
             let e = DbError::host(format!(
                 "table {t} belongs to the host; plugins may not use it"
@@ -960,6 +1000,7 @@ mod tests {
             "CREATE TABLE t (a TEXT)",
             "CREATE TRIGGER tr AFTER INSERT ON t BEGIN DELETE FROM sluice_progress; END",
             "CREATE VIEW v AS SELECT p FROM sluice_progress",
+            "CREATE TEMP TABLE shadow (p INTEGER)",
         ];
         g.lock().begin().unwrap();
         for sql in setup {
@@ -996,6 +1037,12 @@ mod tests {
                 "not allowed",
             ),
             (";; vacuum into 'copy.db'".into(), "not allowed"),
+            // A temporary table renamed to a host table's name would
+            // shadow it for unqualified names.
+            (
+                "ALTER TABLE temp.shadow RENAME TO sluice_progress".into(),
+                "temporary table is not allowed",
+            ),
         ];
         for (sql, why) in &refused {
             g.lock().begin().unwrap();
