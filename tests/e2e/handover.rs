@@ -523,6 +523,17 @@ fn checkpoint_reset_is_refused_while_owned_dry_run_writes_nothing_and_offsets_ta
     assert_eq!(owner.term(), Some(0));
     wait_applied(&db, 90, Duration::from_secs(5));
 
+    // Partitions the checkpoint does not know are refused, not kept.
+    for bad in ["{\"events\":{\"7\":3}}", "{\"events\":{\"-1\":3}}"] {
+        let out = host(&["checkpoint", "reset", ck, "--to", &format!("offsets:{bad}")]);
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains("is not in this checkpoint (its partitions: 0, 1, 2)"),
+            "{}",
+            stderr(&out)
+        );
+    }
+
     let listing = |d: &str| -> Vec<String> {
         let mut v: Vec<String> = std::fs::read_dir(ckpt.join(d))
             .unwrap()

@@ -87,6 +87,18 @@ fn targets(
                     .parse()
                     .map_err(|_| anyhow!("partition `{p}` is not a number"))
                     .code(ExitCode::Usage)?;
+                if !current.contains_key(&(topic.clone(), p)) {
+                    let known: Vec<String> = current
+                        .keys()
+                        .filter(|(t, _)| *t == topic)
+                        .map(|(_, p)| p.to_string())
+                        .collect();
+                    return Err(anyhow!(
+                        "partition {p} of `{topic}` is not in this checkpoint (its partitions: {}); a partition the pipeline has not read yet starts at its earliest offset",
+                        known.join(", ")
+                    ))
+                    .code(ExitCode::Usage);
+                }
                 if o < 0 {
                     return Err(anyhow!("offset {o} for {topic}/{p} is negative"))
                         .code(ExitCode::Usage);
