@@ -235,6 +235,10 @@ pub trait Sink: Sized + 'static {
 
     /// Apply one record. Use `record.idempotency_key` to make the effect
     /// happen once even when the range is written again after a crash.
+    /// [`Error::BadRecord`] rejects this record: the host rolls the range
+    /// back, applies the pipeline's error policy to the record (`fail`
+    /// stops; `dlq` dead-letters it; `skip` counts it) and writes the range
+    /// again without it, from `open` on.
     fn write(&mut self, record: &SinkRecord<'_>) -> Result<(), Error>;
 
     /// Finish the range (or part). The default does nothing.

@@ -6,7 +6,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use sluice_host::engine::{self, ErrorPolicy, PipelineConfig};
-use sluice_host::sink::sql::SqlValue;
+use sluice_host::sink::sql::{SqlValue, connect};
 
 use crate::kafka::{Broker, Mock, producer};
 use crate::maxwell::Stream;
@@ -1007,6 +1007,95 @@ fn reset_forward_then_back_applies_the_skipped_records_once() {
 }
 
 #[test]
+fn records_the_sink_rejects_get_the_error_policy_and_the_rest_is_applied_once() {
+    // 5,000 records, sunk in parts of 2,000. sql-counter counts a record
+    // and then rejects it when its value is `reject` (offsets 3, 2500 and
+    // 2501): only the host's rollback keeps the counter exact. Under `dlq`
+    // they are dead-lettered with their original bytes and the sink stage
+    // named; under `skip` counted; under `fail` the batch stops on the
+    // first, naming it, and nothing of its part is applied.
+    let values = || {
+        (0..5000).map(|i| {
+            if [3, 2500, 2501].contains(&i) {
+                "reject".to_string()
+            } else {
+                format!("v{i}")
+            }
+        })
+    };
+    for policy in [ErrorPolicy::Dlq, ErrorPolicy::Skip, ErrorPolicy::Fail] {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::sqlite();
+        let (_mock, mut cfg) = trap_pipeline(values(), dir.path(), &db);
+        cfg.plugins = vec![plugin("sql_counter")];
+        cfg.max_records_per_partition = 10_000;
+        cfg.on_error = policy;
+        let run = engine::run(&cfg, no_stop());
+        if policy == ErrorPolicy::Fail {
+            let e = error_chain(&run.unwrap_err());
+            assert!(
+                e.contains("bad record at raw/0 offset 3, rejected by plugin")
+                    && e.contains("sql-counter rejects offset 3"),
+                "{e}"
+            );
+            let applied = connect(&db.url)
+                .unwrap()
+                .query("SELECT n FROM counters", &[])
+                .map(|r| r.rows)
+                .unwrap_or_default();
+            assert!(
+                applied.is_empty() || applied == vec![vec![SqlValue::Integer(0)]],
+                "{applied:?}"
+            );
+            continue;
+        }
+        let run = run.unwrap();
+        assert_eq!(run.counts.bad_records, 3, "{policy:?}");
+        assert_eq!(
+            db.scalar("SELECT n FROM counters WHERE name = 'records'"),
+            4997,
+            "{policy:?}"
+        );
+        assert_eq!(db.scalar("SELECT COUNT(*) FROM seen"), 4997);
+        let dl = db.query(
+            "SELECT \"offset\", record_value, stage, error FROM sluice_dead_letters ORDER BY \"offset\"",
+        );
+        if policy == ErrorPolicy::Dlq {
+            assert_eq!(run.counts.dead_lettered, 3);
+            let offsets: Vec<&SqlValue> = dl.iter().map(|r| &r[0]).collect();
+            assert_eq!(
+                offsets,
+                [3, 2500, 2501]
+                    .map(SqlValue::Integer)
+                    .iter()
+                    .collect::<Vec<_>>()
+            );
+            for r in &dl {
+                assert_eq!(r[1], SqlValue::Blob(b"reject".to_vec()));
+                assert_eq!(r[2], SqlValue::Integer(0), "the sink is stage 0");
+                assert!(
+                    matches!(&r[3], SqlValue::Text(t) if t.starts_with("sql-counter rejects offset")),
+                    "{r:?}"
+                );
+            }
+        } else {
+            assert_eq!(run.counts.skipped, 3);
+            assert!(dl.is_empty(), "{dl:?}");
+        }
+    }
+    // A sink that rejects everything is broken: after 48 rejections in one
+    // part the batch stops uncommitted instead of skipping on.
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::sqlite();
+    let (_mock, mut cfg) = trap_pipeline(vec!["reject"; 60], dir.path(), &db);
+    cfg.plugins = vec![plugin("sql_counter")];
+    cfg.on_error = ErrorPolicy::Skip;
+    cfg.max_records_per_partition = 100;
+    let e = error_chain(&engine::run(&cfg, no_stop()).unwrap_err());
+    assert!(e.contains("sql-counter rejects offset 48"), "{e}");
+}
+
+#[test]
 fn a_part_the_sink_fails_stops_the_batch_with_the_sinks_error() {
     // 5,000 records in one partition, sunk in parts of 2,000 on the sink
     // thread. The value at offset 3000 makes sql-counter run bad SQL, so
@@ -1068,7 +1157,6 @@ fn a_plugin_that_traps_on_everything_is_not_isolated_forever() {
 /// (every offset below `end_offset` except the `holes`), and what
 /// sql-counter wrote; both checked against each other.
 fn check_applied_exactly(db: &Db, partitions: i32, what: &str) {
-    use sluice_host::sink::sql::connect;
     let mut b = connect(&db.url).unwrap();
     let Ok(counter) = b.query("SELECT n FROM counters WHERE name = 'records'", &[]) else {
         return; // nothing applied yet

@@ -1093,61 +1093,153 @@ struct SinkJob {
 /// What the sink thread did in one batch.
 struct SinkReport {
     dead_lettered: u64,
+    /// Records the sink stage rejected.
+    bad_records: u64,
+    /// Of those, skipped (policy `skip`).
+    skipped: u64,
     /// Per range: some part of it was found applied by an earlier run.
     already_applied: Vec<bool>,
     time: Duration,
 }
 
+/// Most records the sink stage may reject in one part before it is taken
+/// as broken (each rejection re-runs the part), as for map-stage traps.
+const SINK_REJECTIONS: usize = 48;
+
+/// How the sink thread treats records the sink stage rejects.
+struct SinkPolicy {
+    on_error: ErrorPolicy,
+    /// Position of the sink stage in the pipeline (after the map stages),
+    /// for dead letters.
+    stage: usize,
+    attempts: u32,
+}
+
 /// The sink thread of a batch: apply each part, in the order queued, with
-/// retries. Stops at the first part that fails (the batch is then not
-/// committed).
+/// retries. A record the sink rejects (`bad-record` from `sink.write`) gets
+/// the error policy: under `dlq`/`skip` the part is applied again without
+/// it (and with its dead letter); under `fail` the batch stops. Stops at
+/// the first part that fails (the batch is then not committed).
 fn run_sink(
     jobs: std::sync::mpsc::Receiver<SinkJob>,
     mut sink: Option<&mut Instance>,
     driver: &SinkDriver,
-    attempts: u32,
+    policy: &SinkPolicy,
     metrics: &Metrics,
     ranges: usize,
 ) -> Result<SinkReport, EngineError> {
     let mut report = SinkReport {
         dead_lettered: 0,
+        bad_records: 0,
+        skipped: 0,
         already_applied: vec![false; ranges],
         time: Duration::ZERO,
     };
     for job in jobs {
-        let sink_records: Vec<SinkRecord<'_>> = job
-            .outputs
-            .iter()
-            .map(|o| {
-                let s = &job.records[o.source_index];
-                SinkRecord {
-                    idempotency_key: &o.idempotency_key,
-                    record: Record {
-                        topic: &job.part.topic,
-                        partition: job.part.partition,
-                        offset: s.offset,
-                        timestamp: s.timestamp,
-                        timestamp_type: s.timestamp_type,
-                        key: o.key.as_deref(),
-                        value: o.value.as_deref(),
-                        headers: sluice_guest::wire::header_views(&o.headers),
-                    },
-                }
-            })
-            .collect();
-        let batch = PartitionBatch {
-            range: job.part.clone(),
-            records: &sink_records,
-            dead_letters: &job.dead_letters,
-        };
+        // Source records the sink rejected in this part, and their dead
+        // letters (policy `dlq`).
+        let mut rejected: Vec<usize> = Vec::new();
+        let mut dead_letters = job.dead_letters.clone();
         let t = Instant::now();
-        let applied = with_retries(attempts, "sink", sink_retryable, || {
-            let r = driver.apply(sink.as_deref_mut(), &batch);
-            if matches!(r, Err(SinkError::Plugin(PluginError::Trap(_)))) {
-                metrics.trap();
+        let applied = loop {
+            let sink_records: Vec<SinkRecord<'_>> = job
+                .outputs
+                .iter()
+                .filter(|o| !rejected.contains(&o.source_index))
+                .map(|o| {
+                    let s = &job.records[o.source_index];
+                    SinkRecord {
+                        idempotency_key: &o.idempotency_key,
+                        record: Record {
+                            topic: &job.part.topic,
+                            partition: job.part.partition,
+                            offset: s.offset,
+                            timestamp: s.timestamp,
+                            timestamp_type: s.timestamp_type,
+                            key: o.key.as_deref(),
+                            value: o.value.as_deref(),
+                            headers: sluice_guest::wire::header_views(&o.headers),
+                        },
+                    }
+                })
+                .collect();
+            let batch = PartitionBatch {
+                range: job.part.clone(),
+                records: &sink_records,
+                dead_letters: &dead_letters,
+            };
+            let r = with_retries(policy.attempts, "sink", sink_retryable, || {
+                let r = driver.apply(sink.as_deref_mut(), &batch);
+                if matches!(r, Err(SinkError::Plugin(PluginError::Trap(_)))) {
+                    metrics.trap();
+                }
+                r
+            });
+            let (offset, message, error) = match r {
+                Err(SinkError::Rejected {
+                    offset,
+                    message,
+                    error,
+                }) => (offset, message, error),
+                other => break other?,
+            };
+            let (path, digest) = match error.as_ref() {
+                PluginError::Stage { path, digest, .. } => {
+                    (path.display().to_string(), digest.clone())
+                }
+                _ => Default::default(),
+            };
+            let Ok(src) = job.records.binary_search_by_key(&offset, |r| r.offset) else {
+                return Err(EngineError::Internal(format!(
+                    "the sink rejected offset {offset} of {}/{}, which is not in the part",
+                    job.part.topic, job.part.partition
+                )));
+            };
+            report.bad_records += 1;
+            let site = (&job.part.topic, job.part.partition, offset);
+            match policy.on_error {
+                ErrorPolicy::Fail => {
+                    return Err(EngineError::BadRecord {
+                        topic: site.0.clone(),
+                        partition: site.1,
+                        offset,
+                        plugin: path,
+                        digest,
+                        message,
+                        batch: job.part.batch.batch_id,
+                    });
+                }
+                _ if rejected.len() >= SINK_REJECTIONS => {
+                    tracing::error!(topic = %site.0, partition = site.1, "the sink stage rejected {SINK_REJECTIONS} records of one part: it looks broken, not fed bad records; stopping");
+                    return Err(EngineError::Sink(SinkError::Plugin(*error)));
+                }
+                ErrorPolicy::Skip => {
+                    report.skipped += 1;
+                    tracing::warn!(topic = %site.0, partition = site.1, offset, plugin = %digest, "skipping a record the sink rejected: {message}");
+                }
+                ErrorPolicy::Dlq => {
+                    tracing::warn!(topic = %site.0, partition = site.1, offset, plugin = %digest, "dead-lettering a record the sink rejected: {message}");
+                    let r = &job.records[src];
+                    let at = dead_letters.partition_point(|d| d.offset < offset);
+                    dead_letters.insert(
+                        at,
+                        DeadLetter {
+                            topic: job.part.topic.clone(),
+                            partition: job.part.partition,
+                            offset,
+                            timestamp_ms: r.timestamp,
+                            key: r.key.clone(),
+                            value: r.value.clone(),
+                            headers: r.headers.clone(),
+                            error: message,
+                            plugin_digest: digest,
+                            stage: policy.stage,
+                        },
+                    );
+                }
             }
-            r
-        })?;
+            rejected.push(src);
+        };
         report.time += t.elapsed();
         match applied {
             Applied::Written { dead_lettered, .. } => report.dead_lettered += dead_lettered,
@@ -1156,7 +1248,7 @@ fn run_sink(
                 if let Some(a) = report.already_applied.get_mut(job.range) {
                     *a = true;
                 }
-                report.dead_lettered += job.dead_letters.len() as u64;
+                report.dead_lettered += dead_letters.len() as u64;
             }
         }
     }
@@ -1431,6 +1523,11 @@ fn run_batch(
         maps, sink, files, ..
     } = stages;
     let (sink_tx, sink_rx) = std::sync::mpsc::sync_channel::<SinkJob>(SINK_QUEUE);
+    let sink_policy = SinkPolicy {
+        on_error: cfg.on_error,
+        stage: maps.len(),
+        attempts: cfg.attempts,
+    };
     // Three threads: the fetch reads pieces, this thread maps each piece as
     // it arrives, and the sink thread applies each mapped piece as a part
     // of its range while the next is read and mapped.
@@ -1442,7 +1539,7 @@ fn run_batch(
                 sink_rx,
                 sink.as_mut(),
                 driver,
-                cfg.attempts,
+                &sink_policy,
                 metrics,
                 entry.ranges.len(),
             )
@@ -1543,6 +1640,8 @@ fn run_batch(
         }
     }
     counts.dead_lettered += report.dead_lettered;
+    counts.bad_records += report.bad_records;
+    counts.skipped += report.skipped;
     timings.map = ms(map_time);
     timings.sink = ms(report.time);
     Ok((counts, timings, gaps))

@@ -30,7 +30,7 @@ pub mod sql;
 
 use sluice_guest::wire::{self, SinkRecord};
 
-use crate::plugin::{Instance, OpenAnswer, PartitionRange, PluginError};
+use crate::plugin::{Instance, OpenAnswer, PartitionRange, PluginError, StageFailure};
 use applied::AppliedSet;
 use sql::{DbError, SqlGrant, SqlValue};
 
@@ -99,6 +99,20 @@ pub enum SinkError {
     /// rolled back, earlier parts stay applied.
     #[error("{0}; this range was rolled back (earlier parts of the batch stay applied)")]
     Plugin(#[from] PluginError),
+    /// The sink plugin rejected one record: a `bad-record` error from
+    /// `sink.write`. The range (part) was rolled back; the engine applies
+    /// the error policy to the record and runs the part again without it.
+    #[error(
+        "{error} (the record at offset {offset}); this range was rolled back (earlier parts of the batch stay applied)"
+    )]
+    Rejected {
+        /// Source offset of the rejected record.
+        offset: i64,
+        /// The sink's message.
+        message: String,
+        /// The plugin's error, naming plugin, digest and call.
+        error: Box<PluginError>,
+    },
     /// A database error; the range (part) was rolled back, earlier parts
     /// stay applied.
     #[error(
@@ -591,7 +605,23 @@ fn run_plugin(instance: &mut Instance, batch: &PartitionBatch<'_>) -> Result<App
             ),
             _ => site(r),
         };
-        instance.sink_write(enc.finish(), site)?;
+        if let Err(error) = instance.sink_write(enc.finish(), site) {
+            // A bad record names its index in this call's chunk.
+            if let PluginError::Stage {
+                failure: StageFailure::BadRecord { index, message },
+                ..
+            } = &error
+                && let Some(rec) = chunk.get(*index as usize)
+            {
+                let (offset, message) = (rec.record.offset, message.clone());
+                return Err(SinkError::Rejected {
+                    offset,
+                    message,
+                    error: Box::new(error),
+                });
+            }
+            return Err(error.into());
+        }
         crate::checkpoint::failpoint("sink:after-write");
         start = end;
     }
