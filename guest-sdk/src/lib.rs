@@ -235,10 +235,12 @@ pub trait Sink: Sized + 'static {
 
     /// Apply one record. Use `record.idempotency_key` to make the effect
     /// happen once even when the range is written again after a crash.
-    /// [`Error::BadRecord`] rejects this record: the host rolls the range
-    /// back, applies the pipeline's error policy to the record (`fail`
-    /// stops; `dlq` dead-letters it; `skip` counts it) and writes the range
-    /// again without it, from `open` on.
+    /// [`Error::BadRecord`] rejects this record (also after an SQL error it
+    /// met): the host applies the pipeline's error policy to its source
+    /// record (`fail` stops; `dlq` dead-letters it; `skip` counts it) and
+    /// writes the range again without it, from `open` on, on a fresh
+    /// instance. With the `sql` capability the failed attempt is rolled
+    /// back; without it the records before this one are written again.
     fn write(&mut self, record: &SinkRecord<'_>) -> Result<(), Error>;
 
     /// Finish the range (or part). The default does nothing.

@@ -1008,78 +1008,97 @@ fn reset_forward_then_back_applies_the_skipped_records_once() {
 
 #[test]
 fn records_the_sink_rejects_get_the_error_policy_and_the_rest_is_applied_once() {
-    // 5,000 records, sunk in parts of 2,000. sql-counter counts a record
-    // and then rejects it when its value is `reject` (offsets 3, 2500 and
-    // 2501): only the host's rollback keeps the counter exact. Under `dlq`
-    // they are dead-lettered with their original bytes and the sink stage
-    // named; under `skip` counted; under `fail` the batch stops on the
-    // first, naming it, and nothing of its part is applied.
-    let values = || {
-        (0..5000).map(|i| {
-            if [3, 2500, 2501].contains(&i) {
-                "reject".to_string()
-            } else {
-                format!("v{i}")
-            }
+    // 5,000 records through misbehave (map, stage 0) into sql-counter
+    // (sink, stage 1), sunk in parts of 2,000. The sink rejects offsets 3
+    // and 2501 after counting them (only the host's rollback keeps the
+    // counter exact) and 2500 after an SQL error it ignored; the map
+    // rejects offset 10. Under `dlq` all four are dead-lettered with their
+    // original bytes and stage, under `skip` counted; under `fail` the
+    // batch stops on offset 3 and nothing of its part is applied. The dlq
+    // run uses the sink's buffered mode, which would write rows twice if a
+    // part written again reused the instance of the failed attempt.
+    let values = |with_map_reject: bool| {
+        (0..5000).map(move |i| match i {
+            3 | 2501 => "reject".to_string(),
+            2500 => "sql-reject".to_string(),
+            10 if with_map_reject => "bad".to_string(),
+            _ => format!("v{i}"),
         })
     };
     for policy in [ErrorPolicy::Dlq, ErrorPolicy::Skip, ErrorPolicy::Fail] {
         let dir = tempfile::tempdir().unwrap();
         let db = Db::sqlite();
-        let (_mock, mut cfg) = trap_pipeline(values(), dir.path(), &db);
-        cfg.plugins = vec![plugin("sql_counter")];
+        let (_mock, mut cfg) = trap_pipeline(values(policy != ErrorPolicy::Fail), dir.path(), &db);
         cfg.max_records_per_partition = 10_000;
         cfg.on_error = policy;
+        if policy == ErrorPolicy::Dlq {
+            cfg.plugin_config.insert("buffered".into(), "true".into());
+        }
         let run = engine::run(&cfg, no_stop());
         if policy == ErrorPolicy::Fail {
             let e = error_chain(&run.unwrap_err());
             assert!(
                 e.contains("bad record at raw/0 offset 3, rejected by plugin")
+                    && e.contains("sql_counter.wasm")
                     && e.contains("sql-counter rejects offset 3"),
                 "{e}"
             );
-            let applied = connect(&db.url)
+            assert_eq!(db.scalar("SELECT COUNT(*) FROM sluice_progress"), 0);
+            let counted = connect(&db.url)
                 .unwrap()
                 .query("SELECT n FROM counters", &[])
                 .map(|r| r.rows)
                 .unwrap_or_default();
             assert!(
-                applied.is_empty() || applied == vec![vec![SqlValue::Integer(0)]],
-                "{applied:?}"
+                counted.is_empty() || counted == vec![vec![SqlValue::Integer(0)]],
+                "{counted:?}"
             );
             continue;
         }
         let run = run.unwrap();
-        assert_eq!(run.counts.bad_records, 3, "{policy:?}");
+        assert_eq!(run.counts.bad_records, 4, "{policy:?}");
+        assert_eq!(run.counts.output, 4996, "{policy:?}");
         assert_eq!(
             db.scalar("SELECT n FROM counters WHERE name = 'records'"),
-            4997,
+            4996,
             "{policy:?}"
         );
-        assert_eq!(db.scalar("SELECT COUNT(*) FROM seen"), 4997);
+        assert_eq!(db.scalar("SELECT COUNT(*) FROM seen"), 4996, "{policy:?}");
+        assert_eq!(
+            db.scalar("SELECT COUNT(DISTINCT idempotency_key) FROM seen"),
+            4996
+        );
+        assert_eq!(db.scalar("SELECT end_offset FROM sluice_progress"), 5000);
         let dl = db.query(
             "SELECT \"offset\", record_value, stage, error FROM sluice_dead_letters ORDER BY \"offset\"",
         );
         if policy == ErrorPolicy::Dlq {
-            assert_eq!(run.counts.dead_lettered, 3);
-            let offsets: Vec<&SqlValue> = dl.iter().map(|r| &r[0]).collect();
+            assert_eq!((run.counts.dead_lettered, run.counts.skipped), (4, 0));
+            let got: Vec<(i64, Vec<u8>, i64)> = dl
+                .iter()
+                .map(|r| match (&r[0], &r[1], &r[2]) {
+                    (SqlValue::Integer(o), SqlValue::Blob(v), SqlValue::Integer(s)) => {
+                        (*o, v.clone(), *s)
+                    }
+                    other => panic!("{other:?}"),
+                })
+                .collect();
             assert_eq!(
-                offsets,
-                [3, 2500, 2501]
-                    .map(SqlValue::Integer)
-                    .iter()
-                    .collect::<Vec<_>>()
+                got,
+                vec![
+                    (3, b"reject".to_vec(), 1),
+                    (10, b"bad".to_vec(), 0),
+                    (2500, b"sql-reject".to_vec(), 1),
+                    (2501, b"reject".to_vec(), 1),
+                ]
             );
-            for r in &dl {
-                assert_eq!(r[1], SqlValue::Blob(b"reject".to_vec()));
-                assert_eq!(r[2], SqlValue::Integer(0), "the sink is stage 0");
-                assert!(
-                    matches!(&r[3], SqlValue::Text(t) if t.starts_with("sql-counter rejects offset")),
-                    "{r:?}"
-                );
-            }
+            assert!(
+                matches!(&dl[2][3], SqlValue::Text(t) if t == "sql-counter rejects offset 2500 after an SQL error"),
+                "{:?}",
+                dl[2]
+            );
         } else {
-            assert_eq!(run.counts.skipped, 3);
+            assert_eq!((run.counts.dead_lettered, run.counts.skipped), (0, 4));
             assert!(dl.is_empty(), "{dl:?}");
         }
     }
@@ -1088,11 +1107,11 @@ fn records_the_sink_rejects_get_the_error_policy_and_the_rest_is_applied_once() 
     let dir = tempfile::tempdir().unwrap();
     let db = Db::sqlite();
     let (_mock, mut cfg) = trap_pipeline(vec!["reject"; 60], dir.path(), &db);
-    cfg.plugins = vec![plugin("sql_counter")];
     cfg.on_error = ErrorPolicy::Skip;
     cfg.max_records_per_partition = 100;
     let e = error_chain(&engine::run(&cfg, no_stop()).unwrap_err());
     assert!(e.contains("sql-counter rejects offset 48"), "{e}");
+    assert_eq!(db.scalar("SELECT COUNT(*) FROM sluice_progress"), 0);
 }
 
 #[test]

@@ -1097,13 +1097,17 @@ struct SinkReport {
     bad_records: u64,
     /// Of those, skipped (policy `skip`).
     skipped: u64,
+    /// Outputs of the records the sink rejected (counted as outputs when
+    /// the map stage made them).
+    rejected_outputs: u64,
     /// Per range: some part of it was found applied by an earlier run.
     already_applied: Vec<bool>,
     time: Duration,
 }
 
 /// Most records the sink stage may reject in one part before it is taken
-/// as broken (each rejection re-runs the part), as for map-stage traps.
+/// as broken (each rejection writes the part again), the same number as
+/// the map stages' trap budget per partition and batch.
 const SINK_REJECTIONS: usize = 48;
 
 /// How the sink thread treats records the sink stage rejects.
@@ -1132,6 +1136,7 @@ fn run_sink(
         dead_lettered: 0,
         bad_records: 0,
         skipped: 0,
+        rejected_outputs: 0,
         already_applied: vec![false; ranges],
         time: Duration::ZERO,
     };
@@ -1170,8 +1175,16 @@ fn run_sink(
             };
             let r = with_retries(policy.attempts, "sink", sink_retryable, || {
                 let r = driver.apply(sink.as_deref_mut(), &batch);
-                if matches!(r, Err(SinkError::Plugin(PluginError::Trap(_)))) {
-                    metrics.trap();
+                if let Err(e) = &r {
+                    if matches!(e, SinkError::Plugin(PluginError::Trap(_))) {
+                        metrics.trap();
+                    }
+                    // The part was rolled back: the next attempt starts from
+                    // a fresh plugin instance, not from state the sink kept
+                    // (rows it buffered for `close`, say).
+                    if let Some(s) = sink.as_deref_mut() {
+                        s.discard();
+                    }
                 }
                 r
             });
@@ -1238,6 +1251,8 @@ fn run_sink(
                     );
                 }
             }
+            report.rejected_outputs +=
+                job.outputs.iter().filter(|o| o.source_index == src).count() as u64;
             rejected.push(src);
         };
         report.time += t.elapsed();
@@ -1642,6 +1657,7 @@ fn run_batch(
     counts.dead_lettered += report.dead_lettered;
     counts.bad_records += report.bad_records;
     counts.skipped += report.skipped;
+    counts.output = counts.output.saturating_sub(report.rejected_outputs);
     timings.map = ms(map_time);
     timings.sink = ms(report.time);
     Ok((counts, timings, gaps))

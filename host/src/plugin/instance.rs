@@ -503,6 +503,17 @@ impl Instance {
         err_text[start..].to_string()
     }
 
+    /// Drop the live instance and whatever state it holds; the next call
+    /// starts a fresh one. The sink driver does this after a failed
+    /// attempt at a range, so the range written again does not meet rows a
+    /// sink buffered during the failed attempt.
+    pub fn discard(&mut self) {
+        if self.live.is_some() {
+            self.drain_stdio();
+            self.live = None;
+        }
+    }
+
     /// Turn a failed call into a [`PluginError::Trap`] and discard the store.
     fn trapped(&mut self, e: &wasmtime::Error, call: &'static str, site: String) -> PluginError {
         let refused = self

@@ -100,11 +100,10 @@ pub enum SinkError {
     #[error("{0}; this range was rolled back (earlier parts of the batch stay applied)")]
     Plugin(#[from] PluginError),
     /// The sink plugin rejected one record: a `bad-record` error from
-    /// `sink.write`. The range (part) was rolled back; the engine applies
-    /// the error policy to the record and runs the part again without it.
-    #[error(
-        "{error} (the record at offset {offset}); this range was rolled back (earlier parts of the batch stay applied)"
-    )]
+    /// `sink.write`. With the SQL capability the range (part) was rolled
+    /// back; the engine applies the error policy to the record and writes
+    /// the part again without it.
+    #[error("{error} (the record at offset {offset})")]
     Rejected {
         /// Source offset of the rejected record.
         offset: i64,
@@ -429,7 +428,15 @@ impl SinkDriver {
                             }
                         }
                     }
-                    if let Some(e) = g.lock().end_plugin_window() {
+                    let window = g.lock().end_plugin_window();
+                    // A rejection wins over an SQL error the sink met on the
+                    // way (say, the constraint violation it rejects the
+                    // record for): the whole part is rolled back and written
+                    // again without the record, so any other error recurs.
+                    if let Err(e @ SinkError::Rejected { .. }) = out {
+                        return Err(e);
+                    }
+                    if let Some(e) = window {
                         return Err(SinkError::Sql {
                             during: "the plugin's SQL",
                             site: site(r),
