@@ -6,11 +6,96 @@
 //!        produce BOOTSTRAP TOPIC --lines FILE
 
 use std::io::BufRead;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use rdkafka::ClientConfig;
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::{ClientConfig, ClientContext};
 use sluice_bench::Events;
+
+/// Counts failed deliveries and keeps the first error.
+#[derive(Default)]
+struct Deliveries {
+    failed: AtomicU64,
+    first: Mutex<Option<String>>,
+}
+
+impl ClientContext for Deliveries {}
+
+impl ProducerContext for Deliveries {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        if let Err((e, _)) = result {
+            self.failed.fetch_add(1, Ordering::Relaxed);
+            let mut first = self.first.lock().unwrap_or_else(|p| p.into_inner());
+            first.get_or_insert_with(|| e.to_string());
+        }
+    }
+}
+
+type Prod = BaseProducer<Deliveries>;
+
+/// A producer to `bootstrap` that has checked `topic` exists (so records
+/// are not queued for a topic the broker will never take); exits 1 with
+/// what to do otherwise.
+fn connect(bootstrap: &str, topic: &str, settings: &[(&str, &str)]) -> Prod {
+    let mut cfg = ClientConfig::new();
+    cfg.set("bootstrap.servers", bootstrap);
+    for (k, v) in settings {
+        cfg.set(*k, *v);
+    }
+    let p: Prod = match cfg.create_with_context(Deliveries::default()) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("producer: {e}");
+            std::process::exit(1);
+        }
+    };
+    match p
+        .client()
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+    {
+        Err(e) => {
+            eprintln!("broker {bootstrap}: {e} (is the broker running and reachable?)");
+            std::process::exit(1);
+        }
+        Ok(md) => {
+            let exists = md
+                .topics()
+                .iter()
+                .any(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty());
+            if !exists {
+                eprintln!(
+                    "topic `{topic}` does not exist on {bootstrap}: create it first (with Tansu: tansu topic create {topic} --broker tcp://{bootstrap} --partitions 3)"
+                );
+                std::process::exit(1);
+            }
+        }
+    }
+    p
+}
+
+/// Flush, then exit 1 if any record was not delivered.
+fn finish(p: &Prod, bootstrap: &str, topic: &str, timeout: Duration) {
+    if let Err(e) = p.flush(timeout) {
+        eprintln!("flush: {e} (is the broker at {bootstrap} running?)");
+        std::process::exit(1);
+    }
+    let failed = p.context().failed.load(Ordering::Relaxed);
+    if failed > 0 {
+        let first = p
+            .context()
+            .first
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .unwrap_or_default();
+        eprintln!("{failed} records were not delivered to {topic}: {first}");
+        std::process::exit(1);
+    }
+}
 
 fn main() {
     let a: Vec<String> = std::env::args().collect();
@@ -26,19 +111,15 @@ fn main() {
     }
     let parts: u64 = a[3].parse().unwrap_or(1);
     let n: u64 = a[4].parse().unwrap_or(0);
-    let p: BaseProducer = match ClientConfig::new()
-        .set("bootstrap.servers", &a[1])
-        .set("linger.ms", "20")
-        .set("batch.num.messages", "10000")
-        .set("queue.buffering.max.messages", "1000000")
-        .create()
-    {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("producer: {e}");
-            std::process::exit(1);
-        }
-    };
+    let p = connect(
+        &a[1],
+        &a[2],
+        &[
+            ("linger.ms", "20"),
+            ("batch.num.messages", "10000"),
+            ("queue.buffering.max.messages", "1000000"),
+        ],
+    );
     let mut ev = Events::new();
     let mut bytes = 0usize;
     for _ in 0..n {
@@ -53,10 +134,7 @@ fn main() {
         );
         p.poll(Duration::ZERO);
     }
-    if let Err(e) = p.flush(Duration::from_secs(120)) {
-        eprintln!("flush: {e}");
-        std::process::exit(1);
-    }
+    finish(&p, &a[1], &a[2], Duration::from_secs(120));
     let json = serde_json::to_string(&ev.expected).unwrap_or_default();
     if let Err(e) = std::fs::write(&a[5], json) {
         eprintln!("{}: {e}", a[5]);
@@ -82,16 +160,7 @@ fn produce_lines(bootstrap: &str, topic: &str, file: &str) {
             }
         }
     };
-    let p: BaseProducer = match ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-    {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("producer: {e}");
-            std::process::exit(1);
-        }
-    };
+    let p = connect(bootstrap, topic, &[]);
     let mut n = 0u64;
     for line in input.lines() {
         let line = match line {
@@ -104,18 +173,13 @@ fn produce_lines(bootstrap: &str, topic: &str, file: &str) {
         send(&p, BaseRecord::<(), _>::to(topic).payload(line.as_bytes()));
         n += 1;
     }
-    if let Err(e) = p.flush(Duration::from_secs(60)) {
-        eprintln!(
-            "flush: {e} (is the broker at {bootstrap} running, and does topic {topic} exist?)"
-        );
-        std::process::exit(1);
-    }
+    finish(&p, bootstrap, topic, Duration::from_secs(60));
     eprintln!("produced {n} records to {topic}");
 }
 
 /// Queue `rec`, serving delivery reports while the local queue is full.
 fn send<K: rdkafka::message::ToBytes + ?Sized, V: rdkafka::message::ToBytes + ?Sized>(
-    p: &BaseProducer,
+    p: &Prod,
     mut rec: BaseRecord<'_, K, V>,
 ) {
     while let Err((_, r)) = p.send(rec) {
