@@ -113,7 +113,7 @@ pub enum CheckpointError {
     },
 }
 
-fn describe_owner(owner: &Option<OwnerInfo>) -> String {
+pub(crate) fn describe_owner(owner: &Option<OwnerInfo>) -> String {
     match owner {
         Some(o) => format!(
             "pid {} on {} since {} (epoch {})",

@@ -172,11 +172,9 @@ pub fn run(cmd: CheckpointCommand) -> Result<(), CliError> {
                 return Err(CliError {
                     code: ExitCode::Owned,
                     error: anyhow!(
-                        "{}; stop it before resetting (reset refuses to move a running pipeline)",
-                        checkpoint::CheckpointError::Owned {
-                            dir: dir.clone(),
-                            owner
-                        }
+                        "checkpoint {} is owned by {}; stop it (SIGTERM) before resetting: reset refuses to move a running pipeline",
+                        dir.display(),
+                        checkpoint::describe_owner(&owner)
                     ),
                 });
             }

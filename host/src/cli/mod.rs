@@ -122,7 +122,7 @@ pub enum Command {
     /// Inspect plugin components.
     #[command(subcommand)]
     Plugin(plugin_cmd::PluginCommand),
-    /// Inspect checkpoint directories.
+    /// Inspect checkpoint directories, or move a stopped pipeline's offsets (reset).
     #[command(subcommand)]
     Checkpoint(checkpoint_cmd::CheckpointCommand),
 }

@@ -78,7 +78,7 @@ pub enum EngineError {
     /// The sink database is unreachable or refused the schema.
     #[error("sink database {url}: {error}")]
     SinkDb {
-        /// The `--sink-db` URL.
+        /// The `--sink-db` URL, password redacted.
         url: String,
         /// The database's error.
         error: DbError,
@@ -482,7 +482,7 @@ pub fn run_with(
     }
     let sql = match &cfg.sink_db {
         Some(url) => Some(SqlGrant::connect(url).map_err(|error| EngineError::SinkDb {
-            url: url.clone(),
+            url: crate::sink::sql::redact(url),
             error,
         })?),
         None => None,
@@ -519,7 +519,7 @@ pub fn run_with(
     tracing::info!(checkpoint = %cfg.checkpoint.display(), epoch, query_id, "checkpoint opened");
 
     let driver = SinkDriver::new(sql.clone()).map_err(|error| EngineError::SinkDb {
-        url: cfg.sink_db.clone().unwrap_or_default(),
+        url: crate::sink::sql::redact(cfg.sink_db.as_deref().unwrap_or_default()),
         error,
     })?;
     let recorded = match cp.recovery() {

@@ -384,9 +384,9 @@ impl SinkDriver {
                     .collect();
                 let by = row_read.as_ref().map_or(-1, |(_, _, b)| *b);
                 if skipped_by_other_batch {
-                    tracing::warn!(topic = %r.topic, partition = r.partition, "offsets of [{}, {}) are already applied in the sink (sluice_progress, last written by batch {by}): a reset back or a restored checkpoint; writing only {}", r.start_offset, r.end_offset, pieces.join(", "));
+                    tracing::warn!(topic = %r.topic, partition = r.partition, "some offsets of [{}, {}) are already applied in the sink (sluice_progress, last written by batch {by}: a reset back or a restored checkpoint); writing only the missing ones: {}", r.start_offset, r.end_offset, pieces.join(", "));
                 } else {
-                    tracing::info!(topic = %r.topic, partition = r.partition, "offsets of [{}, {}) were applied by an earlier run of batch {by}; writing only {}", r.start_offset, r.end_offset, pieces.join(", "));
+                    tracing::info!(topic = %r.topic, partition = r.partition, "some offsets of [{}, {}) were applied by an earlier run of batch {by}; writing only the missing ones: {}", r.start_offset, r.end_offset, pieces.join(", "));
                 }
             }
             // Each missing piece is its own open/write/close of the plugin,

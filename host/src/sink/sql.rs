@@ -404,7 +404,18 @@ fn pg_err(e: postgres::Error) -> DbError {
             code: db.code().code().to_string(),
         },
         None => DbError {
-            message: e.to_string(),
+            // With the causes ("connection refused", an unknown host …),
+            // which the client's own message leaves out.
+            message: {
+                let mut m = e.to_string();
+                let mut source = std::error::Error::source(&e);
+                while let Some(s) = source {
+                    m.push_str(": ");
+                    m.push_str(&s.to_string());
+                    source = s.source();
+                }
+                m
+            },
             code: e
                 .code()
                 .map_or_else(|| "08000".to_string(), |c| c.code().to_string()),
@@ -605,6 +616,21 @@ impl Backend for Postgres {
 
 // ---------------------------------------------------------------- session
 
+/// `url` with the password of its user-info part (`scheme://user:PASSWORD@…`)
+/// replaced by `***`, for messages and logs.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let Some((userinfo, host)) = rest.rsplit_once('@') else {
+        return url.to_string();
+    };
+    match userinfo.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+        None => url.to_string(),
+    }
+}
+
 /// Open a backend from a `--sink-db` URL: `sqlite:PATH` (also
 /// `sqlite://PATH`) or `postgres://…` / `postgresql://…`.
 ///
@@ -624,7 +650,8 @@ pub fn connect(url: &str) -> Result<Box<dyn Backend>, DbError> {
         return Ok(Box::new(Postgres::connect(url)?));
     }
     Err(DbError::host(format!(
-        "unsupported --sink-db `{url}`: use sqlite:PATH or postgres://USER@HOST:PORT/DB"
+        "unsupported --sink-db `{}`: use sqlite:PATH or postgres://USER@HOST:PORT/DB",
+        redact(url)
     )))
 }
 
@@ -897,6 +924,19 @@ impl Session {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn passwords_are_redacted_from_urls() {
+        assert_eq!(
+            redact("postgres://sink:s3cr@t@db.example:5432/x"),
+            "postgres://sink:***@db.example:5432/x"
+        );
+        assert_eq!(
+            redact("postgres://sink@db:5432/x"),
+            "postgres://sink@db:5432/x"
+        );
+        assert_eq!(redact("sqlite:./a:b@c.db"), "sqlite:./a:b@c.db");
+    }
 
     #[test]
     fn first_keywords() {
