@@ -153,6 +153,15 @@ pub enum SinkError {
     NoDeadLetterStore,
 }
 
+/// A `sluice_progress` row as read, for the conditional update and for
+/// messages.
+struct StoredRow {
+    end: i64,
+    /// The `holes` text exactly as stored (compared as text on update).
+    holes: String,
+    batch_id: i64,
+}
+
 /// Runs partition ranges through a sink, with or without the SQL
 /// capability.
 pub struct SinkDriver {
@@ -172,13 +181,12 @@ struct HostTables {
     dead_letters: String,
 }
 
-fn site(r: &PartitionRange) -> String {
-    site_of(&r.topic, r.partition, &(r.start_offset..r.end_offset))
-}
-
 /// `topic/partition [start, end)`.
-fn site_of(topic: &str, partition: i32, range: &std::ops::Range<i64>) -> String {
-    format!("{topic}/{partition} [{}, {})", range.start, range.end)
+fn site(r: &PartitionRange) -> String {
+    format!(
+        "{}/{} [{}, {})",
+        r.topic, r.partition, r.start_offset, r.end_offset
+    )
 }
 
 impl SinkDriver {
@@ -282,14 +290,13 @@ impl SinkDriver {
     }
 
     /// The progress row of `r`'s partition: what it shows applied, and the
-    /// row as read (`end_offset`, `holes` text, `batch_id`), `None` without
-    /// a row. A row of a newer epoch is [`SinkError::Fenced`].
-    #[allow(clippy::type_complexity)]
+    /// row as read (`None` without a row). A row of a newer epoch is
+    /// [`SinkError::Fenced`].
     fn read_progress(
         &self,
         b: &mut dyn sql::Backend,
         r: &PartitionRange,
-    ) -> Result<(AppliedSet, Option<(i64, String, i64)>), SinkError> {
+    ) -> Result<(AppliedSet, Option<StoredRow>), SinkError> {
         let bad_row = |message: String| SinkError::Sql {
             during: "reading sluice_progress",
             site: site(r),
@@ -341,7 +348,14 @@ impl SinkDriver {
                 r.batch.query_id
             ))
         })?;
-        Ok((applied, Some((end, holes, batch_id))))
+        Ok((
+            applied,
+            Some(StoredRow {
+                end,
+                holes,
+                batch_id,
+            }),
+        ))
     }
 
     fn apply_transactional(
@@ -373,7 +387,7 @@ impl SinkDriver {
             }
             let skipped_by_other_batch = row_read
                 .as_ref()
-                .is_some_and(|(_, _, b)| *b != r.batch.batch_id as i64);
+                .is_some_and(|row| row.batch_id != r.batch.batch_id as i64);
             let whole = missing.len() == 1
                 && missing[0].start == r.start_offset
                 && missing[0].end == r.end_offset;
@@ -382,7 +396,7 @@ impl SinkDriver {
                     .iter()
                     .map(|m| format!("[{}, {})", m.start, m.end))
                     .collect();
-                let by = row_read.as_ref().map_or(-1, |(_, _, b)| *b);
+                let by = row_read.as_ref().map_or(-1, |row| row.batch_id);
                 if skipped_by_other_batch {
                     tracing::warn!(topic = %r.topic, partition = r.partition, "some offsets of [{}, {}) are already applied in the sink (sluice_progress, last written by batch {by}: a reset back or a restored checkpoint); writing only the missing ones: {}", r.start_offset, r.end_offset, pieces.join(", "));
                 } else {
@@ -504,13 +518,14 @@ impl SinkDriver {
                 })?;
             }
             if applied.holes().len() > holes_before
-                && let (Some(new), Some((end, _, _))) = (applied.holes().last(), &row_read)
-                && new.start == *end
+                && let (Some(new), Some(row)) = (applied.holes().last(), &row_read)
+                && new.start == row.end
             {
                 tracing::warn!(topic = %r.topic, partition = r.partition, "offsets [{}, {}) were never applied to the sink and this range starts past them (a reset forward, retention, or a sink database older than the checkpoint); recorded as a hole in sluice_progress, applied if a reset back reaches them", new.start, new.end);
             }
             let new_end = applied.end().unwrap_or(r.end_offset);
-            let (read_end, holes_read) = row_read.map_or((-1, String::new()), |(e, h, _)| (e, h));
+            let (read_end, holes_read) =
+                row_read.map_or((-1, String::new()), |row| (row.end, row.holes));
             // Conditional on the row being what was read above (none: no row
             // at all), and never over a newer epoch.
             let changed = b
@@ -550,7 +565,12 @@ impl SinkDriver {
                     site: site(r),
                     now: now.map_or_else(
                         || "no row".to_string(),
-                        |(e, h, b)| format!("end_offset {e}, holes {h}, batch {b}"),
+                        |row| {
+                            format!(
+                                "end_offset {}, holes {}, batch {}",
+                                row.end, row.holes, row.batch_id
+                            )
+                        },
                     ),
                 });
             }
