@@ -725,28 +725,15 @@ fn a_crash_between_parts_of_a_range_resumes_after_the_last_part_applied() {
     run.child.kill().unwrap();
     run.child.wait().unwrap();
     assert_eq!(db.scalar("SELECT end_offset FROM sluice_progress"), 2000);
-    assert_eq!(
-        db.scalar("SELECT n FROM counters WHERE name = 'records'"),
-        2000
-    );
+    assert_eq!(counted(&db), 2000);
 
-    let out = std::process::Command::new(crate::support::host_bin())
-        .args(&args)
-        .env("RUST_LOG", "info")
-        .env_remove("SLUICE_FAILPOINT")
-        .output()
-        .unwrap();
-    let log = crate::support::stderr(&out);
-    assert!(out.status.success(), "{log}");
+    let log = run_to_end(&args);
     assert!(
         log.contains("range [0, 5000) was already applied by the sink (in whole or part)"),
         "{log}"
     );
     assert_eq!(db.scalar("SELECT end_offset FROM sluice_progress"), 5000);
-    assert_eq!(
-        db.scalar("SELECT n FROM counters WHERE name = 'records'"),
-        5000
-    );
+    assert_eq!(counted(&db), 5000);
     assert_eq!(db.scalar("SELECT COUNT(*) FROM seen"), 5000);
 }
 
@@ -775,6 +762,26 @@ fn counter_run_args(mock: &Mock, ckpt: &std::path::Path, db: &Db, max: &str) -> 
     ]
     .map(String::from)
     .to_vec()
+}
+
+/// Run `host` with `args` (info logs, no failpoint) and assert it exits 0;
+/// its stderr.
+fn run_to_end(args: &[String]) -> String {
+    let out = std::process::Command::new(crate::support::host_bin())
+        .args(args)
+        .env("RUST_LOG", "info")
+        .env_remove("SLUICE_FAILPOINT")
+        .env_remove("SLUICE_FAILPOINT_RESUME_FILE")
+        .output()
+        .unwrap();
+    let log = crate::support::stderr(&out);
+    assert!(out.status.success(), "{log}");
+    log
+}
+
+/// The records sql-counter counted.
+fn counted(db: &Db) -> i64 {
+    db.scalar("SELECT n FROM counters WHERE name = 'records'")
 }
 
 /// A running `host` whose stderr lines arrive on a channel.
@@ -892,21 +899,10 @@ fn sigterm_mid_batch_finishes_and_commits_that_batch_then_exits_0() {
     assert_eq!(code, Some(0), "{log}");
     assert!(log.contains("stopped cleanly"), "{log}");
     assert_eq!(db.scalar("SELECT end_offset FROM sluice_progress"), 2000);
-    assert_eq!(
-        db.scalar("SELECT n FROM counters WHERE name = 'records'"),
-        2000
-    );
+    assert_eq!(counted(&db), 2000);
 
-    let out = std::process::Command::new(crate::support::host_bin())
-        .args(&args)
-        .env_remove("SLUICE_FAILPOINT")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", crate::support::stderr(&out));
-    assert_eq!(
-        db.scalar("SELECT n FROM counters WHERE name = 'records'"),
-        5000
-    );
+    run_to_end(&args);
+    assert_eq!(counted(&db), 5000);
     assert_eq!(db.scalar("SELECT COUNT(*) FROM seen"), 5000);
 }
 
@@ -935,21 +931,10 @@ fn a_second_signal_aborts_with_exit_130_and_the_batch_runs_again_exactly_once() 
         "{log}"
     );
     assert_eq!(db.scalar("SELECT end_offset FROM sluice_progress"), 2000);
-    assert_eq!(
-        db.scalar("SELECT n FROM counters WHERE name = 'records'"),
-        2000
-    );
+    assert_eq!(counted(&db), 2000);
 
-    let out = std::process::Command::new(crate::support::host_bin())
-        .args(&args)
-        .env_remove("SLUICE_FAILPOINT")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", crate::support::stderr(&out));
-    assert_eq!(
-        db.scalar("SELECT n FROM counters WHERE name = 'records'"),
-        5000
-    );
+    run_to_end(&args);
+    assert_eq!(counted(&db), 5000);
     assert_eq!(db.scalar("SELECT COUNT(*) FROM seen"), 5000);
 }
 
@@ -965,11 +950,7 @@ fn reset_forward_then_back_applies_the_skipped_records_once() {
     let ckpt = dir.path().join("ckpt");
     let args = counter_run_args(&mock, &ckpt, &db, "60");
     let run = || {
-        let out = std::process::Command::new(crate::support::host_bin())
-            .args(&args)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{}", crate::support::stderr(&out));
+        run_to_end(&args);
     };
     let reset = |to: i64| {
         let out = crate::support::host(&[
@@ -989,16 +970,10 @@ fn reset_forward_then_back_applies_the_skipped_records_once() {
     p.flush();
     reset(200);
     run();
-    assert_eq!(
-        db.scalar("SELECT n FROM counters WHERE name = 'records'"),
-        200
-    );
+    assert_eq!(counted(&db), 200);
     reset(100);
     run();
-    assert_eq!(
-        db.scalar("SELECT n FROM counters WHERE name = 'records'"),
-        300
-    );
+    assert_eq!(counted(&db), 300);
     assert_eq!(
         db.scalar("SELECT COUNT(DISTINCT idempotency_key) FROM seen"),
         300
@@ -1058,11 +1033,7 @@ fn records_the_sink_rejects_get_the_error_policy_and_the_rest_is_applied_once() 
         let run = run.unwrap();
         assert_eq!(run.counts.bad_records, 4, "{policy:?}");
         assert_eq!(run.counts.output, 4996, "{policy:?}");
-        assert_eq!(
-            db.scalar("SELECT n FROM counters WHERE name = 'records'"),
-            4996,
-            "{policy:?}"
-        );
+        assert_eq!(counted(&db), 4996, "{policy:?}");
         assert_eq!(db.scalar("SELECT COUNT(*) FROM seen"), 4996, "{policy:?}");
         assert_eq!(
             db.scalar("SELECT COUNT(DISTINCT idempotency_key) FROM seen"),
@@ -1138,10 +1109,7 @@ fn a_part_the_sink_fails_stops_the_batch_with_the_sinks_error() {
     assert!(e.contains("raw/0 [2000, 4000)"), "{e}");
     assert!(!e.contains("the sink stopped"), "{e}");
     assert_eq!(db.scalar("SELECT end_offset FROM sluice_progress"), 2000);
-    assert_eq!(
-        db.scalar("SELECT n FROM counters WHERE name = 'records'"),
-        2000
-    );
+    assert_eq!(counted(&db), 2000);
     let status = sluice_host::checkpoint::status(&dir.path().join("ckpt")).unwrap();
     assert!(
         status.last_committed.is_none(),
@@ -1272,12 +1240,7 @@ fn random_runs_crashes_and_resets_apply_every_offset_once() {
     let ckpt = dir.path().join("ckpt");
     let ck = ckpt.to_str().unwrap().to_string();
     let run = |max: &str| {
-        let out = std::process::Command::new(crate::support::host_bin())
-            .args(counter_run_args(&mock, &ckpt, &db, max))
-            .env_remove("SLUICE_FAILPOINT")
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{}", crate::support::stderr(&out));
+        run_to_end(&counter_run_args(&mock, &ckpt, &db, max));
     };
     for step in 0..steps {
         let what = match next(5) {
@@ -1359,10 +1322,7 @@ fn random_runs_crashes_and_resets_apply_every_offset_once() {
     run("50");
     check_applied_exactly(&db, PARTITIONS, "final");
     let sum: i64 = total.iter().sum();
-    assert_eq!(
-        db.scalar("SELECT n FROM counters WHERE name = 'records'"),
-        sum
-    );
+    assert_eq!(counted(&db), sum);
     assert_eq!(
         db.sorted_texts("SELECT holes FROM sluice_progress"),
         vec!["[]"; PARTITIONS as usize]
