@@ -53,6 +53,8 @@ fn plan(cp: &mut Checkpoint, n: u64, r: Vec<PartitionRange>) {
         plugins: vec![],
         config_digest: "cfg".into(),
         note: None,
+        topics: Default::default(),
+        sink_db: None,
     })
     .unwrap();
 }

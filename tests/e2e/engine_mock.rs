@@ -531,8 +531,10 @@ fn metrics_endpoint_is_scraped_and_parsed_as_prometheus_text() {
 /// mock cluster does not answer CreatePartitions, Tansu 0.6.0 answers
 /// UnsupportedFeature), so the partition appears between two runs: the
 /// topic is recreated with a second partition and partition 0 refilled to
-/// the same offsets. The second run must discover partition 1 at planning
-/// and read it from offset 0.
+/// the same offsets. A recreated topic is refused (its topic id changed);
+/// a reset that keeps partition 0's position adopts the new topic, and the
+/// next run must discover partition 1 at planning and read it from
+/// offset 0.
 #[test]
 fn a_partition_that_appears_is_picked_up_from_offset_0() {
     let tansu = crate::kafka::Tansu::start();
@@ -565,6 +567,19 @@ fn a_partition_that_appears_is_picked_up_from_offset_0() {
         p.send("grow", 1, None, Some(format!("b{i}").as_bytes()), &[]);
     }
     p.flush();
+    let refused = engine::run(&cfg, no_stop()).unwrap_err().to_string();
+    assert!(refused.contains("deleted and created again"), "{refused}");
+    let out = crate::support::host(&[
+        "checkpoint",
+        "reset",
+        cfg.checkpoint.to_str().unwrap(),
+        "--to",
+        "offsets:{\"grow\":{\"0\":10}}",
+        "--brokers",
+        &tansu.bootstrap(),
+        "--keep-sink-progress",
+    ]);
+    assert!(out.status.success(), "{}", crate::support::stderr(&out));
     let run = engine::run(&cfg, no_stop()).unwrap();
     assert_eq!(run.counts.input, 5, "only the new partition's records");
     assert_eq!(
@@ -729,7 +744,9 @@ fn a_crash_between_parts_of_a_range_resumes_after_the_last_part_applied() {
 
     let log = run_to_end(&args);
     assert!(
-        log.contains("range [0, 5000) was already applied by the sink (in whole or part)"),
+        log.contains(
+            "2000 of the 5000 offsets of [0, 5000) were applied by an earlier run of this batch; skipped"
+        ),
         "{log}"
     );
     assert_eq!(db.scalar("SELECT end_offset FROM sluice_progress"), 5000);

@@ -234,6 +234,17 @@ impl Producer_ {
         self.p.poll(Duration::ZERO);
     }
 
+    /// Send one value with the producer timestamp `ms` (KIP-32
+    /// CreateTime; `-1` is Kafka's "no timestamp").
+    pub fn send_at(&self, topic: &str, partition: i32, value: &[u8], ms: i64) {
+        let rec: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic)
+            .partition(partition)
+            .payload(value)
+            .timestamp(ms);
+        self.p.send(rec).map_err(|(e, _)| e).expect("produce");
+        self.p.poll(Duration::ZERO);
+    }
+
     pub fn flush(&self) {
         self.p.flush(Duration::from_secs(30)).expect("flush");
     }

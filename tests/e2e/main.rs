@@ -19,4 +19,6 @@ mod maxwell;
 mod pipeline;
 mod plugin_cli;
 mod plugin_runtime;
+mod recreate;
 mod sql_sink;
+mod timestamps;

@@ -400,3 +400,47 @@ fn broker_down_for_a_few_seconds_mid_run_on_tansu() {
     assert!(input <= 1500);
     assert_eq!(table(&db), stream.state, "nothing lost or duplicated");
 }
+
+#[test]
+fn a_record_larger_than_the_fetch_limits_is_named_as_such_not_as_a_broker_outage() {
+    // Tansu returns nothing for a record over the consumer's fetch limits
+    // (Kafka would send it anyway, KIP-74); the host used to wait for the
+    // broker timeout and call the broker unavailable.
+    let tansu = Tansu::start();
+    tansu.create_topic("big", 1);
+    let p = producer(&tansu.bootstrap());
+    p.send("big", 0, None, Some(&vec![b'x'; 200_000]), &[]);
+    p.flush();
+    let dir = tempfile::tempdir().unwrap();
+    let passthrough = plugin("passthrough");
+    let out = crate::support::host(&[
+        "run",
+        "--brokers",
+        &tansu.bootstrap(),
+        "--topic",
+        "big",
+        "--checkpoint",
+        dir.path().join("ckpt").to_str().unwrap(),
+        "--plugin",
+        passthrough.to_str().unwrap(),
+        "--until-caught-up",
+        "--progress",
+        "none",
+        "--kafka-timeout",
+        "3s",
+        "--config",
+        "kafka.max.partition.fetch.bytes=1024",
+        "--config",
+        "kafka.fetch.max.bytes=1024",
+        "--config",
+        "kafka.message.max.bytes=1000",
+    ]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("fetch stalled on big/0 at offset 0 (high watermark 1)"),
+        "{err}"
+    );
+    assert!(err.contains("max.partition.fetch.bytes=1024"), "{err}");
+    assert!(!err.contains("unavailable"), "{err}");
+}

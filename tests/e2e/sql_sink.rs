@@ -12,7 +12,7 @@ use sluice_guest::wire::{Record, SinkRecord};
 use sluice_host::plugin::chain::run_chain;
 use sluice_host::plugin::{CallContext, Limits, PartitionRange, Runtime};
 use sluice_host::sink::sql::{SqlGrant, SqlValue, connect};
-use sluice_host::sink::{Applied, DeadLetter, PartitionBatch, SinkDriver, SinkError};
+use sluice_host::sink::{Applied, DeadLetter, PartitionBatch, SinkDriver, SinkError, Skipped};
 
 use crate::support::plugin;
 
@@ -172,6 +172,15 @@ fn config(pairs: &[(&str, &str)]) -> Arc<BTreeMap<String, String>> {
 
 /// Apply `[start, end)` of topic t/0 with plain values through sql-counter
 /// as batch 0.
+/// What the sink reports as skipped: `offsets` already applied, last by
+/// another batch or not.
+fn skipped(offsets: u64, by_other_batch: bool) -> Skipped {
+    Skipped {
+        offsets,
+        by_other_batch,
+    }
+}
+
 fn apply_counter(
     db: &Db,
     epoch: u64,
@@ -221,7 +230,8 @@ fn a_rerun_writes_only_what_an_earlier_run_of_its_batch_left() {
             a,
             Applied::Written {
                 records: 60,
-                dead_lettered: 0
+                dead_lettered: 0,
+                skipped: skipped(40, false),
             },
             "{}",
             db.name
@@ -245,7 +255,8 @@ fn a_rerun_writes_only_what_an_earlier_run_of_its_batch_left() {
             apply_counter_in(&db, 8, 2, 100, 150, plain).unwrap(),
             Applied::Written {
                 records: 30,
-                dead_lettered: 0
+                dead_lettered: 0,
+                skipped: skipped(20, true),
             },
             "{}",
             db.name
@@ -253,7 +264,9 @@ fn a_rerun_writes_only_what_an_earlier_run_of_its_batch_left() {
         // A range another batch applied whole is skipped.
         assert_eq!(
             apply_counter_in(&db, 9, 2, 90, 100, plain).unwrap(),
-            Applied::AlreadyApplied
+            Applied::AlreadyApplied {
+                skipped: skipped(10, true)
+            }
         );
         assert_eq!(
             db.scalar("SELECT n FROM counters WHERE name = 'records'"),
@@ -285,7 +298,9 @@ fn a_range_skipped_by_a_reset_forward_is_applied_when_a_reset_back_reaches_it() 
         // Back to 0: [0, 100) is skipped.
         assert_eq!(
             apply_counter_in(&db, 3, 1, 0, 100, plain).unwrap(),
-            Applied::AlreadyApplied
+            Applied::AlreadyApplied {
+                skipped: skipped(100, true)
+            }
         );
         // Batch 4 covers the rest of what was applied and a first part of
         // the hole; then a re-run of batch 5 (new epoch) meets its first
@@ -294,7 +309,8 @@ fn a_range_skipped_by_a_reset_forward_is_applied_when_a_reset_back_reaches_it() 
             apply_counter_in(&db, 4, 1, 50, 150, plain).unwrap(),
             Applied::Written {
                 records: 50,
-                dead_lettered: 0
+                dead_lettered: 0,
+                skipped: skipped(50, true),
             },
             "{}",
             db.name
@@ -305,7 +321,8 @@ fn a_range_skipped_by_a_reset_forward_is_applied_when_a_reset_back_reaches_it() 
             apply_counter_in(&db, 5, 2, 150, 300, plain).unwrap(),
             Applied::Written {
                 records: 100,
-                dead_lettered: 0
+                dead_lettered: 0,
+                skipped: skipped(50, false),
             },
             "{}",
             db.name
@@ -317,7 +334,8 @@ fn a_range_skipped_by_a_reset_forward_is_applied_when_a_reset_back_reaches_it() 
             apply_counter_in(&db, 6, 2, 300, 550, plain).unwrap(),
             Applied::Written {
                 records: 200,
-                dead_lettered: 0
+                dead_lettered: 0,
+                skipped: skipped(50, true),
             },
             "{}",
             db.name
@@ -327,7 +345,9 @@ fn a_range_skipped_by_a_reset_forward_is_applied_when_a_reset_back_reaches_it() 
         // Caught up with where the reset forward went: already applied.
         assert_eq!(
             apply_counter_in(&db, 7, 2, 500, 600, plain).unwrap(),
-            Applied::AlreadyApplied
+            Applied::AlreadyApplied {
+                skipped: skipped(100, true)
+            }
         );
         // Two more jumps forward, then one range over both holes and what
         // lies between and around them: only the two holes are written.
@@ -339,7 +359,8 @@ fn a_range_skipped_by_a_reset_forward_is_applied_when_a_reset_back_reaches_it() 
             apply_counter_in(&db, 11, 2, 650, 1100, plain).unwrap(),
             Applied::Written {
                 records: 200,
-                dead_lettered: 0
+                dead_lettered: 0,
+                skipped: skipped(250, true),
             },
             "{}",
             db.name
@@ -378,7 +399,9 @@ fn a_progress_table_from_before_holes_gets_the_column_and_keeps_its_rows() {
             .unwrap();
         assert_eq!(
             apply_counter_in(&db, 1, 1, 0, 100, plain).unwrap(),
-            Applied::AlreadyApplied,
+            Applied::AlreadyApplied {
+                skipped: skipped(100, false)
+            },
             "{}",
             db.name
         );
@@ -452,7 +475,8 @@ fn a_resumed_range_stores_only_the_dead_letters_past_the_applied_part() {
             a,
             Applied::Written {
                 records: 2,
-                dead_lettered: 2
+                dead_lettered: 2,
+                skipped: skipped(3, false),
             },
             "{}",
             db.name
@@ -489,7 +513,8 @@ fn non_idempotent_sql_is_applied_once_and_a_replay_is_skipped() {
             a,
             Applied::Written {
                 records: 100,
-                dead_lettered: 0
+                dead_lettered: 0,
+                skipped: Skipped::default(),
             },
             "{}",
             db.name
@@ -501,7 +526,9 @@ fn non_idempotent_sql_is_applied_once_and_a_replay_is_skipped() {
         // Same range again (a replay after a crash): skipped, guest not called.
         assert_eq!(
             apply_counter(&db, 1, 0, 100, plain).unwrap(),
-            Applied::AlreadyApplied
+            Applied::AlreadyApplied {
+                skipped: skipped(100, false)
+            }
         );
         assert_eq!(
             db.scalar("SELECT n FROM counters WHERE name = 'records'"),

@@ -10,6 +10,8 @@
 //! the file (kept raw on read, so no re-serialisation is involved). A
 //! decoder never panics: any input yields an entry or an [`EnvelopeError`].
 
+use std::collections::BTreeMap;
+
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -189,6 +191,60 @@ pub struct OffsetsEntry {
     /// `reset to earliest by checkpoint reset`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// Identity of each planned topic as the broker described it at
+    /// planning time; the next plan refuses a topic whose identity changed
+    /// (deleted and created again). Empty in entries of hosts before 0.3.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub topics: BTreeMap<String, TopicIdentity>,
+    /// The sink database that keeps this pipeline's progress rows, with
+    /// any password removed (`None`: no sink database). `checkpoint reset`
+    /// reads it to know that the rows must move with the offsets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sink_db: Option<String>,
+}
+
+/// What identifies a topic beyond its name, so that a topic deleted and
+/// created again under the same name is told apart from the one the
+/// checkpoint's offsets belong to.
+///
+/// With a KIP-516 topic id (Kafka 2.8 and later, Tansu, librdkafka's mock
+/// cluster) any recreation is detected. Without one only what a topic
+/// cannot do without being recreated is: lose partitions, or (checked by
+/// the planner) end below a position already read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopicIdentity {
+    /// The KIP-516 topic id, base64 as Kafka's tools print it; `None` when
+    /// the broker returned none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// Number of partitions.
+    pub partitions: u32,
+}
+
+impl TopicIdentity {
+    /// Why `now` cannot be the same topic as `self` (`None`: it can be).
+    pub fn changed(&self, now: &TopicIdentity) -> Option<String> {
+        if let (Some(old), Some(new)) = (&self.id, &now.id)
+            && old != new
+        {
+            return Some(format!("its topic id changed from {old} to {new}"));
+        }
+        if now.partitions < self.partitions {
+            return Some(format!(
+                "its partition count fell from {} to {} (partitions are never removed from a topic)",
+                self.partitions, now.partitions
+            ));
+        }
+        None
+    }
+
+    /// For messages: `id X, N partitions` or `no topic id, N partitions`.
+    pub fn describe(&self) -> String {
+        match &self.id {
+            Some(id) => format!("topic id {id}, {} partitions", self.partitions),
+            None => format!("no topic id, {} partitions", self.partitions),
+        }
+    }
 }
 
 /// Record counts of a batch.
@@ -298,6 +354,8 @@ mod tests {
             }],
             config_digest: "cd".into(),
             note: None,
+            topics: BTreeMap::new(),
+            sink_db: None,
         }
     }
 
@@ -305,6 +363,33 @@ mod tests {
     fn round_trip() {
         let bytes = encode("offsets", &sample()).unwrap();
         assert_eq!(decode::<OffsetsEntry>("offsets", &bytes).unwrap(), sample());
+    }
+
+    #[test]
+    fn a_topic_with_another_id_or_fewer_partitions_is_another_topic() {
+        let t = |id: Option<&str>, partitions| TopicIdentity {
+            id: id.map(str::to_string),
+            partitions,
+        };
+        let old = t(Some("AAAA"), 3);
+        assert_eq!(old.changed(&t(Some("AAAA"), 3)), None);
+        // Partitions added: the same topic.
+        assert_eq!(old.changed(&t(Some("AAAA"), 4)), None);
+        let m = old.changed(&t(Some("BBBB"), 3)).unwrap();
+        assert!(m.contains("AAAA") && m.contains("BBBB"), "{m}");
+        assert!(old.changed(&t(Some("AAAA"), 2)).unwrap().contains("3 to 2"));
+        // Without ids on either side only the partition count can tell.
+        assert_eq!(t(None, 3).changed(&t(Some("BBBB"), 3)), None);
+        assert_eq!(old.changed(&t(None, 5)), None);
+        assert!(t(None, 3).changed(&t(None, 1)).is_some());
+        // Entries of older hosts have no `topics`; new ones round-trip it.
+        let mut e = sample();
+        let bytes = encode("offsets", &e).unwrap();
+        assert!(!String::from_utf8_lossy(&bytes).contains("\"topics\""));
+        e.topics.insert("t".into(), old.clone());
+        e.sink_db = Some("sqlite:/x.db".into());
+        let back: OffsetsEntry = decode("offsets", &encode("offsets", &e).unwrap()).unwrap();
+        assert_eq!(back, e);
     }
 
     #[test]

@@ -37,7 +37,7 @@ use sha2::{Digest, Sha256};
 
 pub use entry::{
     CommitEntry, Counts, DataLossGap, EnvelopeError, FORMAT_VERSION, OffsetsEntry, PartitionRange,
-    PluginRef, StageKind, Timings,
+    PluginRef, StageKind, Timings, TopicIdentity,
 };
 pub use fsio::failpoint;
 pub use lock::{OwnerInfo, now_ms, rfc3339_ms};
@@ -527,6 +527,17 @@ fn write_metadata(dir: &Path, m: &Metadata) -> Result<(), CheckpointError> {
         .map_err(io_err(dir.join("metadata"), "write metadata"))
 }
 
+/// What a reset entry records besides its positions.
+#[derive(Debug, Clone, Default)]
+pub struct ResetRecord {
+    /// Why, by whom, and what was done to the sink's progress.
+    pub note: String,
+    /// Topic identities the new positions belong to.
+    pub topics: BTreeMap<String, TopicIdentity>,
+    /// The pipeline's sink database, redacted.
+    pub sink_db: Option<String>,
+}
+
 /// An open, locked checkpoint. Dropping it releases the lock.
 #[derive(Debug)]
 pub struct Checkpoint {
@@ -540,6 +551,8 @@ pub struct Checkpoint {
     /// Newest batch with a commit entry.
     last_committed: Option<u64>,
     recovery: Recovery,
+    /// Topic identities of the newest offsets entry.
+    topics: BTreeMap<String, TopicIdentity>,
 }
 
 impl Checkpoint {
@@ -646,6 +659,11 @@ impl Checkpoint {
             retention: opts.retention.max(1),
             last_planned: analysis.last_planned.as_ref().map(|o| o.batch_id),
             last_committed: analysis.last_committed.as_ref().map(|c| c.batch_id),
+            topics: analysis
+                .last_planned
+                .as_ref()
+                .map(|o| o.topics.clone())
+                .unwrap_or_default(),
             recovery: analysis.recovery,
         })
     }
@@ -668,6 +686,12 @@ impl Checkpoint {
     /// Where processing continues (as found at open time).
     pub fn recovery(&self) -> &Recovery {
         &self.recovery
+    }
+
+    /// Identity of each topic when the newest batch was planned (empty
+    /// for a new checkpoint or one written by a host before 0.3).
+    pub fn topic_identities(&self) -> &BTreeMap<String, TopicIdentity> {
+        &self.topics
     }
 
     /// Newest committed batch id.
@@ -732,6 +756,7 @@ impl Checkpoint {
             "write offsets entry",
         ))?;
         self.last_planned = Some(entry.batch_id);
+        self.topics.clone_from(&entry.topics);
         Ok(())
     }
 
@@ -798,8 +823,10 @@ impl Checkpoint {
 
     /// Move the checkpoint to `positions` with an audited write-ahead and
     /// commit pair (batch N = the next id, empty ranges at the new
-    /// positions, `note` saying why). History is never edited. Only valid
-    /// when no batch is pending re-run.
+    /// positions, `note` saying why). `topics` are the identities the
+    /// positions belong to (after a recreated topic: the new one's), and
+    /// `sink_db` the redacted sink database the pipeline keeps using.
+    /// History is never edited. Only valid when no batch is pending re-run.
     ///
     /// # Errors
     /// [`CheckpointError::Misuse`] when a batch is uncommitted;
@@ -808,8 +835,13 @@ impl Checkpoint {
         &mut self,
         positions: &BTreeMap<(String, i32), i64>,
         plugins: Vec<PluginRef>,
-        note: String,
+        reset: ResetRecord,
     ) -> Result<u64, CheckpointError> {
+        let ResetRecord {
+            note,
+            topics,
+            sink_db,
+        } = reset;
         if matches!(self.recovery, Recovery::Rerun { .. })
             || self.last_planned != self.last_committed
         {
@@ -836,6 +868,8 @@ impl Checkpoint {
             plugins: plugins.clone(),
             config_digest: String::new(),
             note: Some(note.clone()),
+            topics,
+            sink_db,
         })?;
         self.commit(&CommitEntry {
             batch_id,

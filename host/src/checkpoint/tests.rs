@@ -32,6 +32,8 @@ fn plan(cp: &mut Checkpoint, n: u64) {
         }],
         config_digest: "c".into(),
         note: None,
+        topics: Default::default(),
+        sink_db: None,
     })
     .unwrap();
 }
@@ -127,6 +129,8 @@ fn uncommitted_batch_is_rerun_with_the_same_ranges() {
             plugins: vec![],
             config_digest: String::new(),
             note: None,
+            topics: Default::default(),
+            sink_db: None,
         })
         .unwrap_err();
     assert!(matches!(e, CheckpointError::Misuse { .. }), "{e}");

@@ -1,15 +1,11 @@
 //! `host checkpoint …`: views of a checkpoint directory.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::time::Duration;
 
-use anyhow::{Context, anyhow};
 use clap::Subcommand;
 
-use super::{CliError, ExitCode, WithCode};
-use crate::checkpoint::{self, Checkpoint, OpenOptions, rfc3339_ms};
-use crate::source::KafkaSource;
+use super::CliError;
+use crate::checkpoint::{self, rfc3339_ms};
 
 /// `host checkpoint …` subcommands.
 #[derive(Debug, Subcommand)]
@@ -25,8 +21,16 @@ pub enum CheckpointCommand {
         json: bool,
     },
     /// Move a checkpoint to other offsets by writing a new, audited
-    /// write-ahead/commit pair (history is never edited). Refused while
-    /// another process owns the checkpoint.
+    /// write-ahead/commit pair (history is never edited), and the sink's
+    /// progress rows with it. Refused while another process owns the
+    /// checkpoint.
+    ///
+    /// With --brokers the reset also records each topic's identity as the
+    /// broker reports it now: after a topic was deleted and recreated this
+    /// is how the pipeline is told to read the new topic, and the sink's
+    /// progress rows of the old one are forgotten (they need --sink-db).
+    /// Offsets the sink shows applied are otherwise skipped after a reset
+    /// back; --reapply applies them again.
     Reset {
         /// The checkpoint directory.
         dir: PathBuf,
@@ -37,121 +41,29 @@ pub enum CheckpointCommand {
         #[arg(long, value_name = "TARGET")]
         to: String,
         /// Kafka bootstrap servers (needed for earliest, latest and
-        /// timestamp).
+        /// timestamp; with offsets:JSON they let the reset check and record
+        /// the topics' identities).
         #[arg(long, value_name = "SERVERS")]
         brokers: Option<String>,
+        /// The pipeline's sink database (`sqlite:PATH` or `postgres://…`),
+        /// whose `sluice_progress` rows move with the reset. Required when
+        /// they must move (a recreated or truncated topic, --reapply) and
+        /// the pipeline has a sink database.
+        #[arg(long, value_name = "URL")]
+        sink_db: Option<String>,
+        /// Apply the records from the new positions again even where the
+        /// sink's progress rows show them applied (say, after emptying the
+        /// destination tables). Needs --sink-db.
+        #[arg(long)]
+        reapply: bool,
+        /// Leave the sink's progress rows as they are: offsets they show
+        /// applied are skipped.
+        #[arg(long)]
+        keep_sink_progress: bool,
         /// Print before/after and write nothing.
         #[arg(long)]
         dry_run: bool,
     },
-}
-
-/// Current positions: the ends of the newest committed batch.
-fn positions(s: &checkpoint::Status) -> BTreeMap<(String, i32), i64> {
-    match (&s.last_planned, &s.last_committed) {
-        (Some(o), Some(c)) if o.batch_id == c.batch_id => o
-            .ranges
-            .iter()
-            .map(|r| ((r.topic.clone(), r.partition), r.end))
-            .collect(),
-        (Some(o), _) => o
-            .ranges
-            .iter()
-            .map(|r| ((r.topic.clone(), r.partition), r.start))
-            .collect(),
-        _ => BTreeMap::new(),
-    }
-}
-
-fn targets(
-    to: &str,
-    brokers: Option<&str>,
-    topics: &[String],
-    current: &BTreeMap<(String, i32), i64>,
-) -> Result<BTreeMap<(String, i32), i64>, CliError> {
-    if let Some(json) = to.strip_prefix("offsets:") {
-        let parsed: BTreeMap<String, BTreeMap<String, i64>> = serde_json::from_str(json)
-            .context("--to offsets:JSON expects {\"topic\":{\"partition\":offset}}")
-            .code(ExitCode::Usage)?;
-        let mut out = current.clone();
-        for (topic, parts) in parsed {
-            if !topics.contains(&topic) {
-                return Err(anyhow!(
-                    "topic `{topic}` is not in this checkpoint (its topics: {})",
-                    topics.join(", ")
-                ))
-                .code(ExitCode::Usage);
-            }
-            for (p, o) in parts {
-                let p: i32 = p
-                    .parse()
-                    .map_err(|_| anyhow!("partition `{p}` is not a number"))
-                    .code(ExitCode::Usage)?;
-                if !current.contains_key(&(topic.clone(), p)) {
-                    let known: Vec<String> = current
-                        .keys()
-                        .filter(|(t, _)| *t == topic)
-                        .map(|(_, p)| p.to_string())
-                        .collect();
-                    return Err(anyhow!(
-                        "partition {p} of `{topic}` is not in this checkpoint (its partitions: {}); a partition the pipeline has not read yet starts at its earliest offset",
-                        known.join(", ")
-                    ))
-                    .code(ExitCode::Usage);
-                }
-                if o < 0 {
-                    return Err(anyhow!("offset {o} for {topic}/{p} is negative"))
-                        .code(ExitCode::Usage);
-                }
-                out.insert((topic.clone(), p), o);
-            }
-        }
-        return Ok(out);
-    }
-    let brokers = brokers
-        .ok_or_else(|| anyhow!("--to {to} needs --brokers to look the offsets up"))
-        .code(ExitCode::Usage)?;
-    let source = KafkaSource::new(
-        brokers,
-        &BTreeMap::new(),
-        "sluice-reset",
-        false,
-        Duration::from_secs(30),
-    )?;
-    let mut out = BTreeMap::new();
-    for topic in topics {
-        let parts = source.partitions(topic)?;
-        let by_time = match to.strip_prefix("timestamp:") {
-            Some(ms) => {
-                let ms: i64 = ms
-                    .parse()
-                    .map_err(|_| {
-                        anyhow!("--to timestamp:MS expects milliseconds since the Unix epoch")
-                    })
-                    .code(ExitCode::Usage)?;
-                Some(source.offsets_for_timestamp(topic, &parts, ms).map_err(|e| {
-                    anyhow!("{e}; this broker cannot answer timestamp lookups, reset with --to offsets:JSON instead")
-                })?)
-            }
-            None => None,
-        };
-        for p in parts {
-            let (low, high) = source.watermarks(topic, p)?;
-            let o = match (to, &by_time) {
-                ("earliest", _) => low,
-                ("latest", _) => high,
-                (_, Some(t)) => t.get(&p).copied().unwrap_or(high),
-                _ => {
-                    return Err(anyhow!(
-                        "--to `{to}`: use earliest, latest, timestamp:MS or offsets:JSON"
-                    ))
-                    .code(ExitCode::Usage);
-                }
-            };
-            out.insert((topic.clone(), p), o);
-        }
-    }
-    Ok(out)
 }
 
 /// Run `host checkpoint …`.
@@ -164,78 +76,19 @@ pub fn run(cmd: CheckpointCommand) -> Result<(), CliError> {
             dir,
             to,
             brokers,
+            sink_db,
+            reapply,
+            keep_sink_progress,
             dry_run,
-        } => {
-            let s = checkpoint::status(&dir)?;
-            if s.owner.is_some() && !dry_run {
-                let owner = s.owner.clone();
-                return Err(CliError {
-                    code: ExitCode::Owned,
-                    error: anyhow!(
-                        "checkpoint {} is owned by {}; stop it (SIGTERM) before resetting: reset refuses to move a running pipeline",
-                        dir.display(),
-                        checkpoint::describe_owner(&owner)
-                    ),
-                });
-            }
-            if s.next_action == "rerun" && !dry_run {
-                return Err(CliError {
-                    code: ExitCode::Failed,
-                    error: anyhow!(
-                        "checkpoint {}: batch {} is planned but not committed; run the pipeline once so it is re-run and committed, then reset",
-                        dir.display(),
-                        s.next_batch
-                    ),
-                });
-            }
-            let topics = s.metadata.fingerprint.topics.clone();
-            let before = positions(&s);
-            let after = targets(&to, brokers.as_deref(), &topics, &before)?;
-            outln!(
-                "{:<24} {:>9} {:>14} {:>14}",
-                "TOPIC",
-                "PARTITION",
-                "BEFORE",
-                "AFTER"
-            )?;
-            for ((t, p), o) in &after {
-                let b = before
-                    .get(&(t.clone(), *p))
-                    .map_or("-".to_string(), |b| b.to_string());
-                outln!("{t:<24} {p:>9} {b:>14} {o:>14}")?;
-            }
-            if dry_run {
-                outln!("dry run: nothing written")?;
-                return Ok(());
-            }
-            let mut cp = Checkpoint::open(
-                &dir,
-                &OpenOptions {
-                    topics,
-                    create: false,
-                    ..OpenOptions::default()
-                },
-            )
-            .map_err(|e| CliError {
-                code: if e.is_owned() {
-                    ExitCode::Owned
-                } else {
-                    ExitCode::Failed
-                },
-                error: e.into(),
-            })?;
-            let plugins = s.last_committed.map(|c| c.plugins).unwrap_or_default();
-            let note = format!(
-                "reset to {to} by `host checkpoint reset` (pid {}, {})",
-                std::process::id(),
-                rfc3339_ms(checkpoint::now_ms())
-            );
-            let batch = cp.reset(&after, plugins, note)?;
-            outln!(
-                "wrote batch {batch} (offsets/{batch} and commits/{batch}); the next run starts from AFTER"
-            )?;
-            Ok(())
-        }
+        } => super::reset_cmd::run(super::reset_cmd::ResetArgs {
+            dir,
+            to,
+            brokers,
+            sink_db,
+            reapply,
+            keep_sink_progress,
+            dry_run,
+        }),
         CheckpointCommand::Show { dir, json } => {
             let s = checkpoint::status(&dir)?;
             if json {
@@ -251,6 +104,14 @@ pub fn run(cmd: CheckpointCommand) -> Result<(), CliError> {
                 m.fingerprint.topics.join(", "),
                 m.fingerprint.contract
             )?;
+            if let Some(o) = &s.last_planned {
+                for (t, id) in &o.topics {
+                    outln!("identity    {t}: {}", id.describe())?;
+                }
+                if let Some(db) = &o.sink_db {
+                    outln!("sink db     {db}")?;
+                }
+            }
             match &s.owner {
                 Some(o) => outln!(
                     "owner       pid {} on {} since {} (epoch {})",

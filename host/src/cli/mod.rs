@@ -23,6 +23,7 @@ macro_rules! outln {
 mod checkpoint_cmd;
 mod demo_cmd;
 mod plugin_cmd;
+mod reset_cmd;
 pub mod run_cmd;
 mod swap_cmd;
 mod test_cmd;

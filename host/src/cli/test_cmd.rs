@@ -176,11 +176,13 @@ fn parse_records(input: &[u8], format: InputFormat) -> anyhow::Result<Vec<Owned>
                     };
                     headers.push((h.key, v));
                 }
+                let (timestamp, timestamp_type) =
+                    crate::source::timestamp(r.timestamp.unwrap_or(-1), timestamp_type);
                 out.push(Owned {
                     topic: r.topic.unwrap_or_else(|| "test".into()),
                     partition: r.partition.unwrap_or(0),
                     offset: r.offset.unwrap_or(i as i64),
-                    timestamp: r.timestamp.unwrap_or(0),
+                    timestamp,
                     timestamp_type,
                     key: raw_bytes(r.key, r.key_b64, "key").with_context(ctx)?,
                     value: raw_bytes(r.value, r.value_b64, "value").with_context(ctx)?,

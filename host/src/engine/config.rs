@@ -107,7 +107,36 @@ pub struct PipelineConfig {
     pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
+/// `s` as one shell word (single-quoted unless it is plain).
+fn shell_word(s: &str) -> String {
+    if !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:,=@+%".contains(c))
+    {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
 impl PipelineConfig {
+    /// The `host checkpoint reset` command that moves this pipeline's
+    /// checkpoint, and its sink's progress rows, to the earliest offsets:
+    /// what error messages advise after a recreated or truncated topic. A
+    /// password in `--sink-db` shows as `***`.
+    pub fn reset_command(&self) -> String {
+        let mut cmd = format!(
+            "host checkpoint reset {} --to earliest --brokers {}",
+            shell_word(&self.checkpoint.display().to_string()),
+            shell_word(&self.brokers)
+        );
+        if let Some(db) = &self.sink_db {
+            cmd.push_str(" --sink-db ");
+            cmd.push_str(&shell_word(&crate::sink::sql::redact(db)));
+        }
+        cmd
+    }
+
     /// A configuration with the documented defaults.
     pub fn new(
         brokers: impl Into<String>,

@@ -50,7 +50,7 @@ use crate::plugin::chain::{
 };
 use crate::plugin::{CallContext, Instance, Plugin, PluginError, Runtime};
 use crate::sink::sql::{DbError, SqlGrant};
-use crate::sink::{Applied, DeadLetter, PartitionBatch, SinkDriver, SinkError};
+use crate::sink::{Applied, DeadLetter, PartitionBatch, SinkDriver, SinkError, Skipped};
 use crate::source::{FetchRange, KafkaSource, Piece, SourceError, SourceRecord, TopicPartition};
 
 pub use config::{DataLossPolicy, ErrorPolicy, PipelineConfig, ProgressMode, StartingOffsets};
@@ -119,7 +119,7 @@ pub enum EngineError {
     },
     /// The checkpoint is ahead of the log.
     #[error(
-        "{topic}/{partition}: the checkpoint's position {position} is beyond the partition's high watermark {high}: the topic was deleted and recreated, or truncated. Sluice will not guess where to resume: start a new checkpoint directory, or reset this one (`host checkpoint reset {checkpoint} --to earliest`)"
+        "{topic}/{partition}: the checkpoint's position {position} is beyond the partition's high watermark {high}: the topic was deleted and recreated, or truncated. Nothing was read. Sluice will not guess where to resume: reset the checkpoint (and the sink's progress rows) with `{reset}`, then start the pipeline again"
     )]
     BeyondEnd {
         /// Topic.
@@ -130,8 +130,24 @@ pub enum EngineError {
         position: i64,
         /// High watermark now.
         high: i64,
-        /// The checkpoint directory.
-        checkpoint: String,
+        /// The command that resets checkpoint and sink progress.
+        reset: String,
+    },
+    /// A topic is not the one the checkpoint's offsets belong to.
+    #[error(
+        "topic `{topic}` was deleted and created again since this checkpoint last read it: {why} (checkpoint: {was}; broker now: {now}). The checkpoint's offsets belong to the old topic, so nothing was read. To process the new topic from its start, reset the checkpoint (and the sink's progress rows) with `{reset}`, then start the pipeline again"
+    )]
+    TopicRecreated {
+        /// Topic.
+        topic: String,
+        /// What differs.
+        why: String,
+        /// The identity on record.
+        was: String,
+        /// The identity the broker reports.
+        now: String,
+        /// The command that resets checkpoint and sink progress.
+        reset: String,
     },
     /// Inconsistent configuration.
     #[error("{0}")]
@@ -601,7 +617,7 @@ pub fn run_with(
         epoch,
         ..RunSummary::default()
     };
-    let mut planner = plan::Planner::new(cfg, cp.recovery());
+    let mut planner = plan::Planner::new(cp.recovery(), cp.topic_identities());
     let mut pending_rerun = match cp.recovery() {
         Recovery::Rerun { entry } => Some(entry.clone()),
         Recovery::Resume { .. } => None,
@@ -686,6 +702,7 @@ pub fn run_with(
                     "re-running uncommitted batch {} with its planned ranges",
                     entry.batch_id
                 );
+                planner.check_topics(&source, cfg)?;
                 if let Some((client, note)) = handover.take() {
                     report_takeover(client, &note, epoch, &mut summary);
                 }
@@ -697,6 +714,9 @@ pub fn run_with(
                     report_takeover(client, &note, epoch, &mut summary);
                 }
                 if !planned.worth_a_batch {
+                    // Nothing to read: stop fetching until the next batch
+                    // (see KafkaSource::pause).
+                    source.pause();
                     if cfg.until_caught_up && planner.caught_up() {
                         tracing::info!("caught up with the data available at start");
                         break;
@@ -716,6 +736,8 @@ pub fn run_with(
                     plugins: stages.refs.clone(),
                     config_digest: cdigest.clone(),
                     note: None,
+                    topics: planned.topics,
+                    sink_db: cfg.sink_db.as_deref().map(crate::sink::sql::redact),
                 };
                 cp.append_offsets(&entry)?;
                 crate::checkpoint::failpoint("engine:after-write-ahead");
@@ -1100,8 +1122,8 @@ struct SinkReport {
     /// Outputs of the records the sink rejected (counted as outputs when
     /// the map stage made them).
     rejected_outputs: u64,
-    /// Per range: some part of it was found applied by an earlier run.
-    already_applied: Vec<bool>,
+    /// Per range: the offsets found applied already and skipped.
+    already_applied: Vec<Skipped>,
     time: Duration,
 }
 
@@ -1137,7 +1159,7 @@ fn run_sink(
         bad_records: 0,
         skipped: 0,
         rejected_outputs: 0,
-        already_applied: vec![false; ranges],
+        already_applied: vec![Skipped::default(); ranges],
         time: Duration::ZERO,
     };
     for job in jobs {
@@ -1256,15 +1278,24 @@ fn run_sink(
             rejected.push(src);
         };
         report.time += t.elapsed();
-        match applied {
-            Applied::Written { dead_lettered, .. } => report.dead_lettered += dead_lettered,
-            Applied::AlreadyApplied => {
-                tracing::debug!(topic = %job.part.topic, partition = job.part.partition, "[{}, {}) already applied by the sink; skipped", job.part.start_offset, job.part.end_offset);
-                if let Some(a) = report.already_applied.get_mut(job.range) {
-                    *a = true;
-                }
-                report.dead_lettered += dead_letters.len() as u64;
+        let skipped = match applied {
+            Applied::Written {
+                dead_lettered,
+                skipped,
+                ..
+            } => {
+                report.dead_lettered += dead_lettered;
+                skipped
             }
+            Applied::AlreadyApplied { skipped } => {
+                tracing::debug!(topic = %job.part.topic, partition = job.part.partition, "[{}, {}) already applied by the sink; skipped", job.part.start_offset, job.part.end_offset);
+                report.dead_lettered += dead_letters.len() as u64;
+                skipped
+            }
+        };
+        if let Some(a) = report.already_applied.get_mut(job.range) {
+            a.offsets += skipped.offsets;
+            a.by_other_batch |= skipped.by_other_batch;
         }
     }
     Ok(report)
@@ -1649,9 +1680,14 @@ fn run_batch(
         Ok((run.counts, run.map_time, report))
     })?;
     timings.fetch = ms(fetch_time);
-    for (range, applied) in entry.ranges.iter().zip(&report.already_applied) {
-        if *applied {
-            tracing::info!(topic = %range.topic, partition = range.partition, "range [{}, {}) was already applied by the sink (in whole or part); that part was skipped", range.start, range.end);
+    for (range, skipped) in entry.ranges.iter().zip(&report.already_applied) {
+        if skipped.offsets == 0 {
+            continue;
+        }
+        if skipped.by_other_batch {
+            tracing::warn!(topic = %range.topic, partition = range.partition, skipped = skipped.offsets, "{} of the {} offsets of [{}, {}) were skipped: the sink's progress rows (sluice_progress) show them applied by an earlier batch, so this is a reset back or a restored checkpoint. `host checkpoint reset … --sink-db URL --reapply` applies them again", skipped.offsets, range.end - range.start, range.start, range.end);
+        } else {
+            tracing::info!(topic = %range.topic, partition = range.partition, skipped = skipped.offsets, "{} of the {} offsets of [{}, {}) were applied by an earlier run of this batch; skipped", skipped.offsets, range.end - range.start, range.start, range.end);
         }
     }
     counts.dead_lettered += report.dead_lettered;

@@ -7,11 +7,17 @@
 //! `end = min(high watermark, start + max records per partition)`, and,
 //! with `--until-caught-up`, no further than the high watermark seen at the
 //! first plan of this run.
+//!
+//! Every plan (and the start of a re-run) first asks the broker for each
+//! topic's identity and refuses a topic that is not the one the
+//! checkpoint's offsets belong to ([`TopicIdentity::changed`]): the
+//! offsets of a deleted and recreated topic name other records, so
+//! nothing is read until `host checkpoint reset` says where to go.
 
 use std::collections::BTreeMap;
 
-use crate::checkpoint::{DataLossGap, OffsetsEntry, PartitionRange, Recovery};
-use crate::source::{KafkaSource, TopicPartition};
+use crate::checkpoint::{DataLossGap, OffsetsEntry, PartitionRange, Recovery, TopicIdentity};
+use crate::source::{KafkaSource, TopicInfo, TopicPartition};
 
 use super::{DataLossPolicy, EngineError, PipelineConfig, StartingOffsets, ends};
 
@@ -26,6 +32,8 @@ pub(crate) struct Planned {
     pub(crate) worth_a_batch: bool,
     /// Some partition hit the per-batch cap: more data is waiting.
     pub(crate) full: bool,
+    /// Identity of each topic as planned.
+    pub(crate) topics: BTreeMap<String, TopicIdentity>,
 }
 
 /// Positions and targets across batches of one run.
@@ -34,10 +42,14 @@ pub(crate) struct Planner {
     new_checkpoint: bool,
     targets: Option<BTreeMap<TopicPartition, i64>>,
     highs: BTreeMap<TopicPartition, i64>,
+    /// The identity the positions belong to, per topic.
+    identities: BTreeMap<String, TopicIdentity>,
 }
 
 impl Planner {
-    pub(crate) fn new(_cfg: &PipelineConfig, recovery: &Recovery) -> Self {
+    /// Positions from `recovery`, belonging to the topics `identities`
+    /// describe (the newest offsets entry's).
+    pub(crate) fn new(recovery: &Recovery, identities: &BTreeMap<String, TopicIdentity>) -> Self {
         let (positions, new_checkpoint) = match recovery {
             Recovery::Resume {
                 positions,
@@ -58,7 +70,61 @@ impl Planner {
             new_checkpoint,
             targets: None,
             highs: BTreeMap::new(),
+            identities: identities.clone(),
         }
+    }
+
+    /// Ask the broker for `topic` and refuse it when it is not the topic
+    /// the positions belong to. Returns its partitions.
+    fn check_topic(
+        &mut self,
+        source: &KafkaSource,
+        cfg: &PipelineConfig,
+        topic: &str,
+    ) -> Result<Vec<i32>, EngineError> {
+        let TopicInfo { id, partitions } = source.describe(topic)?;
+        let now = TopicIdentity {
+            id,
+            partitions: u32::try_from(partitions.len()).unwrap_or(u32::MAX),
+        };
+        let known = self.identities.get(topic).cloned();
+        let now = match known {
+            Some(was) => {
+                if let Some(why) = was.changed(&now) {
+                    return Err(EngineError::TopicRecreated {
+                        topic: topic.to_string(),
+                        why,
+                        was: was.describe(),
+                        now: now.describe(),
+                        reset: cfg.reset_command(),
+                    });
+                }
+                // A broker that stops returning ids (a downgrade) keeps the
+                // id on record, to compare against once it returns them.
+                TopicIdentity {
+                    id: now.id.or(was.id),
+                    partitions: now.partitions,
+                }
+            }
+            None => now,
+        };
+        self.identities.insert(topic.to_string(), now);
+        Ok(partitions)
+    }
+
+    /// Check every topic before a batch is re-run with its planned ranges.
+    ///
+    /// # Errors
+    /// [`EngineError::TopicRecreated`], or the source's error.
+    pub(crate) fn check_topics(
+        &mut self,
+        source: &KafkaSource,
+        cfg: &PipelineConfig,
+    ) -> Result<(), EngineError> {
+        for topic in &cfg.topics {
+            self.check_topic(source, cfg, topic)?;
+        }
+        Ok(())
     }
 
     pub(crate) fn plan(
@@ -73,7 +139,7 @@ impl Planner {
         let first_plan = self.targets.is_none();
         let mut targets = self.targets.take().unwrap_or_default();
         for topic in &cfg.topics {
-            for partition in source.partitions(topic)? {
+            for partition in self.check_topic(source, cfg, topic)? {
                 let tp = (topic.clone(), partition);
                 let (low, high) = source.watermarks(topic, partition)?;
                 self.highs.insert(tp.clone(), high);
@@ -125,12 +191,15 @@ impl Planner {
                     }
                 }
                 if start > high {
+                    // A topic deleted and recreated since its identity was
+                    // read above shows as a short log: say which it is.
+                    self.check_topic(source, cfg, topic)?;
                     return Err(EngineError::BeyondEnd {
                         topic: topic.clone(),
                         partition,
                         position: start,
                         high,
-                        checkpoint: cfg.checkpoint.display().to_string(),
+                        reset: cfg.reset_command(),
                     });
                 }
                 if cfg.until_caught_up && (first_plan || !targets.contains_key(&tp)) {
@@ -161,6 +230,12 @@ impl Planner {
             gaps,
             worth_a_batch: worth,
             full,
+            topics: self
+                .identities
+                .iter()
+                .filter(|(t, _)| cfg.topics.contains(t))
+                .map(|(t, i)| (t.clone(), i.clone()))
+                .collect(),
         })
     }
 

@@ -56,6 +56,15 @@ impl AppliedSet {
         })
     }
 
+    /// A row from parts already known to be valid (sorted, disjoint,
+    /// non-empty holes below `end`).
+    pub(crate) fn from_parts(end: i64, holes: Vec<Range<i64>>) -> Self {
+        AppliedSet {
+            end: Some(end),
+            holes,
+        }
+    }
+
     /// The row's `end_offset` (`None`: no row).
     pub fn end(&self) -> Option<i64> {
         self.end

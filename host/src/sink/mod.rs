@@ -26,6 +26,7 @@
 //! delivery is at-least-once and the plugin must use the idempotency keys.
 
 pub mod applied;
+pub mod reset;
 pub mod sql;
 
 use sluice_guest::wire::{self, SinkRecord};
@@ -81,15 +82,34 @@ pub struct PartitionBatch<'a> {
 /// What happened to a partition range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Applied {
-    /// Written now.
+    /// Written now (perhaps only the offsets the progress row did not show
+    /// applied).
     Written {
         /// Records handed to the plugin.
         records: u64,
         /// Dead letters stored.
         dead_lettered: u64,
+        /// Offsets of the range not written: already applied.
+        skipped: Skipped,
     },
     /// Already applied by an earlier run; nothing was done.
-    AlreadyApplied,
+    AlreadyApplied {
+        /// The offsets that were skipped.
+        skipped: Skipped,
+    },
+}
+
+/// Offsets of a range that were not written because they were already
+/// applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Skipped {
+    /// How many offsets (records, control records and compaction gaps
+    /// alike) of the range.
+    pub offsets: u64,
+    /// The progress row was last written by another batch than this one
+    /// (a reset back or a restored checkpoint), not by an earlier run of
+    /// the same batch (a crash and re-run), so the user may not expect it.
+    pub by_other_batch: bool,
 }
 
 /// Errors of the sink driver.
@@ -283,6 +303,7 @@ impl SinkDriver {
                     None => Ok(Applied::Written {
                         records: batch.records.len() as u64,
                         dead_lettered: 0,
+                        skipped: Skipped::default(),
                     }),
                 }
             }
@@ -382,12 +403,17 @@ impl SinkDriver {
             // run of this batch applied in part; after a reset back, a hole
             // a reset forward left, and not what was applied around it.
             let missing = applied.missing(&(r.start_offset..r.end_offset));
-            if missing.is_empty() {
-                return Ok(None);
-            }
             let skipped_by_other_batch = row_read
                 .as_ref()
                 .is_some_and(|row| row.batch_id != r.batch.batch_id as i64);
+            let offsets = applied.applied_in(&(r.start_offset..r.end_offset));
+            let skipped = Skipped {
+                offsets,
+                by_other_batch: skipped_by_other_batch && offsets > 0,
+            };
+            if missing.is_empty() {
+                return Ok(Err(skipped));
+            }
             let whole = missing.len() == 1
                 && missing[0].start == r.start_offset
                 && missing[0].end == r.end_offset;
@@ -398,7 +424,7 @@ impl SinkDriver {
                     .collect();
                 let by = row_read.as_ref().map_or(-1, |row| row.batch_id);
                 if skipped_by_other_batch {
-                    tracing::warn!(topic = %r.topic, partition = r.partition, "some offsets of [{}, {}) are already applied in the sink (sluice_progress, last written by batch {by}: a reset back or a restored checkpoint); writing only the missing ones: {}", r.start_offset, r.end_offset, pieces.join(", "));
+                    tracing::debug!(topic = %r.topic, partition = r.partition, "some offsets of [{}, {}) are already applied in the sink (sluice_progress, last written by batch {by}: a reset back or a restored checkpoint); writing only the missing ones: {}", r.start_offset, r.end_offset, pieces.join(", "));
                 } else {
                     tracing::info!(topic = %r.topic, partition = r.partition, "some offsets of [{}, {}) were applied by an earlier run of batch {by}; writing only the missing ones: {}", r.start_offset, r.end_offset, pieces.join(", "));
                 }
@@ -435,7 +461,7 @@ impl SinkDriver {
                     for piece in &pieces {
                         match run_plugin(i, piece) {
                             Ok(Applied::Written { records, .. }) => written_records += records,
-                            Ok(Applied::AlreadyApplied) => plugin_said_applied += 1,
+                            Ok(Applied::AlreadyApplied { .. }) => plugin_said_applied += 1,
                             Err(e) => {
                                 out = Err(e);
                                 break;
@@ -575,25 +601,32 @@ impl SinkDriver {
                 });
             }
             crate::checkpoint::failpoint("sink:before-db-commit");
-            Ok(Some(if plugin_said_applied == pieces.len() {
-                Applied::AlreadyApplied
+            Ok(Ok(if plugin_said_applied == pieces.len() {
+                Applied::AlreadyApplied {
+                    skipped: Skipped {
+                        offsets: (r.end_offset - r.start_offset).max(0) as u64,
+                        ..skipped
+                    },
+                }
             } else {
                 Applied::Written {
                     records: written_records,
                     // Dead letters of the whole range, stored now or by an
                     // earlier run.
                     dead_lettered: batch.dead_letters.len() as u64,
+                    skipped,
                 }
             }))
         })();
-        // Ok(None): the progress row shows the range applied; nothing to do.
+        // Ok(Err(_)): the progress row shows the range applied; nothing to
+        // do.
         let mut s = g.lock();
         match result {
-            Ok(None) => {
+            Ok(Err(skipped)) => {
                 s.rollback();
-                Ok(Applied::AlreadyApplied)
+                Ok(Applied::AlreadyApplied { skipped })
             }
-            Ok(Some(a)) => {
+            Ok(Ok(a)) => {
                 s.commit().map_err(sql_err("commit"))?;
                 Ok(a)
             }
@@ -609,7 +642,12 @@ impl SinkDriver {
 fn run_plugin(instance: &mut Instance, batch: &PartitionBatch<'_>) -> Result<Applied, SinkError> {
     let r = &batch.range;
     if instance.sink_open(r)? == OpenAnswer::AlreadyApplied {
-        return Ok(Applied::AlreadyApplied);
+        return Ok(Applied::AlreadyApplied {
+            skipped: Skipped {
+                offsets: (r.end_offset - r.start_offset).max(0) as u64,
+                by_other_batch: false,
+            },
+        });
     }
     let mut start = 0;
     while start < batch.records.len() {
@@ -656,6 +694,7 @@ fn run_plugin(instance: &mut Instance, batch: &PartitionBatch<'_>) -> Result<App
     Ok(Applied::Written {
         records: batch.records.len() as u64,
         dead_lettered: 0,
+        skipped: Skipped::default(),
     })
 }
 
@@ -729,7 +768,8 @@ mod tests {
                 apply(2, 10, 20).unwrap(),
                 Applied::Written {
                     records: 0,
-                    dead_lettered: 0
+                    dead_lettered: 0,
+                    skipped: Skipped::default(),
                 },
                 "{url}"
             );

@@ -14,7 +14,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
@@ -24,15 +24,29 @@ use rdkafka::message::{Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 use sluice_guest::wire::TimestampType;
 
+mod describe;
+use describe::Described;
+
 /// A (topic, partition) pair.
 pub type TopicPartition = (String, i32);
+
+/// A topic as the broker describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicInfo {
+    /// KIP-516 topic id in Kafka's base64 form; `None` when the broker
+    /// returns none (Kafka before 2.8).
+    pub id: Option<String>,
+    /// Partition ids, sorted, never empty.
+    pub partitions: Vec<i32>,
+}
 
 /// One record as read from Kafka, owned.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SourceRecord {
     /// Offset in its partition.
     pub offset: i64,
-    /// Milliseconds since the Unix epoch (0 when not available).
+    /// Milliseconds since the Unix epoch (0 when not available; see
+    /// [`timestamp`]).
     pub timestamp: i64,
     /// How the timestamp was set.
     pub timestamp_type: TimestampType,
@@ -84,6 +98,20 @@ pub enum SourceError {
         waited: Duration,
         /// The last error seen.
         last: String,
+    },
+    /// The broker answers and holds records past the position, but none
+    /// arrived: typically a record larger than the consumer's fetch limits.
+    #[error(
+        "fetch stalled on {stalled}: the broker answers and holds records there, but none arrived within {} s (last error: {last}). A record larger than the consumer's fetch limits stalls a partition on brokers that do not send an oversized first record anyway: raise them with --config kafka.max.partition.fetch.bytes=BYTES, kafka.fetch.max.bytes=BYTES and kafka.receive.message.max.bytes=BYTES (now {limits}); the broker's own message.max.bytes bounds what it stores", .waited.as_secs())]
+    FetchStalled {
+        /// `topic/partition at offset P (high watermark H)`, comma-separated.
+        stalled: String,
+        /// How long we waited.
+        waited: Duration,
+        /// The last consumer error seen.
+        last: String,
+        /// The fetch limits in force.
+        limits: String,
     },
     /// The receiver of a fetch stopped taking records (it failed).
     #[error("fetch cancelled: the batch stopped before every record was read")]
@@ -178,13 +206,34 @@ pub struct KafkaSource {
     /// Records read past the end of the previous batch.
     pending: HashMap<TopicPartition, VecDeque<SourceRecord>>,
     commit_group: bool,
+    /// The fetch size limits in force, for messages.
+    fetch_limits: String,
+    /// Broker that answers DescribeTopics ([`NO_BROKER`]: ask Metadata).
+    describe_via: AtomicI32,
+    /// The assigned partitions are paused ([`KafkaSource::pause`]).
+    paused: bool,
+}
+
+/// [`KafkaSource::describe_via`] before a broker is known.
+const NO_BROKER: i32 = i32::MIN;
+
+/// The one rule for a record's timestamp, for `host run` and `host test`
+/// alike: a negative timestamp (Kafka's `-1`, "no timestamp", KIP-32) or
+/// the `not-available` type is `(0, not-available)`, as the WIT contract
+/// documents; anything else passes unchanged.
+pub fn timestamp(ms: i64, kind: TimestampType) -> (i64, TimestampType) {
+    if ms < 0 || kind == TimestampType::NotAvailable {
+        (0, TimestampType::NotAvailable)
+    } else {
+        (ms, kind)
+    }
 }
 
 fn to_record(m: &rdkafka::message::BorrowedMessage<'_>) -> SourceRecord {
     let (timestamp, timestamp_type) = match m.timestamp() {
-        rdkafka::Timestamp::NotAvailable => (0, TimestampType::NotAvailable),
-        rdkafka::Timestamp::CreateTime(t) => (t, TimestampType::CreateTime),
-        rdkafka::Timestamp::LogAppendTime(t) => (t, TimestampType::LogAppendTime),
+        rdkafka::Timestamp::NotAvailable => timestamp(-1, TimestampType::NotAvailable),
+        rdkafka::Timestamp::CreateTime(t) => timestamp(t, TimestampType::CreateTime),
+        rdkafka::Timestamp::LogAppendTime(t) => timestamp(t, TimestampType::LogAppendTime),
     };
     let headers = m
         .headers()
@@ -286,6 +335,26 @@ impl KafkaSource {
         let consumer: BaseConsumer = cfg
             .create()
             .map_err(|e| SourceError::Client(e.to_string()))?;
+        // librdkafka's defaults (CONFIGURATION.md of librdkafka 2.12).
+        let fetch_limits = [
+            ("max.partition.fetch.bytes", "1048576"),
+            ("fetch.max.bytes", "52428800"),
+            ("receive.message.max.bytes", "100000000"),
+        ]
+        .iter()
+        .map(|(k, default)| {
+            let v = cfg
+                .get(k)
+                .or_else(|| {
+                    (*k == "max.partition.fetch.bytes")
+                        .then(|| cfg.get("fetch.message.max.bytes"))
+                        .flatten()
+                })
+                .unwrap_or(default);
+            format!("{k}={v}")
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
         Ok(KafkaSource {
             consumer,
             meta,
@@ -295,6 +364,9 @@ impl KafkaSource {
             assigned: BTreeMap::new(),
             pending: HashMap::new(),
             commit_group,
+            fetch_limits,
+            describe_via: AtomicI32::new(NO_BROKER),
+            paused: false,
         })
     }
 
@@ -322,10 +394,10 @@ impl KafkaSource {
     }
 
     /// Retry `f` with backoff until it succeeds or the timeout passes.
-    fn retry<T>(
+    fn retry<T, E: std::fmt::Display>(
         &self,
         what: impl Fn() -> String,
-        mut f: impl FnMut() -> Result<T, KafkaError>,
+        mut f: impl FnMut() -> Result<T, E>,
     ) -> Result<T, SourceError> {
         let started = Instant::now();
         let mut delay = Duration::from_millis(100);
@@ -347,59 +419,74 @@ impl KafkaSource {
     /// The partitions of `topic`, sorted.
     ///
     /// # Errors
+    /// As [`KafkaSource::describe`].
+    pub fn partitions(&self, topic: &str) -> Result<Vec<i32>, SourceError> {
+        self.describe(topic).map(|t| t.partitions)
+    }
+
+    /// A broker to send DescribeTopics to: one a Metadata answer listed
+    /// (asked now if none is known; forgotten when a describe fails).
+    fn describe_broker(&self, topic: &str, timeout: Duration) -> Result<i32, KafkaError> {
+        let known = self.describe_via.load(Ordering::Relaxed);
+        if known != NO_BROKER {
+            return Ok(known);
+        }
+        // Metadata of one topic: the broker list comes with any answer.
+        let md = self.admin().fetch_metadata(Some(topic), timeout)?;
+        let id = md
+            .brokers()
+            .iter()
+            .map(|b| b.id())
+            .find(|id| *id == md.orig_broker_id())
+            .or_else(|| md.brokers().first().map(|b| b.id()))
+            .ok_or(KafkaError::MetadataFetch(
+                RDKafkaErrorCode::BrokerNotAvailable,
+            ))?;
+        self.describe_via.store(id, Ordering::Relaxed);
+        Ok(id)
+    }
+
+    /// The identity of `topic` as the broker sees it now: its KIP-516 id
+    /// and its partitions (a fresh Metadata request, not a cached answer).
+    ///
+    /// # Errors
     /// [`SourceError::UnknownTopic`] when the brokers answer for 5 s that
     /// it does not exist; [`SourceError::Unavailable`] when they do not
     /// answer within the timeout.
-    pub fn partitions(&self, topic: &str) -> Result<Vec<i32>, SourceError> {
+    pub fn describe(&self, topic: &str) -> Result<TopicInfo, SourceError> {
         let per_call = self.timeout.min(Duration::from_secs(5));
         // A broker that answers "unknown topic" is asked again for a few
         // seconds (metadata can lag a topic's creation), not for the whole
         // broker timeout: a mistyped topic should fail fast. An unreachable
         // broker is still waited for up to the timeout.
         let started = Instant::now();
-        let unknown = |code: RDKafkaErrorCode| {
-            if started.elapsed() >= UNKNOWN_TOPIC_PATIENCE.min(self.timeout) {
-                Ok(Vec::new()) // reported as UnknownTopic below
-            } else {
-                Err(KafkaError::MetadataFetch(code))
-            }
-        };
-        let md = self.retry(
+        let found = self.retry(
             || format!("metadata of topic {topic}"),
-            || {
-                let md = self.admin().fetch_metadata(Some(topic), per_call)?;
-                match md.topics().iter().find(|t| t.name() == topic) {
-                    Some(t) => match t.error() {
-                        None => Ok(t.partitions().iter().map(|p| p.id()).collect::<Vec<_>>()),
-                        Some(e) => match RDKafkaErrorCode::from(e) {
-                            c @ (RDKafkaErrorCode::UnknownTopicOrPartition
-                            | RDKafkaErrorCode::UnknownTopic) => unknown(c),
-                            c => Err(KafkaError::MetadataFetch(c)),
-                        },
-                    },
-                    None => unknown(RDKafkaErrorCode::UnknownTopicOrPartition),
+            || match describe::describe(
+                self.admin(),
+                self.describe_broker(topic, per_call)
+                    .map_err(|e| e.to_string())?,
+                topic,
+                per_call,
+            )
+            .inspect_err(|_| self.describe_via.store(NO_BROKER, Ordering::Relaxed))?
+            {
+                Described::Topic { id, partitions } if !partitions.is_empty() => {
+                    Ok(Some(TopicInfo { id, partitions }))
+                }
+                Described::Topic { .. } | Described::Unknown => {
+                    if started.elapsed() >= UNKNOWN_TOPIC_PATIENCE.min(self.timeout) {
+                        Ok(None)
+                    } else {
+                        Err(format!("topic {topic} not known to the broker (yet)"))
+                    }
                 }
             },
-        );
-        match md {
-            Ok(mut ps) if !ps.is_empty() => {
-                ps.sort_unstable();
-                Ok(ps)
-            }
-            Ok(_) => Err(SourceError::UnknownTopic {
-                topic: topic.to_string(),
-                brokers: self.brokers.clone(),
-            }),
-            Err(SourceError::Unavailable { last, .. })
-                if last.contains("UnknownTopic") || last.contains("Unknown topic") =>
-            {
-                Err(SourceError::UnknownTopic {
-                    topic: topic.to_string(),
-                    brokers: self.brokers.clone(),
-                })
-            }
-            Err(e) => Err(e),
-        }
+        )?;
+        found.ok_or_else(|| SourceError::UnknownTopic {
+            topic: topic.to_string(),
+            brokers: self.brokers.clone(),
+        })
     }
 
     /// `(log start offset, high watermark)` of a partition (the last stable
@@ -510,9 +597,51 @@ impl KafkaSource {
         Ok(())
     }
 
+    /// Stop fetching the assigned partitions until the next
+    /// [`KafkaSource::fetch`]: for an idle pipeline, between batches.
+    ///
+    /// librdkafka 2.12.1 crashes (SIGSEGV in `rd_kafka_metadata_cache_find`
+    /// from `rd_kafka_metadata_update_op`) when a Fetch answer carries
+    /// KIP-951 leader tags for a topic with an all-zero topic id: it then
+    /// looks the topic up by a name the answer does not have. Tansu 0.6.0
+    /// answers a Fetch for a deleted topic's old id that way, so a topic
+    /// deleted and recreated under a consumer that keeps fetching crashed
+    /// the host in 5 of 6 tries. Fetching only while a batch reads ranges
+    /// that the plan just checked against the broker's topic id (see
+    /// `engine::plan`) leaves a recreation during that batch's fetch as
+    /// the only window. Records buffered by librdkafka are dropped and
+    /// fetched again from the next undelivered offset on resume, which
+    /// is where `assigned` says the next range starts.
+    pub fn pause(&mut self) {
+        if self.paused || self.assigned.is_empty() {
+            return;
+        }
+        if let Ok(tpl) = self.consumer.assignment()
+            && self.consumer.pause(&tpl).is_ok()
+        {
+            self.paused = true;
+        }
+    }
+
+    fn resume(&mut self) -> Result<(), SourceError> {
+        if !self.paused {
+            return Ok(());
+        }
+        let tpl = self
+            .consumer
+            .assignment()
+            .map_err(|e| SourceError::Client(format!("assignment: {e}")))?;
+        self.consumer
+            .resume(&tpl)
+            .map_err(|e| SourceError::Client(format!("resume: {e}")))?;
+        self.paused = false;
+        Ok(())
+    }
+
     /// Forget the consumer's positions (after a failed fetch): the next
     /// fetch assigns from scratch.
     fn reset(&mut self) {
+        let _ = self.resume();
         let _ = self.consumer.unassign();
         self.assigned.clear();
         self.pending.clear();
@@ -583,6 +712,7 @@ impl KafkaSource {
         active: &[FetchRange],
         pieces: &mut Pieces<'_>,
     ) -> Result<(), SourceError> {
+        self.resume()?;
         self.position_for(active)?;
         let index: HashMap<TopicPartition, usize> = ranges
             .iter()
@@ -644,16 +774,7 @@ impl KafkaSource {
             if since_clock >= CLOCK_EVERY {
                 since_clock = 0;
                 if started.elapsed() > self.timeout {
-                    let mut missing: Vec<String> = remaining
-                        .iter()
-                        .map(|((t, p), end)| format!("{t}/{p} up to {end}"))
-                        .collect();
-                    missing.sort();
-                    return Err(self.unavailable(
-                        format!("fetching {}", missing.join(", ")),
-                        started.elapsed(),
-                        last_error,
-                    ));
+                    return Err(self.fetch_timed_out(remaining, started.elapsed(), last_error));
                 }
                 // Control records and compaction gaps leave no message at
                 // the end of a range: the consumer position tells us we are
@@ -729,6 +850,68 @@ impl KafkaSource {
             }
         }
         Ok(())
+    }
+
+    /// The error for a fetch that delivered nothing more within the
+    /// timeout: [`SourceError::FetchStalled`] when the broker answers and
+    /// its high watermark is past the consumer's position on some missing
+    /// partition, [`SourceError::Unavailable`] otherwise.
+    fn fetch_timed_out(
+        &self,
+        remaining: &HashMap<TopicPartition, i64>,
+        waited: Duration,
+        last: String,
+    ) -> SourceError {
+        let positions: HashMap<TopicPartition, i64> = self
+            .consumer
+            .position()
+            .map(|tpl| {
+                tpl.elements()
+                    .iter()
+                    .filter_map(|e| match e.offset() {
+                        Offset::Offset(o) => Some(((e.topic().to_string(), e.partition()), o)),
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut missing: Vec<(&TopicPartition, &i64)> = remaining.iter().collect();
+        missing.sort();
+        let mut stalled = Vec::new();
+        for (tp, _) in &missing {
+            let Some(pos) = positions
+                .get(*tp)
+                .copied()
+                .or_else(|| self.assigned.get(*tp).copied())
+            else {
+                continue;
+            };
+            // One quick question, not a retry loop: a broker that does not
+            // answer is the "unavailable" case below.
+            if let Ok((_, high)) = self
+                .meta
+                .fetch_watermarks(&tp.0, tp.1, Duration::from_secs(2))
+                && high > pos
+            {
+                stalled.push(format!(
+                    "{}/{} at offset {pos} (high watermark {high})",
+                    tp.0, tp.1
+                ));
+            }
+        }
+        if !stalled.is_empty() {
+            return SourceError::FetchStalled {
+                stalled: stalled.join(", "),
+                waited,
+                last,
+                limits: self.fetch_limits.clone(),
+            };
+        }
+        let what: Vec<String> = missing
+            .iter()
+            .map(|((t, p), end)| format!("{t}/{p} up to {end}"))
+            .collect();
+        self.unavailable(format!("fetching {}", what.join(", ")), waited, last)
     }
 
     fn out_of_range(

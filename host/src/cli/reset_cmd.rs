@@ -1,0 +1,596 @@
+//! `host checkpoint reset`: move a checkpoint to other offsets, and the
+//! sink's progress rows with it, in one audited step.
+//!
+//! Order of the writes: the checkpoint lock is taken first (no pipeline
+//! runs meanwhile), then the sink's rows change in one database
+//! transaction, then the reset's write-ahead/commit pair is written. A crash
+//! between the two leaves rows that were already moved and a checkpoint
+//! that was not; the next run then stops as before (a recreated topic is
+//! refused again) and the same reset can simply be repeated.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, anyhow};
+
+use super::{CliError, ExitCode, WithCode};
+use crate::checkpoint::{self, Checkpoint, OpenOptions, ResetRecord, TopicIdentity, rfc3339_ms};
+use crate::sink::SinkDriver;
+use crate::sink::applied::AppliedSet;
+use crate::sink::reset::RowChange;
+use crate::sink::sql::{SqlGrant, redact};
+use crate::source::KafkaSource;
+
+/// The options of `host checkpoint reset`.
+#[derive(Debug)]
+pub struct ResetArgs {
+    /// The checkpoint directory.
+    pub dir: PathBuf,
+    /// `earliest`, `latest`, `timestamp:MS` or `offsets:JSON`.
+    pub to: String,
+    /// Kafka bootstrap servers.
+    pub brokers: Option<String>,
+    /// The pipeline's sink database.
+    pub sink_db: Option<String>,
+    /// Apply records from the new positions again, even those the sink
+    /// shows applied.
+    pub reapply: bool,
+    /// Leave the sink's progress rows alone.
+    pub keep_sink_progress: bool,
+    /// Print and write nothing.
+    pub dry_run: bool,
+}
+
+/// Current positions: the ends of the newest committed batch.
+fn positions(s: &checkpoint::Status) -> BTreeMap<(String, i32), i64> {
+    match (&s.last_planned, &s.last_committed) {
+        (Some(o), Some(c)) if o.batch_id == c.batch_id => o
+            .ranges
+            .iter()
+            .map(|r| ((r.topic.clone(), r.partition), r.end))
+            .collect(),
+        (Some(o), _) => o
+            .ranges
+            .iter()
+            .map(|r| ((r.topic.clone(), r.partition), r.start))
+            .collect(),
+        _ => BTreeMap::new(),
+    }
+}
+
+/// What the broker says now, per topic.
+struct Broker {
+    identity: BTreeMap<String, TopicIdentity>,
+    /// `(log start, high watermark)` per partition.
+    watermarks: BTreeMap<(String, i32), (i64, i64)>,
+    source: KafkaSource,
+}
+
+fn ask_broker(brokers: &str, topics: &[String]) -> Result<Broker, CliError> {
+    let source = KafkaSource::new(
+        brokers,
+        &BTreeMap::new(),
+        "sluice-reset",
+        false,
+        Duration::from_secs(30),
+    )?;
+    let mut identity = BTreeMap::new();
+    let mut watermarks = BTreeMap::new();
+    for topic in topics {
+        let info = source.describe(topic)?;
+        for p in &info.partitions {
+            watermarks.insert((topic.clone(), *p), source.watermarks(topic, *p)?);
+        }
+        identity.insert(
+            topic.clone(),
+            TopicIdentity {
+                id: info.id,
+                partitions: u32::try_from(info.partitions.len()).unwrap_or(u32::MAX),
+            },
+        );
+    }
+    Ok(Broker {
+        identity,
+        watermarks,
+        source,
+    })
+}
+
+fn targets(
+    to: &str,
+    broker: Option<&Broker>,
+    topics: &[String],
+    current: &BTreeMap<(String, i32), i64>,
+) -> Result<BTreeMap<(String, i32), i64>, CliError> {
+    if let Some(json) = to.strip_prefix("offsets:") {
+        let parsed: BTreeMap<String, BTreeMap<String, i64>> = serde_json::from_str(json)
+            .context("--to offsets:JSON expects {\"topic\":{\"partition\":offset}}")
+            .code(ExitCode::Usage)?;
+        let mut out = current.clone();
+        for (topic, parts) in parsed {
+            if !topics.contains(&topic) {
+                return Err(anyhow!(
+                    "topic `{topic}` is not in this checkpoint (its topics: {})",
+                    topics.join(", ")
+                ))
+                .code(ExitCode::Usage);
+            }
+            for (p, o) in parts {
+                let p: i32 = p
+                    .parse()
+                    .map_err(|_| anyhow!("partition `{p}` is not a number"))
+                    .code(ExitCode::Usage)?;
+                if !current.contains_key(&(topic.clone(), p)) {
+                    let known: Vec<String> = current
+                        .keys()
+                        .filter(|(t, _)| *t == topic)
+                        .map(|(_, p)| p.to_string())
+                        .collect();
+                    return Err(anyhow!(
+                        "partition {p} of `{topic}` is not in this checkpoint (its partitions: {}); a partition the pipeline has not read yet starts at its earliest offset",
+                        known.join(", ")
+                    ))
+                    .code(ExitCode::Usage);
+                }
+                if o < 0 {
+                    return Err(anyhow!("offset {o} for {topic}/{p} is negative"))
+                        .code(ExitCode::Usage);
+                }
+                out.insert((topic.clone(), p), o);
+            }
+        }
+        return Ok(out);
+    }
+    let broker = broker
+        .ok_or_else(|| anyhow!("--to {to} needs --brokers to look the offsets up"))
+        .code(ExitCode::Usage)?;
+    let by_time = match to.strip_prefix("timestamp:") {
+        Some(ms) => Some(
+            ms.parse::<i64>()
+                .map_err(|_| anyhow!("--to timestamp:MS expects milliseconds since the Unix epoch"))
+                .code(ExitCode::Usage)?,
+        ),
+        None if to == "earliest" || to == "latest" => None,
+        None => {
+            return Err(anyhow!(
+                "--to `{to}`: use earliest, latest, timestamp:MS or offsets:JSON"
+            ))
+            .code(ExitCode::Usage);
+        }
+    };
+    let mut out = BTreeMap::new();
+    for topic in topics {
+        let parts: Vec<i32> = broker
+            .watermarks
+            .keys()
+            .filter(|(t, _)| t == topic)
+            .map(|(_, p)| *p)
+            .collect();
+        let found = match by_time {
+            Some(ms) => Some(broker.source.offsets_for_timestamp(topic, &parts, ms).map_err(|e| {
+                anyhow!("{e}; this broker cannot answer timestamp lookups, reset with --to offsets:JSON instead")
+            })?),
+            None => None,
+        };
+        for p in parts {
+            let (low, high) = broker.watermarks[&(topic.clone(), p)];
+            let o = match &found {
+                Some(t) => t.get(&p).copied().unwrap_or(high),
+                None if to == "earliest" => low,
+                None => high,
+            };
+            out.insert((topic.clone(), p), o);
+        }
+    }
+    Ok(out)
+}
+
+/// What the broker reports now.
+struct Found<'a> {
+    identity: &'a BTreeMap<String, TopicIdentity>,
+    watermarks: &'a BTreeMap<(String, i32), (i64, i64)>,
+}
+
+/// What the reset does to the sink's progress rows, and why.
+#[derive(Debug, Default)]
+struct RowPlan {
+    /// Per partition.
+    changes: BTreeMap<(String, i32), RowChange>,
+    /// One line per reason, for the output and the entry's note.
+    notes: Vec<String>,
+    /// The rows must be read or moved: without them the reset would make
+    /// the pipeline skip records it never applied.
+    needs_rows: bool,
+    /// Topic identities to record with the reset.
+    identities: BTreeMap<String, TopicIdentity>,
+}
+
+/// Decide what happens to the progress rows. A row whose offsets belong
+/// to a log that is gone is forgotten: every partition of a topic whose
+/// identity changed, and any partition whose log now ends below the end
+/// the row shows applied (which also catches a truncated or recreated
+/// topic on a broker without topic ids). With `reapply` every other row
+/// keeps only what lies below the new position.
+fn plan_rows(
+    recorded: &BTreeMap<String, TopicIdentity>,
+    found: Option<&Found<'_>>,
+    before: &BTreeMap<(String, i32), i64>,
+    after: &BTreeMap<(String, i32), i64>,
+    rows: &BTreeMap<(String, i32), AppliedSet>,
+    reapply: bool,
+) -> RowPlan {
+    let mut plan = RowPlan {
+        identities: recorded.clone(),
+        needs_rows: reapply,
+        ..RowPlan::default()
+    };
+    if reapply {
+        plan.notes
+            .push("--reapply changes the sink's progress rows".into());
+    }
+    if let Some(f) = found {
+        for (topic, now) in f.identity {
+            if let Some(was) = recorded.get(topic)
+                && let Some(why) = was.changed(now)
+            {
+                plan.notes.push(format!(
+                    "topic {topic} was deleted and created again: {why}"
+                ));
+                plan.needs_rows = true;
+                for tp in before
+                    .keys()
+                    .chain(after.keys())
+                    .chain(rows.keys())
+                    .filter(|(t, _)| t == topic)
+                {
+                    plan.changes.insert(tp.clone(), RowChange::Forget);
+                }
+            }
+            let id = now
+                .id
+                .clone()
+                .or_else(|| recorded.get(topic).and_then(|w| w.id.clone()));
+            plan.identities.insert(
+                topic.clone(),
+                TopicIdentity {
+                    id,
+                    partitions: now.partitions,
+                },
+            );
+        }
+        for (tp, (_, high)) in f.watermarks {
+            if plan.changes.contains_key(tp) {
+                continue;
+            }
+            if before.get(tp).is_some_and(|pos| pos > high) {
+                // The checkpoint is past the log's end: truncated, recreated,
+                // or reset forward past it. Only the rows can tell which.
+                plan.needs_rows = true;
+                if !rows.contains_key(tp) {
+                    plan.notes.push(format!(
+                        "{}/{}: the checkpoint's position {} is beyond the log's end {high}",
+                        tp.0, tp.1, before[tp]
+                    ));
+                }
+            }
+            if let Some(end) = rows.get(tp).and_then(AppliedSet::end)
+                && end > *high
+            {
+                plan.notes.push(format!(
+                    "{}/{}: the log now ends at {high}, below the offsets the sink applied (up to {end}): it was truncated or recreated",
+                    tp.0, tp.1
+                ));
+                plan.changes.insert(tp.clone(), RowChange::Forget);
+            }
+        }
+    }
+    if reapply {
+        for (tp, o) in after {
+            plan.changes
+                .entry(tp.clone())
+                .or_insert(RowChange::ReapplyFrom(*o));
+        }
+    }
+    plan
+}
+
+fn show(set: Option<&AppliedSet>) -> String {
+    match set.and_then(AppliedSet::end) {
+        None => "no row".into(),
+        Some(end) => {
+            let holes = set.map(AppliedSet::holes).unwrap_or_default();
+            if holes.is_empty() {
+                format!("applied below {end}")
+            } else {
+                let h: Vec<String> = holes
+                    .iter()
+                    .map(|h| format!("[{}, {})", h.start, h.end))
+                    .collect();
+                format!("applied below {end} except {}", h.join(" "))
+            }
+        }
+    }
+}
+
+/// Run `host checkpoint reset`.
+///
+/// # Errors
+/// Exit 3 while the checkpoint is owned; 2 for bad targets, or when the
+/// sink's progress rows must move and no `--sink-db` was given; 1 for a
+/// corrupt checkpoint, a broker or database error.
+pub fn run(a: ResetArgs) -> Result<(), CliError> {
+    let dir = &a.dir;
+    let s = checkpoint::status(dir)?;
+    if s.owner.is_some() && !a.dry_run {
+        let owner = s.owner.clone();
+        return Err(CliError {
+            code: ExitCode::Owned,
+            error: anyhow!(
+                "checkpoint {} is owned by {}; stop it (SIGTERM) before resetting: reset refuses to move a running pipeline",
+                dir.display(),
+                checkpoint::describe_owner(&owner)
+            ),
+        });
+    }
+    if s.next_action == "rerun" && !a.dry_run {
+        return Err(CliError {
+            code: ExitCode::Failed,
+            error: anyhow!(
+                "checkpoint {}: batch {} is planned but not committed; run the pipeline once so it is re-run and committed, then reset",
+                dir.display(),
+                s.next_batch
+            ),
+        });
+    }
+    if a.reapply && a.keep_sink_progress {
+        return Err(anyhow!(
+            "--reapply moves the sink's progress rows and --keep-sink-progress leaves them: pick one"
+        ))
+        .code(ExitCode::Usage);
+    }
+    let topics = s.metadata.fingerprint.topics.clone();
+    let before = positions(&s);
+    let recorded: BTreeMap<String, TopicIdentity> = s
+        .last_planned
+        .as_ref()
+        .map(|o| o.topics.clone())
+        .unwrap_or_default();
+    let recorded_sink = s.last_planned.as_ref().and_then(|o| o.sink_db.clone());
+    let broker = match &a.brokers {
+        Some(b) => Some(ask_broker(b, &topics)?),
+        None => None,
+    };
+    let after = targets(&a.to, broker.as_ref(), &topics, &before)?;
+
+    let driver = match &a.sink_db {
+        Some(url) if !a.keep_sink_progress => Some(
+            SqlGrant::connect(url)
+                .and_then(|g| SinkDriver::new(Some(g)))
+                .map_err(|e| anyhow!("sink database {}: {e}", redact(url)))?,
+        ),
+        _ => None,
+    };
+    let rows = match &driver {
+        Some(d) => d.progress_rows(&s.metadata.query_id)?,
+        None => BTreeMap::new(),
+    };
+    let found = broker.as_ref().map(|b| Found {
+        identity: &b.identity,
+        watermarks: &b.watermarks,
+    });
+    let plan = plan_rows(&recorded, found.as_ref(), &before, &after, &rows, a.reapply);
+    if driver.is_none() && !a.keep_sink_progress && recorded_sink.is_some() && plan.needs_rows {
+        let db = recorded_sink.as_deref().unwrap_or("URL");
+        let mut cmd = format!("host checkpoint reset {} --to {}", dir.display(), a.to);
+        if let Some(b) = &a.brokers {
+            cmd.push_str(&format!(" --brokers {b}"));
+        }
+        cmd.push_str(&format!(" --sink-db {db}"));
+        if a.reapply {
+            cmd.push_str(" --reapply");
+        }
+        return Err(anyhow!(
+            "{}. The pipeline's sink database keeps progress rows that must be checked or moved with the checkpoint, or their offsets would be skipped as already applied; nothing was changed. Run `{cmd}`{}, or pass --keep-sink-progress to leave the rows as they are",
+            plan.notes.join("; "),
+            if db.contains("***") {
+                " (with the password where *** stands)"
+            } else {
+                ""
+            }
+        ))
+        .code(ExitCode::Usage);
+    }
+    if a.reapply && driver.is_none() {
+        return Err(anyhow!(
+            "--reapply moves the sink's progress rows: pass --sink-db URL (the pipeline's sink database)"
+        ))
+        .code(ExitCode::Usage);
+    }
+    let RowPlan {
+        changes,
+        notes,
+        identities,
+        ..
+    } = plan;
+    if broker.is_none() && !recorded.is_empty() {
+        tracing::warn!(
+            "no --brokers: topic identities were not checked; after a topic was deleted and recreated, reset with --brokers so the checkpoint records the new topic"
+        );
+    }
+
+    outln!(
+        "{:<24} {:>9} {:>14} {:>14}",
+        "TOPIC",
+        "PARTITION",
+        "BEFORE",
+        "AFTER"
+    )?;
+    for ((t, p), o) in &after {
+        let b = before
+            .get(&(t.clone(), *p))
+            .map_or("-".to_string(), |b| b.to_string());
+        outln!("{t:<24} {p:>9} {b:>14} {o:>14}")?;
+    }
+    for n in &notes {
+        outln!("{n}")?;
+    }
+    let query_id = s.metadata.query_id.clone();
+    if driver.is_some() {
+        for (tp, change) in &changes {
+            let row = rows.get(tp);
+            let new = match change {
+                RowChange::Forget => None,
+                RowChange::ReapplyFrom(at) => row.and_then(|r| r.below(*at)),
+            };
+            if row != new.as_ref() {
+                outln!(
+                    "sink progress {}/{}: {} -> {}",
+                    tp.0,
+                    tp.1,
+                    show(row),
+                    show(new.as_ref())
+                )?;
+            }
+        }
+        if !a.reapply {
+            for (tp, o) in &after {
+                let Some(row) = rows.get(tp).filter(|_| !changes.contains_key(tp)) else {
+                    continue;
+                };
+                let n = row.applied_in(&(*o..row.end().unwrap_or(*o).max(*o)));
+                if n > 0 {
+                    outln!(
+                        "sink progress {}/{}: {n} offsets from {o} on are already applied and will be skipped (pass --reapply to apply them again)",
+                        tp.0,
+                        tp.1
+                    )?;
+                }
+            }
+        }
+    }
+    if a.dry_run {
+        outln!("dry run: nothing written")?;
+        return Ok(());
+    }
+    let mut cp = Checkpoint::open(
+        dir,
+        &OpenOptions {
+            topics,
+            create: false,
+            ..OpenOptions::default()
+        },
+    )
+    .map_err(|e| CliError {
+        code: if e.is_owned() {
+            ExitCode::Owned
+        } else {
+            ExitCode::Failed
+        },
+        error: e.into(),
+    })?;
+    let batch_id = cp.next_batch_id();
+    let mut moved = 0usize;
+    if let Some(d) = &driver {
+        let done = d.reset_progress(&query_id, cp.epoch(), batch_id, &changes)?;
+        moved = done.values().filter(|r| r.before != r.after).count();
+    }
+    let plugins = s.last_committed.map(|c| c.plugins).unwrap_or_default();
+    let mut note = format!(
+        "reset to {} by `host checkpoint reset` (pid {}, {})",
+        a.to,
+        std::process::id(),
+        rfc3339_ms(checkpoint::now_ms())
+    );
+    if driver.is_some() {
+        note.push_str(&format!("; sink progress rows moved: {moved}"));
+    }
+    for n in &notes {
+        note.push_str("; ");
+        note.push_str(n);
+    }
+    let sink_db = a.sink_db.as_deref().map(redact).or(recorded_sink);
+    let batch = cp.reset(
+        &after,
+        plugins,
+        ResetRecord {
+            note,
+            topics: identities,
+            sink_db,
+        },
+    )?;
+    if driver.is_some() {
+        outln!("moved {moved} sink progress row(s) in one transaction")?;
+    }
+    outln!(
+        "wrote batch {batch} (offsets/{batch} and commits/{batch}); the next run starts from AFTER"
+    )?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(s: Option<&str>, partitions: u32) -> TopicIdentity {
+        TopicIdentity {
+            id: s.map(str::to_string),
+            partitions,
+        }
+    }
+
+    fn tp(p: i32) -> (String, i32) {
+        ("t".to_string(), p)
+    }
+
+    #[test]
+    fn rows_of_a_recreated_or_shortened_log_are_forgotten_and_others_kept() {
+        let recorded = BTreeMap::from([("t".to_string(), id(Some("OLD"), 2))]);
+        let before = BTreeMap::from([(tp(0), 10), (tp(1), 50)]);
+        let after = BTreeMap::from([(tp(0), 0), (tp(1), 0)]);
+        let rows = BTreeMap::from([
+            (tp(0), AppliedSet::from_row(10, "[]").unwrap()),
+            (tp(1), AppliedSet::from_row(10, "[]").unwrap()),
+        ]);
+        // Same id; partition 1 was reset forward past its end (50 > 15)
+        // but its row (applied up to 10) fits the log: nothing forgotten,
+        // yet the rows had to be read to know.
+        let marks = BTreeMap::from([(tp(0), (0, 15)), (tp(1), (0, 15))]);
+        let same = BTreeMap::from([("t".to_string(), id(Some("OLD"), 2))]);
+        let f = Found {
+            identity: &same,
+            watermarks: &marks,
+        };
+        let plan = plan_rows(&recorded, Some(&f), &before, &after, &rows, false);
+        assert!(plan.changes.is_empty(), "{:?}", plan.changes);
+        assert!(plan.needs_rows);
+        // A new id: every partition forgotten, the new id recorded.
+        let new = BTreeMap::from([("t".to_string(), id(Some("NEW"), 3))]);
+        let f = Found {
+            identity: &new,
+            watermarks: &marks,
+        };
+        let plan = plan_rows(&recorded, Some(&f), &before, &after, &rows, false);
+        assert_eq!(plan.changes.len(), 2);
+        assert!(plan.changes.values().all(|c| *c == RowChange::Forget));
+        assert_eq!(plan.identities["t"], id(Some("NEW"), 3));
+        assert!(plan.notes[0].contains("OLD to NEW"), "{:?}", plan.notes);
+        // No ids at all (an old broker): a log that ends below what the
+        // sink applied is another log.
+        let none = BTreeMap::from([("t".to_string(), id(None, 2))]);
+        let short = BTreeMap::from([(tp(0), (0, 5)), (tp(1), (0, 15))]);
+        let f = Found {
+            identity: &none,
+            watermarks: &short,
+        };
+        let plan = plan_rows(&none, Some(&f), &before, &after, &rows, false);
+        assert_eq!(plan.changes, BTreeMap::from([(tp(0), RowChange::Forget)]));
+        // --reapply cuts the other rows at the new positions.
+        let plan = plan_rows(&none, Some(&f), &before, &after, &rows, true);
+        assert_eq!(plan.changes[&tp(1)], RowChange::ReapplyFrom(0));
+        assert_eq!(plan.changes[&tp(0)], RowChange::Forget);
+        // Without the broker nothing can be told.
+        let plan = plan_rows(&recorded, None, &before, &after, &rows, false);
+        assert!(plan.changes.is_empty() && !plan.needs_rows);
+    }
+}

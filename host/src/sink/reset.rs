@@ -1,0 +1,240 @@
+//! Moving a pipeline's `sluice_progress` rows with a `host checkpoint
+//! reset`, so that what the sink shows applied agrees with where the
+//! checkpoint says to read next.
+//!
+//! Two changes exist, applied in one database transaction:
+//! - **Forget** a partition: its row is deleted. For a topic that was
+//!   deleted and created again (or a partition whose log now ends below
+//!   what was read): the row's offsets name records of the old log, so
+//!   none of the new log's offsets may count as applied.
+//! - **Re-apply from** an offset: the row keeps only what it shows applied
+//!   below that offset, so the records from there on are applied again
+//!   (for a user who emptied the destination tables and wants them
+//!   refilled). Without it a reset back skips what was applied, which is
+//!   what exactly-once across resets means.
+//!
+//! The caller holds the checkpoint lock, so no pipeline writes these rows
+//! meanwhile.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+use super::applied::AppliedSet;
+use super::sql::{DbError, SqlValue};
+use super::{SinkDriver, SinkError};
+
+/// One change to one partition's progress row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RowChange {
+    /// Delete the row.
+    Forget,
+    /// Keep only what is applied below this offset.
+    ReapplyFrom(i64),
+}
+
+/// What a partition's row showed, and what was done.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowReport {
+    /// The row before (`None`: no row).
+    pub before: Option<AppliedSet>,
+    /// The row after (`None`: no row).
+    pub after: Option<AppliedSet>,
+}
+
+impl SinkDriver {
+    /// The progress rows of `query_id`, per (topic, partition).
+    ///
+    /// # Errors
+    /// [`SinkError::Sql`] when the table cannot be read or a row is
+    /// damaged.
+    pub fn progress_rows(
+        &self,
+        query_id: &str,
+    ) -> Result<BTreeMap<(String, i32), AppliedSet>, SinkError> {
+        let Some(g) = &self.sql else {
+            return Ok(BTreeMap::new());
+        };
+        let err = |error: DbError| SinkError::Sql {
+            during: "reading sluice_progress",
+            site: format!("query id {query_id}"),
+            error,
+        };
+        let rows = g
+            .lock()
+            .backend()
+            .query(
+                &format!(
+                    "SELECT topic, \"partition\", end_offset, holes FROM {} WHERE query_id = $1",
+                    self.tables.progress
+                ),
+                &[SqlValue::Text(query_id.to_string())],
+            )
+            .map_err(err)?;
+        let mut out = BTreeMap::new();
+        for row in rows.rows {
+            match (row.first(), row.get(1), row.get(2), row.get(3)) {
+                (
+                    Some(SqlValue::Text(t)),
+                    Some(SqlValue::Integer(p)),
+                    Some(SqlValue::Integer(end)),
+                    Some(SqlValue::Text(holes)),
+                ) => {
+                    let set = AppliedSet::from_row(*end, holes).map_err(|m| {
+                        err(DbError {
+                            message: format!("row of {t}/{p}: {m}"),
+                            code: "sluice".into(),
+                        })
+                    })?;
+                    out.insert((t.clone(), i32::try_from(*p).unwrap_or(i32::MAX)), set);
+                }
+                _ => {
+                    return Err(err(DbError {
+                        message: format!("unexpected row {row:?}"),
+                        code: "sluice".into(),
+                    }));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Apply `changes` to the progress rows of `query_id` in one
+    /// transaction (all or nothing). Rows that change are written with
+    /// `epoch` and `batch_id` (the reset's). Returns each partition's row
+    /// before and after.
+    ///
+    /// # Errors
+    /// [`SinkError::Sql`]; nothing is changed then.
+    pub fn reset_progress(
+        &self,
+        query_id: &str,
+        epoch: u64,
+        batch_id: u64,
+        changes: &BTreeMap<(String, i32), RowChange>,
+    ) -> Result<BTreeMap<(String, i32), RowReport>, SinkError> {
+        let Some(g) = &self.sql else {
+            return Ok(BTreeMap::new());
+        };
+        let rows = self.progress_rows(query_id)?;
+        let err = |error: DbError| SinkError::Sql {
+            during: "moving sluice_progress for a reset",
+            site: format!("query id {query_id}"),
+            error,
+        };
+        let mut s = g.lock();
+        s.begin().map_err(err)?;
+        let result = (|| {
+            let mut out = BTreeMap::new();
+            for ((topic, partition), change) in changes {
+                let before = rows.get(&(topic.clone(), *partition)).cloned();
+                let after = match (&before, change) {
+                    (None, _) | (Some(_), RowChange::Forget) => None,
+                    (Some(b), RowChange::ReapplyFrom(at)) => b.below(*at),
+                };
+                if after != before {
+                    let key = [
+                        SqlValue::Text(query_id.to_string()),
+                        SqlValue::Text(topic.clone()),
+                        SqlValue::Integer((*partition).into()),
+                    ];
+                    let b = s.backend();
+                    match &after {
+                        None => {
+                            b.execute(
+                                &format!(
+                                    "DELETE FROM {} WHERE query_id = $1 AND topic = $2 AND \"partition\" = $3",
+                                    self.tables.progress
+                                ),
+                                &key,
+                            )?;
+                        }
+                        Some(a) => {
+                            let mut params = key.to_vec();
+                            params.extend([
+                                SqlValue::Integer(a.end().unwrap_or(0)),
+                                SqlValue::Text(a.holes_text()),
+                                SqlValue::Integer(i64::try_from(epoch).unwrap_or(i64::MAX)),
+                                SqlValue::Integer(i64::try_from(batch_id).unwrap_or(i64::MAX)),
+                                SqlValue::Integer(crate::checkpoint::now_ms()),
+                            ]);
+                            b.execute(
+                                &format!(
+                                    "UPDATE {} SET end_offset = $4, holes = $5, epoch = $6, batch_id = $7, updated_at_ms = $8 \
+                                     WHERE query_id = $1 AND topic = $2 AND \"partition\" = $3",
+                                    self.tables.progress
+                                ),
+                                &params,
+                            )?;
+                        }
+                    }
+                }
+                out.insert((topic.clone(), *partition), RowReport { before, after });
+            }
+            Ok(out)
+        })();
+        match result {
+            Ok(out) => {
+                s.commit().map_err(err)?;
+                Ok(out)
+            }
+            Err(e) => {
+                s.rollback();
+                Err(err(e))
+            }
+        }
+    }
+}
+
+impl AppliedSet {
+    /// What this row shows applied below `at` (`None`: nothing, the row
+    /// can go).
+    pub fn below(&self, at: i64) -> Option<AppliedSet> {
+        let end = self.end()?.min(at);
+        let holes: Vec<Range<i64>> = self
+            .holes()
+            .iter()
+            .filter(|h| h.start < end)
+            .map(|h| h.start..h.end.min(end))
+            .collect();
+        if end <= 0 || holes.iter().map(|h| h.end - h.start).sum::<i64>() >= end {
+            return None;
+        }
+        Some(AppliedSet::from_parts(end, holes))
+    }
+
+    /// How many offsets of `range` this row shows applied.
+    pub fn applied_in(&self, range: &Range<i64>) -> u64 {
+        let missing: i64 = self.missing(range).iter().map(|m| m.end - m.start).sum();
+        u64::try_from((range.end - range.start).max(0) - missing).unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_row_cut_at_an_offset_keeps_what_lies_below() {
+        let s = AppliedSet::from_row(100, "[[10,20],[50,60]]").unwrap();
+        assert_eq!(s.below(200), Some(s.clone()));
+        assert_eq!(
+            s.below(55),
+            Some(AppliedSet::from_row(55, "[[10,20],[50,55]]").unwrap())
+        );
+        assert_eq!(
+            s.below(30),
+            Some(AppliedSet::from_row(30, "[[10,20]]").unwrap())
+        );
+        assert_eq!(s.below(0), None);
+        // Only a hole below: nothing applied, the row goes.
+        assert_eq!(
+            AppliedSet::from_row(40, "[[0,30]]").unwrap().below(20),
+            None
+        );
+        assert_eq!(AppliedSet::empty().below(10), None);
+        assert_eq!(s.applied_in(&(0..100)), 80);
+        assert_eq!(s.applied_in(&(15..55)), 30);
+        assert_eq!(s.applied_in(&(100..150)), 0);
+        assert_eq!(AppliedSet::empty().applied_in(&(0..10)), 0);
+    }
+}
