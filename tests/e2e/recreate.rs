@@ -233,13 +233,20 @@ fn the_beyond_the_end_advice_followed_literally_applies_the_rest_once() {
 
 #[test]
 fn a_reset_that_must_move_sink_rows_without_sink_db_is_refused_with_the_command() {
+    for db in Db::both() {
+        refused_then_moved_on(&db);
+    }
+}
+
+/// [`a_reset_that_must_move_sink_rows_without_sink_db_is_refused_with_the_command`]
+/// on one database.
+fn refused_then_moved_on(db: &Db) {
     let old = Mock::new();
     old.create_topic("raw", 1);
     produce(&old, "raw", 0, (0..3).map(|i| format!("v{i}")));
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("ckpt");
-    let db = Db::sqlite();
-    ok(run(&old.bootstrap(), "raw", &ckpt, &db));
+    ok(run(&old.bootstrap(), "raw", &ckpt, db));
     let new = Mock::new();
     new.create_topic("raw", 1);
     let ck = ckpt.to_str().unwrap();
@@ -271,8 +278,8 @@ fn a_reset_that_must_move_sink_rows_without_sink_db_is_refused_with_the_command(
         &db.url,
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
-    ok(run(&new.bootstrap(), "raw", &ckpt, &db));
-    assert_eq!(counted(&db), 6);
+    ok(run(&new.bootstrap(), "raw", &ckpt, db));
+    assert_eq!(counted(db), 6);
     let shown = crate::support::host(&["checkpoint", "show", ck]);
     let shown = String::from_utf8_lossy(&shown.stdout);
     assert!(shown.contains("identity    raw: topic id"), "{shown}");
@@ -280,13 +287,19 @@ fn a_reset_that_must_move_sink_rows_without_sink_db_is_refused_with_the_command(
 
 #[test]
 fn reapply_applies_again_what_the_sink_shows_applied() {
+    for db in Db::both() {
+        reapply_on(&db);
+    }
+}
+
+/// [`reapply_applies_again_what_the_sink_shows_applied`] on one database.
+fn reapply_on(db: &Db) {
     let mock = Mock::new();
     mock.create_topic("raw", 1);
     produce(&mock, "raw", 0, (0..8).map(|i| format!("v{i}")));
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("ckpt");
-    let db = Db::sqlite();
-    ok(run(&mock.bootstrap(), "raw", &ckpt, &db));
+    ok(run(&mock.bootstrap(), "raw", &ckpt, db));
     let ck = ckpt.to_str().unwrap();
     let reset = |extra: &[&str]| {
         let mut args = vec![
@@ -308,8 +321,13 @@ fn reapply_applies_again_what_the_sink_shows_applied() {
         said.contains("applied below 8 -> applied below 5"),
         "{said}"
     );
-    ok(run(&mock.bootstrap(), "raw", &ckpt, &db));
-    assert_eq!(counted(&db), 11, "offsets 5, 6 and 7 applied a second time");
+    ok(run(&mock.bootstrap(), "raw", &ckpt, db));
+    assert_eq!(
+        counted(db),
+        11,
+        "{}: offsets 5, 6 and 7 applied a second time",
+        db.name
+    );
 }
 
 #[test]
