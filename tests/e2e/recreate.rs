@@ -130,6 +130,7 @@ fn recreate_and_grow(
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("was deleted and created again"), "{err}");
     assert!(err.contains("topic id"), "{err}");
+    assert!(err.contains("--topic raw --to earliest"), "{err}");
     assert_eq!(counted(&db), 10, "nothing of the new topic applied: {err}");
 
     let reset = follow_advice(&err);
@@ -352,7 +353,7 @@ fn recreating_a_topic_with_more_partitions_under_a_running_host_never_crashes_it
         if let Some(err) = advice.take() {
             follow_advice(&err);
         }
-        let host = Command::new(host_bin())
+        let mut host = Command::new(host_bin())
             .args([
                 "run",
                 "--brokers",
@@ -368,15 +369,37 @@ fn recreating_a_topic_with_more_partitions_under_a_running_host_never_crashes_it
                 "--trigger-interval",
                 "50ms",
                 "--progress",
-                "none",
+                "json",
             ])
             .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
-        // Idle and fetching by then (the outcome is the same if not: the
-        // next plan sees the new topic id).
-        std::thread::sleep(std::time::Duration::from_millis(1200));
+        // Idle by then: the previous round's records applied (one batch
+        // line), and the next plan found nothing to read. A deletion in
+        // the middle of a fetch can still crash librdkafka on Tansu (see
+        // KafkaSource::pause); an idle host must never.
+        let lines = {
+            use std::io::{BufRead, BufReader};
+            let out = host.stdout.take().unwrap();
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                for l in BufReader::new(out).lines().map_while(Result::ok) {
+                    if tx.send(l).is_err() {
+                        break;
+                    }
+                }
+            });
+            rx
+        };
+        if round > 0 {
+            let line = lines
+                .recv_timeout(std::time::Duration::from_secs(60))
+                .unwrap_or_else(|e| panic!("round {round}: no batch committed: {e}"));
+            assert!(line.contains("\"batch_id\""), "{line}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(700));
         let out = tansu.topic(&["delete", "raw", "--broker", &broker]);
         assert!(out.status.success(), "{}", stderr(&out));
         tansu.create_topic("raw", 2 + round);
@@ -405,4 +428,178 @@ fn recreating_a_topic_with_more_partitions_under_a_running_host_never_crashes_it
     assert_eq!(counted(&db), s.len() as i64);
     assert!((0..3).all(|i| s.contains_key(&format!("r19-{i}"))), "{s:?}");
     assert!((0..5).all(|i| s.contains_key(&format!("v{i}"))), "{s:?}");
+}
+
+/// `run`'s arguments plus a failpoint: the host stops at `failpoint` and
+/// is killed there (SIGKILL), leaving the batch it planned uncommitted.
+fn run_until_killed_at(bootstrap: &str, topic: &str, ckpt: &Path, db: &Db, failpoint: &str) {
+    use std::io::{BufRead, BufReader};
+    let counter = plugin("sql_counter");
+    let mut child = Command::new(host_bin())
+        .args([
+            "run",
+            "--brokers",
+            bootstrap,
+            "--topic",
+            topic,
+            "--checkpoint",
+            ckpt.to_str().unwrap(),
+            "--sink-db",
+            &db.url,
+            "--plugin",
+            counter.to_str().unwrap(),
+            "--until-caught-up",
+            "--progress",
+            "none",
+        ])
+        .env("RUST_LOG", "warn")
+        .env("SLUICE_FAILPOINT", failpoint)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let err = child.stderr.take().unwrap();
+    for line in BufReader::new(err).lines() {
+        if line.unwrap().contains("FAILPOINT") {
+            break;
+        }
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+#[test]
+fn a_topic_recreated_under_an_uncommitted_batch_is_reset_by_abandoning_the_batch() {
+    // The host dies after planning batch 1 of the old topic; the topic is
+    // recreated. The re-run is refused (recreated topic), and the advised
+    // reset must not refuse in turn ("re-run first"): it abandons the
+    // batch with a noted commit entry and moves on.
+    let old = Mock::new();
+    old.create_topic("raw", 1);
+    produce(&old, "raw", 0, (0..4).map(|i| format!("old{i}")));
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let db = Db::sqlite();
+    ok(run(&old.bootstrap(), "raw", &ckpt, &db));
+    produce(&old, "raw", 0, (4..8).map(|i| format!("old{i}")));
+    run_until_killed_at(
+        &old.bootstrap(),
+        "raw",
+        &ckpt,
+        &db,
+        "engine:after-write-ahead",
+    );
+    let shown = crate::support::host(&["checkpoint", "show", ckpt.to_str().unwrap()]);
+    assert!(
+        String::from_utf8_lossy(&shown.stdout).contains("re-run batch"),
+        "{}",
+        String::from_utf8_lossy(&shown.stdout)
+    );
+
+    let new = Mock::new();
+    new.create_topic("raw", 1);
+    produce(&new, "raw", 0, (0..6).map(|i| format!("new{i}")));
+    let out = run(&new.bootstrap(), "raw", &ckpt, &db);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("was deleted and created again"), "{err}");
+    let reset = follow_advice(&err);
+    let said = String::from_utf8_lossy(&reset.stdout);
+    assert!(said.contains("the reset abandons it"), "{said}");
+    ok(run(&new.bootstrap(), "raw", &ckpt, &db));
+    let s = seen(&db);
+    assert!(s.values().all(|n| *n == 1), "{s:?}");
+    assert!((0..6).all(|i| s.contains_key(&format!("new{i}"))), "{s:?}");
+    assert_eq!(counted(&db), s.len() as i64);
+    let shown = crate::support::host(&["checkpoint", "show", "--json", ckpt.to_str().unwrap()]);
+    assert!(shown.status.success());
+}
+
+#[test]
+fn the_advice_moves_only_the_recreated_topic_and_offsets_json_cannot_skip_its_records() {
+    // Two topics, read from another cluster that holds both under the
+    // same names: both are "recreated". `--topic b` moves b alone, and an
+    // `offsets:{}` that names none of b's partitions must start them at
+    // their log start, not keep the old topic's positions; `a`, reset on
+    // its own, keeps its position, so nothing of it is read twice.
+    let old = Mock::new();
+    old.create_topic("a", 1);
+    old.create_topic("b", 1);
+    produce(&old, "a", 0, (0..5).map(|i| format!("a{i}")));
+    produce(&old, "b", 0, (0..5).map(|i| format!("old-b{i}")));
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let db = Db::sqlite();
+    let two = |bootstrap: &str| {
+        let counter = plugin("sql_counter");
+        crate::support::host(&[
+            "run",
+            "--brokers",
+            bootstrap,
+            "--topic",
+            "a",
+            "--topic",
+            "b",
+            "--checkpoint",
+            ckpt.to_str().unwrap(),
+            "--sink-db",
+            &db.url,
+            "--plugin",
+            counter.to_str().unwrap(),
+            "--until-caught-up",
+            "--progress",
+            "none",
+        ])
+    };
+    ok(two(&old.bootstrap()));
+    assert_eq!(counted(&db), 10);
+    let new = Mock::new();
+    new.create_topic("a", 1);
+    new.create_topic("b", 1);
+    produce(&new, "a", 0, (0..5).map(|i| format!("a{i}")));
+    produce(&new, "b", 0, (0..7).map(|i| format!("new-b{i}")));
+    let ck = ckpt.to_str().unwrap();
+    // offsets:JSON for `b` naming no partition: b/0 must start at its log
+    // start (0), not keep the old topic's position 5.
+    let out = crate::support::host(&[
+        "checkpoint",
+        "reset",
+        ck,
+        "--topic",
+        "b",
+        "--to",
+        "offsets:{}",
+        "--brokers",
+        &new.bootstrap(),
+        "--sink-db",
+        &db.url,
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("topic b was deleted and created again"),
+        "{said}"
+    );
+    // `a` on the new cluster is another topic too: reset it alone, keeping
+    // its position (its 5 records are the same ones).
+    let out = crate::support::host(&[
+        "checkpoint",
+        "reset",
+        ck,
+        "--topic",
+        "a",
+        "--to",
+        "offsets:{\"a\":{\"0\":5}}",
+        "--brokers",
+        &new.bootstrap(),
+        "--keep-sink-progress",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    ok(two(&new.bootstrap()));
+    let s = seen(&db);
+    assert!(s.values().all(|n| *n == 1), "{s:?}");
+    assert!(
+        (0..7).all(|i| s.contains_key(&format!("new-b{i}"))),
+        "{s:?}"
+    );
+    assert_eq!(counted(&db), 10 + 7);
 }

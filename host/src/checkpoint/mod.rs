@@ -842,9 +842,7 @@ impl Checkpoint {
             topics,
             sink_db,
         } = reset;
-        if matches!(self.recovery, Recovery::Rerun { .. })
-            || self.last_planned != self.last_committed
-        {
+        if self.last_planned != self.last_committed {
             return Err(CheckpointError::Misuse {
                 dir: self.dir.clone(),
                 reason: "the newest batch is not committed; run the pipeline once so it is re-run and committed, then reset".into(),
@@ -881,6 +879,39 @@ impl Checkpoint {
             data_loss: Vec::new(),
             note: Some(note),
         })?;
+        Ok(batch_id)
+    }
+
+    /// Give up the planned, uncommitted batch without running it again:
+    /// write its commit entry with zero counts and `note` saying why. Only
+    /// for a batch that cannot be re-run (a topic of it was recreated), by
+    /// `host checkpoint reset`, which then moves the positions. Returns the
+    /// batch id.
+    ///
+    /// # Errors
+    /// [`CheckpointError::Misuse`] when no batch is uncommitted;
+    /// [`CheckpointError::Fenced`]; [`CheckpointError::Io`].
+    pub fn abandon(&mut self, note: String) -> Result<u64, CheckpointError> {
+        let Some(batch_id) = self
+            .last_planned
+            .filter(|p| Some(*p) != self.last_committed)
+        else {
+            return Err(CheckpointError::Misuse {
+                dir: self.dir.clone(),
+                reason: "no uncommitted batch to abandon".into(),
+            });
+        };
+        self.commit(&CommitEntry {
+            batch_id,
+            epoch: self.epoch,
+            committed_at_ms: now_ms(),
+            counts: Counts::default(),
+            timings_ms: Timings::default(),
+            plugins: Vec::new(),
+            data_loss: Vec::new(),
+            note: Some(note),
+        })?;
+        tracing::warn!(checkpoint = %self.dir.display(), batch = batch_id, "abandoned uncommitted batch {batch_id}");
         Ok(batch_id)
     }
 

@@ -60,6 +60,14 @@ pub enum CheckpointCommand {
         /// applied are skipped.
         #[arg(long)]
         keep_sink_progress: bool,
+        /// Move only this topic (repeatable); the others keep their
+        /// positions. Default: every topic of the checkpoint.
+        #[arg(long = "topic", value_name = "NAME")]
+        topics: Vec<String>,
+        /// librdkafka property for the broker lookups, as `kafka.NAME=VALUE`
+        /// (the pipeline's security settings, say). Repeatable.
+        #[arg(long = "config", value_name = "kafka.NAME=VALUE", value_parser = super::parse_kv)]
+        config: Vec<(String, String)>,
         /// Print before/after and write nothing.
         #[arg(long)]
         dry_run: bool,
@@ -79,16 +87,38 @@ pub fn run(cmd: CheckpointCommand) -> Result<(), CliError> {
             sink_db,
             reapply,
             keep_sink_progress,
+            topics,
+            config,
             dry_run,
-        } => super::reset_cmd::run(super::reset_cmd::ResetArgs {
-            dir,
-            to,
-            brokers,
-            sink_db,
-            reapply,
-            keep_sink_progress,
-            dry_run,
-        }),
+        } => {
+            let mut kafka = std::collections::BTreeMap::new();
+            for (k, v) in config {
+                match k.strip_prefix("kafka.") {
+                    Some(name) => {
+                        kafka.insert(name.to_string(), v);
+                    }
+                    None => {
+                        return Err(super::CliError {
+                            code: super::ExitCode::Usage,
+                            error: anyhow::anyhow!(
+                                "--config {k}=…: checkpoint reset takes librdkafka properties only, as kafka.NAME=VALUE"
+                            ),
+                        });
+                    }
+                }
+            }
+            super::reset_cmd::run(super::reset_cmd::ResetArgs {
+                dir,
+                to,
+                brokers,
+                sink_db,
+                reapply,
+                keep_sink_progress,
+                topics,
+                kafka,
+                dry_run,
+            })
+        }
         CheckpointCommand::Show { dir, json } => {
             let s = checkpoint::status(&dir)?;
             if json {

@@ -1,12 +1,19 @@
 //! `host checkpoint reset`: move a checkpoint to other offsets, and the
 //! sink's progress rows with it, in one audited step.
 //!
-//! Order of the writes: the checkpoint lock is taken first (no pipeline
-//! runs meanwhile), then the sink's rows change in one database
-//! transaction, then the reset's write-ahead/commit pair is written. A crash
-//! between the two leaves rows that were already moved and a checkpoint
-//! that was not; the next run then stops as before (a recreated topic is
-//! refused again) and the same reset can simply be repeated.
+//! Order: the checkpoint lock is taken first, and everything the reset is
+//! computed from is read after it (no pipeline runs meanwhile); then the
+//! sink's rows change in one database transaction; then the reset's
+//! write-ahead/commit pair is written. A crash between the two leaves rows
+//! that were moved and a checkpoint that was not: after a recreated topic
+//! the next run stops as before and the same reset can be repeated; after
+//! `--reapply` the rows show less applied than was, so the records between
+//! the cut and the old position are applied again when a reset reaches
+//! them. Run the reset again in either case.
+//!
+//! An uncommitted batch is re-run first, except when one of its topics
+//! was recreated (its re-run would be refused): the reset then abandons
+//! it with an empty, noted commit entry.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -16,6 +23,7 @@ use anyhow::{Context, anyhow};
 
 use super::{CliError, ExitCode, WithCode};
 use crate::checkpoint::{self, Checkpoint, OpenOptions, ResetRecord, TopicIdentity, rfc3339_ms};
+use crate::engine::{redact_property, shell_word};
 use crate::sink::SinkDriver;
 use crate::sink::applied::AppliedSet;
 use crate::sink::reset::RowChange;
@@ -38,6 +46,10 @@ pub struct ResetArgs {
     pub reapply: bool,
     /// Leave the sink's progress rows alone.
     pub keep_sink_progress: bool,
+    /// Only these topics move (empty: all of the checkpoint's).
+    pub topics: Vec<String>,
+    /// librdkafka properties for the lookups (`kafka.` prefix removed).
+    pub kafka: BTreeMap<String, String>,
     /// Print and write nothing.
     pub dry_run: bool,
 }
@@ -67,10 +79,14 @@ struct Broker {
     source: KafkaSource,
 }
 
-fn ask_broker(brokers: &str, topics: &[String]) -> Result<Broker, CliError> {
+fn ask_broker(
+    brokers: &str,
+    kafka: &BTreeMap<String, String>,
+    topics: &[String],
+) -> Result<Broker, CliError> {
     let source = KafkaSource::new(
         brokers,
-        &BTreeMap::new(),
+        kafka,
         "sluice-reset",
         false,
         Duration::from_secs(30),
@@ -97,22 +113,52 @@ fn ask_broker(brokers: &str, topics: &[String]) -> Result<Broker, CliError> {
     })
 }
 
+/// The positions after the reset: `to` for the partitions of `moving`
+/// (every partition the broker reports for a recreated topic, which starts
+/// at its log start unless `offsets:JSON` names it), the current position
+/// for every other partition.
 fn targets(
     to: &str,
     broker: Option<&Broker>,
-    topics: &[String],
+    moving: &[String],
+    recreated: &[String],
     current: &BTreeMap<(String, i32), i64>,
 ) -> Result<BTreeMap<(String, i32), i64>, CliError> {
+    // Partitions of another topic, or of a topic that was not recreated
+    // and is not moving, keep their position.
+    let mut out: BTreeMap<(String, i32), i64> = current
+        .iter()
+        .filter(|((t, _), _)| !recreated.contains(t))
+        .map(|(k, v)| (k.clone(), *v))
+        .collect();
+    let partitions_of = |topic: &str| -> Vec<i32> {
+        broker.map_or_else(Vec::new, |b| {
+            b.watermarks
+                .keys()
+                .filter(|(t, _)| t == topic)
+                .map(|(_, p)| *p)
+                .collect()
+        })
+    };
+    let low_of = |topic: &str, p: i32| -> i64 {
+        broker
+            .and_then(|b| b.watermarks.get(&(topic.to_string(), p)))
+            .map_or(0, |(low, _)| *low)
+    };
+    for topic in recreated {
+        for p in partitions_of(topic) {
+            out.insert((topic.clone(), p), low_of(topic, p));
+        }
+    }
     if let Some(json) = to.strip_prefix("offsets:") {
         let parsed: BTreeMap<String, BTreeMap<String, i64>> = serde_json::from_str(json)
             .context("--to offsets:JSON expects {\"topic\":{\"partition\":offset}}")
             .code(ExitCode::Usage)?;
-        let mut out = current.clone();
         for (topic, parts) in parsed {
-            if !topics.contains(&topic) {
+            if !moving.contains(&topic) {
                 return Err(anyhow!(
-                    "topic `{topic}` is not in this checkpoint (its topics: {})",
-                    topics.join(", ")
+                    "topic `{topic}` is not among the topics this reset moves ({})",
+                    moving.join(", ")
                 ))
                 .code(ExitCode::Usage);
             }
@@ -121,8 +167,8 @@ fn targets(
                     .parse()
                     .map_err(|_| anyhow!("partition `{p}` is not a number"))
                     .code(ExitCode::Usage)?;
-                if !current.contains_key(&(topic.clone(), p)) {
-                    let known: Vec<String> = current
+                if !out.contains_key(&(topic.clone(), p)) {
+                    let known: Vec<String> = out
                         .keys()
                         .filter(|(t, _)| *t == topic)
                         .map(|(_, p)| p.to_string())
@@ -159,14 +205,8 @@ fn targets(
             .code(ExitCode::Usage);
         }
     };
-    let mut out = BTreeMap::new();
-    for topic in topics {
-        let parts: Vec<i32> = broker
-            .watermarks
-            .keys()
-            .filter(|(t, _)| t == topic)
-            .map(|(_, p)| *p)
-            .collect();
+    for topic in moving {
+        let parts = partitions_of(topic);
         let found = match by_time {
             Some(ms) => Some(broker.source.offsets_for_timestamp(topic, &parts, ms).map_err(|e| {
                 anyhow!("{e}; this broker cannot answer timestamp lookups, reset with --to offsets:JSON instead")
@@ -215,6 +255,7 @@ struct RowPlan {
 fn plan_rows(
     recorded: &BTreeMap<String, TopicIdentity>,
     found: Option<&Found<'_>>,
+    moving: &[String],
     before: &BTreeMap<(String, i32), i64>,
     after: &BTreeMap<(String, i32), i64>,
     rows: &BTreeMap<(String, i32), AppliedSet>,
@@ -286,7 +327,7 @@ fn plan_rows(
         }
     }
     if reapply {
-        for (tp, o) in after {
+        for (tp, o) in after.iter().filter(|((t, _), _)| moving.contains(t)) {
             plan.changes
                 .entry(tp.clone())
                 .or_insert(RowChange::ReapplyFrom(*o));
@@ -321,6 +362,12 @@ fn show(set: Option<&AppliedSet>) -> String {
 /// corrupt checkpoint, a broker or database error.
 pub fn run(a: ResetArgs) -> Result<(), CliError> {
     let dir = &a.dir;
+    if a.reapply && a.keep_sink_progress {
+        return Err(anyhow!(
+            "--reapply moves the sink's progress rows and --keep-sink-progress leaves them: pick one"
+        ))
+        .code(ExitCode::Usage);
+    }
     let s = checkpoint::status(dir)?;
     if s.owner.is_some() && !a.dry_run {
         let owner = s.owner.clone();
@@ -333,23 +380,46 @@ pub fn run(a: ResetArgs) -> Result<(), CliError> {
             ),
         });
     }
-    if s.next_action == "rerun" && !a.dry_run {
-        return Err(CliError {
-            code: ExitCode::Failed,
-            error: anyhow!(
-                "checkpoint {}: batch {} is planned but not committed; run the pipeline once so it is re-run and committed, then reset",
-                dir.display(),
-                s.next_batch
-            ),
-        });
-    }
-    if a.reapply && a.keep_sink_progress {
-        return Err(anyhow!(
-            "--reapply moves the sink's progress rows and --keep-sink-progress leaves them: pick one"
-        ))
-        .code(ExitCode::Usage);
-    }
-    let topics = s.metadata.fingerprint.topics.clone();
+    // Take the lock before reading what the reset is computed from, so no
+    // pipeline runs between the read and the write.
+    let cp = if a.dry_run {
+        None
+    } else {
+        Some(
+            Checkpoint::open(
+                dir,
+                &OpenOptions {
+                    topics: s.metadata.fingerprint.topics.clone(),
+                    create: false,
+                    ..OpenOptions::default()
+                },
+            )
+            .map_err(|e| CliError {
+                code: if e.is_owned() {
+                    ExitCode::Owned
+                } else {
+                    ExitCode::Failed
+                },
+                error: e.into(),
+            })?,
+        )
+    };
+    let s = checkpoint::status(dir)?;
+    let all = s.metadata.fingerprint.topics.clone();
+    let moving: Vec<String> = if a.topics.is_empty() {
+        all.clone()
+    } else {
+        for t in &a.topics {
+            if !all.contains(t) {
+                return Err(anyhow!(
+                    "topic `{t}` is not in this checkpoint (its topics: {})",
+                    all.join(", ")
+                ))
+                .code(ExitCode::Usage);
+            }
+        }
+        a.topics.clone()
+    };
     let before = positions(&s);
     let recorded: BTreeMap<String, TopicIdentity> = s
         .last_planned
@@ -358,10 +428,38 @@ pub fn run(a: ResetArgs) -> Result<(), CliError> {
         .unwrap_or_default();
     let recorded_sink = s.last_planned.as_ref().and_then(|o| o.sink_db.clone());
     let broker = match &a.brokers {
-        Some(b) => Some(ask_broker(b, &topics)?),
+        Some(b) => Some(ask_broker(b, &a.kafka, &moving)?),
         None => None,
     };
-    let after = targets(&a.to, broker.as_ref(), &topics, &before)?;
+    let recreated: Vec<String> = broker
+        .as_ref()
+        .map(|b| {
+            b.identity
+                .iter()
+                .filter(|(t, now)| {
+                    recorded
+                        .get(*t)
+                        .is_some_and(|was| was.changed(now).is_some())
+                })
+                .map(|(t, _)| t.clone())
+                .collect()
+        })
+        .unwrap_or_default();
+    // An uncommitted batch is normally re-run first. When one of its topics
+    // was recreated the re-run is refused, so the reset abandons the batch
+    // (an audited, empty commit entry) instead.
+    let abandon = s.next_action == "rerun";
+    if abandon && recreated.is_empty() && !a.dry_run {
+        return Err(CliError {
+            code: ExitCode::Failed,
+            error: anyhow!(
+                "checkpoint {}: batch {} is planned but not committed; run the pipeline once so it is re-run and committed, then reset (if that run refuses because a topic was deleted and recreated, reset with --brokers, which lets the reset see that and abandon the batch)",
+                dir.display(),
+                s.next_batch
+            ),
+        });
+    }
+    let after = targets(&a.to, broker.as_ref(), &moving, &recreated, &before)?;
 
     let driver = match &a.sink_db {
         Some(url) if !a.keep_sink_progress => Some(
@@ -371,6 +469,14 @@ pub fn run(a: ResetArgs) -> Result<(), CliError> {
         ),
         _ => None,
     };
+    if let (Some(given), Some(recorded)) = (&a.sink_db, &recorded_sink)
+        && redact(given) != *recorded
+    {
+        tracing::warn!(
+            "--sink-db {} is not the sink database the pipeline recorded ({recorded}); the progress rows moved are those of the database given",
+            redact(given)
+        );
+    }
     let rows = match &driver {
         Some(d) => d.progress_rows(&s.metadata.query_id)?,
         None => BTreeMap::new(),
@@ -379,22 +485,43 @@ pub fn run(a: ResetArgs) -> Result<(), CliError> {
         identity: &b.identity,
         watermarks: &b.watermarks,
     });
-    let plan = plan_rows(&recorded, found.as_ref(), &before, &after, &rows, a.reapply);
+    let plan = plan_rows(
+        &recorded,
+        found.as_ref(),
+        &moving,
+        &before,
+        &after,
+        &rows,
+        a.reapply,
+    );
     if driver.is_none() && !a.keep_sink_progress && recorded_sink.is_some() && plan.needs_rows {
         let db = recorded_sink.as_deref().unwrap_or("URL");
-        let mut cmd = format!("host checkpoint reset {} --to {}", dir.display(), a.to);
-        if let Some(b) = &a.brokers {
-            cmd.push_str(&format!(" --brokers {b}"));
+        let mut cmd = format!(
+            "host checkpoint reset {}",
+            shell_word(&dir.display().to_string())
+        );
+        for t in &a.topics {
+            cmd.push_str(&format!(" --topic {}", shell_word(t)));
         }
-        cmd.push_str(&format!(" --sink-db {db}"));
+        cmd.push_str(&format!(" --to {}", shell_word(&a.to)));
+        if let Some(b) = &a.brokers {
+            cmd.push_str(&format!(" --brokers {}", shell_word(b)));
+        }
+        for (k, v) in &a.kafka {
+            cmd.push_str(&format!(
+                " --config {}",
+                shell_word(&format!("kafka.{k}={}", redact_property(k, v)))
+            ));
+        }
+        cmd.push_str(&format!(" --sink-db {}", shell_word(db)));
         if a.reapply {
             cmd.push_str(" --reapply");
         }
         return Err(anyhow!(
             "{}. The pipeline's sink database keeps progress rows that must be checked or moved with the checkpoint, or their offsets would be skipped as already applied; nothing was changed. Run `{cmd}`{}, or pass --keep-sink-progress to leave the rows as they are",
             plan.notes.join("; "),
-            if db.contains("***") {
-                " (with the password where *** stands)"
+            if cmd.contains("***") {
+                " (with the secrets where *** stands)"
             } else {
                 ""
             }
@@ -469,33 +596,41 @@ pub fn run(a: ResetArgs) -> Result<(), CliError> {
             }
         }
     }
-    if a.dry_run {
+    if !recreated.is_empty() {
+        outln!(
+            "note: the new topic's records get the idempotency keys (topic/partition/offset) the old one's had: a sink that deduplicates by key alone must forget the old topic's keys first"
+        )?;
+    }
+    if abandon {
+        outln!(
+            "batch {} was planned but not committed and cannot be re-run (a topic was recreated): the reset abandons it",
+            s.next_batch
+        )?;
+    }
+    let Some(mut cp) = cp else {
         outln!("dry run: nothing written")?;
         return Ok(());
+    };
+    let plugins = s
+        .last_committed
+        .as_ref()
+        .map(|c| c.plugins.clone())
+        .or_else(|| s.last_planned.as_ref().map(|o| o.plugins.clone()))
+        .unwrap_or_default();
+    if abandon {
+        cp.abandon(format!(
+            "abandoned by `host checkpoint reset --to {}` (pid {}): {}",
+            a.to,
+            std::process::id(),
+            notes.join("; ")
+        ))?;
     }
-    let mut cp = Checkpoint::open(
-        dir,
-        &OpenOptions {
-            topics,
-            create: false,
-            ..OpenOptions::default()
-        },
-    )
-    .map_err(|e| CliError {
-        code: if e.is_owned() {
-            ExitCode::Owned
-        } else {
-            ExitCode::Failed
-        },
-        error: e.into(),
-    })?;
     let batch_id = cp.next_batch_id();
     let mut moved = 0usize;
     if let Some(d) = &driver {
         let done = d.reset_progress(&query_id, cp.epoch(), batch_id, &changes)?;
         moved = done.values().filter(|r| r.before != r.after).count();
     }
-    let plugins = s.last_committed.map(|c| c.plugins).unwrap_or_default();
     let mut note = format!(
         "reset to {} by `host checkpoint reset` (pid {}, {})",
         a.to,
@@ -545,6 +680,7 @@ mod tests {
 
     #[test]
     fn rows_of_a_recreated_or_shortened_log_are_forgotten_and_others_kept() {
+        let moving = vec!["t".to_string()];
         let recorded = BTreeMap::from([("t".to_string(), id(Some("OLD"), 2))]);
         let before = BTreeMap::from([(tp(0), 10), (tp(1), 50)]);
         let after = BTreeMap::from([(tp(0), 0), (tp(1), 0)]);
@@ -561,7 +697,7 @@ mod tests {
             identity: &same,
             watermarks: &marks,
         };
-        let plan = plan_rows(&recorded, Some(&f), &before, &after, &rows, false);
+        let plan = plan_rows(&recorded, Some(&f), &moving, &before, &after, &rows, false);
         assert!(plan.changes.is_empty(), "{:?}", plan.changes);
         assert!(plan.needs_rows);
         // A new id: every partition forgotten, the new id recorded.
@@ -570,7 +706,7 @@ mod tests {
             identity: &new,
             watermarks: &marks,
         };
-        let plan = plan_rows(&recorded, Some(&f), &before, &after, &rows, false);
+        let plan = plan_rows(&recorded, Some(&f), &moving, &before, &after, &rows, false);
         assert_eq!(plan.changes.len(), 2);
         assert!(plan.changes.values().all(|c| *c == RowChange::Forget));
         assert_eq!(plan.identities["t"], id(Some("NEW"), 3));
@@ -583,14 +719,14 @@ mod tests {
             identity: &none,
             watermarks: &short,
         };
-        let plan = plan_rows(&none, Some(&f), &before, &after, &rows, false);
+        let plan = plan_rows(&none, Some(&f), &moving, &before, &after, &rows, false);
         assert_eq!(plan.changes, BTreeMap::from([(tp(0), RowChange::Forget)]));
         // --reapply cuts the other rows at the new positions.
-        let plan = plan_rows(&none, Some(&f), &before, &after, &rows, true);
+        let plan = plan_rows(&none, Some(&f), &moving, &before, &after, &rows, true);
         assert_eq!(plan.changes[&tp(1)], RowChange::ReapplyFrom(0));
         assert_eq!(plan.changes[&tp(0)], RowChange::Forget);
         // Without the broker nothing can be told.
-        let plan = plan_rows(&recorded, None, &before, &after, &rows, false);
+        let plan = plan_rows(&recorded, None, &moving, &before, &after, &rows, false);
         assert!(plan.changes.is_empty() && !plan.needs_rows);
     }
 }

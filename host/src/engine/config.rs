@@ -107,8 +107,9 @@ pub struct PipelineConfig {
     pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
-/// `s` as one shell word (single-quoted unless it is plain).
-fn shell_word(s: &str) -> String {
+/// `s` as one POSIX shell word (single-quoted unless it is plain), for
+/// commands that messages print for the user to run.
+pub fn shell_word(s: &str) -> String {
     if !s.is_empty()
         && s.chars()
             .all(|c| c.is_ascii_alphanumeric() || "-_./:,=@+%".contains(c))
@@ -119,17 +120,37 @@ fn shell_word(s: &str) -> String {
     }
 }
 
+/// A librdkafka property's value as messages show it: `***` for the
+/// value of a property whose name says it is a secret (`sasl.password`,
+/// `ssl.key.password`, `sasl.oauthbearer.client.secret`, …).
+pub fn redact_property(name: &str, value: &str) -> String {
+    if ["password", "secret", "token"]
+        .iter()
+        .any(|w| name.contains(w))
+    {
+        "***".into()
+    } else {
+        value.to_string()
+    }
+}
+
 impl PipelineConfig {
-    /// The `host checkpoint reset` command that moves this pipeline's
-    /// checkpoint, and its sink's progress rows, to the earliest offsets:
-    /// what error messages advise after a recreated or truncated topic. A
-    /// password in `--sink-db` shows as `***`.
-    pub fn reset_command(&self) -> String {
+    /// The `host checkpoint reset` command that moves `topic` of this
+    /// pipeline, and its sink's progress rows, to the earliest offsets:
+    /// what error messages advise after a recreated or truncated topic.
+    /// Secrets (a password in `--sink-db`, secret librdkafka properties)
+    /// show as `***`.
+    pub fn reset_command(&self, topic: &str) -> String {
         let mut cmd = format!(
-            "host checkpoint reset {} --to earliest --brokers {}",
+            "host checkpoint reset {} --topic {} --to earliest --brokers {}",
             shell_word(&self.checkpoint.display().to_string()),
+            shell_word(topic),
             shell_word(&self.brokers)
         );
+        for (k, v) in &self.kafka {
+            cmd.push_str(" --config ");
+            cmd.push_str(&shell_word(&format!("kafka.{k}={}", redact_property(k, v))));
+        }
         if let Some(db) = &self.sink_db {
             cmd.push_str(" --sink-db ");
             cmd.push_str(&shell_word(&crate::sink::sql::redact(db)));

@@ -53,8 +53,20 @@ use crate::sink::sql::{DbError, SqlGrant};
 use crate::sink::{Applied, DeadLetter, PartitionBatch, SinkDriver, SinkError, Skipped};
 use crate::source::{FetchRange, KafkaSource, Piece, SourceError, SourceRecord, TopicPartition};
 
-pub use config::{DataLossPolicy, ErrorPolicy, PipelineConfig, ProgressMode, StartingOffsets};
+pub use config::{
+    DataLossPolicy, ErrorPolicy, PipelineConfig, ProgressMode, StartingOffsets, redact_property,
+    shell_word,
+};
 pub use progress::{PartitionProgress, Progress};
+
+/// For a printed command holding `***`: say what to do about it.
+fn secrets_hint(cmd: &str) -> &'static str {
+    if cmd.contains("***") {
+        " (with the secrets where *** stands)"
+    } else {
+        ""
+    }
+}
 
 /// Why the job stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -119,7 +131,7 @@ pub enum EngineError {
     },
     /// The checkpoint is ahead of the log.
     #[error(
-        "{topic}/{partition}: the checkpoint's position {position} is beyond the partition's high watermark {high}: the topic was deleted and recreated, or truncated. Nothing was read. Sluice will not guess where to resume: reset the checkpoint (and the sink's progress rows) with `{reset}`, then start the pipeline again"
+        "{topic}/{partition}: the checkpoint's position {position} is beyond the partition's high watermark {high}: the topic was deleted and recreated, or truncated. Nothing was read. Sluice will not guess where to resume: reset the checkpoint (and the sink's progress rows) with `{reset}`{}, then start the pipeline again", secrets_hint(.reset)
     )]
     BeyondEnd {
         /// Topic.
@@ -135,7 +147,7 @@ pub enum EngineError {
     },
     /// A topic is not the one the checkpoint's offsets belong to.
     #[error(
-        "topic `{topic}` was deleted and created again since this checkpoint last read it: {why} (checkpoint: {was}; broker now: {now}). The checkpoint's offsets belong to the old topic, so nothing was read. To process the new topic from its start, reset the checkpoint (and the sink's progress rows) with `{reset}`, then start the pipeline again"
+        "topic `{topic}` was deleted and created again since this checkpoint last read it: {why} (checkpoint: {was}; broker now: {now}). The checkpoint's offsets belong to the old topic, so nothing was read. To process the new topic from its start, reset the checkpoint (and the sink's progress rows) with `{reset}`{}, then start the pipeline again", secrets_hint(.reset)
     )]
     TopicRecreated {
         /// Topic.
@@ -702,7 +714,7 @@ pub fn run_with(
                     "re-running uncommitted batch {} with its planned ranges",
                     entry.batch_id
                 );
-                planner.check_topics(&source, cfg)?;
+                planner.check_topics(&source, cfg, &entry)?;
                 if let Some((client, note)) = handover.take() {
                     report_takeover(client, &note, epoch, &mut summary);
                 }
@@ -1532,7 +1544,19 @@ fn run_batch(
     let mut gaps = Vec::new();
     if rerun {
         for r in ranges.iter_mut().filter(|r| r.end > r.start) {
-            let (low, _) = source.watermarks(&r.topic, r.partition)?;
+            let (low, high) = source.watermarks(&r.topic, r.partition)?;
+            if high < r.end {
+                // The log is shorter than when the batch was planned: it
+                // was truncated or recreated (on a broker without topic
+                // ids; with them the planner has refused it already).
+                return Err(EngineError::BeyondEnd {
+                    topic: r.topic.clone(),
+                    partition: r.partition,
+                    position: r.end,
+                    high,
+                    reset: cfg.reset_command(&r.topic),
+                });
+            }
             if low > r.start {
                 match cfg.on_data_loss {
                     DataLossPolicy::Fail => {
@@ -1685,7 +1709,19 @@ fn run_batch(
             continue;
         }
         if skipped.by_other_batch {
-            tracing::warn!(topic = %range.topic, partition = range.partition, skipped = skipped.offsets, "{} of the {} offsets of [{}, {}) were skipped: the sink's progress rows (sluice_progress) show them applied by an earlier batch, so this is a reset back or a restored checkpoint. `host checkpoint reset … --sink-db URL --reapply` applies them again", skipped.offsets, range.end - range.start, range.start, range.end);
+            let again = format!(
+                "host checkpoint reset {} --topic {} --to {} --sink-db {} --reapply",
+                shell_word(&cfg.checkpoint.display().to_string()),
+                shell_word(&range.topic),
+                shell_word(&format!(
+                    "offsets:{{\"{}\":{{\"{}\":{}}}}}",
+                    range.topic, range.partition, range.start
+                )),
+                shell_word(&crate::sink::sql::redact(
+                    cfg.sink_db.as_deref().unwrap_or("URL")
+                ))
+            );
+            tracing::warn!(topic = %range.topic, partition = range.partition, skipped = skipped.offsets, "{} of the {} offsets of [{}, {}) were skipped: the sink's progress rows (sluice_progress) show them applied by an earlier batch, so this is a reset back or a restored checkpoint. With the pipeline stopped, `{again}` applies them again", skipped.offsets, range.end - range.start, range.start, range.end);
         } else {
             tracing::info!(topic = %range.topic, partition = range.partition, skipped = skipped.offsets, "{} of the {} offsets of [{}, {}) were applied by an earlier run of this batch; skipped", skipped.offsets, range.end - range.start, range.start, range.end);
         }

@@ -96,7 +96,7 @@ impl Planner {
                         why,
                         was: was.describe(),
                         now: now.describe(),
-                        reset: cfg.reset_command(),
+                        reset: cfg.reset_command(topic),
                     });
                 }
                 // A broker that stops returning ids (a downgrade) keeps the
@@ -106,13 +106,20 @@ impl Planner {
                     partitions: now.partitions,
                 }
             }
-            None => now,
+            None => {
+                if self.positions.keys().any(|(t, _)| t == topic) {
+                    // A checkpoint from before identities were recorded.
+                    tracing::info!(topic, "recording the topic's identity: {}", now.describe());
+                }
+                now
+            }
         };
         self.identities.insert(topic.to_string(), now);
         Ok(partitions)
     }
 
-    /// Check every topic before a batch is re-run with its planned ranges.
+    /// Check every topic of `entry` before the batch is re-run with its
+    /// planned ranges.
     ///
     /// # Errors
     /// [`EngineError::TopicRecreated`], or the source's error.
@@ -120,8 +127,11 @@ impl Planner {
         &mut self,
         source: &KafkaSource,
         cfg: &PipelineConfig,
+        entry: &OffsetsEntry,
     ) -> Result<(), EngineError> {
-        for topic in &cfg.topics {
+        let topics: std::collections::BTreeSet<&String> =
+            entry.ranges.iter().map(|r| &r.topic).collect();
+        for topic in topics {
             self.check_topic(source, cfg, topic)?;
         }
         Ok(())
@@ -199,7 +209,7 @@ impl Planner {
                         partition,
                         position: start,
                         high,
-                        reset: cfg.reset_command(),
+                        reset: cfg.reset_command(topic),
                     });
                 }
                 if cfg.until_caught_up && (first_plan || !targets.contains_key(&tp)) {
@@ -223,6 +233,9 @@ impl Planner {
                     end,
                 });
             }
+            // Once more after the watermarks: a topic recreated while they
+            // were read must not be planned under the old one's identity.
+            self.check_topic(source, cfg, topic)?;
         }
         self.targets = Some(targets);
         Ok(Planned {

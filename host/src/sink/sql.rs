@@ -616,19 +616,49 @@ impl Backend for Postgres {
 
 // ---------------------------------------------------------------- session
 
-/// `url` with the password of its user-info part (`scheme://user:PASSWORD@…`)
-/// replaced by `***`, for messages and logs.
+/// `url` with its passwords replaced by `***`, for messages, logs and the
+/// checkpoint: the user-info password (`scheme://user:PASSWORD@…`), query
+/// parameters whose name holds `password` (`?password=…`,
+/// `sslpassword=…`), and the same keys in libpq's `key=value` form.
 pub fn redact(url: &str) -> String {
+    let secret = |k: &str| k.to_ascii_lowercase().contains("password");
     let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
+        // libpq's key=value form (`host=db password=x`), or sqlite:PATH.
+        if !url.contains('=') || url.starts_with("sqlite:") {
+            return url.to_string();
+        }
+        return url
+            .split(' ')
+            .map(|w| match w.split_once('=') {
+                Some((k, _)) if secret(k) => format!("{k}=***"),
+                _ => w.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join(" ");
     };
-    let Some((userinfo, host)) = rest.rsplit_once('@') else {
-        return url.to_string();
+    let (rest, query) = match rest.split_once('?') {
+        Some((r, q)) => (r, Some(q)),
+        None => (rest, None),
     };
-    match userinfo.split_once(':') {
-        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
-        None => url.to_string(),
+    let mut out = match rest.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+            None => format!("{scheme}://{rest}"),
+        },
+        None => format!("{scheme}://{rest}"),
+    };
+    if let Some(q) = query {
+        let params: Vec<String> = q
+            .split('&')
+            .map(|p| match p.split_once('=') {
+                Some((k, _)) if secret(k) => format!("{k}=***"),
+                _ => p.to_string(),
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&params.join("&"));
     }
+    out
 }
 
 /// Open a backend from a `--sink-db` URL: `sqlite:PATH` (also
@@ -936,6 +966,14 @@ mod tests {
             "postgres://sink@db:5432/x"
         );
         assert_eq!(redact("sqlite:./a:b@c.db"), "sqlite:./a:b@c.db");
+        assert_eq!(
+            redact("postgres://sink@db/x?sslmode=require&password=SECRET&sslpassword=K"),
+            "postgres://sink@db/x?sslmode=require&password=***&sslpassword=***"
+        );
+        assert_eq!(
+            redact("host=db user=sink password=SECRET dbname=x"),
+            "host=db user=sink password=*** dbname=x"
+        );
     }
 
     #[test]

@@ -145,7 +145,7 @@ pub fn describe(
         let descs = rd::rd_kafka_DescribeTopics_result_topics(result, &mut count);
         for i in 0..count {
             let d = *descs.add(i);
-            if text(rd::rd_kafka_TopicDescription_name(d)) != topic {
+            if d.is_null() || text(rd::rd_kafka_TopicDescription_name(d)) != topic {
                 continue;
             }
             let e = rd::rd_kafka_TopicDescription_error(d);
@@ -166,7 +166,10 @@ pub fn describe(
             {
                 None
             } else {
-                Some(text(rd::rd_kafka_Uuid_base64str(uuid)))
+                // NULL when librdkafka could not allocate the text: no id
+                // rather than an empty one that would compare as changed.
+                let b64 = rd::rd_kafka_Uuid_base64str(uuid);
+                (!b64.is_null()).then(|| text(b64))
             };
             let mut pcount = 0usize;
             let parts = rd::rd_kafka_TopicDescription_partitions(d, &mut pcount);

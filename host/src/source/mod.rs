@@ -756,7 +756,10 @@ impl KafkaSource {
         remaining: &mut HashMap<TopicPartition, i64>,
         pieces: &mut Pieces<'_>,
     ) -> Result<(), SourceError> {
-        let started = Instant::now();
+        // The timeout bounds the time without progress, not the fetch: a
+        // long batch behind a slow sink is not a stalled broker.
+        let mut started = Instant::now();
+        let mut progressed = false;
         let mut last_error = String::from("no records delivered");
         let mut last_position_check = Instant::now();
         // Records arrive in runs from one partition: remember the last
@@ -773,6 +776,10 @@ impl KafkaSource {
             since_clock += 1;
             if since_clock >= CLOCK_EVERY {
                 since_clock = 0;
+                if progressed {
+                    progressed = false;
+                    started = Instant::now();
+                }
                 if started.elapsed() > self.timeout {
                     return Err(self.fetch_timed_out(remaining, started.elapsed(), last_error));
                 }
@@ -799,6 +806,7 @@ impl KafkaSource {
             }
             match self.consumer.poll(Duration::from_millis(100)) {
                 Some(Ok(m)) => {
+                    progressed = true;
                     let offset = m.offset();
                     let i = match &last {
                         Some(((t, p), i)) if *p == m.partition() && t == m.topic() => *i,
@@ -878,7 +886,14 @@ impl KafkaSource {
         let mut missing: Vec<(&TopicPartition, &i64)> = remaining.iter().collect();
         missing.sort();
         let mut stalled = Vec::new();
+        // A few quick questions at most: one stalled partition explains
+        // the error, and a broker that does not answer them is the
+        // "unavailable" case.
+        let asked = Instant::now();
         for (tp, _) in &missing {
+            if asked.elapsed() > Duration::from_secs(5) {
+                break;
+            }
             let Some(pos) = positions
                 .get(*tp)
                 .copied()
