@@ -10,28 +10,53 @@ use crate::kafka::{Broker, Mock, Tansu, producer};
 use crate::sql_sink::Db;
 use crate::support::{host_bin, plugin, stderr};
 
-/// `host run` of the non-idempotent sql-counter sink over `topic`.
-fn run(bootstrap: &str, topic: &str, ckpt: &Path, db: &Db) -> Output {
+/// Arguments of `host run` of the non-idempotent sql-counter sink over
+/// `topics`, then `extra`.
+fn counter_args(
+    bootstrap: &str,
+    topics: &[&str],
+    ckpt: &Path,
+    db: &Db,
+    extra: &[&str],
+) -> Vec<String> {
+    let mut v: Vec<String> = ["run", "--brokers", bootstrap].map(String::from).to_vec();
+    for t in topics {
+        v.extend(["--topic".to_string(), t.to_string()]);
+    }
     let counter = plugin("sql_counter");
-    Command::new(host_bin())
-        .args([
-            "run",
-            "--brokers",
-            bootstrap,
-            "--topic",
-            topic,
+    v.extend(
+        [
             "--checkpoint",
             ckpt.to_str().unwrap(),
             "--sink-db",
             &db.url,
             "--plugin",
             counter.to_str().unwrap(),
+        ]
+        .map(String::from),
+    );
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
+/// `host run` of sql-counter over `topic` until caught up, 7 records per
+/// partition per batch.
+fn run(bootstrap: &str, topic: &str, ckpt: &Path, db: &Db) -> Output {
+    let args = counter_args(
+        bootstrap,
+        &[topic],
+        ckpt,
+        db,
+        &[
             "--until-caught-up",
             "--max-records-per-partition",
             "7",
             "--progress",
             "none",
-        ])
+        ],
+    );
+    Command::new(host_bin())
+        .args(&args)
         .env("RUST_LOG", "warn")
         .output()
         .unwrap()
@@ -63,6 +88,19 @@ fn wait_at_most(mut child: std::process::Child, limit: std::time::Duration) -> O
 fn ok(out: Output) -> Output {
     assert!(out.status.success(), "{}", stderr(&out));
     out
+}
+
+/// A mock cluster whose one-partition topic `raw` holds `v0`…`v{n-1}`,
+/// all applied to `db` by one run under a new checkpoint (the temp dir
+/// that holds it, and its path).
+fn applied_once(n: usize, db: &Db) -> (Mock, tempfile::TempDir, std::path::PathBuf) {
+    let mock = Mock::new();
+    mock.create_topic("raw", 1);
+    produce(&mock, "raw", 0, (0..n).map(|i| format!("v{i}")));
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    ok(run(&mock.bootstrap(), "raw", &ckpt, db));
+    (mock, dir, ckpt)
 }
 
 fn counted(db: &Db) -> i64 {
@@ -191,14 +229,8 @@ fn the_beyond_the_end_advice_followed_literally_applies_the_rest_once() {
     // earliest and must not forget what the sink applied (the log was not
     // recreated: its topic id is the same), so only the new records are
     // applied, and the skip is a warning with counts.
-    let mock = Mock::new();
-    mock.create_topic("raw", 1);
-    produce(&mock, "raw", 0, (0..10).map(|i| format!("v{i}")));
-    let dir = tempfile::tempdir().unwrap();
-    let ckpt = dir.path().join("ckpt");
     let db = Db::sqlite();
-    let out = run(&mock.bootstrap(), "raw", &ckpt, &db);
-    assert!(out.status.success(), "{}", stderr(&out));
+    let (mock, _dir, ckpt) = applied_once(10, &db);
     let out = crate::support::host(&[
         "checkpoint",
         "reset",
@@ -242,12 +274,7 @@ fn a_reset_that_must_move_sink_rows_without_sink_db_is_refused_with_the_command(
 /// [`a_reset_that_must_move_sink_rows_without_sink_db_is_refused_with_the_command`]
 /// on one database.
 fn refused_then_moved_on(db: &Db) {
-    let old = Mock::new();
-    old.create_topic("raw", 1);
-    produce(&old, "raw", 0, (0..3).map(|i| format!("v{i}")));
-    let dir = tempfile::tempdir().unwrap();
-    let ckpt = dir.path().join("ckpt");
-    ok(run(&old.bootstrap(), "raw", &ckpt, db));
+    let (_old, _dir, ckpt) = applied_once(3, db);
     let new = Mock::new();
     new.create_topic("raw", 1);
     let ck = ckpt.to_str().unwrap();
@@ -295,12 +322,7 @@ fn reapply_applies_again_what_the_sink_shows_applied() {
 
 /// [`reapply_applies_again_what_the_sink_shows_applied`] on one database.
 fn reapply_on(db: &Db) {
-    let mock = Mock::new();
-    mock.create_topic("raw", 1);
-    produce(&mock, "raw", 0, (0..8).map(|i| format!("v{i}")));
-    let dir = tempfile::tempdir().unwrap();
-    let ckpt = dir.path().join("ckpt");
-    ok(run(&mock.bootstrap(), "raw", &ckpt, db));
+    let (mock, _dir, ckpt) = applied_once(8, db);
     let ck = ckpt.to_str().unwrap();
     let reset = |extra: &[&str]| {
         let mut args = vec![
@@ -347,30 +369,20 @@ fn recreating_a_topic_with_more_partitions_under_a_running_host_never_crashes_it
     let ckpt = dir.path().join("ckpt");
     let db = Db::sqlite();
     ok(run(&tansu.bootstrap(), "raw", &ckpt, &db));
-    let counter = plugin("sql_counter");
     let mut advice = None::<String>;
     for round in 0..20 {
         if let Some(err) = advice.take() {
             follow_advice(&err);
         }
+        let args = counter_args(
+            &tansu.bootstrap(),
+            &["raw"],
+            &ckpt,
+            &db,
+            &["--trigger-interval", "50ms", "--progress", "json"],
+        );
         let mut host = Command::new(host_bin())
-            .args([
-                "run",
-                "--brokers",
-                &tansu.bootstrap(),
-                "--topic",
-                "raw",
-                "--checkpoint",
-                ckpt.to_str().unwrap(),
-                "--sink-db",
-                &db.url,
-                "--plugin",
-                counter.to_str().unwrap(),
-                "--trigger-interval",
-                "50ms",
-                "--progress",
-                "json",
-            ])
+            .args(&args)
             .env("RUST_LOG", "warn")
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
@@ -434,24 +446,15 @@ fn recreating_a_topic_with_more_partitions_under_a_running_host_never_crashes_it
 /// is killed there (SIGKILL), leaving the batch it planned uncommitted.
 fn run_until_killed_at(bootstrap: &str, topic: &str, ckpt: &Path, db: &Db, failpoint: &str) {
     use std::io::{BufRead, BufReader};
-    let counter = plugin("sql_counter");
+    let args = counter_args(
+        bootstrap,
+        &[topic],
+        ckpt,
+        db,
+        &["--until-caught-up", "--progress", "none"],
+    );
     let mut child = Command::new(host_bin())
-        .args([
-            "run",
-            "--brokers",
-            bootstrap,
-            "--topic",
-            topic,
-            "--checkpoint",
-            ckpt.to_str().unwrap(),
-            "--sink-db",
-            &db.url,
-            "--plugin",
-            counter.to_str().unwrap(),
-            "--until-caught-up",
-            "--progress",
-            "none",
-        ])
+        .args(&args)
         .env("RUST_LOG", "warn")
         .env("SLUICE_FAILPOINT", failpoint)
         .stderr(std::process::Stdio::piped())
@@ -530,25 +533,15 @@ fn the_advice_moves_only_the_recreated_topic_and_offsets_json_cannot_skip_its_re
     let ckpt = dir.path().join("ckpt");
     let db = Db::sqlite();
     let two = |bootstrap: &str| {
-        let counter = plugin("sql_counter");
-        crate::support::host(&[
-            "run",
-            "--brokers",
+        let args = counter_args(
             bootstrap,
-            "--topic",
-            "a",
-            "--topic",
-            "b",
-            "--checkpoint",
-            ckpt.to_str().unwrap(),
-            "--sink-db",
-            &db.url,
-            "--plugin",
-            counter.to_str().unwrap(),
-            "--until-caught-up",
-            "--progress",
-            "none",
-        ])
+            &["a", "b"],
+            &ckpt,
+            &db,
+            &["--until-caught-up", "--progress", "none"],
+        );
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        crate::support::host(&args)
     };
     ok(two(&old.bootstrap()));
     assert_eq!(counted(&db), 10);

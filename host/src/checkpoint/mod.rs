@@ -869,6 +869,17 @@ impl Checkpoint {
             topics,
             sink_db,
         })?;
+        self.commit_empty(batch_id, plugins, note)?;
+        Ok(batch_id)
+    }
+
+    /// Commit batch `batch_id` with zero counts, saying why in `note`.
+    fn commit_empty(
+        &mut self,
+        batch_id: u64,
+        plugins: Vec<PluginRef>,
+        note: String,
+    ) -> Result<(), CheckpointError> {
         self.commit(&CommitEntry {
             batch_id,
             epoch: self.epoch,
@@ -878,8 +889,7 @@ impl Checkpoint {
             plugins,
             data_loss: Vec::new(),
             note: Some(note),
-        })?;
-        Ok(batch_id)
+        })
     }
 
     /// Give up the planned, uncommitted batch without running it again:
@@ -901,16 +911,7 @@ impl Checkpoint {
                 reason: "no uncommitted batch to abandon".into(),
             });
         };
-        self.commit(&CommitEntry {
-            batch_id,
-            epoch: self.epoch,
-            committed_at_ms: now_ms(),
-            counts: Counts::default(),
-            timings_ms: Timings::default(),
-            plugins: Vec::new(),
-            data_loss: Vec::new(),
-            note: Some(note),
-        })?;
+        self.commit_empty(batch_id, Vec::new(), note)?;
         tracing::warn!(checkpoint = %self.dir.display(), batch = batch_id, "abandoned uncommitted batch {batch_id}");
         Ok(batch_id)
     }

@@ -31,47 +31,7 @@ pub enum CheckpointCommand {
     /// progress rows of the old one are forgotten (they need --sink-db).
     /// Offsets the sink shows applied are otherwise skipped after a reset
     /// back; --reapply applies them again.
-    Reset {
-        /// The checkpoint directory.
-        dir: PathBuf,
-        /// `earliest`, `latest`, `timestamp:MS` (first offset at or after
-        /// that time, ms since the Unix epoch) or `offsets:JSON` with
-        /// `{"topic":{"partition":offset}}` (unlisted partitions keep their
-        /// position).
-        #[arg(long, value_name = "TARGET")]
-        to: String,
-        /// Kafka bootstrap servers (needed for earliest, latest and
-        /// timestamp; with offsets:JSON they let the reset check and record
-        /// the topics' identities).
-        #[arg(long, value_name = "SERVERS")]
-        brokers: Option<String>,
-        /// The pipeline's sink database (`sqlite:PATH` or `postgres://…`),
-        /// whose `sluice_progress` rows move with the reset. Required when
-        /// they must move (a recreated or truncated topic, --reapply) and
-        /// the pipeline has a sink database.
-        #[arg(long, value_name = "URL")]
-        sink_db: Option<String>,
-        /// Apply the records from the new positions again even where the
-        /// sink's progress rows show them applied (say, after emptying the
-        /// destination tables). Needs --sink-db.
-        #[arg(long)]
-        reapply: bool,
-        /// Leave the sink's progress rows as they are: offsets they show
-        /// applied are skipped.
-        #[arg(long)]
-        keep_sink_progress: bool,
-        /// Move only this topic (repeatable); the others keep their
-        /// positions. Default: every topic of the checkpoint.
-        #[arg(long = "topic", value_name = "NAME")]
-        topics: Vec<String>,
-        /// librdkafka property for the broker lookups, as `kafka.NAME=VALUE`
-        /// (the pipeline's security settings, say). Repeatable.
-        #[arg(long = "config", value_name = "kafka.NAME=VALUE", value_parser = super::parse_kv)]
-        config: Vec<(String, String)>,
-        /// Print before/after and write nothing.
-        #[arg(long)]
-        dry_run: bool,
-    },
+    Reset(super::reset_cmd::ResetArgs),
 }
 
 /// Run `host checkpoint …`.
@@ -80,45 +40,7 @@ pub enum CheckpointCommand {
 /// Exit 1 for a corrupt, missing or unreadable checkpoint.
 pub fn run(cmd: CheckpointCommand) -> Result<(), CliError> {
     match cmd {
-        CheckpointCommand::Reset {
-            dir,
-            to,
-            brokers,
-            sink_db,
-            reapply,
-            keep_sink_progress,
-            topics,
-            config,
-            dry_run,
-        } => {
-            let mut kafka = std::collections::BTreeMap::new();
-            for (k, v) in config {
-                match k.strip_prefix("kafka.") {
-                    Some(name) => {
-                        kafka.insert(name.to_string(), v);
-                    }
-                    None => {
-                        return Err(super::CliError {
-                            code: super::ExitCode::Usage,
-                            error: anyhow::anyhow!(
-                                "--config {k}=…: checkpoint reset takes librdkafka properties only, as kafka.NAME=VALUE"
-                            ),
-                        });
-                    }
-                }
-            }
-            super::reset_cmd::run(super::reset_cmd::ResetArgs {
-                dir,
-                to,
-                brokers,
-                sink_db,
-                reapply,
-                keep_sink_progress,
-                topics,
-                kafka,
-                dry_run,
-            })
-        }
+        CheckpointCommand::Reset(args) => super::reset_cmd::run(args),
         CheckpointCommand::Show { dir, json } => {
             let s = checkpoint::status(&dir)?;
             if json {

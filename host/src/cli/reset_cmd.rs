@@ -20,6 +20,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, anyhow};
+use clap::Args;
 
 use super::{CliError, ExitCode, WithCode};
 use crate::checkpoint::{self, Checkpoint, OpenOptions, ResetRecord, TopicIdentity, rfc3339_ms};
@@ -31,26 +32,46 @@ use crate::sink::sql::{SqlGrant, redact};
 use crate::source::KafkaSource;
 
 /// The options of `host checkpoint reset`.
-#[derive(Debug)]
+#[derive(Debug, Args)]
 pub struct ResetArgs {
     /// The checkpoint directory.
     pub dir: PathBuf,
-    /// `earliest`, `latest`, `timestamp:MS` or `offsets:JSON`.
+    /// `earliest`, `latest`, `timestamp:MS` (first offset at or after
+    /// that time, ms since the Unix epoch) or `offsets:JSON` with
+    /// `{"topic":{"partition":offset}}` (unlisted partitions keep their
+    /// position).
+    #[arg(long, value_name = "TARGET")]
     pub to: String,
-    /// Kafka bootstrap servers.
+    /// Kafka bootstrap servers (needed for earliest, latest and
+    /// timestamp; with offsets:JSON they let the reset check and record
+    /// the topics' identities).
+    #[arg(long, value_name = "SERVERS")]
     pub brokers: Option<String>,
-    /// The pipeline's sink database.
+    /// The pipeline's sink database (`sqlite:PATH` or `postgres://…`),
+    /// whose `sluice_progress` rows move with the reset. Required when
+    /// they must move (a recreated or truncated topic, --reapply) and
+    /// the pipeline has a sink database.
+    #[arg(long, value_name = "URL")]
     pub sink_db: Option<String>,
-    /// Apply records from the new positions again, even those the sink
-    /// shows applied.
+    /// Apply the records from the new positions again even where the
+    /// sink's progress rows show them applied (say, after emptying the
+    /// destination tables). Needs --sink-db.
+    #[arg(long)]
     pub reapply: bool,
-    /// Leave the sink's progress rows alone.
+    /// Leave the sink's progress rows as they are: offsets they show
+    /// applied are skipped.
+    #[arg(long)]
     pub keep_sink_progress: bool,
-    /// Only these topics move (empty: all of the checkpoint's).
+    /// Move only this topic (repeatable); the others keep their
+    /// positions. Default: every topic of the checkpoint.
+    #[arg(long = "topic", value_name = "NAME")]
     pub topics: Vec<String>,
-    /// librdkafka properties for the lookups (`kafka.` prefix removed).
-    pub kafka: BTreeMap<String, String>,
-    /// Print and write nothing.
+    /// librdkafka property for the broker lookups, as `kafka.NAME=VALUE`
+    /// (the pipeline's security settings, say). Repeatable.
+    #[arg(long = "config", value_name = "kafka.NAME=VALUE", value_parser = super::parse_kv)]
+    pub config: Vec<(String, String)>,
+    /// Print before/after and write nothing.
+    #[arg(long)]
     pub dry_run: bool,
 }
 
@@ -362,6 +383,16 @@ fn show(set: Option<&AppliedSet>) -> String {
 /// corrupt checkpoint, a broker or database error.
 pub fn run(a: ResetArgs) -> Result<(), CliError> {
     let dir = &a.dir;
+    let mut kafka = BTreeMap::new();
+    for (k, v) in &a.config {
+        let Some(name) = k.strip_prefix("kafka.") else {
+            return Err(anyhow!(
+                "--config {k}=…: checkpoint reset takes librdkafka properties only, as kafka.NAME=VALUE"
+            ))
+            .code(ExitCode::Usage);
+        };
+        kafka.insert(name.to_string(), v.clone());
+    }
     if a.reapply && a.keep_sink_progress {
         return Err(anyhow!(
             "--reapply moves the sink's progress rows and --keep-sink-progress leaves them: pick one"
@@ -428,7 +459,7 @@ pub fn run(a: ResetArgs) -> Result<(), CliError> {
         .unwrap_or_default();
     let recorded_sink = s.last_planned.as_ref().and_then(|o| o.sink_db.clone());
     let broker = match &a.brokers {
-        Some(b) => Some(ask_broker(b, &a.kafka, &moving)?),
+        Some(b) => Some(ask_broker(b, &kafka, &moving)?),
         None => None,
     };
     let recreated: Vec<String> = broker
@@ -507,7 +538,7 @@ pub fn run(a: ResetArgs) -> Result<(), CliError> {
         if let Some(b) = &a.brokers {
             cmd.push_str(&format!(" --brokers {}", shell_word(b)));
         }
-        for (k, v) in &a.kafka {
+        for (k, v) in &kafka {
             cmd.push_str(&format!(
                 " --config {}",
                 shell_word(&format!("kafka.{k}={}", redact_property(k, v)))
