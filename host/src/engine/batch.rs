@@ -1,0 +1,612 @@
+//! One batch: a fetch thread reads the planned ranges in pieces, this
+//! thread maps each piece, a sink thread applies each mapped piece as a part
+//! of its range; the error policy decides about bad records on both sides.
+//! Nothing here commits: the loop in `engine` does, after [`run_batch`]
+//! returned success.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use sluice_guest::wire::Record;
+
+use crate::checkpoint::{Counts, OffsetsEntry, Timings};
+use crate::metrics::Metrics;
+use crate::plugin::chain::{
+    ChainResult, DEFAULT_ISOLATION_TRAPS, TrapBudget, isolate_traps, run_chain,
+};
+use crate::plugin::{CallContext, Instance, PluginError};
+use crate::sink::{DeadLetter, SinkDriver};
+use crate::source::{FetchRange, KafkaSource, Piece, SourceRecord};
+
+use super::sink_thread::{SINK_QUEUE, SinkJob, SinkPolicy, run_sink};
+use super::stages::Stages;
+use super::{DataLossPolicy, EngineError, ErrorPolicy, PipelineConfig, ms, shell_word};
+
+/// Borrowed views of fetched records for the map chain.
+pub(super) fn record_views<'a>(
+    topic: &'a str,
+    partition: i32,
+    recs: &'a [SourceRecord],
+) -> Vec<Record<'a>> {
+    recs.iter()
+        .map(|r| Record {
+            topic,
+            partition,
+            offset: r.offset,
+            timestamp: r.timestamp,
+            timestamp_type: r.timestamp_type,
+            key: r.key.as_deref(),
+            value: r.value.as_deref(),
+            headers: sluice_guest::wire::header_views(&r.headers),
+        })
+        .collect()
+}
+
+pub(super) fn add_counts(total: &mut Counts, c: &Counts) {
+    total.input += c.input;
+    total.output += c.output;
+    total.filtered += c.filtered;
+    total.bad_records += c.bad_records;
+    total.dead_lettered += c.dead_lettered;
+    total.skipped += c.skipped;
+}
+
+/// Retry `f` while it fails with a retryable error.
+pub(super) fn with_retries<T, E: std::fmt::Display>(
+    attempts: u32,
+    what: &str,
+    retryable: impl Fn(&E) -> bool,
+    mut f: impl FnMut() -> Result<T, E>,
+) -> Result<T, E> {
+    let mut delay = Duration::from_millis(200);
+    let mut attempt = 1;
+    loop {
+        match f() {
+            Ok(v) => return Ok(v),
+            Err(e) if attempt < attempts && retryable(&e) => {
+                tracing::warn!(
+                    "{what} failed (attempt {attempt} of {attempts}), retrying in {} ms: {e}",
+                    delay.as_millis()
+                );
+                std::thread::sleep(delay);
+                delay *= 4;
+                attempt += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Map a piece of a partition's range through the chain, retrying retryable
+/// failures and traps (whole-call `bad-record` errors are handled by the
+/// chain itself). When the call still traps and `isolate` is given (error
+/// policy `dlq` or `skip`; the process's stop flag), the records that make
+/// it trap are found by [`isolate_traps`] and become bad records; under
+/// `fail` the trap stops the batch.
+pub(super) fn map_partition(
+    maps: &mut [Instance],
+    ctx: &CallContext,
+    records: &[Record<'_>],
+    attempts: u32,
+    isolate: Option<(&AtomicBool, &mut RangeTraps)>,
+    metrics: &Metrics,
+) -> Result<ChainResult, PluginError> {
+    let r = with_retries(attempts, "map", PluginError::is_retryable, || {
+        let r = run_chain(maps, ctx, records);
+        if matches!(r, Err(PluginError::Trap(_))) {
+            metrics.trap();
+        }
+        r
+    });
+    match (r, isolate) {
+        (Err(PluginError::Trap(t)), Some((stop, traps))) => {
+            if traps.first.is_none() {
+                traps.first = Some(t.clone());
+            }
+            let mut budget = TrapBudget {
+                stop,
+                traps_left: traps.left,
+                attempts,
+            };
+            let result = isolate_traps(maps, ctx, records, t, &mut budget);
+            traps.left = budget.traps_left;
+            let result = result?;
+            let trapped = result.rejected.iter().filter(|r| r.trapped).count();
+            for _ in 0..trapped {
+                metrics.trap();
+            }
+            traps.trapped += trapped;
+            Ok(result)
+        }
+        (other, _) => other,
+    }
+}
+
+/// Trap isolation across the map calls of one partition's range in a
+/// batch: one budget of trapping calls for the whole range, and the count
+/// of records found trapping (if that is every record of the range, the
+/// plugin is taken as broken; see [`BatchRun::finish`]).
+pub(super) struct RangeTraps {
+    left: u32,
+    trapped: usize,
+    first: Option<Box<crate::plugin::Trapped>>,
+}
+
+impl Default for RangeTraps {
+    fn default() -> Self {
+        RangeTraps {
+            left: DEFAULT_ISOLATION_TRAPS,
+            trapped: 0,
+            first: None,
+        }
+    }
+}
+
+/// Records handed to one map call at most: the fetch thread delivers
+/// pieces of this size, so the map of one piece overlaps the reading of
+/// the next (2,000 records of ~200 bytes: ~0.4 MB, a few ms of mapping).
+pub(super) const MAP_PIECE_RECORDS: usize = 2_000;
+
+/// One partition's range within a batch: what was read and mapped and not
+/// yet sunk, and how far the sink got.
+#[derive(Default)]
+pub(super) struct RangeState {
+    /// Records read and mapped since the last sink of this range.
+    records: Vec<SourceRecord>,
+    /// Their map results (source indices into `records`).
+    mapped: ChainResult,
+    traps: RangeTraps,
+    /// Records of the range read so far, sunk or held.
+    seen: usize,
+    /// Offsets below this were handed to the sink thread (`None`: nothing
+    /// yet, the range's start).
+    sunk_to: Option<i64>,
+    /// The range's last piece arrived and its last part was handed to the
+    /// sink thread.
+    finished: bool,
+}
+
+/// The map side of one batch (the fetch and the sink run on threads of
+/// their own).
+pub(super) struct BatchRun<'a> {
+    cfg: &'a PipelineConfig,
+    maps: &'a mut [Instance],
+    /// Digest → file, for messages.
+    files: &'a BTreeMap<String, String>,
+    entry: &'a OffsetsEntry,
+    ctx: CallContext,
+    metrics: &'a Metrics,
+    stop: &'a AtomicBool,
+    states: Vec<RangeState>,
+    counts: Counts,
+    map_time: Duration,
+    /// Parts for the sink thread, in order (`None` once the batch's
+    /// pieces are all handed over: the sink thread then ends).
+    sink: Option<std::sync::mpsc::SyncSender<SinkJob>>,
+}
+
+/// Pieces queued between the fetch thread and the map at most.
+pub(super) const PIECE_QUEUE: usize = 4;
+
+impl BatchRun<'_> {
+    /// Map the next piece of range `i` and sink it as a part of the range,
+    /// unless it is the range's last piece (`done`: [`BatchRun::finish`]
+    /// sinks it, up to the planned end).
+    fn map_piece(
+        &mut self,
+        i: usize,
+        records: Vec<SourceRecord>,
+        done: bool,
+    ) -> Result<(), EngineError> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let range = &self.entry.ranges[i];
+        if self.states[i].finished {
+            return Err(EngineError::Internal(format!(
+                "records of {}/{} arrived after its range [{}, {}) was finished",
+                range.topic, range.partition, range.start, range.end
+            )));
+        }
+        let views = record_views(&range.topic, range.partition, &records);
+        let t = Instant::now();
+        // With no map stage the chain passes every record through.
+        let isolate = (self.cfg.on_error != ErrorPolicy::Fail)
+            .then_some((self.stop, &mut self.states[i].traps));
+        let mapped = map_partition(
+            self.maps,
+            &self.ctx,
+            &views,
+            self.cfg.attempts,
+            isolate,
+            self.metrics,
+        )?;
+        self.map_time += t.elapsed();
+        drop(views);
+        let st = &mut self.states[i];
+        let base = st.records.len();
+        st.mapped
+            .outputs
+            .extend(mapped.outputs.into_iter().map(|mut o| {
+                o.source_index += base;
+                o
+            }));
+        st.mapped
+            .rejected
+            .extend(mapped.rejected.into_iter().map(|mut b| {
+                b.source_index += base;
+                b
+            }));
+        st.seen += records.len();
+        let next = records.last().map(|r| r.offset + 1);
+        if st.records.is_empty() {
+            st.records = records;
+        } else {
+            st.records.extend(records);
+        }
+        // Sink the piece now, as a part of the range, so the sink keeps up
+        // with the fetch instead of trailing it and the piece's memory is
+        // reused for the next one — unless every record of the range so far
+        // trapped: that may turn out to be a broken plugin (see `finish`),
+        // which must stop the batch rather than dead-letter or skip the
+        // range.
+        if !done
+            && st.traps.trapped < st.seen
+            && let Some(next) = next
+        {
+            self.sink_held(i, next)?;
+        }
+        Ok(())
+    }
+
+    /// Range `i` is read and mapped: sink the rest of it.
+    fn finish(&mut self, i: usize) -> Result<(), EngineError> {
+        let range = &self.entry.ranges[i];
+        let st = &mut self.states[i];
+        if st.finished {
+            return Err(EngineError::Internal(format!(
+                "range [{}, {}) of {}/{} finished twice",
+                range.start, range.end, range.topic, range.partition
+            )));
+        }
+        if st.seen > 1
+            && st.traps.trapped == st.seen
+            && let Some(first) = st.traps.first.take()
+        {
+            // Not one record could be mapped: a broken plugin (or limit)
+            // rather than bad records. Stop instead of dead-lettering or
+            // skipping the whole range (none of it was sunk).
+            tracing::error!(
+                "every record of {}/{} [{}, {}) made the plugin trap: it looks broken, not fed bad records; stopping",
+                range.topic,
+                range.partition,
+                range.start,
+                range.end
+            );
+            return Err(EngineError::Plugin(PluginError::Trap(first)));
+        }
+        // The last part, up to the planned end (which may lie past the last
+        // record: control records, compaction gaps); the whole range when
+        // nothing was sunk yet.
+        if st.sunk_to != Some(range.end) {
+            self.sink_held(i, range.end)?;
+        }
+        self.states[i].finished = true;
+        Ok(())
+    }
+
+    /// Hand the records range `i` holds to the sink thread as the part
+    /// `[sunk_to, end)` of the range (`end`: the offset after the last held
+    /// record, or the range's end), after applying the bad-record policy.
+    /// The sink thread applies it with one sink call (one transaction with
+    /// the SQL capability), retried as configured.
+    fn sink_held(&mut self, i: usize, end: i64) -> Result<(), EngineError> {
+        let range = &self.entry.ranges[i];
+        let cfg = self.cfg;
+        let ctx = &self.ctx;
+        let counts = &mut self.counts;
+        let st = &mut self.states[i];
+        let start = st.sunk_to.unwrap_or(range.start);
+        let recs = std::mem::take(&mut st.records);
+        let mapped = std::mem::take(&mut st.mapped);
+        counts.input += recs.len() as u64;
+        let mut dead_letters = Vec::new();
+        for b in &mapped.rejected {
+            let r = &recs[b.source_index];
+            counts.bad_records += 1;
+            match cfg.on_error {
+                ErrorPolicy::Fail => {
+                    return Err(EngineError::BadRecord {
+                        topic: range.topic.clone(),
+                        partition: range.partition,
+                        offset: r.offset,
+                        plugin: self
+                            .files
+                            .get(&b.plugin_digest)
+                            .cloned()
+                            .unwrap_or_default(),
+                        digest: b.plugin_digest.clone(),
+                        message: b.message.clone(),
+                        batch: self.entry.batch_id,
+                    });
+                }
+                ErrorPolicy::Skip => {
+                    counts.skipped += 1;
+                    tracing::warn!(topic = %range.topic, partition = range.partition, offset = r.offset, plugin = %b.plugin_digest, "skipping bad record: {}", b.message);
+                }
+                ErrorPolicy::Dlq => {
+                    tracing::warn!(topic = %range.topic, partition = range.partition, offset = r.offset, plugin = %b.plugin_digest, "dead-lettering bad record: {}", b.message);
+                    dead_letters.push(DeadLetter {
+                        topic: range.topic.clone(),
+                        partition: range.partition,
+                        offset: r.offset,
+                        timestamp_ms: r.timestamp,
+                        key: r.key.clone(),
+                        value: r.value.clone(),
+                        headers: r.headers.clone(),
+                        error: b.message.clone(),
+                        plugin_digest: b.plugin_digest.clone(),
+                        stage: b.stage,
+                    });
+                }
+            }
+        }
+        let mut with_output = vec![false; recs.len()];
+        for o in &mapped.outputs {
+            with_output[o.source_index] = true;
+        }
+        counts.output += mapped.outputs.len() as u64;
+        counts.filtered += with_output
+            .iter()
+            .enumerate()
+            .filter(|(i, has)| !**has && !mapped.rejected.iter().any(|b| b.source_index == *i))
+            .count() as u64;
+
+        let job = SinkJob {
+            range: i,
+            part: crate::plugin::PartitionRange {
+                batch: ctx.clone(),
+                topic: range.topic.clone(),
+                partition: range.partition,
+                start_offset: start,
+                end_offset: end,
+            },
+            records: recs,
+            outputs: mapped.outputs,
+            dead_letters,
+        };
+        // The sink thread stopped only because a part failed: the caller
+        // reports that error.
+        self.sink
+            .as_ref()
+            .ok_or(EngineError::SinkStopped)?
+            .send(job)
+            .map_err(|_| EngineError::SinkStopped)?;
+        self.states[i].sunk_to = Some(end);
+        Ok(())
+    }
+}
+
+/// Fetch, map and sink one batch. Returns counts, timings (plan and commit
+/// are filled in by the caller) and, for a re-run, ranges found deleted.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn run_batch(
+    cfg: &PipelineConfig,
+    source: &mut KafkaSource,
+    stages: &mut Stages,
+    driver: &SinkDriver,
+    entry: &OffsetsEntry,
+    query_id: &str,
+    epoch: u64,
+    rerun: bool,
+    metrics: &Metrics,
+    stop: &AtomicBool,
+) -> Result<(Counts, Timings, Vec<crate::checkpoint::DataLossGap>), EngineError> {
+    let mut timings = Timings::default();
+    let ranges: Vec<FetchRange> = entry
+        .ranges
+        .iter()
+        .map(|r| FetchRange {
+            topic: r.topic.clone(),
+            partition: r.partition,
+            start: r.start,
+            end: r.end,
+        })
+        .collect();
+    // A re-run may find part of its planned range deleted by retention since
+    // it was planned: the data-loss policy applies here too.
+    let mut ranges = ranges;
+    let mut gaps = Vec::new();
+    if rerun {
+        for r in ranges.iter_mut().filter(|r| r.end > r.start) {
+            let (low, high) = source.watermarks(&r.topic, r.partition)?;
+            if high < r.end {
+                // The log is shorter than when the batch was planned: it
+                // was truncated or recreated (on a broker without topic
+                // ids; with them the planner has refused it already).
+                return Err(EngineError::BeyondEnd {
+                    topic: r.topic.clone(),
+                    partition: r.partition,
+                    position: r.end,
+                    high,
+                    reset: cfg.reset_command(&r.topic),
+                });
+            }
+            if low > r.start {
+                match cfg.on_data_loss {
+                    DataLossPolicy::Fail => {
+                        return Err(EngineError::DataLoss {
+                            topic: r.topic.clone(),
+                            partition: r.partition,
+                            from: r.start,
+                            to: low,
+                        });
+                    }
+                    DataLossPolicy::Skip => {
+                        let to = low.min(r.end);
+                        tracing::warn!(topic = %r.topic, partition = r.partition, "data loss in re-run batch: offsets [{}, {to}) were deleted; skipping them", r.start);
+                        gaps.push(crate::checkpoint::DataLossGap {
+                            topic: r.topic.clone(),
+                            partition: r.partition,
+                            from: r.start,
+                            to,
+                        });
+                        r.start = to;
+                    }
+                }
+            }
+        }
+    }
+    // Our epoch, also when re-running a batch planned by an older owner:
+    // sinks fence on it.
+    let ctx = CallContext {
+        query_id: query_id.to_string(),
+        batch_id: entry.batch_id,
+        epoch,
+    };
+    let Stages {
+        maps, sink, files, ..
+    } = stages;
+    let (sink_tx, sink_rx) = std::sync::mpsc::sync_channel::<SinkJob>(SINK_QUEUE);
+    let sink_policy = SinkPolicy {
+        on_error: cfg.on_error,
+        stage: maps.len(),
+        attempts: cfg.attempts,
+    };
+    // Three threads: the fetch reads pieces, this thread maps each piece as
+    // it arrives, and the sink thread applies each mapped piece as a part
+    // of its range while the next is read and mapped.
+    let mut fetch_time = Duration::ZERO;
+    let cancel = AtomicBool::new(false);
+    let (mut counts, map_time, report) = std::thread::scope(|s| {
+        let sinker = s.spawn(|| {
+            run_sink(
+                sink_rx,
+                sink.as_mut(),
+                driver,
+                &sink_policy,
+                metrics,
+                entry.ranges.len(),
+            )
+        });
+        // Owned by this closure, so that even a panic here drops the sink
+        // queue's sender and the sink thread ends (the scope joins it).
+        let mut run = BatchRun {
+            cfg,
+            maps,
+            files,
+            entry,
+            ctx,
+            metrics,
+            stop,
+            states: entry.ranges.iter().map(|_| RangeState::default()).collect(),
+            counts: Counts::default(),
+            map_time: Duration::ZERO,
+            sink: Some(sink_tx),
+        };
+        // Bounded, like the sink queue: when the map falls behind, records
+        // wait in librdkafka's own (bounded) queue, not here.
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Piece>(PIECE_QUEUE);
+        let fetch_ranges = &ranges;
+        let cancel_ref = &cancel;
+        let fetcher = s.spawn(move || {
+            let t = Instant::now();
+            let r = source.fetch(fetch_ranges, MAP_PIECE_RECORDS, cancel_ref, &mut |p| {
+                tx.send(p).is_ok()
+            });
+            (r, t.elapsed())
+        });
+        let processed = (|| -> Result<(), EngineError> {
+            // Planned ranges that a re-run found wholly deleted: nothing to
+            // read, but their sinks still record the range as applied.
+            for (i, (planned, read)) in entry.ranges.iter().zip(&ranges).enumerate() {
+                if planned.start != planned.end && read.start == read.end {
+                    run.finish(i)?;
+                }
+            }
+            for piece in rx.iter() {
+                let done = piece.done;
+                let i = piece.range;
+                run.map_piece(i, piece.records, done)?;
+                if done {
+                    run.finish(i)?;
+                }
+            }
+            Ok(())
+        })();
+        // Stops the fetch thread if we failed.
+        cancel.store(true, Ordering::Relaxed);
+        drop(rx);
+        // Closes the sink queue: the sink thread applies what is queued and
+        // ends.
+        run.sink = None;
+        let (fetched, took) = match fetcher.join() {
+            Ok(v) => v,
+            Err(panic) => std::panic::resume_unwind(panic),
+        };
+        fetch_time = took;
+        let report = match sinker.join() {
+            Ok(v) => v,
+            Err(panic) => std::panic::resume_unwind(panic),
+        };
+        // The sink's own error explains a stopped sink; otherwise the
+        // first failure of the map side is reported, and a sink error
+        // behind it is logged, not lost.
+        let report = match (processed, report) {
+            (Err(EngineError::SinkStopped), Err(e)) | (Ok(()), Err(e)) => return Err(e),
+            (Err(e), sunk) => {
+                if let Err(sink_error) = sunk {
+                    tracing::error!("the sink failed too: {sink_error}");
+                }
+                return Err(e);
+            }
+            (Ok(()), Ok(report)) => report,
+        };
+        if let Err(e) = fetched {
+            return Err(e.into());
+        }
+        // Every planned non-empty range must have been read, mapped and
+        // handed to the sink (which applied every part) before the batch
+        // may commit.
+        for (planned, state) in entry.ranges.iter().zip(&run.states) {
+            if planned.start != planned.end && !state.finished {
+                return Err(EngineError::Internal(format!(
+                    "the fetch ended without finishing {}/{} [{}, {})",
+                    planned.topic, planned.partition, planned.start, planned.end
+                )));
+            }
+        }
+        Ok((run.counts, run.map_time, report))
+    })?;
+    timings.fetch = ms(fetch_time);
+    for (range, skipped) in entry.ranges.iter().zip(&report.already_applied) {
+        if skipped.offsets == 0 {
+            continue;
+        }
+        if skipped.by_other_batch {
+            let again = format!(
+                "host checkpoint reset {} --topic {} --to {} --sink-db {} --reapply",
+                shell_word(&cfg.checkpoint.display().to_string()),
+                shell_word(&range.topic),
+                shell_word(&format!(
+                    "offsets:{{\"{}\":{{\"{}\":{}}}}}",
+                    range.topic, range.partition, range.start
+                )),
+                shell_word(&crate::sink::sql::redact(
+                    cfg.sink_db.as_deref().unwrap_or("URL")
+                ))
+            );
+            tracing::warn!(topic = %range.topic, partition = range.partition, skipped = skipped.offsets, "{} of the {} offsets of [{}, {}) were skipped: the sink's progress rows (sluice_progress) show them applied by an earlier batch, so this is a reset back or a restored checkpoint. With the pipeline stopped, `{again}` applies them again", skipped.offsets, range.end - range.start, range.start, range.end);
+        } else {
+            tracing::info!(topic = %range.topic, partition = range.partition, skipped = skipped.offsets, "{} of the {} offsets of [{}, {}) were applied by an earlier run of this batch; skipped", skipped.offsets, range.end - range.start, range.start, range.end);
+        }
+    }
+    counts.dead_lettered += report.dead_lettered;
+    counts.bad_records += report.bad_records;
+    counts.skipped += report.skipped;
+    counts.output = counts.output.saturating_sub(report.rejected_outputs);
+    timings.map = ms(map_time);
+    timings.sink = ms(report.time);
+    Ok((counts, timings, gaps))
+}

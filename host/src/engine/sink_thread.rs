@@ -1,0 +1,235 @@
+//! The sink thread of a batch: applies each mapped part of a range, in
+//! the order queued, with retries, and gives the records the sink stage
+//! rejects the error policy.
+
+use std::time::{Duration, Instant};
+
+use sluice_guest::wire::{Record, SinkRecord};
+
+use crate::metrics::Metrics;
+use crate::plugin::{Instance, PluginError};
+use crate::sink::{Applied, DeadLetter, PartitionBatch, SinkDriver, SinkError, Skipped};
+use crate::source::SourceRecord;
+
+use super::{EngineError, ErrorPolicy};
+
+use super::batch::with_retries;
+
+pub(super) fn sink_retryable(e: &SinkError) -> bool {
+    match e {
+        SinkError::Plugin(p) => p.is_retryable(),
+        // Connection problems (08…) and serialization failures/deadlocks
+        // (40…) are transient; the range was rolled back.
+        SinkError::Sql { error, .. } => {
+            error.code.starts_with("08")
+                || error.code.starts_with("40")
+                || error.code == "SQLITE_BUSY"
+        }
+        _ => false,
+    }
+}
+
+/// Parts queued for the sink thread at most: the map runs this far ahead
+/// of the sink (a part holds one piece, or more while every record of its
+/// range so far trapped).
+pub(super) const SINK_QUEUE: usize = 2;
+
+/// A part of a range, mapped and ready for the sink: the part's source
+/// records, its outputs (source indices into `records`) and dead letters.
+pub(super) struct SinkJob {
+    /// Index of the range in the batch.
+    pub(super) range: usize,
+    pub(super) part: crate::plugin::PartitionRange,
+    pub(super) records: Vec<SourceRecord>,
+    pub(super) outputs: Vec<crate::plugin::chain::ChainOutput>,
+    pub(super) dead_letters: Vec<DeadLetter>,
+}
+
+/// What the sink thread did in one batch.
+pub(super) struct SinkReport {
+    pub(super) dead_lettered: u64,
+    /// Records the sink stage rejected.
+    pub(super) bad_records: u64,
+    /// Of those, skipped (policy `skip`).
+    pub(super) skipped: u64,
+    /// Outputs of the records the sink rejected (counted as outputs when
+    /// the map stage made them).
+    pub(super) rejected_outputs: u64,
+    /// Per range: the offsets found applied already and skipped.
+    pub(super) already_applied: Vec<Skipped>,
+    pub(super) time: Duration,
+}
+
+/// Most records the sink stage may reject in one part before it is taken
+/// as broken (each rejection writes the part again), the same number as
+/// the map stages' trap budget per partition and batch.
+pub(super) const SINK_REJECTIONS: usize = 48;
+
+/// How the sink thread treats records the sink stage rejects.
+pub(super) struct SinkPolicy {
+    pub(super) on_error: ErrorPolicy,
+    /// Position of the sink stage in the pipeline (after the map stages),
+    /// for dead letters.
+    pub(super) stage: usize,
+    pub(super) attempts: u32,
+}
+
+/// The sink thread of a batch: apply each part, in the order queued, with
+/// retries. A record the sink rejects (`bad-record` from `sink.write`) gets
+/// the error policy: under `dlq`/`skip` the part is applied again without
+/// it (and with its dead letter); under `fail` the batch stops. Stops at
+/// the first part that fails (the batch is then not committed).
+pub(super) fn run_sink(
+    jobs: std::sync::mpsc::Receiver<SinkJob>,
+    mut sink: Option<&mut Instance>,
+    driver: &SinkDriver,
+    policy: &SinkPolicy,
+    metrics: &Metrics,
+    ranges: usize,
+) -> Result<SinkReport, EngineError> {
+    let mut report = SinkReport {
+        dead_lettered: 0,
+        bad_records: 0,
+        skipped: 0,
+        rejected_outputs: 0,
+        already_applied: vec![Skipped::default(); ranges],
+        time: Duration::ZERO,
+    };
+    for job in jobs {
+        // Source records the sink rejected in this part, and their dead
+        // letters (policy `dlq`).
+        let mut rejected: Vec<usize> = Vec::new();
+        let mut dead_letters = job.dead_letters.clone();
+        let t = Instant::now();
+        let applied = loop {
+            let sink_records: Vec<SinkRecord<'_>> = job
+                .outputs
+                .iter()
+                .filter(|o| !rejected.contains(&o.source_index))
+                .map(|o| {
+                    let s = &job.records[o.source_index];
+                    SinkRecord {
+                        idempotency_key: &o.idempotency_key,
+                        record: Record {
+                            topic: &job.part.topic,
+                            partition: job.part.partition,
+                            offset: s.offset,
+                            timestamp: s.timestamp,
+                            timestamp_type: s.timestamp_type,
+                            key: o.key.as_deref(),
+                            value: o.value.as_deref(),
+                            headers: sluice_guest::wire::header_views(&o.headers),
+                        },
+                    }
+                })
+                .collect();
+            let batch = PartitionBatch {
+                range: job.part.clone(),
+                records: &sink_records,
+                dead_letters: &dead_letters,
+            };
+            let r = with_retries(policy.attempts, "sink", sink_retryable, || {
+                let r = driver.apply(sink.as_deref_mut(), &batch);
+                if let Err(e) = &r {
+                    if matches!(e, SinkError::Plugin(PluginError::Trap(_))) {
+                        metrics.trap();
+                    }
+                    // The part was rolled back: the next attempt starts from
+                    // a fresh plugin instance, not from state the sink kept
+                    // (rows it buffered for `close`, say).
+                    if let Some(s) = sink.as_deref_mut() {
+                        s.discard();
+                    }
+                }
+                r
+            });
+            let (offset, message, error) = match r {
+                Err(SinkError::Rejected {
+                    offset,
+                    message,
+                    error,
+                }) => (offset, message, error),
+                other => break other?,
+            };
+            let (path, digest) = match error.as_ref() {
+                PluginError::Stage { path, digest, .. } => {
+                    (path.display().to_string(), digest.clone())
+                }
+                _ => Default::default(),
+            };
+            let Ok(src) = job.records.binary_search_by_key(&offset, |r| r.offset) else {
+                return Err(EngineError::Internal(format!(
+                    "the sink rejected offset {offset} of {}/{}, which is not in the part",
+                    job.part.topic, job.part.partition
+                )));
+            };
+            report.bad_records += 1;
+            let site = (&job.part.topic, job.part.partition, offset);
+            match policy.on_error {
+                ErrorPolicy::Fail => {
+                    return Err(EngineError::BadRecord {
+                        topic: site.0.clone(),
+                        partition: site.1,
+                        offset,
+                        plugin: path,
+                        digest,
+                        message,
+                        batch: job.part.batch.batch_id,
+                    });
+                }
+                _ if rejected.len() >= SINK_REJECTIONS => {
+                    tracing::error!(topic = %site.0, partition = site.1, "the sink stage rejected {SINK_REJECTIONS} records of one part: it looks broken, not fed bad records; stopping");
+                    return Err(EngineError::Sink(SinkError::Plugin(*error)));
+                }
+                ErrorPolicy::Skip => {
+                    report.skipped += 1;
+                    tracing::warn!(topic = %site.0, partition = site.1, offset, plugin = %digest, "skipping a record the sink rejected: {message}");
+                }
+                ErrorPolicy::Dlq => {
+                    tracing::warn!(topic = %site.0, partition = site.1, offset, plugin = %digest, "dead-lettering a record the sink rejected: {message}");
+                    let r = &job.records[src];
+                    let at = dead_letters.partition_point(|d| d.offset < offset);
+                    dead_letters.insert(
+                        at,
+                        DeadLetter {
+                            topic: job.part.topic.clone(),
+                            partition: job.part.partition,
+                            offset,
+                            timestamp_ms: r.timestamp,
+                            key: r.key.clone(),
+                            value: r.value.clone(),
+                            headers: r.headers.clone(),
+                            error: message,
+                            plugin_digest: digest,
+                            stage: policy.stage,
+                        },
+                    );
+                }
+            }
+            report.rejected_outputs +=
+                job.outputs.iter().filter(|o| o.source_index == src).count() as u64;
+            rejected.push(src);
+        };
+        report.time += t.elapsed();
+        let skipped = match applied {
+            Applied::Written {
+                dead_lettered,
+                skipped,
+                ..
+            } => {
+                report.dead_lettered += dead_lettered;
+                skipped
+            }
+            Applied::AlreadyApplied { skipped } => {
+                tracing::debug!(topic = %job.part.topic, partition = job.part.partition, "[{}, {}) already applied by the sink; skipped", job.part.start_offset, job.part.end_offset);
+                report.dead_lettered += dead_letters.len() as u64;
+                skipped
+            }
+        };
+        if let Some(a) = report.already_applied.get_mut(job.range) {
+            a.offsets += skipped.offsets;
+            a.by_other_batch |= skipped.by_other_batch;
+        }
+    }
+    Ok(report)
+}

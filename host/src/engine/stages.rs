@@ -1,0 +1,246 @@
+//! The pipeline's plugin stages: loading the components (from `--plugin`
+//! or the checkpoint's store), assembling the map chain and the sink, and
+//! installing a swapped-in plugin between two batches.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+
+use crate::checkpoint::{Checkpoint, PluginRef, StageKind};
+use crate::plugin::{Instance, Plugin, PluginError, Runtime};
+use crate::sink::sql::SqlGrant;
+
+use super::{EngineError, PipelineConfig};
+
+/// The loaded stages of the pipeline.
+pub(super) struct Stages {
+    pub(super) maps: Vec<Instance>,
+    pub(super) sink: Option<Instance>,
+    pub(super) refs: Vec<PluginRef>,
+    /// Digest → file, for messages.
+    pub(super) files: BTreeMap<String, String>,
+}
+
+/// Read and compile the pipeline's plugins: the `--plugin` files, or the
+/// components the checkpoint recorded (from its content-addressed store).
+pub(super) fn load_plugins(
+    cfg: &PipelineConfig,
+    runtime: &Runtime,
+    recorded: &[PluginRef],
+) -> Result<Vec<(Plugin, Vec<u8>)>, EngineError> {
+    let config = Arc::new(cfg.plugin_config.clone());
+    let mut loaded = Vec::new();
+    if cfg.plugins.is_empty() {
+        if recorded.is_empty() {
+            return Err(EngineError::Config(format!(
+                "no plugins: pass --plugin FILE (the checkpoint {} records none to resume with)",
+                cfg.checkpoint.display()
+            )));
+        }
+        let mut seen: Vec<&str> = Vec::new();
+        for r in recorded {
+            if seen.contains(&r.digest.as_str()) {
+                continue;
+            }
+            seen.push(&r.digest);
+            let (path, bytes) = crate::checkpoint::read_stored_plugin(&cfg.checkpoint, &r.digest)?;
+            let plugin = runtime
+                .load_bytes(&path, &bytes, config.clone())
+                .map_err(EngineError::PluginLoad)?;
+            loaded.push((plugin, bytes));
+        }
+        tracing::info!("resuming with the plugins recorded in the checkpoint");
+    } else {
+        for path in &cfg.plugins {
+            let bytes = std::fs::read(path).map_err(|source| {
+                EngineError::PluginLoad(PluginError::Read {
+                    path: path.clone(),
+                    source,
+                })
+            })?;
+            let plugin = runtime
+                .load_bytes(path, &bytes, config.clone())
+                .map_err(EngineError::PluginLoad)?;
+            loaded.push((plugin, bytes));
+        }
+    }
+    Ok(loaded)
+}
+
+/// Arrange loaded plugins into the map chain and the sink.
+pub(super) fn assemble(
+    cfg: &PipelineConfig,
+    loaded: &[(Plugin, Vec<u8>)],
+    recorded: &[PluginRef],
+    sql: Option<&SqlGrant>,
+) -> Result<Stages, EngineError> {
+    let mut refs = Vec::new();
+    let mut maps = Vec::new();
+    let mut sink = None;
+    let mut files = BTreeMap::new();
+    let mut sink_ref: Option<String> = None;
+    for (p, _) in loaded {
+        files.insert(p.digest().to_string(), p.path().display().to_string());
+        let wants = |stage: StageKind| {
+            if cfg.plugins.is_empty() {
+                recorded
+                    .iter()
+                    .any(|r| r.digest == p.digest() && r.stage == stage)
+            } else {
+                match stage {
+                    StageKind::Map => p.stages().map,
+                    StageKind::Sink => p.stages().sink,
+                }
+            }
+        };
+        if wants(StageKind::Map) {
+            refs.push(PluginRef {
+                stage: StageKind::Map,
+                digest: p.digest().to_string(),
+            });
+            maps.push(p.instance());
+        }
+        if wants(StageKind::Sink) {
+            if let Some(other) = &sink_ref {
+                return Err(EngineError::Config(format!(
+                    "two plugins export a sink stage ({} and {}); a pipeline has one sink",
+                    files.get(other).cloned().unwrap_or_default(),
+                    p.path().display()
+                )));
+            }
+            sink_ref = Some(p.digest().to_string());
+            sink = Some(p.instance_with_sql(sql.cloned()));
+        }
+    }
+    if let Some(d) = sink_ref {
+        refs.push(PluginRef {
+            stage: StageKind::Sink,
+            digest: d,
+        });
+    }
+    if !cfg.plugins.is_empty() && !recorded.is_empty() && recorded != refs.as_slice() {
+        tracing::warn!(
+            "plugin upgrade: the checkpoint's last batch ran [{}], this run uses [{}]",
+            show_refs(recorded),
+            show_refs(&refs)
+        );
+    }
+    if sink.is_none() {
+        tracing::warn!("no plugin exports a sink stage: mapped records are counted and discarded");
+    }
+    Ok(Stages {
+        maps,
+        sink,
+        refs,
+        files,
+    })
+}
+
+pub(super) fn show_refs(v: &[PluginRef]) -> String {
+    v.iter()
+        .map(|r| {
+            format!(
+                "{:?} sha256:{}",
+                r.stage,
+                &r.digest[..12.min(r.digest.len())]
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+pub(super) fn config_digest(cfg: &PipelineConfig) -> String {
+    let v = serde_json::json!({
+        "plugin_config": cfg.plugin_config,
+        "on_error": format!("{:?}", cfg.on_error),
+    });
+    hex::encode(Sha256::digest(v.to_string().as_bytes()))
+}
+
+/// Replace stage(s) with a validated plugin (at a batch boundary).
+pub(super) fn install_swap(
+    stages: &mut Stages,
+    cp: &Checkpoint,
+    sql: Option<&SqlGrant>,
+    plugin: Plugin,
+    bytes: &[u8],
+    stage: Option<StageKind>,
+    index: Option<usize>,
+) -> Result<(), String> {
+    let offers = plugin.stages();
+    let want_map = match stage {
+        Some(StageKind::Map) => {
+            if !offers.map {
+                return Err(format!(
+                    "plugin {} (sha256:{}) exports no map stage",
+                    plugin.path().display(),
+                    plugin.digest()
+                ));
+            }
+            true
+        }
+        Some(StageKind::Sink) => false,
+        None => offers.map,
+    };
+    let want_sink = match stage {
+        Some(StageKind::Sink) => {
+            if !offers.sink {
+                return Err(format!(
+                    "plugin {} (sha256:{}) exports no sink stage",
+                    plugin.path().display(),
+                    plugin.digest()
+                ));
+            }
+            true
+        }
+        Some(StageKind::Map) => false,
+        None => offers.sink,
+    };
+    let map_index = if want_map {
+        let i = match (index, stages.maps.len()) {
+            (Some(i), n) if i < n => i,
+            (Some(i), n) => return Err(format!("--index {i}: the pipeline has {n} map stage(s)")),
+            (None, 1) => 0,
+            (None, 0) => return Err("the pipeline has no map stage to replace".into()),
+            (None, n) => {
+                return Err(format!(
+                    "the pipeline has {n} map stages: say which with --index"
+                ));
+            }
+        };
+        Some(i)
+    } else {
+        None
+    };
+    if want_sink && stages.sink.is_none() {
+        return Err("the pipeline has no sink stage to replace".into());
+    }
+    cp.store_plugin(bytes).map_err(|e| e.to_string())?;
+    stages.files.insert(
+        plugin.digest().to_string(),
+        plugin.path().display().to_string(),
+    );
+    if let Some(i) = map_index {
+        stages.maps[i] = plugin.instance();
+        if let Some(r) = stages
+            .refs
+            .iter_mut()
+            .filter(|r| r.stage == StageKind::Map)
+            .nth(i)
+        {
+            r.digest = plugin.digest().to_string();
+        }
+    }
+    if want_sink {
+        stages.sink = Some(plugin.instance_with_sql(sql.cloned()));
+        for r in stages
+            .refs
+            .iter_mut()
+            .filter(|r| r.stage == StageKind::Sink)
+        {
+            r.digest = plugin.digest().to_string();
+        }
+    }
+    Ok(())
+}
