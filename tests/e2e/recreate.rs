@@ -596,3 +596,95 @@ fn the_advice_moves_only_the_recreated_topic_and_offsets_json_cannot_skip_its_re
     );
     assert_eq!(counted(&db), 10 + 7);
 }
+
+#[test]
+fn a_reset_with_another_sink_database_is_refused_and_creates_nothing() {
+    // A typo in --sink-db used to create an empty database, "move" no
+    // rows, and let the next run skip the new topic's records.
+    let db = Db::sqlite();
+    let (_old, dir, ckpt) = applied_once(4, &db);
+    let new = Mock::new();
+    new.create_topic("raw", 1);
+    produce(&new, "raw", 0, (0..6).map(|i| format!("new{i}")));
+    let typo = dir.path().join("typo.db");
+    let ck = ckpt.to_str().unwrap();
+    let bootstrap = new.bootstrap();
+    let reset = |db_url: &str, extra: &[&str]| {
+        let mut args = vec![
+            "checkpoint",
+            "reset",
+            ck,
+            "--to",
+            "earliest",
+            "--brokers",
+            &bootstrap,
+            "--sink-db",
+            db_url,
+        ];
+        args.extend_from_slice(extra);
+        crate::support::host(&args)
+    };
+    let typo_url = format!("sqlite:{}", typo.display());
+    for extra in [&[][..], &["--dry-run"][..]] {
+        let out = reset(&typo_url, extra);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {err}");
+        assert!(
+            err.contains("is not the database this pipeline keeps its progress in"),
+            "{err}"
+        );
+        assert!(
+            !typo.exists(),
+            "{extra:?}: the reset created {}",
+            typo.display()
+        );
+    }
+    // The recorded path is absolute: the same database named relatively
+    // from its own directory is accepted.
+    let db_path = db.url.strip_prefix("sqlite:").unwrap();
+    let (db_dir, db_file) = db_path.rsplit_once('/').unwrap();
+    let out = Command::new(host_bin())
+        .args([
+            "checkpoint",
+            "reset",
+            ck,
+            "--to",
+            "earliest",
+            "--brokers",
+            &new.bootstrap(),
+            "--sink-db",
+            &format!("sqlite:{db_file}"),
+        ])
+        .current_dir(db_dir)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    ok(run(&new.bootstrap(), "raw", &ckpt, &db));
+    assert_eq!(counted(&db), 4 + 6);
+}
+
+#[test]
+fn a_reset_to_an_offset_past_the_high_watermark_is_refused() {
+    let db = Db::sqlite();
+    let (mock, _dir, ckpt) = applied_once(3, &db);
+    let out = crate::support::host(&[
+        "checkpoint",
+        "reset",
+        ckpt.to_str().unwrap(),
+        "--to",
+        "offsets:{\"raw\":{\"0\":999}}",
+        "--brokers",
+        &mock.bootstrap(),
+    ]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("past its high watermark 3"), "{err}");
+    for bad in ["bogus", "timestamp:-5"] {
+        let out =
+            crate::support::host(&["checkpoint", "reset", ckpt.to_str().unwrap(), "--to", bad]);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {err}");
+        assert!(err.contains("use earliest, latest"), "{bad}: {err}");
+    }
+}

@@ -204,6 +204,14 @@ fn targets(
                     return Err(anyhow!("offset {o} for {topic}/{p} is negative"))
                         .code(ExitCode::Usage);
                 }
+                if let Some((_, high)) = broker.and_then(|b| b.watermarks.get(&(topic.clone(), p)))
+                    && o > *high
+                {
+                    return Err(anyhow!(
+                        "offset {o} for {topic}/{p} is past its high watermark {high}: the pipeline would stop there (\"beyond the high watermark\")"
+                    ))
+                    .code(ExitCode::Usage);
+                }
                 out.insert((topic.clone(), p), o);
             }
         }
@@ -399,6 +407,20 @@ pub fn run(a: ResetArgs) -> Result<(), CliError> {
         ))
         .code(ExitCode::Usage);
     }
+    let to_ok = a.to == "earliest"
+        || a.to == "latest"
+        || a.to.starts_with("offsets:")
+        || a.to
+            .strip_prefix("timestamp:")
+            .and_then(|ms| ms.parse::<i64>().ok())
+            .is_some_and(|ms| ms >= 0);
+    if !to_ok {
+        return Err(anyhow!(
+            "--to `{}`: use earliest, latest, timestamp:MS (milliseconds since the Unix epoch, not negative) or offsets:JSON",
+            a.to
+        ))
+        .code(ExitCode::Usage);
+    }
     let s = checkpoint::status(dir)?;
     if s.owner.is_some() && !a.dry_run {
         let owner = s.owner.clone();
@@ -492,6 +514,26 @@ pub fn run(a: ResetArgs) -> Result<(), CliError> {
     }
     let after = targets(&a.to, broker.as_ref(), &moving, &recreated, &before)?;
 
+    if let Some(url) = &a.sink_db {
+        let given = crate::sink::sql::sink_identity(url)
+            .map_err(|e| anyhow!("--sink-db {}: {e}", redact(url)))?;
+        if let Some(recorded) = &recorded_sink
+            && given != *recorded
+        {
+            return Err(anyhow!(
+                "--sink-db {given} is not the database this pipeline keeps its progress in ({recorded}, recorded in its newest offsets entry); nothing was changed. Pass that one: moving the rows of another database would make the pipeline skip or repeat records"
+            ))
+            .code(ExitCode::Usage);
+        }
+        if let Some(path) = given.strip_prefix("sqlite:")
+            && !std::path::Path::new(path).exists()
+        {
+            return Err(anyhow!(
+                "--sink-db {given}: no such file; nothing was changed (the reset moves the rows of the pipeline's existing sink database, it never creates one)"
+            ))
+            .code(ExitCode::Usage);
+        }
+    }
     let driver = match &a.sink_db {
         Some(url) if !a.keep_sink_progress => Some(
             SqlGrant::connect(url)
@@ -527,9 +569,10 @@ pub fn run(a: ResetArgs) -> Result<(), CliError> {
     );
     if driver.is_none() && !a.keep_sink_progress && recorded_sink.is_some() && plan.needs_rows {
         let db = recorded_sink.as_deref().unwrap_or("URL");
+        let abs = std::path::absolute(dir).unwrap_or_else(|_| dir.clone());
         let mut cmd = format!(
             "host checkpoint reset {}",
-            shell_word(&dir.display().to_string())
+            shell_word(&abs.display().to_string())
         );
         for t in &a.topics {
             cmd.push_str(&format!(" --topic {}", shell_word(t)));
@@ -549,10 +592,15 @@ pub fn run(a: ResetArgs) -> Result<(), CliError> {
             cmd.push_str(" --reapply");
         }
         return Err(anyhow!(
-            "{}. The pipeline's sink database keeps progress rows that must be checked or moved with the checkpoint, or their offsets would be skipped as already applied; nothing was changed. Run `{cmd}`{}, or pass --keep-sink-progress to leave the rows as they are",
+            "{}. The pipeline's sink database keeps progress rows that must be checked or moved with the checkpoint, or their offsets would be skipped as already applied; nothing was changed. Run `{cmd}`{}{}",
             plan.notes.join("; "),
             if cmd.contains("***") {
                 " (with the secrets where *** stands)"
+            } else {
+                ""
+            },
+            if recreated.is_empty() {
+                ", or pass --keep-sink-progress to leave the rows as they are"
             } else {
                 ""
             }
@@ -619,12 +667,30 @@ pub fn run(a: ResetArgs) -> Result<(), CliError> {
                 let n = row.applied_in(&(*o..row.end().unwrap_or(*o).max(*o)));
                 if n > 0 {
                     outln!(
-                        "sink progress {}/{}: {n} offsets from {o} on are already applied and will be skipped (pass --reapply to apply them again)",
+                        "sink progress {}/{}: {n} offsets from {o} on are already applied and will be skipped (--reapply applies them again: only for a destination that lost them, or they are applied twice)",
                         tp.0,
                         tp.1
                     )?;
                 }
             }
+        }
+    }
+    if a.keep_sink_progress && recorded_sink.is_some() {
+        for t in &recreated {
+            outln!(
+                "warning: --keep-sink-progress leaves the sink's rows of the old topic {t}: if its database still holds them, the next run skips the new topic's records at the offsets they show applied"
+            )?;
+        }
+    }
+    for ((t, p), o) in &after {
+        let low = broker
+            .as_ref()
+            .and_then(|b| b.watermarks.get(&(t.clone(), *p)))
+            .map_or(*o, |(low, _)| *low);
+        if recreated.contains(t) && *o > low {
+            outln!(
+                "note: offsets [{low}, {o}) of the new topic {t}/{p} will not be applied (the reset moves past them)"
+            )?;
         }
     }
     if !recreated.is_empty() {

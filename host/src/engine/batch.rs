@@ -21,7 +21,7 @@ use crate::source::{FetchRange, KafkaSource, Piece, SourceRecord};
 
 use super::sink_thread::{SINK_QUEUE, SinkJob, SinkPolicy, run_sink};
 use super::stages::Stages;
-use super::{DataLossPolicy, EngineError, ErrorPolicy, PipelineConfig, ms, shell_word};
+use super::{DataLossPolicy, EngineError, ErrorPolicy, PipelineConfig, ms};
 
 /// Borrowed views of fetched records for the map chain.
 pub(super) fn record_views<'a>(
@@ -585,19 +585,7 @@ pub(super) fn run_batch(
             continue;
         }
         if skipped.by_other_batch {
-            let again = format!(
-                "host checkpoint reset {} --topic {} --to {} --sink-db {} --reapply",
-                shell_word(&cfg.checkpoint.display().to_string()),
-                shell_word(&range.topic),
-                shell_word(&format!(
-                    "offsets:{{\"{}\":{{\"{}\":{}}}}}",
-                    range.topic, range.partition, range.start
-                )),
-                shell_word(&crate::sink::sql::redact(
-                    cfg.sink_db.as_deref().unwrap_or("URL")
-                ))
-            );
-            tracing::warn!(topic = %range.topic, partition = range.partition, skipped = skipped.offsets, "{} of the {} offsets of [{}, {}) were skipped: the sink's progress rows (sluice_progress) show them applied by an earlier batch, so this is a reset back or a restored checkpoint. With the pipeline stopped, `{again}` applies them again", skipped.offsets, range.end - range.start, range.start, range.end);
+            tracing::warn!(topic = %range.topic, partition = range.partition, skipped = skipped.offsets, "{} of the {} offsets of [{}, {}) were skipped: the sink's progress rows (sluice_progress) show them applied by an earlier batch, so this is a reset back or a restored checkpoint. Nothing to do if that is what you meant; if the destination no longer holds them (its tables were emptied), stop the pipeline and `host checkpoint reset … --sink-db URL --reapply` to a position before them (on a destination that still holds them, that applies them twice)", skipped.offsets, range.end - range.start, range.start, range.end);
         } else {
             tracing::info!(topic = %range.topic, partition = range.partition, skipped = skipped.offsets, "{} of the {} offsets of [{}, {}) were applied by an earlier run of this batch; skipped", skipped.offsets, range.end - range.start, range.start, range.end);
         }

@@ -124,10 +124,7 @@ pub fn shell_word(s: &str) -> String {
 /// value of a property whose name says it is a secret (`sasl.password`,
 /// `ssl.key.password`, `sasl.oauthbearer.client.secret`, …).
 pub fn redact_property(name: &str, value: &str) -> String {
-    if ["password", "secret", "token"]
-        .iter()
-        .any(|w| name.contains(w))
-    {
+    if crate::source::is_secret_property(name) {
         "***".into()
     } else {
         value.to_string()
@@ -141,9 +138,11 @@ impl PipelineConfig {
     /// Secrets (a password in `--sink-db`, secret librdkafka properties)
     /// show as `***`.
     pub fn reset_command(&self, topic: &str) -> String {
+        // Absolute paths: the command must work from any directory.
+        let dir = std::path::absolute(&self.checkpoint).unwrap_or_else(|_| self.checkpoint.clone());
         let mut cmd = format!(
             "host checkpoint reset {} --topic {} --to earliest --brokers {}",
-            shell_word(&self.checkpoint.display().to_string()),
+            shell_word(&dir.display().to_string()),
             shell_word(topic),
             shell_word(&self.brokers)
         );
@@ -153,7 +152,9 @@ impl PipelineConfig {
         }
         if let Some(db) = &self.sink_db {
             cmd.push_str(" --sink-db ");
-            cmd.push_str(&shell_word(&crate::sink::sql::redact(db)));
+            let db = crate::sink::sql::sink_identity(db)
+                .unwrap_or_else(|_| crate::sink::sql::redact(db));
+            cmd.push_str(&shell_word(&db));
         }
         cmd
     }

@@ -289,6 +289,12 @@ pub fn run_with(
         cfg.kafka_timeout,
     )?;
     let cdigest = config_digest(cfg);
+    let sink_identity = match cfg.sink_db.as_deref() {
+        Some(url) => Some(crate::sink::sql::sink_identity(url).map_err(|e| {
+            EngineError::Config(format!("--sink-db {}: {e}", crate::sink::sql::redact(url)))
+        })?),
+        None => None,
+    };
     let metrics = Arc::new(Metrics::new());
     metrics.set_epoch(epoch);
     let _metrics_server = match cfg.metrics_addr {
@@ -454,7 +460,7 @@ pub fn run_with(
                     config_digest: cdigest.clone(),
                     note: None,
                     topics: planned.topics,
-                    sink_db: cfg.sink_db.as_deref().map(crate::sink::sql::redact),
+                    sink_db: sink_identity.clone(),
                 };
                 cp.append_offsets(&entry)?;
                 crate::checkpoint::failpoint("engine:after-write-ahead");

@@ -636,14 +636,24 @@ pub fn redact(url: &str) -> String {
             .collect::<Vec<_>>()
             .join(" ");
     };
+    // The user-info ends at the last `@`, unless that one is in the query
+    // (`?user=a@b`); a password may hold `?` or `/` unencoded.
+    let at = rest.rfind('@').and_then(|at| match rest[..at].find('?') {
+        Some(q) if rest[q..at].contains('=') => rest[..q].rfind('@'),
+        _ => Some(at),
+    });
+    let (userinfo, rest) = match at {
+        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+        None => (None, rest),
+    };
     let (rest, query) = match rest.split_once('?') {
         Some((r, q)) => (r, Some(q)),
         None => (rest, None),
     };
-    let mut out = match rest.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
-            None => format!("{scheme}://{rest}"),
+    let mut out = match userinfo {
+        Some(u) => match u.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{rest}"),
+            None => format!("{scheme}://{u}@{rest}"),
         },
         None => format!("{scheme}://{rest}"),
     };
@@ -659,6 +669,30 @@ pub fn redact(url: &str) -> String {
         out.push_str(&params.join("&"));
     }
     out
+}
+
+/// How the checkpoint records a `--sink-db` URL: [`redact`]ed, and for
+/// SQLite with an absolute path, so that a later command run from another
+/// directory names the same file.
+///
+/// # Errors
+/// The current directory cannot be read.
+pub fn sink_identity(url: &str) -> std::io::Result<String> {
+    match url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
+    {
+        Some(path) if !path.is_empty() && path != ":memory:" => {
+            let p = std::path::Path::new(path);
+            let abs = if p.is_absolute() {
+                p.to_path_buf()
+            } else {
+                std::env::current_dir()?.join(p)
+            };
+            Ok(format!("sqlite:{}", abs.display()))
+        }
+        _ => Ok(redact(url)),
+    }
 }
 
 /// Open a backend from a `--sink-db` URL: `sqlite:PATH` (also
@@ -969,6 +1003,24 @@ mod tests {
         assert_eq!(
             redact("postgres://sink@db/x?sslmode=require&password=SECRET&sslpassword=K"),
             "postgres://sink@db/x?sslmode=require&password=***&sslpassword=***"
+        );
+        assert_eq!(
+            redact("postgres://bob:sec?pw@127.0.0.1:5432/db"),
+            "postgres://bob:***@127.0.0.1:5432/db"
+        );
+        assert_eq!(
+            redact("postgres://sink@db/x?user=a@b&password=p"),
+            "postgres://sink@db/x?user=a@b&password=***"
+        );
+        assert_eq!(
+            sink_identity("sqlite:rel/sink.db").unwrap(),
+            format!(
+                "sqlite:{}",
+                std::env::current_dir()
+                    .unwrap()
+                    .join("rel/sink.db")
+                    .display()
+            )
         );
         assert_eq!(
             redact("host=db user=sink password=SECRET dbname=x"),

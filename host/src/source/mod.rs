@@ -217,6 +217,24 @@ pub struct KafkaSource {
 /// [`KafkaSource::describe_via`] before a broker is known.
 const NO_BROKER: i32 = i32::MIN;
 
+/// True for a librdkafka property whose value is a secret
+/// (`sasl.password`, `ssl.key.password`, `sasl.oauthbearer.client.secret`,
+/// …): messages show it as `***`.
+pub fn is_secret_property(name: &str) -> bool {
+    ["password", "secret", "token"]
+        .iter()
+        .any(|w| name.contains(w))
+}
+
+/// `message` with the values of the secret `properties` replaced by `***`
+/// (librdkafka repeats a rejected value in its error text).
+fn hide_secrets(message: String, properties: &BTreeMap<String, String>) -> String {
+    properties
+        .iter()
+        .filter(|(k, v)| is_secret_property(k) && !v.is_empty())
+        .fold(message, |m, (_, v)| m.replace(v.as_str(), "***"))
+}
+
 /// The one rule for a record's timestamp, for `host run` and `host test`
 /// alike: a negative timestamp (Kafka's `-1`, "no timestamp", KIP-32) or
 /// the `not-available` type is `(0, not-available)`, as the WIT contract
@@ -326,7 +344,7 @@ impl KafkaSource {
         let meta: Arc<BaseConsumer> = Arc::new(
             meta_cfg
                 .create()
-                .map_err(|e| SourceError::Client(e.to_string()))?,
+                .map_err(|e| SourceError::Client(hide_secrets(e.to_string(), properties)))?,
         );
 
         // librdkafka needs a group.id even for manual assignment; without
@@ -334,7 +352,7 @@ impl KafkaSource {
         cfg.set("group.id", group_id);
         let consumer: BaseConsumer = cfg
             .create()
-            .map_err(|e| SourceError::Client(e.to_string()))?;
+            .map_err(|e| SourceError::Client(hide_secrets(e.to_string(), properties)))?;
         // librdkafka's defaults (CONFIGURATION.md of librdkafka 2.12).
         let fetch_limits = [
             ("max.partition.fetch.bytes", "1048576"),
@@ -968,5 +986,33 @@ impl KafkaSource {
         if let Err(e) = self.consumer.commit(&tpl, CommitMode::Async) {
             tracing::warn!("informational consumer-group commit failed: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secret_property_values_are_hidden_in_client_errors() {
+        let props = BTreeMap::from([
+            ("ssl.key.password".to_string(), "keypw".to_string()),
+            ("client.id".to_string(), "keypw-client".to_string()),
+        ]);
+        let m = hide_secrets(
+            "not supported in this build: ssl.key.password keypw".into(),
+            &props,
+        );
+        assert_eq!(m, "not supported in this build: ssl.key.password ***");
+        assert!(is_secret_property("sasl.oauthbearer.client.secret"));
+        assert!(!is_secret_property("fetch.max.bytes"));
+        assert_eq!(
+            timestamp(-1, TimestampType::CreateTime),
+            (0, TimestampType::NotAvailable)
+        );
+        assert_eq!(
+            timestamp(5, TimestampType::LogAppendTime),
+            (5, TimestampType::LogAppendTime)
+        );
     }
 }
