@@ -15,20 +15,6 @@ use super::{EngineError, ErrorPolicy};
 
 use super::batch::with_retries;
 
-pub(super) fn sink_retryable(e: &SinkError) -> bool {
-    match e {
-        SinkError::Plugin(p) => p.is_retryable(),
-        // Connection problems (08…) and serialization failures/deadlocks
-        // (40…) are transient; the range was rolled back.
-        SinkError::Sql { error, .. } => {
-            error.code.starts_with("08")
-                || error.code.starts_with("40")
-                || error.code == "SQLITE_BUSY"
-        }
-        _ => false,
-    }
-}
-
 /// Parts queued for the sink thread at most: the map runs this far ahead
 /// of the sink (a part holds one piece, or more while every record of its
 /// range so far trapped).
@@ -128,7 +114,7 @@ pub(super) fn run_sink(
                 records: &sink_records,
                 dead_letters: &dead_letters,
             };
-            let r = with_retries(policy.attempts, "sink", sink_retryable, || {
+            let r = with_retries(policy.attempts, "sink", SinkError::is_retryable, || {
                 let r = driver.apply(sink.as_deref_mut(), &batch);
                 if let Err(e) = &r {
                     if matches!(e, SinkError::Plugin(PluginError::Trap(_))) {

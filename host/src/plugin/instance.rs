@@ -106,7 +106,7 @@ impl sql::Host for State {
     fn dialect(&mut self) -> String {
         self.sql
             .as_ref()
-            .map_or("none", |g| g.dialect())
+            .map_or("none", |g| g.dialect().name())
             .to_string()
     }
 

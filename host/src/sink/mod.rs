@@ -173,6 +173,19 @@ pub enum SinkError {
     NoDeadLetterStore,
 }
 
+impl SinkError {
+    /// Worth another attempt at the same part: a retryable plugin failure
+    /// or trap, or a transient database error ([`DbError::is_transient`]);
+    /// the part was rolled back either way.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            SinkError::Plugin(p) => p.is_retryable(),
+            SinkError::Sql { error, .. } => error.is_transient(),
+            _ => false,
+        }
+    }
+}
+
 /// A `sluice_progress` row as read, for the conditional update and for
 /// messages.
 struct StoredRow {
@@ -222,8 +235,8 @@ impl SinkDriver {
             let mut s = g.lock();
             let b = s.backend();
             let schema = match b.dialect() {
-                "sqlite" => "main".to_string(),
-                _ => match b
+                sql::Dialect::Sqlite => "main".to_string(),
+                sql::Dialect::Postgres => match b
                     .query("SELECT current_schema()", &[])?
                     .rows
                     .first()
@@ -782,7 +795,7 @@ mod tests {
             assert_eq!(rows.rows, vec![vec![SqlValue::Integer(20)]], "{url}");
             // On PostgreSQL plugin SQL is checked by its text, so names
             // spelled with Unicode escapes are refused.
-            if b.dialect() == "postgres" {
+            if b.dialect() == sql::Dialect::Postgres {
                 drop(s);
                 grant.lock().begin().unwrap();
                 let e = grant

@@ -40,6 +40,14 @@ pub struct DbError {
 }
 
 impl DbError {
+    /// A failure that may pass on its own, so the rolled-back part may be
+    /// tried again: connection problems (SQLSTATE class 08),
+    /// serialization failures and deadlocks (class 40), a busy SQLite
+    /// database.
+    pub fn is_transient(&self) -> bool {
+        self.code.starts_with("08") || self.code.starts_with("40") || self.code == "SQLITE_BUSY"
+    }
+
     fn host(message: impl Into<String>) -> Self {
         DbError {
             message: message.into(),
@@ -57,10 +65,29 @@ pub struct QueryRows {
     pub rows: Vec<Vec<SqlValue>>,
 }
 
+/// Which SQL a backend speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// SQLite (rusqlite, bundled).
+    Sqlite,
+    /// PostgreSQL (the `postgres` crate).
+    Postgres,
+}
+
+impl Dialect {
+    /// `sqlite` or `postgres`: what the WIT `sql.dialect` call returns.
+    pub fn name(self) -> &'static str {
+        match self {
+            Dialect::Sqlite => "sqlite",
+            Dialect::Postgres => "postgres",
+        }
+    }
+}
+
 /// The operations a backend offers.
 pub trait Backend: Send {
-    /// `sqlite` or `postgres`.
-    fn dialect(&self) -> &'static str;
+    /// The SQL it speaks.
+    fn dialect(&self) -> Dialect;
     /// Run statements without parameters (transaction control, DDL).
     ///
     /// # Errors
@@ -327,8 +354,8 @@ impl Sqlite {
 }
 
 impl Backend for Sqlite {
-    fn dialect(&self) -> &'static str {
-        "sqlite"
+    fn dialect(&self) -> Dialect {
+        Dialect::Sqlite
     }
 
     fn batch(&mut self, sql: &str) -> Result<(), DbError> {
@@ -568,8 +595,8 @@ fn pg_value(row: &postgres::Row, i: usize) -> Result<SqlValue, DbError> {
 }
 
 impl Backend for Postgres {
-    fn dialect(&self) -> &'static str {
-        "postgres"
+    fn dialect(&self) -> Dialect {
+        Dialect::Postgres
     }
 
     fn batch(&mut self, sql: &str) -> Result<(), DbError> {
@@ -831,7 +858,7 @@ impl SqlGrant {
     }
 
     /// The dialect.
-    pub fn dialect(&self) -> &'static str {
+    pub fn dialect(&self) -> Dialect {
         self.lock().backend.dialect()
     }
 
@@ -929,7 +956,7 @@ impl Session {
             self.failed = Some(e.clone());
             return Err(e);
         }
-        if self.backend.dialect() == "sqlite" {
+        if self.backend.dialect() == Dialect::Sqlite {
             return Ok(());
         }
         let lower = sql.to_ascii_lowercase();
@@ -956,8 +983,8 @@ impl Session {
 
     pub(crate) fn begin(&mut self) -> Result<(), DbError> {
         let sql = match self.backend.dialect() {
-            "sqlite" => "BEGIN IMMEDIATE",
-            _ => "BEGIN ISOLATION LEVEL READ COMMITTED",
+            Dialect::Sqlite => "BEGIN IMMEDIATE",
+            Dialect::Postgres => "BEGIN ISOLATION LEVEL READ COMMITTED",
         };
         self.backend.batch(sql)?;
         self.open = true;
