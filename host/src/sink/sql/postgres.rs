@@ -1,0 +1,231 @@
+//! The PostgreSQL backend (the `postgres` client): prepared statements
+//! cached per connection, and values bound to whatever type the server
+//! inferred for each placeholder.
+
+use std::collections::HashMap;
+
+use ::postgres::types::{IsNull, ToSql, Type, to_sql_checked};
+
+use super::{Backend, DbError, Dialect, QueryRows, SqlValue};
+
+pub(super) struct Postgres {
+    client: postgres::Client,
+    statements: HashMap<String, postgres::Statement>,
+}
+
+fn pg_err(e: postgres::Error) -> DbError {
+    match e.as_db_error() {
+        Some(db) => DbError {
+            message: db.message().to_string(),
+            code: db.code().code().to_string(),
+        },
+        None => DbError {
+            // With the causes ("connection refused", an unknown host …),
+            // which the client's own message leaves out.
+            message: {
+                let mut m = e.to_string();
+                let mut source = std::error::Error::source(&e);
+                while let Some(s) = source {
+                    m.push_str(": ");
+                    m.push_str(&s.to_string());
+                    source = s.source();
+                }
+                m
+            },
+            code: e
+                .code()
+                .map_or_else(|| "08000".to_string(), |c| c.code().to_string()),
+        },
+    }
+}
+
+/// Binds a [`SqlValue`] to whatever type the server inferred for the
+/// placeholder: integers to int2/int4/int8/float/numeric-as-text/bool,
+/// text to text-like types, JSON and others that accept text.
+impl ToSql for SqlValue {
+    fn to_sql(
+        &self,
+        ty: &Type,
+        out: &mut postgres::types::private::BytesMut,
+    ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        match self {
+            SqlValue::Null => Ok(IsNull::Yes),
+            SqlValue::Integer(n) => match *ty {
+                Type::INT2 => i16::try_from(*n)?.to_sql(ty, out),
+                Type::INT4 => i32::try_from(*n)?.to_sql(ty, out),
+                Type::INT8 => n.to_sql(ty, out),
+                Type::FLOAT4 => (*n as f32).to_sql(ty, out),
+                Type::FLOAT8 => (*n as f64).to_sql(ty, out),
+                Type::BOOL => (*n != 0).to_sql(ty, out),
+                _ => text_like(ty, &n.to_string(), out),
+            },
+            SqlValue::Real(r) => match *ty {
+                Type::FLOAT4 => (*r as f32).to_sql(ty, out),
+                Type::FLOAT8 => r.to_sql(ty, out),
+                _ => text_like(ty, &r.to_string(), out),
+            },
+            SqlValue::Text(t) => match *ty {
+                Type::INT2 => t.parse::<i16>()?.to_sql(ty, out),
+                Type::INT4 => t.parse::<i32>()?.to_sql(ty, out),
+                Type::INT8 => t.parse::<i64>()?.to_sql(ty, out),
+                Type::FLOAT4 => t.parse::<f32>()?.to_sql(ty, out),
+                Type::FLOAT8 => t.parse::<f64>()?.to_sql(ty, out),
+                Type::BOOL => matches!(t.as_str(), "t" | "true" | "1").to_sql(ty, out),
+                Type::BYTEA => t.as_bytes().to_sql(ty, out),
+                Type::JSONB => {
+                    // jsonb's binary format: version byte 1, then the text.
+                    out.extend_from_slice(&[1]);
+                    out.extend_from_slice(t.as_bytes());
+                    Ok(IsNull::No)
+                }
+                _ => text_like(ty, t, out),
+            },
+            SqlValue::Blob(b) => b.as_slice().to_sql(&Type::BYTEA, out),
+        }
+    }
+
+    fn accepts(_: &Type) -> bool {
+        true
+    }
+
+    to_sql_checked!();
+}
+
+/// Text into a parameter whose binary format is the text itself; any
+/// other type is refused with the usual fix (cast the placeholder).
+fn text_like(
+    ty: &Type,
+    text: &str,
+    out: &mut postgres::types::private::BytesMut,
+) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+    match *ty {
+        Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME | Type::UNKNOWN | Type::JSON | Type::XML => {
+            out.extend_from_slice(text.as_bytes());
+            Ok(IsNull::No)
+        }
+        _ => Err(format!(
+            "the sql capability cannot bind a value to a parameter of type {ty}; write the placeholder as `CAST($n AS TEXT)` and convert in SQL"
+        )
+        .into()),
+    }
+}
+
+impl Postgres {
+    pub(super) fn connect(url: &str) -> Result<Self, DbError> {
+        let client = postgres::Client::connect(url, postgres::NoTls).map_err(pg_err)?;
+        Ok(Postgres {
+            client,
+            statements: HashMap::new(),
+        })
+    }
+
+    fn statement(&mut self, sql: &str) -> Result<postgres::Statement, DbError> {
+        if let Some(s) = self.statements.get(sql) {
+            return Ok(s.clone());
+        }
+        let s = self.client.prepare(sql).map_err(pg_err)?;
+        if self.statements.len() > 256 {
+            self.statements.clear();
+        }
+        self.statements.insert(sql.to_string(), s.clone());
+        Ok(s)
+    }
+
+    fn params(params: &[SqlValue]) -> Vec<&(dyn ToSql + Sync)> {
+        params.iter().map(|p| p as &(dyn ToSql + Sync)).collect()
+    }
+}
+
+fn pg_value(row: &postgres::Row, i: usize) -> Result<SqlValue, DbError> {
+    let ty = row.columns()[i].type_().clone();
+    let conv = |e: postgres::Error| DbError {
+        message: format!("column {}: {e}", row.columns()[i].name()),
+        code: "sluice".into(),
+    };
+    Ok(match ty {
+        Type::INT2 => row
+            .try_get::<_, Option<i16>>(i)
+            .map_err(conv)?
+            .map_or(SqlValue::Null, |v| SqlValue::Integer(v.into())),
+        Type::INT4 => row
+            .try_get::<_, Option<i32>>(i)
+            .map_err(conv)?
+            .map_or(SqlValue::Null, |v| SqlValue::Integer(v.into())),
+        Type::INT8 => row
+            .try_get::<_, Option<i64>>(i)
+            .map_err(conv)?
+            .map_or(SqlValue::Null, SqlValue::Integer),
+        Type::FLOAT4 => row
+            .try_get::<_, Option<f32>>(i)
+            .map_err(conv)?
+            .map_or(SqlValue::Null, |v| SqlValue::Real(v.into())),
+        Type::FLOAT8 => row
+            .try_get::<_, Option<f64>>(i)
+            .map_err(conv)?
+            .map_or(SqlValue::Null, SqlValue::Real),
+        Type::BOOL => row
+            .try_get::<_, Option<bool>>(i)
+            .map_err(conv)?
+            .map_or(SqlValue::Null, |v| SqlValue::Integer(v.into())),
+        Type::BYTEA => row
+            .try_get::<_, Option<Vec<u8>>>(i)
+            .map_err(conv)?
+            .map_or(SqlValue::Null, SqlValue::Blob),
+        _ => match row.try_get::<_, Option<String>>(i) {
+            Ok(v) => v.map_or(SqlValue::Null, SqlValue::Text),
+            Err(_) => {
+                return Err(DbError::host(format!(
+                    "column {} has type {ty}, which the sql capability does not convert; cast it to text in the query",
+                    row.columns()[i].name()
+                )));
+            }
+        },
+    })
+}
+
+impl Backend for Postgres {
+    fn dialect(&self) -> Dialect {
+        Dialect::Postgres
+    }
+
+    fn batch(&mut self, sql: &str) -> Result<(), DbError> {
+        self.client.batch_execute(sql).map_err(pg_err)
+    }
+
+    fn execute(&mut self, sql: &str, params: &[SqlValue]) -> Result<u64, DbError> {
+        let stmt = self.statement(sql)?;
+        self.client
+            .execute(&stmt, &Self::params(params))
+            .map_err(pg_err)
+    }
+
+    fn query(&mut self, sql: &str, params: &[SqlValue]) -> Result<QueryRows, DbError> {
+        let stmt = self.statement(sql)?;
+        let columns: Vec<String> = stmt
+            .columns()
+            .iter()
+            .map(|c| c.name().to_string())
+            .collect();
+        let rows = self
+            .client
+            .query(&stmt, &Self::params(params))
+            .map_err(pg_err)?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in &rows {
+            out.push(
+                (0..columns.len())
+                    .map(|i| pg_value(row, i))
+                    .collect::<Result<Vec<_>, _>>()?,
+            );
+        }
+        Ok(QueryRows { columns, rows: out })
+    }
+
+    fn in_autocommit(&self) -> Option<bool> {
+        None
+    }
+
+    fn blob_type(&self) -> &'static str {
+        "BYTEA"
+    }
+}

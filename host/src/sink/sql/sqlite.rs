@@ -1,0 +1,302 @@
+//! The SQLite backend (rusqlite, bundled library): `$n` placeholders bound
+//! by name, and the authorizer that refuses plugin statements touching the
+//! host's tables, attaching files or controlling the transaction.
+
+use std::sync::{Arc, Mutex};
+
+use super::{Backend, DbError, Dialect, HOST_TABLES, QueryRows, SqlValue};
+
+pub(super) struct Sqlite {
+    conn: rusqlite::Connection,
+    auth: Arc<AuthState>,
+}
+
+/// What SQLite's authorizer callback shares with the connection's owner.
+#[derive(Default)]
+struct AuthState {
+    /// Statements being prepared now are a plugin's.
+    untrusted: std::sync::atomic::AtomicBool,
+    /// The reason of the last refusal.
+    denied: Mutex<Option<String>>,
+}
+
+/// SQLite's verdict on one action of a plugin's statement: `None` allows
+/// it, `Some(reason)` refuses it.
+///
+/// SQLite asks while it compiles a statement, for every table and column
+/// read or written, every trigger and view body the statement runs, and
+/// every ATTACH, PRAGMA and transaction statement
+/// (<https://www.sqlite.org/c3ref/set_authorizer.html>), so a refusal does
+/// not depend on how the SQL text is spelled. Unknown actions (a newer
+/// SQLite) are refused.
+fn sqlite_verdict(action: &rusqlite::hooks::AuthAction<'_>) -> Option<String> {
+    use rusqlite::hooks::AuthAction as A;
+    let table = match action {
+        A::Transaction { .. } | A::Savepoint { .. } => {
+            return Some(
+                "transaction control is not allowed: the host owns the transaction".into(),
+            );
+        }
+        A::Attach { filename } => {
+            return Some(format!(
+                "ATTACH `{filename}` is not allowed: plugins reach only the granted database"
+            ));
+        }
+        A::Detach { .. } => {
+            return Some("DETACH is not allowed: the host owns the connection".into());
+        }
+        A::Pragma { pragma_name, .. } => {
+            return Some(format!(
+                "PRAGMA {pragma_name} is not allowed: the host owns the connection's settings"
+            ));
+        }
+        A::Function { function_name } if function_name.eq_ignore_ascii_case("load_extension") => {
+            return Some("load_extension is not allowed".into());
+        }
+        // SQLite tells the authorizer only the old name of a table being
+        // renamed; a temporary table renamed to a host table's name would
+        // shadow it for unqualified names. The host qualifies its own, and
+        // plugins have no need to alter temporary tables.
+        A::AlterTable { database_name, .. } if database_name.eq_ignore_ascii_case("temp") => {
+            return Some("ALTER TABLE on a temporary table is not allowed".into());
+        }
+        A::Unknown { code, .. } => {
+            return Some(format!("SQLite action {code} is not known to the host"));
+        }
+        A::CreateIndex { table_name, .. }
+        | A::CreateTempIndex { table_name, .. }
+        | A::CreateTable { table_name }
+        | A::CreateTempTable { table_name }
+        | A::CreateTrigger { table_name, .. }
+        | A::CreateTempTrigger { table_name, .. }
+        | A::Delete { table_name }
+        | A::DropIndex { table_name, .. }
+        | A::DropTempIndex { table_name, .. }
+        | A::DropTable { table_name }
+        | A::DropTempTable { table_name }
+        | A::DropTrigger { table_name, .. }
+        | A::DropTempTrigger { table_name, .. }
+        | A::Insert { table_name }
+        | A::Read { table_name, .. }
+        | A::Update { table_name, .. }
+        | A::AlterTable { table_name, .. }
+        | A::Analyze { table_name }
+        | A::CreateVtable { table_name, .. }
+        | A::DropVtable { table_name, .. } => *table_name,
+        A::CreateView { view_name }
+        | A::CreateTempView { view_name }
+        | A::DropView { view_name }
+        | A::DropTempView { view_name } => *view_name,
+        _ => return None,
+    };
+    HOST_TABLES
+        .iter()
+        .find(|t| t.eq_ignore_ascii_case(table))
+        .map(|t| format!("table {t} belongs to the host; plugins may not use it"))
+}
+
+fn sqlite_err(e: rusqlite::Error) -> DbError {
+    match &e {
+        rusqlite::Error::SqliteFailure(f, msg) => DbError {
+            message: msg.clone().unwrap_or_else(|| f.to_string()),
+            code: sqlite_code_name(f.extended_code),
+        },
+        _ => DbError {
+            message: e.to_string(),
+            code: "SQLITE_MISUSE".into(),
+        },
+    }
+}
+
+/// The name of a SQLite (extended) result code.
+fn sqlite_code_name(code: i32) -> String {
+    use rusqlite::ffi;
+    let name = match code {
+        ffi::SQLITE_CONSTRAINT_PRIMARYKEY => "SQLITE_CONSTRAINT_PRIMARYKEY",
+        ffi::SQLITE_CONSTRAINT_UNIQUE => "SQLITE_CONSTRAINT_UNIQUE",
+        ffi::SQLITE_CONSTRAINT_NOTNULL => "SQLITE_CONSTRAINT_NOTNULL",
+        ffi::SQLITE_CONSTRAINT_FOREIGNKEY => "SQLITE_CONSTRAINT_FOREIGNKEY",
+        ffi::SQLITE_CONSTRAINT_CHECK => "SQLITE_CONSTRAINT_CHECK",
+        ffi::SQLITE_BUSY => "SQLITE_BUSY",
+        ffi::SQLITE_LOCKED => "SQLITE_LOCKED",
+        ffi::SQLITE_READONLY => "SQLITE_READONLY",
+        ffi::SQLITE_IOERR => "SQLITE_IOERR",
+        ffi::SQLITE_CORRUPT => "SQLITE_CORRUPT",
+        ffi::SQLITE_FULL => "SQLITE_FULL",
+        ffi::SQLITE_CANTOPEN => "SQLITE_CANTOPEN",
+        ffi::SQLITE_MISMATCH => "SQLITE_MISMATCH",
+        ffi::SQLITE_RANGE => "SQLITE_RANGE",
+        _ => match code & 0xff {
+            ffi::SQLITE_ERROR => "SQLITE_ERROR",
+            ffi::SQLITE_CONSTRAINT => "SQLITE_CONSTRAINT",
+            ffi::SQLITE_BUSY => "SQLITE_BUSY",
+            ffi::SQLITE_IOERR => "SQLITE_IOERR",
+            _ => return format!("SQLITE_{code}"),
+        },
+    };
+    name.to_string()
+}
+
+/// `$1`, `$2`, … : the names SQLite gives `$n` placeholders, made once
+/// (looked up for every bound parameter of every statement).
+static PARAM_NAMES: std::sync::LazyLock<Vec<String>> =
+    std::sync::LazyLock::new(|| (1..=64).map(|i| format!("${i}")).collect());
+
+impl Sqlite {
+    pub(super) fn open(path: &str) -> Result<Self, DbError> {
+        let conn = rusqlite::Connection::open(path).map_err(sqlite_err)?;
+        // WAL with synchronous=FULL: a COMMIT is durable when it returns,
+        // which the checkpoint's commit entry relies on.
+        conn.execute_batch(
+            "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA busy_timeout = 10000;",
+        )
+        .map_err(sqlite_err)?;
+        conn.set_prepared_statement_cache_capacity(64);
+        // No writable schema, no shadow-table writes, no journal_mode=OFF
+        // from plugin SQL (https://www.sqlite.org/c3ref/c_dbconfig_defensive.html).
+        conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_DEFENSIVE, true)
+            .map_err(sqlite_err)?;
+        // Installed once; it judges only while a plugin statement is being
+        // prepared (SQLite also re-prepares a cached statement after a
+        // schema change, and the host's own statements must pass then).
+        let auth = Arc::new(AuthState::default());
+        let state = Arc::clone(&auth);
+        conn.authorizer(Some(move |ctx: rusqlite::hooks::AuthContext<'_>| {
+            use rusqlite::hooks::Authorization;
+            if !state.untrusted.load(std::sync::atomic::Ordering::Relaxed) {
+                return Authorization::Allow;
+            }
+            match sqlite_verdict(&ctx.action) {
+                None => Authorization::Allow,
+                Some(why) => {
+                    *state.denied.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+                    Authorization::Deny
+                }
+            }
+        }));
+        Ok(Sqlite { conn, auth })
+    }
+
+    fn untrusted(&self) -> bool {
+        self.auth
+            .untrusted
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Prepare `sql` and bind `params`, then run `f` on the statement.
+    ///
+    /// Only plugin statements go through the statement cache: they were
+    /// compiled under the authorizer's plugin rules, so a plugin that
+    /// sends the text of a host statement gets its own compilation (and
+    /// its refusal) instead of the host's cached one.
+    fn with_statement<T>(
+        &self,
+        sql: &str,
+        params: &[SqlValue],
+        f: impl FnOnce(&mut rusqlite::Statement<'_>) -> Result<T, DbError>,
+    ) -> Result<T, DbError> {
+        if self.untrusted() {
+            let mut stmt = self.conn.prepare_cached(sql).map_err(sqlite_err)?;
+            Self::bind(&mut stmt, params)?;
+            f(&mut stmt)
+        } else {
+            let mut stmt = self.conn.prepare(sql).map_err(sqlite_err)?;
+            Self::bind(&mut stmt, params)?;
+            f(&mut stmt)
+        }
+    }
+
+    fn bind(stmt: &mut rusqlite::Statement<'_>, params: &[SqlValue]) -> Result<(), DbError> {
+        let expected = stmt.parameter_count();
+        if expected != params.len() {
+            return Err(DbError {
+                message: format!(
+                    "statement has {expected} parameters, {} given",
+                    params.len()
+                ),
+                code: "SQLITE_RANGE".into(),
+            });
+        }
+        for (i, v) in params.iter().enumerate() {
+            let idx = match PARAM_NAMES.get(i) {
+                Some(name) => stmt.parameter_index(name),
+                None => stmt.parameter_index(&format!("${}", i + 1)),
+            }
+            .map_err(sqlite_err)?
+            .unwrap_or(i + 1);
+            let r = match v {
+                SqlValue::Null => stmt.raw_bind_parameter(idx, rusqlite::types::Null),
+                SqlValue::Integer(n) => stmt.raw_bind_parameter(idx, n),
+                SqlValue::Real(r) => stmt.raw_bind_parameter(idx, r),
+                SqlValue::Text(t) => stmt.raw_bind_parameter(idx, t),
+                SqlValue::Blob(b) => stmt.raw_bind_parameter(idx, b),
+            };
+            r.map_err(sqlite_err)?;
+        }
+        Ok(())
+    }
+}
+
+impl Backend for Sqlite {
+    fn dialect(&self) -> Dialect {
+        Dialect::Sqlite
+    }
+
+    fn batch(&mut self, sql: &str) -> Result<(), DbError> {
+        self.conn.execute_batch(sql).map_err(sqlite_err)
+    }
+
+    fn execute(&mut self, sql: &str, params: &[SqlValue]) -> Result<u64, DbError> {
+        self.with_statement(sql, params, |stmt| {
+            stmt.raw_execute().map(|n| n as u64).map_err(sqlite_err)
+        })
+    }
+
+    fn query(&mut self, sql: &str, params: &[SqlValue]) -> Result<QueryRows, DbError> {
+        self.with_statement(sql, params, sqlite_rows)
+    }
+
+    fn in_autocommit(&self) -> Option<bool> {
+        Some(self.conn.is_autocommit())
+    }
+
+    fn blob_type(&self) -> &'static str {
+        "BLOB"
+    }
+
+    fn set_untrusted(&mut self, on: bool) {
+        self.auth
+            .untrusted
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn take_denial(&mut self) -> Option<String> {
+        self.auth
+            .denied
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+}
+
+/// Every row of a bound SQLite statement, as [`SqlValue`]s.
+fn sqlite_rows(stmt: &mut rusqlite::Statement<'_>) -> Result<QueryRows, DbError> {
+    let columns: Vec<String> = stmt.column_names().iter().map(|c| c.to_string()).collect();
+    let mut rows = stmt.raw_query();
+    let mut out = Vec::new();
+    while let Some(row) = rows.next().map_err(sqlite_err)? {
+        let mut vals = Vec::with_capacity(columns.len());
+        for i in 0..columns.len() {
+            use rusqlite::types::ValueRef;
+            vals.push(match row.get_ref(i).map_err(sqlite_err)? {
+                ValueRef::Null => SqlValue::Null,
+                ValueRef::Integer(n) => SqlValue::Integer(n),
+                ValueRef::Real(r) => SqlValue::Real(r),
+                ValueRef::Text(t) => SqlValue::Text(String::from_utf8_lossy(t).into_owned()),
+                ValueRef::Blob(b) => SqlValue::Blob(b.to_vec()),
+            });
+        }
+        out.push(vals);
+    }
+    Ok(QueryRows { columns, rows: out })
+}
