@@ -222,6 +222,25 @@ pub struct TopicIdentity {
 }
 
 impl TopicIdentity {
+    /// The identity of a topic with topic id `id` and `partitions`
+    /// partitions.
+    pub fn new(id: Option<String>, partitions: usize) -> Self {
+        TopicIdentity {
+            id,
+            partitions: u32::try_from(partitions).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// What to record after `now` was found to be the same topic as
+    /// `self`: `now`, keeping the id on record when the broker returned
+    /// none (a downgraded broker), to compare against once it returns one.
+    pub fn updated(&self, now: &TopicIdentity) -> TopicIdentity {
+        TopicIdentity {
+            id: now.id.clone().or_else(|| self.id.clone()),
+            partitions: now.partitions,
+        }
+    }
+
     /// Why `now` cannot be the same topic as `self` (`None`: it can be).
     /// With ids on both sides only the ids count: fewer partitions under
     /// the same id can only be a stale answer (a lagging broker), not

@@ -75,6 +75,53 @@ pub struct ResetArgs {
     pub dry_run: bool,
 }
 
+/// Where `--to` moves the partitions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Target {
+    /// Each partition's log start.
+    Earliest,
+    /// Each partition's high watermark.
+    Latest,
+    /// The first offset at or after this time (ms since the Unix epoch).
+    Timestamp(i64),
+    /// Explicit offsets: the JSON text after `offsets:`.
+    Offsets(String),
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Earliest => f.write_str("earliest"),
+            Target::Latest => f.write_str("latest"),
+            Target::Timestamp(ms) => write!(f, "timestamp:{ms}"),
+            Target::Offsets(json) => write!(f, "offsets:{json}"),
+        }
+    }
+}
+
+impl Target {
+    /// Parse `--to`.
+    fn parse(to: &str) -> Result<Self, CliError> {
+        if let Some(json) = to.strip_prefix("offsets:") {
+            return Ok(Target::Offsets(json.to_string()));
+        }
+        match to {
+            "earliest" => Ok(Target::Earliest),
+            "latest" => Ok(Target::Latest),
+            _ => match to
+                .strip_prefix("timestamp:")
+                .and_then(|ms| ms.parse::<i64>().ok())
+            {
+                Some(ms) if ms >= 0 => Ok(Target::Timestamp(ms)),
+                _ => Err(anyhow!(
+                    "--to `{to}`: use earliest, latest, timestamp:MS (milliseconds since the Unix epoch, not negative) or offsets:JSON"
+                ))
+                .code(ExitCode::Usage),
+            },
+        }
+    }
+}
+
 /// Current positions: the ends of the newest committed batch.
 fn positions(s: &checkpoint::Status) -> BTreeMap<(String, i32), i64> {
     match (&s.last_planned, &s.last_committed) {
@@ -121,10 +168,7 @@ fn ask_broker(
         }
         identity.insert(
             topic.clone(),
-            TopicIdentity {
-                id: info.id,
-                partitions: u32::try_from(info.partitions.len()).unwrap_or(u32::MAX),
-            },
+            TopicIdentity::new(info.id, info.partitions.len()),
         );
     }
     Ok(Broker {
@@ -139,17 +183,17 @@ fn ask_broker(
 /// at its log start unless `offsets:JSON` names it), the current position
 /// for every other partition.
 fn targets(
-    to: &str,
+    to: &Target,
     broker: Option<&Broker>,
     moving: &[String],
-    recreated: &[String],
+    recreated: &BTreeMap<String, String>,
     current: &BTreeMap<(String, i32), i64>,
 ) -> Result<BTreeMap<(String, i32), i64>, CliError> {
     // Partitions of another topic, or of a topic that was not recreated
     // and is not moving, keep their position.
     let mut out: BTreeMap<(String, i32), i64> = current
         .iter()
-        .filter(|((t, _), _)| !recreated.contains(t))
+        .filter(|((t, _), _)| !recreated.contains_key(t))
         .map(|(k, v)| (k.clone(), *v))
         .collect();
     let partitions_of = |topic: &str| -> Vec<i32> {
@@ -166,12 +210,12 @@ fn targets(
             .and_then(|b| b.watermarks.get(&(topic.to_string(), p)))
             .map_or(0, |(low, _)| *low)
     };
-    for topic in recreated {
+    for topic in recreated.keys() {
         for p in partitions_of(topic) {
             out.insert((topic.clone(), p), low_of(topic, p));
         }
     }
-    if let Some(json) = to.strip_prefix("offsets:") {
+    if let Target::Offsets(json) = to {
         let parsed: BTreeMap<String, BTreeMap<String, i64>> = serde_json::from_str(json)
             .context("--to offsets:JSON expects {\"topic\":{\"partition\":offset}}")
             .code(ExitCode::Usage)?;
@@ -220,33 +264,19 @@ fn targets(
     let broker = broker
         .ok_or_else(|| anyhow!("--to {to} needs --brokers to look the offsets up"))
         .code(ExitCode::Usage)?;
-    let by_time = match to.strip_prefix("timestamp:") {
-        Some(ms) => Some(
-            ms.parse::<i64>()
-                .map_err(|_| anyhow!("--to timestamp:MS expects milliseconds since the Unix epoch"))
-                .code(ExitCode::Usage)?,
-        ),
-        None if to == "earliest" || to == "latest" => None,
-        None => {
-            return Err(anyhow!(
-                "--to `{to}`: use earliest, latest, timestamp:MS or offsets:JSON"
-            ))
-            .code(ExitCode::Usage);
-        }
-    };
     for topic in moving {
         let parts = partitions_of(topic);
-        let found = match by_time {
-            Some(ms) => Some(broker.source.offsets_for_timestamp(topic, &parts, ms).map_err(|e| {
+        let found = match to {
+            Target::Timestamp(ms) => Some(broker.source.offsets_for_timestamp(topic, &parts, *ms).map_err(|e| {
                 anyhow!("{e}; this broker cannot answer timestamp lookups, reset with --to offsets:JSON instead")
             })?),
-            None => None,
+            _ => None,
         };
         for p in parts {
             let (low, high) = broker.watermarks[&(topic.clone(), p)];
             let o = match &found {
                 Some(t) => t.get(&p).copied().unwrap_or(high),
-                None if to == "earliest" => low,
+                None if *to == Target::Earliest => low,
                 None => high,
             };
             out.insert((topic.clone(), p), o);
@@ -255,10 +285,22 @@ fn targets(
     Ok(out)
 }
 
+/// The topics of `now` that are not the topics on record, each with why.
+fn recreated_topics(
+    recorded: &BTreeMap<String, TopicIdentity>,
+    now: &BTreeMap<String, TopicIdentity>,
+) -> BTreeMap<String, String> {
+    now.iter()
+        .filter_map(|(t, now)| Some((t.clone(), recorded.get(t)?.changed(now)?)))
+        .collect()
+}
+
 /// What the broker reports now.
 struct Found<'a> {
     identity: &'a BTreeMap<String, TopicIdentity>,
     watermarks: &'a BTreeMap<(String, i32), (i64, i64)>,
+    /// The topics that are not the ones on record ([`recreated_topics`]).
+    recreated: &'a BTreeMap<String, String>,
 }
 
 /// What the reset does to the sink's progress rows, and why.
@@ -301,9 +343,7 @@ fn plan_rows(
     }
     if let Some(f) = found {
         for (topic, now) in f.identity {
-            if let Some(was) = recorded.get(topic)
-                && let Some(why) = was.changed(now)
-            {
+            if let Some(why) = f.recreated.get(topic) {
                 plan.notes.push(format!(
                     "topic {topic} was deleted and created again: {why}"
                 ));
@@ -317,17 +357,11 @@ fn plan_rows(
                     plan.changes.insert(tp.clone(), RowChange::Forget);
                 }
             }
-            let id = now
-                .id
-                .clone()
-                .or_else(|| recorded.get(topic).and_then(|w| w.id.clone()));
-            plan.identities.insert(
-                topic.clone(),
-                TopicIdentity {
-                    id,
-                    partitions: now.partitions,
-                },
-            );
+            let next = match recorded.get(topic) {
+                Some(was) if !f.recreated.contains_key(topic) => was.updated(now),
+                _ => now.clone(),
+            };
+            plan.identities.insert(topic.clone(), next);
         }
         for (tp, (_, high)) in f.watermarks {
             if plan.changes.contains_key(tp) {
@@ -407,20 +441,7 @@ pub fn run(a: ResetArgs) -> Result<(), CliError> {
         ))
         .code(ExitCode::Usage);
     }
-    let to_ok = a.to == "earliest"
-        || a.to == "latest"
-        || a.to.starts_with("offsets:")
-        || a.to
-            .strip_prefix("timestamp:")
-            .and_then(|ms| ms.parse::<i64>().ok())
-            .is_some_and(|ms| ms >= 0);
-    if !to_ok {
-        return Err(anyhow!(
-            "--to `{}`: use earliest, latest, timestamp:MS (milliseconds since the Unix epoch, not negative) or offsets:JSON",
-            a.to
-        ))
-        .code(ExitCode::Usage);
-    }
+    let target = Target::parse(&a.to)?;
     let s = checkpoint::status(dir)?;
     if s.owner.is_some() && !a.dry_run {
         let owner = s.owner.clone();
@@ -484,19 +505,9 @@ pub fn run(a: ResetArgs) -> Result<(), CliError> {
         Some(b) => Some(ask_broker(b, &kafka, &moving)?),
         None => None,
     };
-    let recreated: Vec<String> = broker
+    let recreated = broker
         .as_ref()
-        .map(|b| {
-            b.identity
-                .iter()
-                .filter(|(t, now)| {
-                    recorded
-                        .get(*t)
-                        .is_some_and(|was| was.changed(now).is_some())
-                })
-                .map(|(t, _)| t.clone())
-                .collect()
-        })
+        .map(|b| recreated_topics(&recorded, &b.identity))
         .unwrap_or_default();
     // An uncommitted batch is normally re-run first. When one of its topics
     // was recreated the re-run is refused, so the reset abandons the batch
@@ -512,7 +523,7 @@ pub fn run(a: ResetArgs) -> Result<(), CliError> {
             ),
         });
     }
-    let after = targets(&a.to, broker.as_ref(), &moving, &recreated, &before)?;
+    let after = targets(&target, broker.as_ref(), &moving, &recreated, &before)?;
 
     if let Some(url) = &a.sink_db {
         let given = crate::sink::sql::sink_identity(url)
@@ -542,14 +553,6 @@ pub fn run(a: ResetArgs) -> Result<(), CliError> {
         ),
         _ => None,
     };
-    if let (Some(given), Some(recorded)) = (&a.sink_db, &recorded_sink)
-        && redact(given) != *recorded
-    {
-        tracing::warn!(
-            "--sink-db {} is not the sink database the pipeline recorded ({recorded}); the progress rows moved are those of the database given",
-            redact(given)
-        );
-    }
     let rows = match &driver {
         Some(d) => d.progress_rows(&s.metadata.query_id)?,
         None => BTreeMap::new(),
@@ -557,6 +560,7 @@ pub fn run(a: ResetArgs) -> Result<(), CliError> {
     let found = broker.as_ref().map(|b| Found {
         identity: &b.identity,
         watermarks: &b.watermarks,
+        recreated: &recreated,
     });
     let plan = plan_rows(
         &recorded,
@@ -676,7 +680,7 @@ pub fn run(a: ResetArgs) -> Result<(), CliError> {
         }
     }
     if a.keep_sink_progress && recorded_sink.is_some() {
-        for t in &recreated {
+        for t in recreated.keys() {
             outln!(
                 "warning: --keep-sink-progress leaves the sink's rows of the old topic {t}: if its database still holds them, the next run skips the new topic's records at the offsets they show applied"
             )?;
@@ -687,7 +691,7 @@ pub fn run(a: ResetArgs) -> Result<(), CliError> {
             .as_ref()
             .and_then(|b| b.watermarks.get(&(t.clone(), *p)))
             .map_or(*o, |(low, _)| *low);
-        if recreated.contains(t) && *o > low {
+        if recreated.contains_key(t) && *o > low {
             outln!(
                 "note: offsets [{low}, {o}) of the new topic {t}/{p} will not be applied (the reset moves past them)"
             )?;
@@ -790,18 +794,22 @@ mod tests {
         // yet the rows had to be read to know.
         let marks = BTreeMap::from([(tp(0), (0, 15)), (tp(1), (0, 15))]);
         let same = BTreeMap::from([("t".to_string(), id(Some("OLD"), 2))]);
+        let gone = recreated_topics(&recorded, &same);
         let f = Found {
             identity: &same,
             watermarks: &marks,
+            recreated: &gone,
         };
         let plan = plan_rows(&recorded, Some(&f), &moving, &before, &after, &rows, false);
         assert!(plan.changes.is_empty(), "{:?}", plan.changes);
         assert!(plan.needs_rows);
         // A new id: every partition forgotten, the new id recorded.
         let new = BTreeMap::from([("t".to_string(), id(Some("NEW"), 3))]);
+        let gone = recreated_topics(&recorded, &new);
         let f = Found {
             identity: &new,
             watermarks: &marks,
+            recreated: &gone,
         };
         let plan = plan_rows(&recorded, Some(&f), &moving, &before, &after, &rows, false);
         assert_eq!(plan.changes.len(), 2);
@@ -812,9 +820,11 @@ mod tests {
         // sink applied is another log.
         let none = BTreeMap::from([("t".to_string(), id(None, 2))]);
         let short = BTreeMap::from([(tp(0), (0, 5)), (tp(1), (0, 15))]);
+        let gone = recreated_topics(&none, &none);
         let f = Found {
             identity: &none,
             watermarks: &short,
+            recreated: &gone,
         };
         let plan = plan_rows(&none, Some(&f), &moving, &before, &after, &rows, false);
         assert_eq!(plan.changes, BTreeMap::from([(tp(0), RowChange::Forget)]));

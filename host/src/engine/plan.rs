@@ -83,12 +83,8 @@ impl Planner {
         topic: &str,
     ) -> Result<Vec<i32>, EngineError> {
         let TopicInfo { id, partitions } = source.describe(topic)?;
-        let now = TopicIdentity {
-            id,
-            partitions: u32::try_from(partitions.len()).unwrap_or(u32::MAX),
-        };
-        let known = self.identities.get(topic).cloned();
-        let now = match known {
+        let now = TopicIdentity::new(id, partitions.len());
+        let now = match self.identities.get(topic) {
             Some(was) => {
                 if let Some(why) = was.changed(&now) {
                     return Err(EngineError::TopicRecreated {
@@ -99,12 +95,7 @@ impl Planner {
                         reset: cfg.reset_command(topic),
                     });
                 }
-                // A broker that stops returning ids (a downgrade) keeps the
-                // id on record, to compare against once it returns them.
-                TopicIdentity {
-                    id: now.id.or(was.id),
-                    partitions: now.partitions,
-                }
+                was.updated(&now)
             }
             None => {
                 if self.positions.keys().any(|(t, _)| t == topic) {

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 
 use super::applied::AppliedSet;
-use super::sql::{DbError, SqlValue};
+use super::sql::{Backend, DbError, SqlValue};
 use super::{SinkDriver, SinkError};
 
 /// One change to one partition's progress row.
@@ -51,17 +51,24 @@ impl SinkDriver {
         &self,
         query_id: &str,
     ) -> Result<BTreeMap<(String, i32), AppliedSet>, SinkError> {
-        let Some(g) = &self.sql else {
-            return Ok(BTreeMap::new());
-        };
+        match &self.sql {
+            Some(g) => self.read_rows(g.lock().backend(), query_id),
+            None => Ok(BTreeMap::new()),
+        }
+    }
+
+    /// [`SinkDriver::progress_rows`] on `b`.
+    fn read_rows(
+        &self,
+        b: &mut dyn Backend,
+        query_id: &str,
+    ) -> Result<BTreeMap<(String, i32), AppliedSet>, SinkError> {
         let err = |error: DbError| SinkError::Sql {
             during: "reading sluice_progress",
             site: format!("query id {query_id}"),
             error,
         };
-        let rows = g
-            .lock()
-            .backend()
+        let rows = b
             .query(
                 &format!(
                     "SELECT topic, \"partition\", end_offset, holes FROM {} WHERE query_id = $1",
@@ -115,7 +122,6 @@ impl SinkDriver {
         let Some(g) = &self.sql else {
             return Ok(BTreeMap::new());
         };
-        let rows = self.progress_rows(query_id)?;
         let err = |error: DbError| SinkError::Sql {
             during: "moving sluice_progress for a reset",
             site: format!("query id {query_id}"),
@@ -124,6 +130,8 @@ impl SinkDriver {
         let mut s = g.lock();
         s.begin().map_err(err)?;
         let result = (|| {
+            // Read inside the transaction that changes them.
+            let rows = self.read_rows(s.backend(), query_id)?;
             let mut out = BTreeMap::new();
             for ((topic, partition), change) in changes {
                 let before = rows.get(&(topic.clone(), *partition)).cloned();
@@ -146,7 +154,8 @@ impl SinkDriver {
                                     self.tables.progress
                                 ),
                                 &key,
-                            )?;
+                            )
+                            .map_err(err)?;
                         }
                         Some(a) => {
                             let mut params = key.to_vec();
@@ -164,7 +173,8 @@ impl SinkDriver {
                                     self.tables.progress
                                 ),
                                 &params,
-                            )?;
+                            )
+                            .map_err(err)?;
                         }
                     }
                 }
@@ -179,7 +189,7 @@ impl SinkDriver {
             }
             Err(e) => {
                 s.rollback();
-                Err(err(e))
+                Err(e)
             }
         }
     }

@@ -919,8 +919,6 @@ impl KafkaSource {
             else {
                 continue;
             };
-            // One quick question, not a retry loop: a broker that does not
-            // answer is the "unavailable" case below.
             if let Ok((_, high)) = self
                 .meta
                 .fetch_watermarks(&tp.0, tp.1, Duration::from_secs(2))
