@@ -20,8 +20,8 @@ use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use serde::Serialize;
 
+use crate::capability::sql::{SqlValue, connect};
 use crate::engine::{self, ErrorPolicy, PipelineConfig};
-use crate::sink::sql::{SqlValue, connect};
 
 /// Partitions of the demo topic.
 const PARTITIONS: i32 = 3;

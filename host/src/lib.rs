@@ -19,6 +19,7 @@
 //! - [`wire`]: the packed batch encoding (re-exported from the guest SDK,
 //!   so both sides share one implementation).
 
+pub mod capability;
 pub mod checkpoint;
 pub mod cli;
 pub mod control;
@@ -29,5 +30,6 @@ pub mod plugin;
 pub mod sink;
 pub mod source;
 pub mod status_line;
+pub mod util;
 
 pub use sluice_guest::wire;

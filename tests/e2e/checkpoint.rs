@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use sluice_host::checkpoint::{
     Checkpoint, CommitEntry, Counts, OffsetsEntry, OpenOptions, PartitionRange, Recovery, Timings,
-    now_ms,
 };
+use sluice_host::util::now_ms;
 
 fn opts() -> OpenOptions {
     OpenOptions {

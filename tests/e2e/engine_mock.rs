@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
+use sluice_host::capability::sql::{SqlValue, connect};
 use sluice_host::engine::{self, ErrorPolicy, PipelineConfig};
-use sluice_host::sink::sql::{SqlValue, connect};
 
 use crate::kafka::{Broker, Mock, producer};
 use crate::maxwell::Stream;

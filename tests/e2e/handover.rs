@@ -151,7 +151,7 @@ fn wait_applied(db: &Db, n: i64, timeout: Duration) {
             .query("SELECT COALESCE(SUM(end_offset), 0) FROM sluice_progress")
             .first()
             .and_then(|r| r.first().cloned());
-        if done == Some(sluice_host::sink::sql::SqlValue::Integer(n)) {
+        if done == Some(sluice_host::capability::sql::SqlValue::Integer(n)) {
             return;
         }
         assert!(
@@ -371,8 +371,8 @@ fn tags_by_batch(db: &Db, ckpt: &Path) -> Vec<(u64, String)> {
         .into_iter()
         .map(|row| {
             let (
-                sluice_host::sink::sql::SqlValue::Text(key),
-                sluice_host::sink::sql::SqlValue::Text(value),
+                sluice_host::capability::sql::SqlValue::Text(key),
+                sluice_host::capability::sql::SqlValue::Text(value),
             ) = (&row[0], &row[1])
             else {
                 panic!("{row:?}")

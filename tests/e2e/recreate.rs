@@ -113,8 +113,8 @@ fn seen(db: &Db) -> std::collections::BTreeMap<String, i64> {
         .into_iter()
         .map(|r| match (&r[0], &r[1]) {
             (
-                sluice_host::sink::sql::SqlValue::Text(v),
-                sluice_host::sink::sql::SqlValue::Integer(n),
+                sluice_host::capability::sql::SqlValue::Text(v),
+                sluice_host::capability::sql::SqlValue::Integer(n),
             ) => (v.clone(), *n),
             other => panic!("{other:?}"),
         })

@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_guest::wire::{Record, SinkRecord};
+use sluice_host::capability::sql::{SqlGrant, SqlValue, connect};
 use sluice_host::plugin::chain::run_chain;
 use sluice_host::plugin::{CallContext, Limits, PartitionRange, Runtime};
-use sluice_host::sink::sql::{SqlGrant, SqlValue, connect};
 use sluice_host::sink::{Applied, DeadLetter, PartitionBatch, SinkDriver, SinkError, Skipped};
 
 use crate::support::plugin;

@@ -5,7 +5,7 @@
 use crate::kafka::{Broker, Mock, producer};
 use crate::sql_sink::Db;
 use crate::support::{host, plugin, stderr};
-use sluice_host::sink::sql::SqlValue;
+use sluice_host::capability::sql::SqlValue;
 
 /// What the misbehave fixture saw for records with these producer
 /// timestamps, under `host run` (read from the mock cluster, written by

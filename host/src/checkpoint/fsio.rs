@@ -1,4 +1,4 @@
-//! Crash-safe file writes and test failpoints.
+//! Crash-safe file writes.
 //!
 //! [`write_new`]: temp file in the same directory → write → fsync → hard
 //! link to the final name (fails if it exists: never replaces) → remove
@@ -13,53 +13,7 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Pause the process at a named failpoint (builds with the `failpoints`
-/// feature only). `SLUICE_FAILPOINT=<name>` pauses at its first hit,
-/// `<name>@<k>` at its k-th. The process prints `FAILPOINT <name>` on stderr
-/// and sleeps until killed: the test then sends SIGKILL, which is exactly a
-/// crash at that point. With `SLUICE_FAILPOINT_RESUME_FILE=<path>` it waits
-/// until that file exists instead and goes on (a window, as long as the
-/// test needs, to send a signal in). Without the feature this is a no-op.
-#[inline]
-pub fn failpoint(name: &str) {
-    #[cfg(feature = "failpoints")]
-    {
-        use std::collections::HashMap;
-        use std::sync::Mutex;
-        static HITS: Mutex<Option<HashMap<String, u64>>> = Mutex::new(None);
-        let Ok(spec) = std::env::var("SLUICE_FAILPOINT") else {
-            return;
-        };
-        let (want, at) = match spec.rsplit_once('@') {
-            Some((n, k)) => (n.to_string(), k.parse::<u64>().unwrap_or(1)),
-            None => (spec, 1),
-        };
-        if want != name {
-            return;
-        }
-        let hit = {
-            let mut g = HITS.lock().unwrap_or_else(|p| p.into_inner());
-            let c = g.get_or_insert_with(HashMap::new).entry(want).or_insert(0);
-            *c += 1;
-            *c
-        };
-        if hit == at {
-            eprintln!("FAILPOINT {name}");
-            let _ = io::stderr().flush();
-            if let Some(resume) = std::env::var_os("SLUICE_FAILPOINT_RESUME_FILE") {
-                while !std::path::Path::new(&resume).exists() {
-                    std::thread::sleep(std::time::Duration::from_millis(10));
-                }
-                return;
-            }
-            loop {
-                std::thread::sleep(std::time::Duration::from_secs(3600));
-            }
-        }
-    }
-    #[cfg(not(feature = "failpoints"))]
-    let _ = name;
-}
+use crate::util::failpoint;
 
 static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
 

@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use super::entry::{self, EnvelopeError};
 use super::fsio;
+use crate::util::rfc3339_ms;
 
 /// Who holds a checkpoint (contents of `lock`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -38,20 +39,6 @@ impl OwnerInfo {
     pub fn since(&self) -> String {
         rfc3339_ms(self.since_ms)
     }
-}
-
-/// Format milliseconds since the Unix epoch as RFC 3339 (UTC, seconds).
-pub fn rfc3339_ms(ms: i64) -> String {
-    let t = std::time::UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0));
-    humantime::format_rfc3339_seconds(t).to_string()
-}
-
-/// Milliseconds since the Unix epoch, now.
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -138,9 +125,4 @@ pub(crate) fn read_epoch(dir: &Path) -> Result<u64, EnvelopeError> {
 pub(crate) fn write_epoch(dir: &Path, epoch: u64) -> std::io::Result<()> {
     let bytes = entry::encode("epoch", &EpochFile { epoch }).map_err(std::io::Error::other)?;
     fsio::write_replace(dir, "epoch", &bytes, "epoch")
-}
-
-/// The local host name (best effort).
-pub(crate) fn hostname() -> String {
-    gethostname::gethostname().to_string_lossy().into_owned()
 }

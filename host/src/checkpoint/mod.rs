@@ -35,12 +35,13 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::util::now_ms;
+
 pub use entry::{
     CommitEntry, Counts, DataLossGap, EnvelopeError, FORMAT_VERSION, OffsetsEntry, PartitionRange,
     PluginRef, StageKind, Timings, TopicIdentity,
 };
-pub use fsio::failpoint;
-pub use lock::{OwnerInfo, now_ms, rfc3339_ms};
+pub use lock::OwnerInfo;
 pub use status::{Status, status};
 
 /// Default number of batches whose entries are kept.
@@ -632,7 +633,7 @@ impl Checkpoint {
             &mut lock_file,
             &OwnerInfo {
                 pid: std::process::id(),
-                hostname: lock::hostname(),
+                hostname: crate::util::hostname(),
                 epoch,
                 since_ms: now_ms(),
             },

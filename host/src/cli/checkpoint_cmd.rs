@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use clap::Subcommand;
 
 use super::CliError;
-use crate::checkpoint::{self, rfc3339_ms};
+use crate::checkpoint;
+use crate::util::rfc3339_ms;
 
 /// `host checkpoint …` subcommands.
 #[derive(Debug, Subcommand)]

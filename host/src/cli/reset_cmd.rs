@@ -23,13 +23,14 @@ use anyhow::{Context, anyhow};
 use clap::Args;
 
 use super::{CliError, ExitCode, WithCode};
-use crate::checkpoint::{self, Checkpoint, OpenOptions, ResetRecord, TopicIdentity, rfc3339_ms};
+use crate::capability::sql::{SqlGrant, redact};
+use crate::checkpoint::{self, Checkpoint, OpenOptions, ResetRecord, TopicIdentity};
 use crate::engine::{redact_property, shell_word};
 use crate::sink::SinkDriver;
 use crate::sink::applied::AppliedSet;
 use crate::sink::reset::RowChange;
-use crate::sink::sql::{SqlGrant, redact};
 use crate::source::KafkaSource;
+use crate::util::rfc3339_ms;
 
 /// The options of `host checkpoint reset`.
 #[derive(Debug, Args)]
@@ -526,7 +527,7 @@ pub fn run(a: ResetArgs) -> Result<(), CliError> {
     let after = targets(&target, broker.as_ref(), &moving, &recreated, &before)?;
 
     if let Some(url) = &a.sink_db {
-        let given = crate::sink::sql::sink_identity(url)
+        let given = crate::capability::sql::sink_identity(url)
             .map_err(|e| anyhow!("--sink-db {}: {e}", redact(url)))?;
         if let Some(recorded) = &recorded_sink
             && given != *recorded
@@ -736,7 +737,7 @@ pub fn run(a: ResetArgs) -> Result<(), CliError> {
         "reset to {} by `host checkpoint reset` (pid {}, {})",
         a.to,
         std::process::id(),
-        rfc3339_ms(checkpoint::now_ms())
+        rfc3339_ms(crate::util::now_ms())
     );
     if driver.is_some() {
         note.push_str(&format!("; sink progress rows moved: {moved}"));

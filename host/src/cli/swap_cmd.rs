@@ -8,8 +8,9 @@ use clap::Args;
 use serde_json::json;
 
 use super::{CliError, ExitCode, WithCode, parse_duration};
-use crate::checkpoint::{self, StageKind, rfc3339_ms};
+use crate::checkpoint::{self, StageKind};
 use crate::control::{Client, ClientError};
+use crate::util::rfc3339_ms;
 
 /// Flags of `host swap`.
 #[derive(Debug, Args)]

@@ -27,8 +27,9 @@ use rustix::event::{PollFd, PollFlags};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::checkpoint::{PluginRef, StageKind, now_ms};
+use crate::checkpoint::{PluginRef, StageKind};
 use crate::plugin::{Plugin, Runtime};
+use crate::util::now_ms;
 
 /// File name of the socket inside the checkpoint directory.
 pub const SOCKET: &str = "control.sock";

@@ -152,8 +152,8 @@ impl PipelineConfig {
         }
         if let Some(db) = &self.sink_db {
             cmd.push_str(" --sink-db ");
-            let db = crate::sink::sql::sink_identity(db)
-                .unwrap_or_else(|_| crate::sink::sql::redact(db));
+            let db = crate::capability::sql::sink_identity(db)
+                .unwrap_or_else(|_| crate::capability::sql::redact(db));
             cmd.push_str(&shell_word(&db));
         }
         cmd

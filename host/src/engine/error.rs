@@ -1,10 +1,10 @@
 //! Why a run stopped with an error: [`EngineError`], one variant per
 //! cause, each naming what, where and what to do.
 
+use crate::capability::sql::DbError;
 use crate::checkpoint::CheckpointError;
 use crate::plugin::PluginError;
 use crate::sink::SinkError;
-use crate::sink::sql::DbError;
 use crate::source::SourceError;
 
 /// For a printed command holding `***`: say what to do about it.

@@ -47,16 +47,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::capability::sql::SqlGrant;
 use crate::checkpoint::{
-    Checkpoint, CommitEntry, Counts, OffsetsEntry, OpenOptions, PartitionRange, PluginRef,
-    Recovery, now_ms,
+    Checkpoint, CommitEntry, Counts, OffsetsEntry, OpenOptions, PartitionRange, PluginRef, Recovery,
 };
 use crate::control::{ControlServer, HandoverNote, LiveStatus, Request, ServerContext};
 use crate::metrics::{Metrics, MetricsServer};
 use crate::plugin::{Plugin, Runtime};
 use crate::sink::SinkDriver;
-use crate::sink::sql::SqlGrant;
 use crate::source::{KafkaSource, TopicPartition};
+use crate::util::now_ms;
 
 use batch::{add_counts, run_batch};
 pub use config::{
@@ -215,7 +215,7 @@ pub fn run_with(
     }
     let sql = match &cfg.sink_db {
         Some(url) => Some(SqlGrant::connect(url).map_err(|error| EngineError::SinkDb {
-            url: crate::sink::sql::redact(url),
+            url: crate::capability::sql::redact(url),
             error,
         })?),
         None => None,
@@ -252,7 +252,7 @@ pub fn run_with(
     tracing::info!(checkpoint = %cfg.checkpoint.display(), epoch, query_id, "checkpoint opened");
 
     let driver = SinkDriver::new(sql.clone()).map_err(|error| EngineError::SinkDb {
-        url: crate::sink::sql::redact(cfg.sink_db.as_deref().unwrap_or_default()),
+        url: crate::capability::sql::redact(cfg.sink_db.as_deref().unwrap_or_default()),
         error,
     })?;
     let recorded = match cp.recovery() {
@@ -290,8 +290,11 @@ pub fn run_with(
     )?;
     let cdigest = config_digest(cfg);
     let sink_identity = match cfg.sink_db.as_deref() {
-        Some(url) => Some(crate::sink::sql::sink_identity(url).map_err(|e| {
-            EngineError::Config(format!("--sink-db {}: {e}", crate::sink::sql::redact(url)))
+        Some(url) => Some(crate::capability::sql::sink_identity(url).map_err(|e| {
+            EngineError::Config(format!(
+                "--sink-db {}: {e}",
+                crate::capability::sql::redact(url)
+            ))
         })?),
         None => None,
     };
@@ -307,7 +310,7 @@ pub fn run_with(
     // The control socket: status, handover, swap.
     let status = Arc::new(Mutex::new(LiveStatus {
         pid: std::process::id(),
-        hostname: gethostname::gethostname().to_string_lossy().into_owned(),
+        hostname: crate::util::hostname(),
         epoch,
         since_ms: now_ms(),
         query_id: query_id.clone(),
@@ -463,7 +466,7 @@ pub fn run_with(
                     sink_db: sink_identity.clone(),
                 };
                 cp.append_offsets(&entry)?;
-                crate::checkpoint::failpoint("engine:after-write-ahead");
+                crate::util::failpoint("engine:after-write-ahead");
                 (entry, planned.gaps, false, planned.full)
             }
         };
@@ -487,7 +490,7 @@ pub fn run_with(
         gaps.extend(rerun_gaps);
         timings.plan = plan_ms;
 
-        crate::checkpoint::failpoint("engine:before-commit");
+        crate::util::failpoint("engine:before-commit");
         let commit_started = Instant::now();
         let commit = CommitEntry {
             batch_id: entry.batch_id,

@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::checkpoint::{Counts, DataLossGap, OffsetsEntry, Timings, rfc3339_ms};
+use crate::checkpoint::{Counts, DataLossGap, OffsetsEntry, Timings};
 use crate::source::TopicPartition;
+use crate::util::rfc3339_ms;
 
 use super::ProgressMode;
 use crate::status_line;
@@ -76,7 +77,7 @@ impl Progress {
             batch_id: entry.batch_id,
             epoch,
             rerun,
-            committed_at: rfc3339_ms(crate::checkpoint::now_ms()),
+            committed_at: rfc3339_ms(crate::util::now_ms()),
             counts: counts.clone(),
             rows_per_sec: (counts.input as f64 / secs).round(),
             durations_ms: timings.clone(),

@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
+use crate::capability::sql::SqlGrant;
 use crate::checkpoint::{Checkpoint, PluginRef, StageKind};
 use crate::plugin::{Instance, Plugin, PluginError, Runtime};
-use crate::sink::sql::SqlGrant;
 
 use super::{EngineError, PipelineConfig};
 

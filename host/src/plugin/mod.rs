@@ -16,6 +16,7 @@
 mod bindings;
 pub mod chain;
 mod error;
+mod imports;
 mod instance;
 
 use std::collections::BTreeMap;
@@ -117,7 +118,7 @@ impl Runtime {
             }
         }
         let engine = Engine::new(&config).map_err(|e| format!("wasmtime engine: {e}"))?;
-        let linker = instance::linker(&engine).map_err(|e| format!("wasmtime linker: {e}"))?;
+        let linker = imports::linker(&engine).map_err(|e| format!("wasmtime linker: {e}"))?;
 
         let stop = Arc::new(AtomicBool::new(false));
         let ticker = {
@@ -287,7 +288,7 @@ impl Plugin {
     }
 
     /// A new sandboxed instance granted the SQL capability (sink stages).
-    pub fn instance_with_sql(&self, sql: Option<crate::sink::sql::SqlGrant>) -> Instance {
+    pub fn instance_with_sql(&self, sql: Option<crate::capability::sql::SqlGrant>) -> Instance {
         Instance::new(
             self.engine.clone(),
             self.template.clone(),

@@ -1,7 +1,7 @@
 //! Sinks: apply one partition's share of a batch through a sink plugin,
 //! with the capabilities the host grants it.
 //!
-//! With the SQL capability ([`sql::SqlGrant`]) each range is one
+//! With the SQL capability ([`SqlGrant`]) each range is one
 //! database transaction: read `sluice_progress`; if the range is already
 //! applied, skip it without calling the plugin; otherwise run the plugin's
 //! `open`/`write`/`close`, insert dead letters, upsert the progress row —
@@ -27,13 +27,12 @@
 
 pub mod applied;
 pub mod reset;
-pub mod sql;
 
 use sluice_guest::wire::{self, SinkRecord};
 
+use crate::capability::sql::{self, DbError, SqlGrant, SqlValue};
 use crate::plugin::{Instance, OpenAnswer, PartitionRange, PluginError, StageFailure};
 use applied::AppliedSet;
-use sql::{DbError, SqlGrant, SqlValue};
 
 /// Records per `sink.write` call.
 const CHUNK_RECORDS: usize = 2000;
@@ -586,7 +585,7 @@ impl SinkDriver {
                         SqlValue::Integer(new_end),
                         SqlValue::Integer(r.batch.batch_id as i64),
                         SqlValue::Integer(r.batch.epoch as i64),
-                        SqlValue::Integer(crate::checkpoint::now_ms()),
+                        SqlValue::Integer(crate::util::now_ms()),
                         SqlValue::Text(applied.holes_text()),
                         // -1 matches no row: a row that appeared since the read
                         // fails the update.
@@ -613,7 +612,7 @@ impl SinkDriver {
                     ),
                 });
             }
-            crate::checkpoint::failpoint("sink:before-db-commit");
+            crate::util::failpoint("sink:before-db-commit");
             Ok(Ok(if plugin_said_applied == pieces.len() {
                 Applied::AlreadyApplied {
                     skipped: Skipped {
@@ -700,7 +699,7 @@ fn run_plugin(instance: &mut Instance, batch: &PartitionBatch<'_>) -> Result<App
             }
             return Err(error.into());
         }
-        crate::checkpoint::failpoint("sink:after-write");
+        crate::util::failpoint("sink:after-write");
         start = end;
     }
     instance.sink_close(|| site(r))?;

@@ -20,8 +20,8 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 
 use super::applied::AppliedSet;
-use super::sql::{Backend, DbError, SqlValue};
 use super::{SinkDriver, SinkError};
+use crate::capability::sql::{Backend, DbError, SqlValue};
 
 /// One change to one partition's progress row.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -164,7 +164,7 @@ impl SinkDriver {
                                 SqlValue::Text(a.holes_text()),
                                 SqlValue::Integer(i64::try_from(epoch).unwrap_or(i64::MAX)),
                                 SqlValue::Integer(i64::try_from(batch_id).unwrap_or(i64::MAX)),
-                                SqlValue::Integer(crate::checkpoint::now_ms()),
+                                SqlValue::Integer(crate::util::now_ms()),
                             ]);
                             b.execute(
                                 &format!(

@@ -1,0 +1,73 @@
+//! Small helpers every layer uses: the wall clock as milliseconds since
+//! the Unix epoch, its RFC 3339 form, the host name, and the test
+//! failpoints. Nothing here knows about batches or plugins.
+
+use std::io::Write;
+use std::time::Duration;
+
+/// Format milliseconds since the Unix epoch as RFC 3339 (UTC, seconds).
+pub fn rfc3339_ms(ms: i64) -> String {
+    let t = std::time::UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// The local host name (best effort).
+pub fn hostname() -> String {
+    gethostname::gethostname().to_string_lossy().into_owned()
+}
+
+/// Pause the process at a named failpoint (builds with the `failpoints`
+/// feature only). `SLUICE_FAILPOINT=<name>` pauses at its first hit,
+/// `<name>@<k>` at its k-th. The process prints `FAILPOINT <name>` on stderr
+/// and sleeps until killed: the test then sends SIGKILL, which is exactly a
+/// crash at that point. With `SLUICE_FAILPOINT_RESUME_FILE=<path>` it waits
+/// until that file exists instead and goes on (a window, as long as the
+/// test needs, to send a signal in). Without the feature this is a no-op.
+#[inline]
+pub fn failpoint(name: &str) {
+    #[cfg(feature = "failpoints")]
+    {
+        use std::collections::HashMap;
+        use std::sync::Mutex;
+        static HITS: Mutex<Option<HashMap<String, u64>>> = Mutex::new(None);
+        let Ok(spec) = std::env::var("SLUICE_FAILPOINT") else {
+            return;
+        };
+        let (want, at) = match spec.rsplit_once('@') {
+            Some((n, k)) => (n.to_string(), k.parse::<u64>().unwrap_or(1)),
+            None => (spec, 1),
+        };
+        if want != name {
+            return;
+        }
+        let hit = {
+            let mut g = HITS.lock().unwrap_or_else(|p| p.into_inner());
+            let c = g.get_or_insert_with(HashMap::new).entry(want).or_insert(0);
+            *c += 1;
+            *c
+        };
+        if hit == at {
+            eprintln!("FAILPOINT {name}");
+            let _ = std::io::stderr().flush();
+            if let Some(resume) = std::env::var_os("SLUICE_FAILPOINT_RESUME_FILE") {
+                while !std::path::Path::new(&resume).exists() {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                return;
+            }
+            loop {
+                std::thread::sleep(std::time::Duration::from_secs(3600));
+            }
+        }
+    }
+    #[cfg(not(feature = "failpoints"))]
+    let _ = name;
+}
