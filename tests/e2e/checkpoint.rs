@@ -10,7 +10,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sluice_host::checkpoint::{
-    Checkpoint, CommitEntry, Counts, OffsetsEntry, OpenOptions, PartitionRange, Recovery, Timings,
+    Checkpoint, CommitEntry, Counts, DirCheckpoint, OffsetsEntry, OpenOptions, PartitionRange,
+    Recovery, Timings,
 };
 use sluice_host::util::now_ms;
 
@@ -44,7 +45,7 @@ fn ranges(n: u64) -> Vec<PartitionRange> {
         .collect()
 }
 
-fn plan(cp: &mut Checkpoint, n: u64, r: Vec<PartitionRange>) {
+fn plan(cp: &mut DirCheckpoint, n: u64, r: Vec<PartitionRange>) {
     cp.append_offsets(&OffsetsEntry {
         batch_id: n,
         epoch: cp.epoch(),
@@ -59,7 +60,7 @@ fn plan(cp: &mut Checkpoint, n: u64, r: Vec<PartitionRange>) {
     .unwrap();
 }
 
-fn commit(cp: &mut Checkpoint, n: u64) {
+fn commit(cp: &mut DirCheckpoint, n: u64) {
     cp.commit(&CommitEntry {
         batch_id: n,
         epoch: cp.epoch(),
@@ -75,7 +76,7 @@ fn commit(cp: &mut Checkpoint, n: u64) {
 
 /// Re-run what recovery asks for, then run `more` new batches. Returns the
 /// id of the next batch.
-fn drive(cp: &mut Checkpoint, more: u64, report: bool) -> u64 {
+fn drive(cp: &mut DirCheckpoint, more: u64, report: bool) -> u64 {
     if let Recovery::Rerun { entry } = cp.recovery().clone() {
         commit(cp, entry.batch_id);
         if report {
@@ -101,7 +102,7 @@ fn drive(cp: &mut Checkpoint, more: u64, report: bool) -> u64 {
 #[ignore = "helper process for checkpoint crash tests"]
 fn child_writer() {
     let dir = std::env::var("SLUICE_CHILD_DIR").expect("SLUICE_CHILD_DIR");
-    let mut cp = Checkpoint::open(Path::new(&dir), &opts_waiting()).unwrap();
+    let mut cp = DirCheckpoint::open(Path::new(&dir), &opts_waiting()).unwrap();
     println!("OPENED {}", cp.epoch());
     drive(&mut cp, 6, true);
 }
@@ -111,7 +112,7 @@ fn child_writer() {
 #[ignore = "helper process for lock tests"]
 fn child_locker() {
     let dir = std::env::var("SLUICE_CHILD_DIR").expect("SLUICE_CHILD_DIR");
-    match Checkpoint::open(Path::new(&dir), &opts()) {
+    match DirCheckpoint::open(Path::new(&dir), &opts()) {
         Ok(cp) => {
             println!("OWNED {}", cp.epoch());
             let mut sink = Vec::new();
@@ -207,7 +208,7 @@ fn crash_at_every_failpoint_recovers_to_a_legal_state() {
                 let _ = rep;
                 let d = tempfile::tempdir().unwrap();
                 if pre > 0 {
-                    let mut cp = Checkpoint::open(d.path(), &opts()).unwrap();
+                    let mut cp = DirCheckpoint::open(d.path(), &opts()).unwrap();
                     drive(&mut cp, pre, false);
                 }
                 let Some(reported) = crash_at(d.path(), &format!("{fp}@{hit}")) else {
@@ -221,7 +222,7 @@ fn crash_at_every_failpoint_recovers_to_a_legal_state() {
                 let last_reported = reported.iter().max().copied().or(pre.checked_sub(1));
                 let first_unreported = last_reported.map_or(0, |c| c + 1);
 
-                let mut cp = Checkpoint::open(d.path(), &opts_waiting())
+                let mut cp = DirCheckpoint::open(d.path(), &opts_waiting())
                     .unwrap_or_else(|e| panic!("{fp}@{hit} pre {pre}: recovery refused: {e}"));
                 match cp.recovery().clone() {
                     Recovery::Resume {
@@ -255,7 +256,7 @@ fn crash_at_every_failpoint_recovers_to_a_legal_state() {
                 // Carry on: the log stays contiguous and usable.
                 let next = drive(&mut cp, 2, false);
                 drop(cp);
-                let cp = Checkpoint::open(d.path(), &opts_waiting()).unwrap();
+                let cp = DirCheckpoint::open(d.path(), &opts_waiting()).unwrap();
                 assert!(
                     matches!(cp.recovery(), Recovery::Resume { next_batch, .. } if *next_batch == next),
                     "{fp}@{hit}: after carrying on"
@@ -321,11 +322,15 @@ fn kill_9_of_the_owner_frees_the_lock_at_once() {
     let d = tempfile::tempdir().unwrap();
     let mut owner = spawn_child("checkpoint::child_locker", d.path(), None);
     assert!(read_line(&mut owner).starts_with("OWNED"));
-    assert!(Checkpoint::open(d.path(), &opts()).unwrap_err().is_owned());
+    assert!(
+        DirCheckpoint::open(d.path(), &opts())
+            .unwrap_err()
+            .is_owned()
+    );
     owner.kill().unwrap();
     owner.wait().unwrap();
     let t = Instant::now();
-    let cp = Checkpoint::open(d.path(), &opts_waiting()).expect("lock freed by the OS");
+    let cp = DirCheckpoint::open(d.path(), &opts_waiting()).expect("lock freed by the OS");
     assert!(t.elapsed() < Duration::from_secs(1));
     assert_eq!(cp.epoch(), 2);
 }
@@ -333,7 +338,7 @@ fn kill_9_of_the_owner_frees_the_lock_at_once() {
 #[test]
 fn checkpoint_show_reads_an_owned_checkpoint() {
     let d = tempfile::tempdir().unwrap();
-    let mut cp = Checkpoint::open(d.path(), &opts()).unwrap();
+    let mut cp = DirCheckpoint::open(d.path(), &opts()).unwrap();
     drive(&mut cp, 3, false);
     plan(&mut cp, 3, ranges(3));
     let digest = cp.store_plugin(b"not really a component").unwrap();

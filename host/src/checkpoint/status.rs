@@ -6,10 +6,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use super::{
-    CheckpointError, CommitEntry, Metadata, OffsetsEntry, OwnerInfo, Recovery, analyze, lock,
-    read_metadata,
-};
+use super::dir::read_metadata;
+use super::recovery::analyze;
+use super::{CheckpointError, CommitEntry, Metadata, OffsetsEntry, OwnerInfo, Recovery, lock};
 
 /// What `host checkpoint show` prints.
 #[derive(Debug, Clone, Serialize)]

@@ -1,6 +1,10 @@
 //! Unit tests of the checkpoint API on real files (no Kafka, no wasm).
 
+use std::path::Path;
+
+use super::recovery::list_ids;
 use super::*;
+use crate::util::now_ms;
 
 fn opts(topics: &[&str]) -> OpenOptions {
     OpenOptions {
@@ -20,7 +24,7 @@ fn ranges(n: u64) -> Vec<PartitionRange> {
         .collect()
 }
 
-fn plan(cp: &mut Checkpoint, n: u64) {
+fn plan(cp: &mut DirCheckpoint, n: u64) {
     cp.append_offsets(&OffsetsEntry {
         batch_id: n,
         epoch: cp.epoch(),
@@ -38,7 +42,7 @@ fn plan(cp: &mut Checkpoint, n: u64) {
     .unwrap();
 }
 
-fn commit(cp: &mut Checkpoint, n: u64) {
+fn commit(cp: &mut DirCheckpoint, n: u64) {
     cp.commit(&CommitEntry {
         batch_id: n,
         epoch: cp.epoch(),
@@ -53,14 +57,14 @@ fn commit(cp: &mut Checkpoint, n: u64) {
 }
 
 fn run_batches(dir: &Path, n: u64) {
-    let mut cp = Checkpoint::open(dir, &opts(&["t"])).unwrap();
+    let mut cp = DirCheckpoint::open(dir, &opts(&["t"])).unwrap();
     for i in cp.next_batch_id()..cp.next_batch_id() + n {
         plan(&mut cp, i);
         commit(&mut cp, i);
     }
 }
 
-fn resume_at(cp: &Checkpoint) -> u64 {
+fn resume_at(cp: &DirCheckpoint) -> u64 {
     match cp.recovery() {
         Recovery::Resume { next_batch, .. } => *next_batch,
         other => panic!("expected resume, got {other:?}"),
@@ -70,7 +74,7 @@ fn resume_at(cp: &Checkpoint) -> u64 {
 #[test]
 fn new_checkpoint_starts_at_batch_zero_with_epoch_one() {
     let d = tempfile::tempdir().unwrap();
-    let cp = Checkpoint::open(d.path(), &opts(&["t"])).unwrap();
+    let cp = DirCheckpoint::open(d.path(), &opts(&["t"])).unwrap();
     assert_eq!(cp.epoch(), 1);
     assert_eq!(
         cp.recovery(),
@@ -87,7 +91,7 @@ fn new_checkpoint_starts_at_batch_zero_with_epoch_one() {
 fn committed_batches_resume_after_the_last_one() {
     let d = tempfile::tempdir().unwrap();
     run_batches(d.path(), 3);
-    let cp = Checkpoint::open(d.path(), &opts(&["t"])).unwrap();
+    let cp = DirCheckpoint::open(d.path(), &opts(&["t"])).unwrap();
     assert_eq!(cp.epoch(), 2, "each acquisition issues a new epoch");
     match cp.recovery() {
         Recovery::Resume {
@@ -108,10 +112,10 @@ fn uncommitted_batch_is_rerun_with_the_same_ranges() {
     let d = tempfile::tempdir().unwrap();
     run_batches(d.path(), 2);
     {
-        let mut cp = Checkpoint::open(d.path(), &opts(&["t"])).unwrap();
+        let mut cp = DirCheckpoint::open(d.path(), &opts(&["t"])).unwrap();
         plan(&mut cp, 2);
     }
-    let mut cp = Checkpoint::open(d.path(), &opts(&["t"])).unwrap();
+    let mut cp = DirCheckpoint::open(d.path(), &opts(&["t"])).unwrap();
     match cp.recovery() {
         Recovery::Rerun { entry } => {
             assert_eq!(entry.batch_id, 2);
@@ -144,7 +148,7 @@ fn torn_newest_uncommitted_entry_is_discarded() {
         let d = tempfile::tempdir().unwrap();
         run_batches(d.path(), 2);
         {
-            let mut cp = Checkpoint::open(d.path(), &opts(&["t"])).unwrap();
+            let mut cp = DirCheckpoint::open(d.path(), &opts(&["t"])).unwrap();
             plan(&mut cp, 2);
         }
         let f = d.path().join("offsets/2");
@@ -158,7 +162,7 @@ fn torn_newest_uncommitted_entry_is_discarded() {
                 .into_bytes(),
         };
         std::fs::write(&f, damaged).unwrap();
-        let cp = Checkpoint::open(d.path(), &opts(&["t"])).unwrap();
+        let cp = DirCheckpoint::open(d.path(), &opts(&["t"])).unwrap();
         assert_eq!(resume_at(&cp), 2, "{damage}: re-planned");
         assert!(!f.exists(), "{damage}: moved aside");
         assert!(d.path().join("offsets/2.torn").exists());
@@ -166,7 +170,7 @@ fn torn_newest_uncommitted_entry_is_discarded() {
 }
 
 fn corrupt_message(dir: &Path) -> String {
-    match Checkpoint::open(dir, &opts(&["t"])) {
+    match DirCheckpoint::open(dir, &opts(&["t"])) {
         Err(e @ CheckpointError::Corrupt { .. }) => e.to_string(),
         Err(e) => panic!("expected corrupt, got {e}"),
         Ok(cp) => panic!("expected corrupt, got {:?}", cp.recovery()),
@@ -215,7 +219,7 @@ fn damage_other_than_a_torn_tail_is_corruption() {
     let d = tempfile::tempdir().unwrap();
     run_batches(d.path(), 1);
     {
-        let mut cp = Checkpoint::open(d.path(), &opts(&["t"])).unwrap();
+        let mut cp = DirCheckpoint::open(d.path(), &opts(&["t"])).unwrap();
         plan(&mut cp, 1);
     }
     let f = d.path().join("offsets/1");
@@ -268,7 +272,7 @@ fn retention_keeps_the_last_k_batches_and_recovery_still_works() {
         ..opts(&["t"])
     };
     {
-        let mut cp = Checkpoint::open(d.path(), &o).unwrap();
+        let mut cp = DirCheckpoint::open(d.path(), &o).unwrap();
         for i in 0..12 {
             plan(&mut cp, i);
             commit(&mut cp, i);
@@ -277,7 +281,7 @@ fn retention_keeps_the_last_k_batches_and_recovery_still_works() {
     let ids = list_ids(&d.path().join("offsets")).unwrap();
     assert_eq!(ids.into_iter().collect::<Vec<_>>(), vec![7, 8, 9, 10, 11]);
     assert_eq!(list_ids(&d.path().join("commits")).unwrap().len(), 5);
-    let cp = Checkpoint::open(d.path(), &o).unwrap();
+    let cp = DirCheckpoint::open(d.path(), &o).unwrap();
     assert_eq!(resume_at(&cp), 12);
 }
 
@@ -289,7 +293,7 @@ fn interrupted_prune_leftovers_are_not_corruption() {
         ..opts(&["t"])
     };
     {
-        let mut cp = Checkpoint::open(d.path(), &o).unwrap();
+        let mut cp = DirCheckpoint::open(d.path(), &o).unwrap();
         for i in 0..6 {
             plan(&mut cp, i);
             commit(&mut cp, i);
@@ -297,7 +301,7 @@ fn interrupted_prune_leftovers_are_not_corruption() {
     }
     // A prune that removed offsets/2 but died before commits/2.
     std::fs::copy(d.path().join("commits/3"), d.path().join("commits/2")).unwrap();
-    let cp = Checkpoint::open(d.path(), &o).unwrap();
+    let cp = DirCheckpoint::open(d.path(), &o).unwrap();
     assert_eq!(resume_at(&cp), 6);
     assert!(!d.path().join("commits/2").exists(), "leftover removed");
 }
@@ -305,8 +309,8 @@ fn interrupted_prune_leftovers_are_not_corruption() {
 #[test]
 fn fingerprint_mismatch_is_refused_with_a_diff_unless_allowed() {
     let d = tempfile::tempdir().unwrap();
-    drop(Checkpoint::open(d.path(), &opts(&["a", "b"])).unwrap());
-    let e = Checkpoint::open(d.path(), &opts(&["b", "c"])).unwrap_err();
+    drop(DirCheckpoint::open(d.path(), &opts(&["a", "b"])).unwrap());
+    let e = DirCheckpoint::open(d.path(), &opts(&["b", "c"])).unwrap_err();
     let m = e.to_string();
     assert!(m.contains("+ added:   c"), "{m}");
     assert!(m.contains("- removed: a"), "{m}");
@@ -315,14 +319,14 @@ fn fingerprint_mismatch_is_refused_with_a_diff_unless_allowed() {
         allow_fingerprint_change: true,
         ..opts(&["b", "c"])
     };
-    let cp = Checkpoint::open(d.path(), &o).unwrap();
+    let cp = DirCheckpoint::open(d.path(), &o).unwrap();
     assert_eq!(
         cp.metadata().fingerprint.topics,
         vec!["b".to_string(), "c".to_string()]
     );
     drop(cp);
     assert!(
-        Checkpoint::open(d.path(), &opts(&["c", "b"])).is_ok(),
+        DirCheckpoint::open(d.path(), &opts(&["c", "b"])).is_ok(),
         "order does not matter"
     );
 }
@@ -330,8 +334,8 @@ fn fingerprint_mismatch_is_refused_with_a_diff_unless_allowed() {
 #[test]
 fn a_held_lock_is_refused_naming_the_owner() {
     let d = tempfile::tempdir().unwrap();
-    let owner = Checkpoint::open(d.path(), &opts(&["t"])).unwrap();
-    let e = Checkpoint::open(d.path(), &opts(&["t"])).unwrap_err();
+    let owner = DirCheckpoint::open(d.path(), &opts(&["t"])).unwrap();
+    let e = DirCheckpoint::open(d.path(), &opts(&["t"])).unwrap_err();
     assert!(e.is_owned());
     let m = e.to_string();
     assert!(m.contains(&format!("pid {}", std::process::id())), "{m}");
@@ -342,20 +346,20 @@ fn a_held_lock_is_refused_naming_the_owner() {
         wait: Some(Duration::from_millis(100)),
         ..opts(&["t"])
     };
-    assert!(Checkpoint::open(d.path(), &o).unwrap_err().is_owned());
+    assert!(DirCheckpoint::open(d.path(), &o).unwrap_err().is_owned());
     drop(owner);
-    assert_eq!(Checkpoint::open(d.path(), &o).unwrap().epoch(), 2);
+    assert_eq!(DirCheckpoint::open(d.path(), &o).unwrap().epoch(), 2);
 }
 
 #[test]
 fn a_zombie_with_an_older_epoch_cannot_commit() {
     let d = tempfile::tempdir().unwrap();
-    let mut zombie = Checkpoint::open(d.path(), &opts(&["t"])).unwrap();
+    let mut zombie = DirCheckpoint::open(d.path(), &opts(&["t"])).unwrap();
     plan(&mut zombie, 0);
     // The lock file is removed behind the owner's back (an operator, or a
     // second node on a shared mount): a new owner gets a new epoch.
     std::fs::remove_file(d.path().join("lock")).unwrap();
-    let mut newer = Checkpoint::open(d.path(), &opts(&["t"])).unwrap();
+    let mut newer = DirCheckpoint::open(d.path(), &opts(&["t"])).unwrap();
     assert_eq!(newer.epoch(), 2);
     let e = zombie
         .commit(&CommitEntry {
@@ -389,10 +393,10 @@ fn a_zombie_with_an_older_epoch_cannot_commit() {
 #[test]
 fn plugin_store_is_content_addressed() {
     let d = tempfile::tempdir().unwrap();
-    let cp = Checkpoint::open(d.path(), &opts(&["t"])).unwrap();
+    let cp = DirCheckpoint::open(d.path(), &opts(&["t"])).unwrap();
     let digest = cp.store_plugin(b"component bytes").unwrap();
     assert_eq!(digest, cp.store_plugin(b"component bytes").unwrap());
-    assert_eq!(cp.load_plugin(&digest).unwrap(), b"component bytes");
+    assert_eq!(cp.load_plugin(&digest).unwrap().1, b"component bytes");
     std::fs::write(cp.plugin_path(&digest), b"tampered").unwrap();
     assert!(matches!(
         cp.load_plugin(&digest),
@@ -404,7 +408,7 @@ fn plugin_store_is_content_addressed() {
 fn status_reads_an_owned_checkpoint_without_writing() {
     let d = tempfile::tempdir().unwrap();
     run_batches(d.path(), 2);
-    let mut cp = Checkpoint::open(d.path(), &opts(&["t"])).unwrap();
+    let mut cp = DirCheckpoint::open(d.path(), &opts(&["t"])).unwrap();
     plan(&mut cp, 2);
     let s = status(d.path()).unwrap();
     assert_eq!(s.owner.as_ref().map(|o| o.pid), Some(std::process::id()));

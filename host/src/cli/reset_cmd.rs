@@ -24,7 +24,7 @@ use clap::Args;
 
 use super::{CliError, ExitCode, WithCode};
 use crate::capability::sql::{SqlGrant, redact};
-use crate::checkpoint::{self, Checkpoint, OpenOptions, ResetRecord, TopicIdentity};
+use crate::checkpoint::{self, Checkpoint, DirCheckpoint, OpenOptions, ResetRecord, TopicIdentity};
 use crate::engine::{redact_property, shell_word};
 use crate::sink::SinkDriver;
 use crate::sink::applied::AppliedSet;
@@ -461,7 +461,7 @@ pub fn run(a: ResetArgs) -> Result<(), CliError> {
         None
     } else {
         Some(
-            Checkpoint::open(
+            DirCheckpoint::open(
                 dir,
                 &OpenOptions {
                     topics: s.metadata.fingerprint.topics.clone(),

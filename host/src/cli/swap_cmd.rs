@@ -9,6 +9,7 @@ use serde_json::json;
 
 use super::{CliError, ExitCode, WithCode, parse_duration};
 use crate::checkpoint::{self, StageKind};
+use crate::control::protocol::{Command, StatusAnswer, SwapAnswer};
 use crate::control::{Client, ClientError};
 use crate::util::rfc3339_ms;
 
@@ -56,18 +57,17 @@ pub fn swap(args: SwapArgs) -> Result<(), CliError> {
         SwapStage::Sink => StageKind::Sink,
     });
     let mut client = Client::connect(&args.checkpoint, args.timeout)?;
-    let answer = client.request(&json!({
-        "op": "swap",
-        "path": path,
-        "stage": stage.map(|s| match s { StageKind::Map => "map", StageKind::Sink => "sink" }),
-        "index": args.index,
-    }));
+    let answer: Result<SwapAnswer, _> = client.request(&Command::Swap {
+        path,
+        stage,
+        index: args.index,
+    });
     match answer {
-        Ok(v) => {
+        Ok(a) => {
             outln!(
                 "swapped in sha256:{} from batch {}",
-                v["digest"].as_str().unwrap_or_default(),
-                v["effective_batch"]
+                a.digest,
+                a.effective_batch
             )?;
             Ok(())
         }
@@ -104,9 +104,9 @@ pub struct StatusArgs {
 /// Exit 1 for an unreadable checkpoint.
 pub fn status(args: StatusArgs) -> Result<(), CliError> {
     let live = Client::connect(&args.checkpoint, Duration::from_secs(5))
-        .and_then(|mut c| c.request(&json!({"op": "status"})))
+        .and_then(|mut c| c.request::<StatusAnswer>(&Command::Status))
         .ok()
-        .map(|v| v["status"].clone());
+        .map(|a| a.status);
     let on_disk = checkpoint::status(&args.checkpoint)?;
     if args.json {
         let v = json!({"running": live.is_some(), "live": live, "checkpoint": on_disk});
@@ -117,27 +117,27 @@ pub fn status(args: StatusArgs) -> Result<(), CliError> {
         Some(s) => {
             outln!(
                 "owner       pid {} on {} since {} (epoch {})",
-                s["pid"],
-                s["hostname"].as_str().unwrap_or_default(),
-                rfc3339_ms(s["since_ms"].as_i64().unwrap_or_default()),
-                s["epoch"]
+                s.pid,
+                s.hostname,
+                rfc3339_ms(s.since_ms),
+                s.epoch
             )?;
-            match s["current_batch"].as_u64() {
+            match s.current_batch {
                 Some(b) => outln!("current     batch {b} in flight")?,
                 None => outln!("current     between batches")?,
             }
-            match s["last_committed"].as_u64() {
+            match s.last_committed {
                 Some(b) => outln!("committed   batch {b}")?,
                 None => outln!("committed   none yet")?,
             }
-            for p in s["plugins"].as_array().into_iter().flatten() {
-                outln!(
-                    "plugin      {} sha256:{}",
-                    p["stage"].as_str().unwrap_or_default(),
-                    p["digest"].as_str().unwrap_or_default()
-                )?;
+            for p in &s.plugins {
+                let stage = match p.stage {
+                    StageKind::Map => "map",
+                    StageKind::Sink => "sink",
+                };
+                outln!("plugin      {stage} sha256:{}", p.digest)?;
             }
-            if let Some(p) = s["last_progress"].as_object() {
+            if let Some(p) = s.last_progress.as_ref().and_then(|p| p.as_object()) {
                 outln!(
                     "last batch  {} at {}: {} in, {} out, {} rows/s, {} ms",
                     p["batch_id"],

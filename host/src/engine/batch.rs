@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use sluice_guest::wire::Record;
 
-use crate::checkpoint::{Counts, OffsetsEntry, Timings};
+use crate::checkpoint::{Counts, DataLossGap, OffsetsEntry, Timings};
 use crate::metrics::Metrics;
 use crate::plugin::chain::{
     ChainResult, DEFAULT_ISOLATION_TRAPS, TrapBudget, isolate_traps, run_chain,
@@ -388,21 +388,51 @@ impl BatchRun<'_> {
     }
 }
 
-/// Fetch, map and sink one batch. Returns counts, timings (plan and commit
-/// are filled in by the caller) and, for a re-run, ranges found deleted.
-#[allow(clippy::too_many_arguments)]
+/// What a batch runs with: the pipeline's parts, borrowed for one batch.
+pub(super) struct BatchEnv<'a> {
+    pub(super) cfg: &'a PipelineConfig,
+    pub(super) source: &'a mut KafkaSource,
+    pub(super) stages: &'a mut Stages,
+    pub(super) driver: &'a SinkDriver,
+    /// The checkpoint's query id (in every idempotency key).
+    pub(super) query_id: &'a str,
+    /// Our epoch, also when re-running a batch planned by an older owner:
+    /// sinks fence on it.
+    pub(super) epoch: u64,
+    pub(super) metrics: &'a Metrics,
+    /// Set when the user asked to stop: map no further piece.
+    pub(super) stop: &'a AtomicBool,
+}
+
+/// What a batch did, for its commit entry.
+pub(super) struct BatchDone {
+    pub(super) counts: Counts,
+    /// Fetch, map and sink times; plan and commit are the caller's.
+    pub(super) timings: Timings,
+    /// For a re-run: planned offsets found deleted (`--on-data-loss skip`).
+    pub(super) gaps: Vec<DataLossGap>,
+}
+
+/// Fetch, map and sink one batch, planned as `entry` (`rerun`: by an
+/// earlier run that did not commit it).
+///
+/// # Errors
+/// Any [`EngineError`]; the batch must then not be committed.
 pub(super) fn run_batch(
-    cfg: &PipelineConfig,
-    source: &mut KafkaSource,
-    stages: &mut Stages,
-    driver: &SinkDriver,
+    env: BatchEnv<'_>,
     entry: &OffsetsEntry,
-    query_id: &str,
-    epoch: u64,
     rerun: bool,
-    metrics: &Metrics,
-    stop: &AtomicBool,
-) -> Result<(Counts, Timings, Vec<crate::checkpoint::DataLossGap>), EngineError> {
+) -> Result<BatchDone, EngineError> {
+    let BatchEnv {
+        cfg,
+        source,
+        stages,
+        driver,
+        query_id,
+        epoch,
+        metrics,
+        stop,
+    } = env;
     let mut timings = Timings::default();
     let ranges: Vec<FetchRange> = entry
         .ranges
@@ -446,7 +476,7 @@ pub(super) fn run_batch(
                     DataLossPolicy::Skip => {
                         let to = low.min(r.end);
                         tracing::warn!(topic = %r.topic, partition = r.partition, "data loss in re-run batch: offsets [{}, {to}) were deleted; skipping them", r.start);
-                        gaps.push(crate::checkpoint::DataLossGap {
+                        gaps.push(DataLossGap {
                             topic: r.topic.clone(),
                             partition: r.partition,
                             from: r.start,
@@ -458,8 +488,6 @@ pub(super) fn run_batch(
             }
         }
     }
-    // Our epoch, also when re-running a batch planned by an older owner:
-    // sinks fence on it.
     let ctx = CallContext {
         query_id: query_id.to_string(),
         batch_id: entry.batch_id,
@@ -596,5 +624,9 @@ pub(super) fn run_batch(
     counts.output = counts.output.saturating_sub(report.rejected_outputs);
     timings.map = ms(map_time);
     timings.sink = ms(report.time);
-    Ok((counts, timings, gaps))
+    Ok(BatchDone {
+        counts,
+        timings,
+        gaps,
+    })
 }

@@ -17,11 +17,13 @@
 //! sinking overlap instead of the sink trailing the fetch.)
 //!
 //! Files: this one is the loop ([`run_with`]: startup, then per batch
-//! control requests → plan → write-ahead → `batch::run_batch` → commit);
-//! `plan` chooses the ranges, `batch` runs one batch's fetch and map
-//! (with `sink_thread` applying the parts), `stages` loads, assembles and
-//! swaps the plugins, `error` holds [`EngineError`], `config` the
-//! settings, `progress` the per-batch report.
+//! boundary → plan → write-ahead → fetch, map, sink → commit → report);
+//! `startup` claims the checkpoint and assembles the pipeline,
+//! `boundary` acts on control requests (swap, handover) between batches,
+//! `plan` chooses the ranges, `batch` runs one batch's fetch and map (with
+//! `sink_thread` applying the parts), `stages` loads, assembles and swaps
+//! the plugins, `error` holds [`EngineError`], `config` the settings,
+//! `progress` the per-batch report.
 //!
 //! Invariants:
 //! - `offsets/N` is durable before any record of batch N is read; `commits/N`
@@ -35,37 +37,31 @@
 //!   the in-flight batch finish and commit.
 
 mod batch;
+mod boundary;
 mod config;
 mod error;
 mod plan;
 mod progress;
 mod sink_thread;
 mod stages;
+mod startup;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::capability::sql::SqlGrant;
-use crate::checkpoint::{
-    Checkpoint, CommitEntry, Counts, OffsetsEntry, OpenOptions, PartitionRange, PluginRef, Recovery,
-};
-use crate::control::{ControlServer, HandoverNote, LiveStatus, Request, ServerContext};
-use crate::metrics::{Metrics, MetricsServer};
-use crate::plugin::{Plugin, Runtime};
-use crate::sink::SinkDriver;
-use crate::source::{KafkaSource, TopicPartition};
+use crate::checkpoint::{CommitEntry, Counts, OffsetsEntry, PartitionRange, PluginRef};
+use crate::source::TopicPartition;
 use crate::util::now_ms;
 
-use batch::{add_counts, run_batch};
+use batch::{BatchEnv, add_counts, run_batch};
 pub use config::{
     DataLossPolicy, ErrorPolicy, PipelineConfig, ProgressMode, StartingOffsets, redact_property,
     shell_word,
 };
 pub use error::EngineError;
 pub use progress::{PartitionProgress, Progress};
-use stages::{assemble, config_digest, install_swap, load_plugins, show_refs};
 
 /// What a run did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -114,43 +110,6 @@ pub enum Acquire {
     Takeover(Duration),
 }
 
-/// Ask the running owner to hand over. Returns the connection (to report
-/// our first write-ahead) and the owner's note, or `None` when nobody owns
-/// the checkpoint.
-fn request_handover(
-    cfg: &PipelineConfig,
-    timeout: Duration,
-) -> Result<Option<(crate::control::Client, serde_json::Value)>, EngineError> {
-    use crate::control::{Client, ClientError};
-    let mut client = match Client::connect(&cfg.checkpoint, timeout) {
-        Ok(c) => c,
-        Err(ClientError::NotRunning { .. }) => {
-            if crate::checkpoint::status(&cfg.checkpoint).is_ok_and(|s| s.owner.is_some()) {
-                return Err(EngineError::Takeover(format!(
-                    "checkpoint {} is owned but its owner does not answer on control.sock; not touching it",
-                    cfg.checkpoint.display()
-                )));
-            }
-            tracing::info!("--takeover: no running owner, starting normally");
-            return Ok(None);
-        }
-        Err(e) => return Err(EngineError::Takeover(e.to_string())),
-    };
-    tracing::info!("--takeover: asking the owner to hand over at its next batch boundary");
-    let answer = client
-        .request(&serde_json::json!({"op": "handover"}))
-        .map_err(|e| {
-            EngineError::Takeover(format!(
-                "{e}; the checkpoint was not touched and the owner keeps running"
-            ))
-        })?;
-    // Confirm: the owner releases the lock only now.
-    client
-        .send(&serde_json::json!({"op": "go"}))
-        .map_err(|e| EngineError::Takeover(format!("{e}; the owner keeps running")))?;
-    Ok(Some((client, answer["note"].clone())))
-}
-
 /// Run the pipeline until `stop` is set (or, with `until_caught_up`, until
 /// the data available at start is processed, or until a `--takeover`
 /// process asks for the checkpoint).
@@ -171,343 +130,120 @@ pub fn run_with(
     stop: Arc<AtomicBool>,
     acquire: Acquire,
 ) -> Result<RunSummary, EngineError> {
-    if cfg.topics.is_empty() {
-        return Err(EngineError::Config("no topics: pass --topic NAME".into()));
-    }
-    if cfg.on_error == ErrorPolicy::Dlq && cfg.sink_db.is_none() {
-        return Err(EngineError::Config(
-            "--on-error dlq stores dead letters in the sink database: pass --sink-db sqlite:PATH or postgres://…".into(),
-        ));
-    }
-    let runtime = Arc::new(Runtime::new(cfg.limits).map_err(EngineError::Config)?);
-
-    // With --takeover, compile everything first, then ask the owner.
-    let mut handover = None;
-    let mut preloaded = None;
-    let mut wait = cfg.wait;
-    if let Acquire::Takeover(timeout) = acquire {
-        let recorded = crate::checkpoint::status(&cfg.checkpoint)
-            .ok()
-            .map(|s| {
-                s.last_committed
-                    .map(|c| c.plugins)
-                    .filter(|p| !p.is_empty())
-                    .or(s.last_planned.map(|o| o.plugins))
-                    .unwrap_or_default()
-            })
-            .unwrap_or_default();
-        preloaded = Some(load_plugins(cfg, &runtime, &recorded)?);
-        // A pipeline the checkpoint would refuse must not make the owner
-        // hand over and exit first.
-        if !cfg.allow_fingerprint_change {
-            crate::checkpoint::check_fingerprint(&cfg.checkpoint, &cfg.topics)?;
-        }
-        handover = request_handover(cfg, timeout)?;
-        // The old owner released the lock before answering; allow for a
-        // forked child still holding the descriptor for a moment.
-        wait = Some(wait.unwrap_or(Duration::ZERO).max(Duration::from_secs(10)));
-    }
-
-    // Validate what the user gave before creating or touching the
-    // checkpoint: explicit plugins and the sink database.
-    if preloaded.is_none() && !cfg.plugins.is_empty() {
-        preloaded = Some(load_plugins(cfg, &runtime, &[])?);
-    }
-    let sql = match &cfg.sink_db {
-        Some(url) => Some(SqlGrant::connect(url).map_err(|error| EngineError::SinkDb {
-            url: crate::capability::sql::redact(url),
-            error,
-        })?),
-        None => None,
-    };
-
-    // A new checkpoint records the topics in its fingerprint: check they
-    // exist first, so a mistyped topic leaves no checkpoint behind that a
-    // corrected command would then refuse.
-    if !crate::checkpoint::exists(&cfg.checkpoint) {
-        let probe = KafkaSource::new(
-            &cfg.brokers,
-            &cfg.kafka,
-            "sluice-topic-check",
-            false,
-            cfg.kafka_timeout,
-        )?;
-        for topic in &cfg.topics {
-            probe.partitions(topic)?;
-        }
-    }
-
-    let mut cp = Checkpoint::open(
-        &cfg.checkpoint,
-        &OpenOptions {
-            topics: cfg.topics.clone(),
-            allow_fingerprint_change: cfg.allow_fingerprint_change,
-            wait,
-            retention: cfg.retention,
-            create: true,
-        },
-    )?;
-    let epoch = cp.epoch();
-    let query_id = cp.metadata().query_id.clone();
-    tracing::info!(checkpoint = %cfg.checkpoint.display(), epoch, query_id, "checkpoint opened");
-
-    let driver = SinkDriver::new(sql.clone()).map_err(|error| EngineError::SinkDb {
-        url: crate::capability::sql::redact(cfg.sink_db.as_deref().unwrap_or_default()),
-        error,
-    })?;
-    let recorded = match cp.recovery() {
-        Recovery::Resume { plugins, .. } => plugins.clone(),
-        Recovery::Rerun { entry } => entry.plugins.clone(),
-    };
-    // Plugins preloaded before a takeover must still be the ones to use:
-    // the old owner may have swapped one in meanwhile.
-    let preloaded_ok = |l: &[(Plugin, Vec<u8>)]| {
-        !l.is_empty()
-            && (!cfg.plugins.is_empty()
-                || recorded
-                    .iter()
-                    .all(|r| l.iter().any(|(p, _)| p.digest() == r.digest)))
-    };
-    let loaded = match preloaded {
-        Some(l) if preloaded_ok(&l) => l,
-        _ => load_plugins(cfg, &runtime, &recorded)?,
-    };
-    for (_, bytes) in &loaded {
-        cp.store_plugin(bytes)?;
-    }
-    let mut stages = assemble(cfg, &loaded, &recorded, sql.as_ref())?;
-    drop(loaded);
-    let group = cfg
-        .group_id
-        .clone()
-        .unwrap_or_else(|| format!("sluice-{query_id}"));
-    let mut source = KafkaSource::new(
-        &cfg.brokers,
-        &cfg.kafka,
-        &group,
-        cfg.group_id.is_some(),
-        cfg.kafka_timeout,
-    )?;
-    let cdigest = config_digest(cfg);
-    let sink_identity = match cfg.sink_db.as_deref() {
-        Some(url) => Some(crate::capability::sql::sink_identity(url).map_err(|e| {
-            EngineError::Config(format!(
-                "--sink-db {}: {e}",
-                crate::capability::sql::redact(url)
-            ))
-        })?),
-        None => None,
-    };
-    let metrics = Arc::new(Metrics::new());
-    metrics.set_epoch(epoch);
-    let _metrics_server = match cfg.metrics_addr {
-        Some(addr) => {
-            Some(MetricsServer::start(addr, metrics.clone()).map_err(EngineError::Config)?)
-        }
-        None => None,
-    };
-
-    // The control socket: status, handover, swap.
-    let status = Arc::new(Mutex::new(LiveStatus {
-        pid: std::process::id(),
-        hostname: crate::util::hostname(),
-        epoch,
-        since_ms: now_ms(),
-        query_id: query_id.clone(),
-        last_committed: cp.last_committed(),
-        plugins: stages.refs.clone(),
-        ..LiveStatus::default()
-    }));
-    let (tx, rx) = std::sync::mpsc::channel();
-    let wake = Arc::new(AtomicBool::new(false));
-    let mut control = Some(
-        ControlServer::start(
-            &cfg.checkpoint,
-            ServerContext {
-                runtime: runtime.clone(),
-                config: Arc::new(cfg.plugin_config.clone()),
-                status: status.clone(),
-                requests: tx,
-                wake: wake.clone(),
-            },
-        )
-        .map_err(|e| {
-            EngineError::Config(format!(
-                "control socket in {}: {e}",
-                cfg.checkpoint.display()
-            ))
-        })?,
-    );
-
+    let mut p = startup::start(cfg, acquire)?;
     let mut summary = RunSummary {
-        epoch,
+        epoch: p.epoch,
         ..RunSummary::default()
     };
-    let mut planner = plan::Planner::new(cp.recovery(), cp.topic_identities());
-    let mut pending_rerun = match cp.recovery() {
-        Recovery::Rerun { entry } => Some(entry.clone()),
-        Recovery::Resume { .. } => None,
-    };
-    let mut last_commit_ms = None;
-
     loop {
-        // Batch boundary: act on control requests.
-        wake.store(false, Ordering::Relaxed);
-        if pending_rerun.is_none() {
-            for req in crate::control::pending(&rx) {
-                match req {
-                    Request::Swap(swap) => {
-                        let result = install_swap(
-                            &mut stages,
-                            &cp,
-                            sql.as_ref(),
-                            swap.plugin,
-                            &swap.bytes,
-                            swap.stage,
-                            swap.index,
-                        )
-                        .map(|()| cp.next_batch_id());
-                        if let Ok(batch) = &result {
-                            tracing::info!(
-                                batch,
-                                "plugin swap installed: [{}] from batch {batch}",
-                                show_refs(&stages.refs)
-                            );
-                            if let Ok(mut s) = status.lock() {
-                                s.plugins = stages.refs.clone();
-                                s.swaps += 1;
-                            }
-                            metrics.swap();
-                        }
-                        let _ = swap.reply.send(result);
-                    }
-                    Request::Handover(h) => {
-                        let note = HandoverNote {
-                            epoch,
-                            last_batch: cp.last_committed(),
-                            last_commit_ms,
-                            released_at_ms: now_ms(),
-                            pid: std::process::id(),
-                        };
-                        if h.note.send(note.clone()).is_err()
-                            || h.go.recv_timeout(Duration::from_secs(15)) != Ok(true)
-                        {
-                            tracing::warn!(
-                                "the takeover requester went away before confirming; still the owner"
-                            );
-                            continue;
-                        }
-                        let _ = std::fs::write(
-                            cfg.checkpoint.join("handover"),
-                            serde_json::to_vec_pretty(&note).unwrap_or_default(),
-                        );
-                        // Unlink our socket before the new owner binds its own.
-                        if let Some(c) = control.as_mut() {
-                            c.unlink();
-                        }
-                        drop(cp);
-                        tracing::info!(epoch, last_batch = ?note.last_batch, "handed over: lock released");
-                        summary.handed_over = true;
-                        // Wait (bounded) for the new owner's report, then stop.
-                        let _ = h.finished.recv_timeout(Duration::from_secs(70));
-                        drop(control.take());
-                        return Ok(summary);
-                    }
-                }
-            }
+        // Batch boundary: act on control requests (not before a re-run:
+        // an uncommitted batch is finished first).
+        p.wake.store(false, Ordering::Relaxed);
+        if p.pending_rerun.is_none()
+            && let Some(h) = boundary::serve_requests(&mut p, cfg)
+        {
+            summary.handed_over = true;
+            p.hand_over(h);
+            return Ok(summary);
         }
-        if stop.load(Ordering::Relaxed) && pending_rerun.is_none() {
+        if stop.load(Ordering::Relaxed) && p.pending_rerun.is_none() {
             tracing::info!("stop requested: the last batch is committed, exiting");
             break;
         }
+
+        // Plan and write ahead (or take the batch to re-run).
         let batch_started = Instant::now();
-        let (entry, gaps, rerun, full) = match pending_rerun.take() {
+        let rerun = p.pending_rerun.is_some();
+        let (entry, mut gaps, full) = match p.pending_rerun.take() {
             Some(entry) => {
                 tracing::info!(
                     batch = entry.batch_id,
                     "re-running uncommitted batch {} with its planned ranges",
                     entry.batch_id
                 );
-                planner.check_topics(&source, cfg, &entry)?;
-                if let Some((client, note)) = handover.take() {
-                    report_takeover(client, &note, epoch, &mut summary);
-                }
-                (entry, Vec::new(), true, true)
+                p.planner.check_topics(&p.source, cfg, &entry)?;
+                report_takeover(&mut p, &mut summary);
+                (entry, Vec::new(), true)
             }
             None => {
-                let planned = planner.plan(&source, cfg)?;
-                if let Some((client, note)) = handover.take() {
-                    report_takeover(client, &note, epoch, &mut summary);
-                }
+                let planned = p.planner.plan(&p.source, cfg)?;
+                report_takeover(&mut p, &mut summary);
                 if !planned.worth_a_batch {
                     // Nothing to read: stop fetching until the next batch
                     // (see KafkaSource::pause).
-                    source.pause();
-                    if cfg.until_caught_up && planner.caught_up() {
+                    p.source.pause();
+                    if cfg.until_caught_up && p.planner.caught_up() {
                         tracing::info!("caught up with the data available at start");
                         break;
                     }
                     sleep_unless(
                         &stop,
-                        &wake,
+                        &p.wake,
                         cfg.trigger_interval.saturating_sub(batch_started.elapsed()),
                     );
                     continue;
                 }
                 let entry = OffsetsEntry {
-                    batch_id: cp.next_batch_id(),
-                    epoch,
+                    batch_id: p.cp.next_batch_id(),
+                    epoch: p.epoch,
                     planned_at_ms: now_ms(),
                     ranges: planned.ranges,
-                    plugins: stages.refs.clone(),
-                    config_digest: cdigest.clone(),
+                    plugins: p.stages.refs.clone(),
+                    config_digest: p.config_digest.clone(),
                     note: None,
                     topics: planned.topics,
-                    sink_db: sink_identity.clone(),
+                    sink_db: p.sink_identity.clone(),
                 };
-                cp.append_offsets(&entry)?;
+                p.cp.append_offsets(&entry)?;
                 crate::util::failpoint("engine:after-write-ahead");
-                (entry, planned.gaps, false, planned.full)
+                (entry, planned.gaps, planned.full)
             }
         };
-        if let Ok(mut s) = status.lock() {
+        if let Ok(mut s) = p.status.lock() {
             s.current_batch = Some(entry.batch_id);
         }
         let plan_ms = ms(batch_started.elapsed());
-        let (counts, mut timings, rerun_gaps) = run_batch(
-            cfg,
-            &mut source,
-            &mut stages,
-            &driver,
+
+        // Fetch, map and sink.
+        let done = run_batch(
+            BatchEnv {
+                cfg,
+                source: &mut p.source,
+                stages: &mut p.stages,
+                driver: &p.driver,
+                query_id: &p.query_id,
+                epoch: p.epoch,
+                metrics: &p.metrics,
+                stop: &stop,
+            },
             &entry,
-            &query_id,
-            epoch,
             rerun,
-            &metrics,
-            &stop,
         )?;
-        let mut gaps = gaps;
-        gaps.extend(rerun_gaps);
+        let counts = done.counts;
+        let mut timings = done.timings;
+        gaps.extend(done.gaps);
         timings.plan = plan_ms;
 
+        // Commit.
         crate::util::failpoint("engine:before-commit");
         let commit_started = Instant::now();
         let commit = CommitEntry {
             batch_id: entry.batch_id,
-            epoch,
+            epoch: p.epoch,
             committed_at_ms: now_ms(),
             counts: counts.clone(),
             timings_ms: timings.clone(),
-            plugins: stages.refs.clone(),
+            plugins: p.stages.refs.clone(),
             data_loss: gaps.clone(),
             note: None,
         };
-        cp.commit(&commit)?;
-        last_commit_ms = Some(commit.committed_at_ms);
+        p.cp.commit(&commit)?;
+        p.last_commit_ms = Some(commit.committed_at_ms);
         timings.commit = ms(commit_started.elapsed());
-        planner.committed(&entry);
-        source.commit_group(&ends(&entry.ranges));
+        p.planner.committed(&entry);
+        p.source.commit_group(&ends(&entry.ranges));
 
+        // Report.
         summary.batches += 1;
         summary.last_batch = Some(entry.batch_id);
         if rerun {
@@ -515,13 +251,13 @@ pub fn run_with(
         }
         summary
             .plugins_per_batch
-            .push((entry.batch_id, stages.refs.clone()));
+            .push((entry.batch_id, p.stages.refs.clone()));
         add_counts(&mut summary.counts, &counts);
-        let lag = planner.lag();
-        metrics.batch(&counts, &timings, rerun, &lag);
+        let lag = p.planner.lag();
+        p.metrics.batch(&counts, &timings, rerun, &lag);
         let event = Progress::new(
             &entry,
-            epoch,
+            p.epoch,
             rerun,
             &counts,
             &timings,
@@ -530,20 +266,20 @@ pub fn run_with(
             &gaps,
         );
         event.emit(cfg.progress);
-        if let Ok(mut s) = status.lock() {
+        if let Ok(mut s) = p.status.lock() {
             s.current_batch = None;
             s.last_committed = Some(entry.batch_id);
             s.last_progress = serde_json::to_value(&event).ok();
         }
 
-        if cfg.until_caught_up && planner.caught_up() {
+        if cfg.until_caught_up && p.planner.caught_up() {
             tracing::info!("caught up with the data available at start");
             break;
         }
         if !full {
             sleep_unless(
                 &stop,
-                &wake,
+                &p.wake,
                 cfg.trigger_interval.saturating_sub(batch_started.elapsed()),
             );
         }
@@ -551,28 +287,12 @@ pub fn run_with(
     Ok(summary)
 }
 
-/// Tell the old owner when our first write-ahead happens (now: planning
-/// just finished) and log the gap from its last commit.
-fn report_takeover(
-    mut client: crate::control::Client,
-    note: &serde_json::Value,
-    epoch: u64,
-    summary: &mut RunSummary,
-) {
-    let first = now_ms();
-    let from = note["last_commit_ms"]
-        .as_i64()
-        .or(note["released_at_ms"].as_i64())
-        .unwrap_or(first);
-    tracing::info!(
-        old_epoch = note["epoch"].as_u64().unwrap_or_default(),
-        "took over: gap from the old owner's last commit to our first write-ahead: {} ms",
-        first - from
-    );
-    summary.takeover_gap_ms = Some(first - from);
-    let _ = client.send(
-        &serde_json::json!({"op": "took-over", "first_write_ahead_ms": first, "epoch": epoch}),
-    );
+/// After a takeover, at our first write-ahead (planning just finished):
+/// tell the old owner and record the gap.
+fn report_takeover(p: &mut startup::Pipeline, summary: &mut RunSummary) {
+    if let Some(t) = p.takeover.take() {
+        summary.takeover_gap_ms = Some(t.report(p.epoch));
+    }
 }
 
 /// Positions after a batch: the end of each range.

@@ -3,12 +3,13 @@
 //! installing a swapped-in plugin between two batches.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
 use crate::capability::sql::SqlGrant;
-use crate::checkpoint::{Checkpoint, PluginRef, StageKind};
+use crate::checkpoint::{Checkpoint, CheckpointError, PluginRef, StageKind};
 use crate::plugin::{Instance, Plugin, PluginError, Runtime};
 
 use super::{EngineError, PipelineConfig};
@@ -22,12 +23,18 @@ pub(super) struct Stages {
     pub(super) files: BTreeMap<String, String>,
 }
 
+/// Reads a stored component by digest: where it was read from (for
+/// messages) and its bytes.
+pub(super) type ReadStored<'a> = &'a dyn Fn(&str) -> Result<(PathBuf, Vec<u8>), CheckpointError>;
+
 /// Read and compile the pipeline's plugins: the `--plugin` files, or the
-/// components the checkpoint recorded (from its content-addressed store).
+/// components the checkpoint recorded, read by `stored` (digest → file
+/// name for messages and bytes) from its content-addressed store.
 pub(super) fn load_plugins(
     cfg: &PipelineConfig,
     runtime: &Runtime,
     recorded: &[PluginRef],
+    stored: ReadStored<'_>,
 ) -> Result<Vec<(Plugin, Vec<u8>)>, EngineError> {
     let config = Arc::new(cfg.plugin_config.clone());
     let mut loaded = Vec::new();
@@ -44,7 +51,7 @@ pub(super) fn load_plugins(
                 continue;
             }
             seen.push(&r.digest);
-            let (path, bytes) = crate::checkpoint::read_stored_plugin(&cfg.checkpoint, &r.digest)?;
+            let (path, bytes) = stored(&r.digest)?;
             let plugin = runtime
                 .load_bytes(&path, &bytes, config.clone())
                 .map_err(EngineError::PluginLoad)?;
@@ -161,7 +168,7 @@ pub(super) fn config_digest(cfg: &PipelineConfig) -> String {
 /// Replace stage(s) with a validated plugin (at a batch boundary).
 pub(super) fn install_swap(
     stages: &mut Stages,
-    cp: &Checkpoint,
+    cp: &dyn Checkpoint,
     sql: Option<&SqlGrant>,
     plugin: Plugin,
     bytes: &[u8],

@@ -1,0 +1,274 @@
+//! Startup: everything between `host run` and the first plan. Checks what
+//! the user gave (plugins, sink database, topics) before touching the
+//! checkpoint, asks a running owner to hand over (`--takeover`), opens and
+//! claims the checkpoint, and assembles the running [`Pipeline`]: stages,
+//! Kafka reader, sink driver, metrics and the control socket.
+//!
+//! Order matters for what a failure leaves behind: a mistyped plugin path,
+//! an unreachable database or a missing topic fails before a new
+//! checkpoint exists (so the corrected command is not refused by it), and
+//! with `--takeover` everything is compiled and the fingerprint checked
+//! before the owner is asked to stop.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::mpsc::Receiver;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::capability::sql::{self, SqlGrant};
+use crate::checkpoint::{
+    self, Checkpoint, DirCheckpoint, OffsetsEntry, OpenOptions, PluginRef, Recovery,
+};
+use crate::control::handover::{self, Takeover};
+use crate::control::{ControlServer, LiveStatus, Request, ServerContext};
+use crate::metrics::{Metrics, MetricsServer};
+use crate::plugin::{Plugin, Runtime};
+use crate::sink::SinkDriver;
+use crate::source::KafkaSource;
+use crate::util::now_ms;
+
+use super::plan::Planner;
+use super::stages::{Stages, assemble, config_digest, load_plugins};
+use super::{Acquire, EngineError, ErrorPolicy, PipelineConfig};
+
+/// A started pipeline: the claimed checkpoint and everything a batch
+/// needs. Dropping it releases the checkpoint and removes the control
+/// socket.
+pub(super) struct Pipeline {
+    pub(super) cp: Box<dyn Checkpoint>,
+    pub(super) epoch: u64,
+    pub(super) query_id: String,
+    pub(super) stages: Stages,
+    pub(super) sql: Option<SqlGrant>,
+    pub(super) source: KafkaSource,
+    pub(super) driver: SinkDriver,
+    pub(super) planner: Planner,
+    /// A batch planned but not committed by an earlier run: run it first.
+    pub(super) pending_rerun: Option<OffsetsEntry>,
+    /// With `--takeover`: the old owner, to tell when we first wrote.
+    pub(super) takeover: Option<Takeover>,
+    /// Written into every write-ahead entry.
+    pub(super) config_digest: String,
+    /// The sink database, redacted (see [`sql::sink_identity`]).
+    pub(super) sink_identity: Option<String>,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) _metrics_server: Option<MetricsServer>,
+    pub(super) status: Arc<Mutex<LiveStatus>>,
+    pub(super) requests: Receiver<Request>,
+    /// Set by the control socket when a request is queued.
+    pub(super) wake: Arc<AtomicBool>,
+    pub(super) control: Option<ControlServer>,
+    /// When this run last committed, ms since the Unix epoch.
+    pub(super) last_commit_ms: Option<i64>,
+}
+
+/// The plugins a checkpoint directory records for resuming, read without
+/// opening it (its owner may hold the lock).
+fn recorded_plugins(cfg: &PipelineConfig) -> Vec<PluginRef> {
+    checkpoint::status(&cfg.checkpoint)
+        .ok()
+        .map(|s| {
+            s.last_committed
+                .map(|c| c.plugins)
+                .filter(|p| !p.is_empty())
+                .or(s.last_planned.map(|o| o.plugins))
+                .unwrap_or_default()
+        })
+        .unwrap_or_default()
+}
+
+fn sink_db_error(url: &str) -> impl FnOnce(sql::DbError) -> EngineError + '_ {
+    move |error| EngineError::SinkDb {
+        url: sql::redact(url),
+        error,
+    }
+}
+
+/// Check the configuration, claim the checkpoint and assemble the
+/// pipeline.
+///
+/// # Errors
+/// [`EngineError::Config`] for flags that do not fit together,
+/// [`EngineError::PluginLoad`], [`EngineError::SinkDb`],
+/// [`EngineError::Source`] (a missing topic), [`EngineError::Takeover`],
+/// [`EngineError::Checkpoint`] (owned, corrupt, fingerprint).
+pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, EngineError> {
+    if cfg.topics.is_empty() {
+        return Err(EngineError::Config("no topics: pass --topic NAME".into()));
+    }
+    if cfg.on_error == ErrorPolicy::Dlq && cfg.sink_db.is_none() {
+        return Err(EngineError::Config(
+            "--on-error dlq stores dead letters in the sink database: pass --sink-db sqlite:PATH or postgres://…".into(),
+        ));
+    }
+    let runtime = Arc::new(Runtime::new(cfg.limits).map_err(EngineError::Config)?);
+    let read_stored = |digest: &str| checkpoint::read_stored_plugin(&cfg.checkpoint, digest);
+
+    // With --takeover, compile everything first, then ask the owner.
+    let mut takeover = None;
+    let mut preloaded = None;
+    let mut wait = cfg.wait;
+    if let Acquire::Takeover(timeout) = acquire {
+        preloaded = Some(load_plugins(
+            cfg,
+            &runtime,
+            &recorded_plugins(cfg),
+            &read_stored,
+        )?);
+        // A pipeline the checkpoint would refuse must not make the owner
+        // hand over and exit first.
+        if !cfg.allow_fingerprint_change {
+            checkpoint::check_fingerprint(&cfg.checkpoint, &cfg.topics)?;
+        }
+        takeover = handover::request(&cfg.checkpoint, timeout)
+            .map_err(|e| EngineError::Takeover(e.to_string()))?;
+        // The old owner released the lock before answering; allow for a
+        // forked child still holding the descriptor for a moment.
+        wait = Some(wait.unwrap_or(Duration::ZERO).max(Duration::from_secs(10)));
+    }
+
+    // Validate what the user gave before creating or touching the
+    // checkpoint: explicit plugins and the sink database.
+    if preloaded.is_none() && !cfg.plugins.is_empty() {
+        preloaded = Some(load_plugins(cfg, &runtime, &[], &read_stored)?);
+    }
+    let sql = match &cfg.sink_db {
+        Some(url) => Some(SqlGrant::connect(url).map_err(sink_db_error(url))?),
+        None => None,
+    };
+    let sink_identity = match cfg.sink_db.as_deref() {
+        Some(url) => Some(
+            sql::sink_identity(url)
+                .map_err(|e| EngineError::Config(format!("--sink-db {}: {e}", sql::redact(url))))?,
+        ),
+        None => None,
+    };
+
+    // A new checkpoint records the topics in its fingerprint: check they
+    // exist first, so a mistyped topic leaves no checkpoint behind that a
+    // corrected command would then refuse.
+    if !checkpoint::exists(&cfg.checkpoint) {
+        let probe = KafkaSource::new(
+            &cfg.brokers,
+            &cfg.kafka,
+            "sluice-topic-check",
+            false,
+            cfg.kafka_timeout,
+        )?;
+        for topic in &cfg.topics {
+            probe.partitions(topic)?;
+        }
+    }
+
+    let cp: Box<dyn Checkpoint> = Box::new(DirCheckpoint::open(
+        &cfg.checkpoint,
+        &OpenOptions {
+            topics: cfg.topics.clone(),
+            allow_fingerprint_change: cfg.allow_fingerprint_change,
+            wait,
+            retention: cfg.retention,
+            create: true,
+        },
+    )?);
+    let epoch = cp.epoch();
+    let query_id = cp.query_id().to_string();
+    tracing::info!(checkpoint = %cp.location(), epoch, query_id, "checkpoint opened");
+
+    let driver = SinkDriver::new(sql.clone())
+        .map_err(sink_db_error(cfg.sink_db.as_deref().unwrap_or_default()))?;
+    let (recorded, pending_rerun) = match cp.recovery() {
+        Recovery::Resume { plugins, .. } => (plugins.clone(), None),
+        Recovery::Rerun { entry } => (entry.plugins.clone(), Some(entry.clone())),
+    };
+    // Plugins preloaded before a takeover must still be the ones to use:
+    // the old owner may have swapped one in meanwhile.
+    let preloaded_ok = |l: &[(Plugin, Vec<u8>)]| {
+        !l.is_empty()
+            && (!cfg.plugins.is_empty()
+                || recorded
+                    .iter()
+                    .all(|r| l.iter().any(|(p, _)| p.digest() == r.digest)))
+    };
+    let loaded = match preloaded {
+        Some(l) if preloaded_ok(&l) => l,
+        _ => load_plugins(cfg, &runtime, &recorded, &|d: &str| cp.load_plugin(d))?,
+    };
+    for (_, bytes) in &loaded {
+        cp.store_plugin(bytes)?;
+    }
+    let stages = assemble(cfg, &loaded, &recorded, sql.as_ref())?;
+    drop(loaded);
+
+    let group = cfg
+        .group_id
+        .clone()
+        .unwrap_or_else(|| format!("sluice-{query_id}"));
+    let source = KafkaSource::new(
+        &cfg.brokers,
+        &cfg.kafka,
+        &group,
+        cfg.group_id.is_some(),
+        cfg.kafka_timeout,
+    )?;
+    let metrics = Arc::new(Metrics::new());
+    metrics.set_epoch(epoch);
+    let metrics_server = match cfg.metrics_addr {
+        Some(addr) => {
+            Some(MetricsServer::start(addr, metrics.clone()).map_err(EngineError::Config)?)
+        }
+        None => None,
+    };
+
+    // The control socket: status, handover, swap.
+    let status = Arc::new(Mutex::new(LiveStatus {
+        pid: std::process::id(),
+        hostname: crate::util::hostname(),
+        epoch,
+        since_ms: now_ms(),
+        query_id: query_id.clone(),
+        last_committed: cp.last_committed(),
+        plugins: stages.refs.clone(),
+        ..LiveStatus::default()
+    }));
+    let (tx, requests) = std::sync::mpsc::channel();
+    let wake = Arc::new(AtomicBool::new(false));
+    let control = ControlServer::start(
+        &cfg.checkpoint,
+        ServerContext {
+            runtime: runtime.clone(),
+            config: Arc::new(cfg.plugin_config.clone()),
+            status: status.clone(),
+            requests: tx,
+            wake: wake.clone(),
+        },
+    )
+    .map_err(|e| {
+        EngineError::Config(format!(
+            "control socket in {}: {e}",
+            cfg.checkpoint.display()
+        ))
+    })?;
+
+    let planner = Planner::new(cp.recovery(), cp.topic_identities());
+    Ok(Pipeline {
+        cp,
+        epoch,
+        query_id,
+        stages,
+        sql,
+        source,
+        driver,
+        planner,
+        pending_rerun,
+        takeover,
+        config_digest: config_digest(cfg),
+        sink_identity,
+        metrics,
+        _metrics_server: metrics_server,
+        status,
+        requests,
+        wake,
+        control: Some(control),
+        last_commit_ms: None,
+    })
+}
