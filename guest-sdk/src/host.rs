@@ -4,7 +4,7 @@
 
 use std::sync::OnceLock;
 
-use crate::sql::{Rows, SqlError, Value};
+use crate::sql::types::{Rows, SqlError, Value, not_granted};
 
 /// Log severity, as in the WIT `log.level` enum.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -34,12 +34,12 @@ pub trait HostApi: Send + Sync {
     /// Run one statement.
     fn sql_execute(&self, statement: &str, params: &[Value]) -> Result<u64, SqlError> {
         let _ = (statement, params);
-        Err(crate::sql::not_granted())
+        Err(not_granted())
     }
     /// Run one query.
     fn sql_query(&self, statement: &str, params: &[Value]) -> Result<Rows, SqlError> {
         let _ = (statement, params);
-        Err(crate::sql::not_granted())
+        Err(not_granted())
     }
 }
 

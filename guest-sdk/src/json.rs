@@ -1,10 +1,36 @@
-//! Read JSON without number round-trips.
+//! Read and write JSON without number round-trips.
 //!
 //! CDC payloads carry decimals such as `999999999999.999998` and MySQL zero
 //! dates such as `"0000-00-00 00:00:00"`. Parsing them into `f64` or a date
 //! type and printing them again changes them. [`Object`] keeps every field
 //! value as the exact source text ([`RawValue`]), so a plugin can copy
 //! values into its output byte for byte and only decode what it inspects.
+//!
+//! With serde: [`from_slice`] reads into a borrowed `#[derive(Deserialize)]`
+//! struct (fields typed `&RawValue` keep their text), [`write`] writes a
+//! borrowed `#[derive(Serialize)]` struct (a `&RawValue` field is written
+//! as it came, an [`Object`] as its fields in order):
+//!
+//! ```
+//! use serde::{Deserialize, Serialize};
+//! use sluice_guest::json::{self, RawValue};
+//!
+//! #[derive(Deserialize)]
+//! struct Event<'a> {
+//!     table: &'a str,
+//!     #[serde(borrow)]
+//!     data: &'a RawValue,
+//! }
+//! #[derive(Serialize)]
+//! struct Change<'a> {
+//!     op: &'a str,
+//!     data: &'a RawValue,
+//! }
+//! let e: Event<'_> = json::from_slice(br#"{"table":"t","data":{"v":1.10}}"#).unwrap();
+//! let mut out = Vec::new();
+//! json::write(&mut out, &Change { op: "upsert", data: e.data });
+//! assert_eq!(out, br#"{"op":"upsert","data":{"v":1.10}}"#);
+//! ```
 //!
 //! ```
 //! use sluice_guest::json::Object;
@@ -20,7 +46,48 @@ use std::borrow::Cow;
 use std::fmt;
 
 use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::ser::{Serialize, SerializeMap, Serializer};
 pub use serde_json::value::RawValue;
+
+/// Parse `bytes` as JSON into `T`, borrowing from them (`&str` fields
+/// need the text to be free of escapes; use `Cow<str>` where it may not
+/// be). `?` turns the error into a bad record ([`crate::Error`]'s
+/// `From<serde_json::Error>`).
+///
+/// # Errors
+/// serde_json's error, with line and column: syntax (not JSON, invalid
+/// UTF-8) or data (valid JSON that does not fit `T`).
+pub fn from_slice<'a, T: de::Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, serde_json::Error> {
+    // Validate UTF-8 once; parsing from `&str` then skips serde_json's
+    // per-string re-validation (see `Object::parse`). Invalid UTF-8 goes
+    // the slow way, for serde_json's own message and position.
+    match std::str::from_utf8(bytes) {
+        Ok(text) => serde_json::from_str(text),
+        Err(_) => serde_json::from_slice(bytes),
+    }
+}
+
+/// What kind of JSON value `raw` is, for messages: `an object`, `an
+/// array`, `a string`, `a number`, `a boolean` or `null`.
+pub fn kind(raw: &RawValue) -> &'static str {
+    match raw.get().as_bytes().first() {
+        Some(b'{') => "an object",
+        Some(b'[') => "an array",
+        Some(b'"') => "a string",
+        Some(b't' | b'f') => "a boolean",
+        Some(b'n') => "null",
+        _ => "a number",
+    }
+}
+
+/// Append `value` as compact JSON (`&RawValue` fields byte for byte).
+pub fn write<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) {
+    // Writing into a Vec fails only for a `Serialize` impl that fails on
+    // its own (a map with non-string keys); derived structs never do.
+    if let Err(e) = serde_json::to_writer(&mut *out, value) {
+        debug_assert!(false, "json::write: {e}");
+    }
+}
 
 /// A JSON object whose values are kept as raw source text, in source order.
 #[derive(Debug)]
@@ -70,7 +137,30 @@ impl<'de> de::Deserialize<'de> for Object<'de> {
     }
 }
 
+impl Serialize for Object<'_> {
+    /// The fields in order, each value as its source text.
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(self.fields.len()))?;
+        for (k, v) in &self.fields {
+            map.serialize_entry(k.as_ref(), v)?;
+        }
+        map.end()
+    }
+}
+
 impl<'a> Object<'a> {
+    /// An empty object, to build with [`Object::push`] (and write with
+    /// [`write`]).
+    pub fn new() -> Self {
+        Object { fields: Vec::new() }
+    }
+
+    /// Append a field (a repeated key is written twice; [`Object::get`]
+    /// finds the last).
+    pub fn push(&mut self, key: impl Into<Cow<'a, str>>, value: &'a RawValue) {
+        self.fields.push((key.into(), value));
+    }
+
     /// Parse `bytes` as one JSON object.
     ///
     /// # Errors
@@ -187,9 +277,49 @@ pub fn write_str(out: &mut Vec<u8>, s: &str) {
     }
 }
 
+impl Default for Object<'_> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn objects_write_back_their_exact_text_in_order() {
+        let o = Object::parse(br#"{"z":1.10,"a":"0000-00-00","n":null}"#).unwrap();
+        let mut built = Object::new();
+        for (k, v) in o.iter().filter(|(k, _)| *k != "n") {
+            built.push(k.to_string(), v);
+        }
+        let mut out = Vec::new();
+        write(&mut out, &built);
+        assert_eq!(out, br#"{"z":1.10,"a":"0000-00-00"}"#);
+        assert!(
+            from_slice::<Vec<String>>(b"[\"\xff\"]")
+                .unwrap_err()
+                .is_syntax()
+        );
+        assert!(from_slice::<Vec<String>>(b"[1]").unwrap_err().is_data());
+        let kinds: Vec<&str> = Object::parse(br#"{"a":{},"b":[],"c":"","d":true,"e":null,"f":-1}"#)
+            .unwrap()
+            .iter()
+            .map(|(_, v)| kind(v))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                "an object",
+                "an array",
+                "a string",
+                "a boolean",
+                "null",
+                "a number"
+            ]
+        );
+    }
 
     #[test]
     fn values_keep_their_exact_text() {

@@ -5,31 +5,82 @@
 //! `sluice:plugin@0.2.0`). With this SDK an author implements [`Mapper`]
 //! and/or [`Sink`] on an ordinary type and adds one [`export!`] line; the
 //! SDK generates the bindings, decodes the packed batches, and turns
-//! [`Error`]s into the contract's `stage-error`.
+//! [`Error`]s into the contract's `stage-error`. [`Config::parse`] reads
+//! `--config` into a settings struct, [`json`] reads and writes borrowed
+//! serde structs keeping values' exact text, [`sql::identifier`] checks a
+//! table name, and [`Sink::init`] prepares the destination once per
+//! instance.
 //!
 //! ```
+//! // `keep`: keeps the JSON events of one table and re-emits their `data`.
+//!
+//! use serde::{Deserialize, Serialize};
+//! use sluice_guest::json::{self, RawValue};
 //! use sluice_guest::{Config, Emit, Error, Mapper, Record};
 //!
-//! /// Upper-cases every value.
-//! pub struct Shout;
+//! /// `--config table=NAME` (default `orders`).
+//! #[derive(Deserialize)]
+//! struct Settings {
+//!     #[serde(default = "default_table")]
+//!     table: String,
+//! }
 //!
-//! impl Mapper for Shout {
-//!     fn new(_config: &Config) -> Result<Self, String> {
-//!         Ok(Shout)
+//! fn default_table() -> String {
+//!     "orders".into()
+//! }
+//!
+//! /// The input fields we read (the rest are skipped).
+//! #[derive(Deserialize)]
+//! struct Event<'a> {
+//!     table: String,
+//!     #[serde(borrow)]
+//!     data: &'a RawValue,
+//! }
+//!
+//! /// The output value: `data` is written back byte for byte.
+//! #[derive(Serialize)]
+//! struct Row<'a> {
+//!     table: &'a str,
+//!     data: &'a RawValue,
+//! }
+//!
+//! /// The map stage.
+//! pub struct Keep {
+//!     settings: Settings,
+//!     out: Vec<u8>,
+//! }
+//!
+//! impl Mapper for Keep {
+//!     fn new(config: &Config) -> Result<Self, Error> {
+//!         Ok(Keep { settings: config.parse()?, out: Vec::new() })
 //!     }
+//!
 //!     fn map(&mut self, record: &Record<'_>, out: &mut Emit<'_>) -> Result<(), Error> {
 //!         let value = record.value.ok_or_else(|| Error::bad_record("tombstone"))?;
-//!         out.emit(record.key, Some(&value.to_ascii_uppercase()));
+//!         let event: Event<'_> = json::from_slice(value)?; // not JSON: a bad record
+//!         if event.table != self.settings.table {
+//!             return Ok(()); // no output: counted as filtered
+//!         }
+//!         self.out.clear();
+//!         json::write(&mut self.out, &Row { table: &event.table, data: event.data });
+//!         out.emit(record.key, Some(&self.out));
 //!         Ok(())
 //!     }
 //! }
 //!
 //! // In the plugin crate (built for wasm32-wasip2):
-//! // sluice_guest::export!(map: Shout);
+//! // sluice_guest::export!(map: Keep);
 //!
 //! // The same logic runs natively in unit tests:
-//! let outputs = sluice_guest::testing::map_values::<Shout>(&Config::default(), &[b"hi"]).unwrap();
-//! assert_eq!(outputs.outputs[0].value.as_deref(), Some(&b"HI"[..]));
+//! let m = sluice_guest::testing::map_values::<Keep>(
+//!     &Config::default(),
+//!     &[br#"{"table":"orders","data":{"price":999999999999.999998}}"#, br#"{"table":"users","data":{}}"#],
+//! ).unwrap();
+//! assert_eq!(m.outputs.len(), 1);
+//! assert_eq!(
+//!     m.outputs[0].value.as_deref(),
+//!     Some(&br#"{"table":"orders","data":{"price":999999999999.999998}}"#[..])
+//! );
 //! ```
 //!
 //! Layout: [`wire`] is the packed batch encoding (shared with the host),
@@ -91,6 +142,35 @@ impl Config {
     pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
         self.pairs.iter().map(|(k, v)| (k.as_str(), v.as_str()))
     }
+
+    /// The pairs as a typed settings struct: each field is read from the
+    /// key of its name (lower case), numbers and booleans are parsed from
+    /// the text, `Option` fields may be absent, `Vec` fields are
+    /// comma-separated, and `#[serde(default = …)]` gives defaults. Keys
+    /// the struct does not name are ignored (map and sink stages share the
+    /// pipeline's `--config`). Uses the `envy` crate's deserializer.
+    ///
+    /// ```
+    /// #[derive(serde::Deserialize)]
+    /// struct Settings {
+    ///     #[serde(default = "default_table")]
+    ///     table: String,
+    ///     batch_rows: Option<u32>,
+    /// }
+    /// fn default_table() -> String {
+    ///     "company".into()
+    /// }
+    /// let s: Settings = sluice_guest::Config::from_pairs([("batch_rows", "500")]).parse().unwrap();
+    /// assert_eq!((s.table.as_str(), s.batch_rows), ("company", Some(500)));
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Fatal`] naming the key that is missing or does not parse,
+    /// so the stage's `new` can return it as it is.
+    pub fn parse<T: serde::de::DeserializeOwned>(&self) -> Result<T, Error> {
+        envy::from_iter(self.pairs.clone())
+            .map_err(|e| Error::fatal(format!("configuration (--config key=value): {e}")))
+    }
 }
 
 /// Why a stage could not process a record (or the batch).
@@ -133,6 +213,18 @@ impl fmt::Display for Error {
 }
 
 impl std::error::Error for Error {}
+
+impl From<serde_json::Error> for Error {
+    /// A record that is not JSON (`not JSON: …`) or whose JSON does not
+    /// fit the expected shape (`unexpected JSON: …`) is a bad record.
+    fn from(e: serde_json::Error) -> Self {
+        if e.is_data() {
+            Error::BadRecord(format!("unexpected JSON: {e}"))
+        } else {
+            Error::BadRecord(format!("not JSON: {e}"))
+        }
+    }
+}
 
 /// Collects the outputs of one input record.
 ///
@@ -177,9 +269,10 @@ impl Emit<'_> {
 /// host may replace the instance at any time (after a trap or a swap), so
 /// state kept in it must be a cache, never a source of truth.
 pub trait Mapper: Sized + 'static {
-    /// Build the stage from its configuration. An error here is fatal for
-    /// the batch and names the plugin.
-    fn new(config: &Config) -> Result<Self, String>;
+    /// Build the stage from its configuration. An error here stops the
+    /// batch (a [`Error::Retryable`] one is tried again) and names the
+    /// plugin.
+    fn new(config: &Config) -> Result<Self, Error>;
 
     /// Map one record into zero or more outputs. Returning
     /// [`Error::BadRecord`] drops whatever this record emitted so far.
@@ -220,8 +313,17 @@ pub enum OpenAnswer {
 /// A sink stage: applies records to an external system, once per
 /// idempotency key.
 pub trait Sink: Sized + 'static {
-    /// Build the stage from its configuration.
-    fn new(config: &Config) -> Result<Self, String>;
+    /// Build the stage from its configuration (as [`Mapper::new`]).
+    fn new(config: &Config) -> Result<Self, Error>;
+
+    /// Prepare the destination, once per instance, before its first
+    /// `open` and inside that range's transaction: create tables
+    /// (`CREATE TABLE IF NOT EXISTS …`), prepare lookups. The host starts
+    /// a fresh instance after any failed range, so a rolled-back `init`
+    /// runs again. The default does nothing.
+    fn init(&mut self) -> Result<(), Error> {
+        Ok(())
+    }
 
     /// Begin one partition's range of a batch, or a consecutive part of it
     /// (one batch may open a partition several times; part bounds are not
@@ -253,7 +355,57 @@ pub trait Sink: Sized + 'static {
 #[doc(hidden)]
 pub mod __private {
     pub use crate::host::{HostApi, LogLevel, set_host};
-    pub use crate::run::{Slot, map_packed, sink_close, sink_open, sink_write_packed};
+    pub use crate::run::{Initialised, Slot, map_packed, sink_close, sink_open, sink_write_packed};
     #[cfg(feature = "bindings")]
     pub use wit_bindgen;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, serde::Deserialize)]
+    struct Settings {
+        rows: u32,
+        #[serde(default)]
+        strict: bool,
+    }
+
+    #[test]
+    fn config_parse_names_the_key_that_is_missing_or_malformed() {
+        let s: Settings = Config::from_pairs([("rows", "5"), ("strict", "true"), ("other", "x")])
+            .parse()
+            .unwrap();
+        assert_eq!((s.rows, s.strict), (5, true));
+        let missing = Config::default().parse::<Settings>().unwrap_err();
+        assert!(
+            matches!(&missing, Error::Fatal(m) if m.contains("rows")),
+            "{missing}"
+        );
+        let bad = Config::from_pairs([("rows", "many")])
+            .parse::<Settings>()
+            .unwrap_err();
+        assert!(
+            matches!(&bad, Error::Fatal(m) if m.contains("many")),
+            "{bad}"
+        );
+    }
+
+    #[test]
+    fn sql_identifiers_are_plain_names_only() {
+        assert_eq!(sql::identifier("companies_2").unwrap(), "companies_2");
+        for bad in ["", "2x", "a-b", "a b", "t; DROP TABLE x", &"x".repeat(64)] {
+            assert!(sql::identifier(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn json_errors_are_bad_records() {
+        let syntax = json::from_slice::<Vec<u8>>(b"[1,").unwrap_err();
+        assert!(matches!(Error::from(syntax), Error::BadRecord(m) if m.starts_with("not JSON")));
+        let data = json::from_slice::<Vec<u8>>(b"{}").unwrap_err();
+        assert!(
+            matches!(Error::from(data), Error::BadRecord(m) if m.starts_with("unexpected JSON"))
+        );
+    }
 }

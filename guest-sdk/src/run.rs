@@ -33,7 +33,7 @@ pub struct MapOutcome {
 }
 
 /// Holds a stage's per-instance value, created on first use from the
-/// host's config.
+/// host's config (and, for a sink, initialised before its first `open`).
 pub struct Slot<T>(Mutex<Option<T>>);
 
 impl<T> Default for Slot<T> {
@@ -50,19 +50,40 @@ impl<T> Slot<T> {
 
     fn with<R>(
         &self,
-        init: impl FnOnce(&Config) -> Result<T, String>,
+        init: impl FnOnce(&Config) -> Result<T, Error>,
         f: impl FnOnce(&mut T) -> Result<R, StageError>,
     ) -> Result<R, StageError> {
         let mut guard = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if guard.is_none() {
             let config = Config::from_pairs(host().config_all());
-            let value = init(&config).map_err(|e| StageError::Fatal(format!("stage init: {e}")))?;
+            let value = init(&config).map_err(init_error)?;
             *guard = Some(value);
         }
         match guard.as_mut() {
             Some(v) => f(v),
             None => Err(StageError::Fatal("stage not initialised".into())),
         }
+    }
+}
+
+/// A failing `new` or `init` stops the call; only a retryable one is
+/// tried again.
+fn init_error(e: Error) -> StageError {
+    match e {
+        Error::Retryable(m) => StageError::Retryable(format!("stage init: {m}")),
+        Error::BadRecord(m) | Error::Fatal(m) => StageError::Fatal(format!("stage init: {m}")),
+    }
+}
+
+/// A sink and whether its [`Sink::init`] ran.
+pub struct Initialised<S> {
+    sink: S,
+    ready: bool,
+}
+
+impl<S: Sink> Initialised<S> {
+    fn new(config: &Config) -> Result<Self, Error> {
+        S::new(config).map(|sink| Initialised { sink, ready: false })
     }
 }
 
@@ -123,22 +144,31 @@ pub fn map_packed<M: Mapper>(slot: &Slot<M>, packed: &[u8]) -> Result<MapOutcome
 /// # Errors
 /// The sink's own error, or a failing init.
 pub fn sink_open<S: Sink>(
-    slot: &Slot<S>,
+    slot: &Slot<Initialised<S>>,
     ctx: &PartitionContext,
 ) -> Result<OpenAnswer, StageError> {
-    slot.with(S::new, |s| s.open(ctx).map_err(|e| stage_error(0, e)))
+    slot.with(Initialised::new, |s| {
+        if !s.ready {
+            s.sink.init().map_err(init_error)?;
+            s.ready = true;
+        }
+        s.sink.open(ctx).map_err(|e| stage_error(0, e))
+    })
 }
 
 /// Entry point of the generated `sink.write` export.
 ///
 /// # Errors
 /// The first error the sink returns, with the record's index in the chunk.
-pub fn sink_write_packed<S: Sink>(slot: &Slot<S>, packed: &[u8]) -> Result<(), StageError> {
+pub fn sink_write_packed<S: Sink>(
+    slot: &Slot<Initialised<S>>,
+    packed: &[u8],
+) -> Result<(), StageError> {
     let records =
         wire::decode_sink_records(packed).map_err(|e| StageError::Fatal(e.to_string()))?;
-    slot.with(S::new, |s| {
+    slot.with(Initialised::new, |s| {
         for (i, r) in records.iter().enumerate() {
-            s.write(r).map_err(|e| stage_error(i as u32, e))?;
+            s.sink.write(r).map_err(|e| stage_error(i as u32, e))?;
         }
         Ok(())
     })
@@ -148,6 +178,8 @@ pub fn sink_write_packed<S: Sink>(slot: &Slot<S>, packed: &[u8]) -> Result<(), S
 ///
 /// # Errors
 /// The sink's own error.
-pub fn sink_close<S: Sink>(slot: &Slot<S>) -> Result<(), StageError> {
-    slot.with(S::new, |s| s.close().map_err(|e| stage_error(0, e)))
+pub fn sink_close<S: Sink>(slot: &Slot<Initialised<S>>) -> Result<(), StageError> {
+    slot.with(Initialised::new, |s| {
+        s.sink.close().map_err(|e| stage_error(0, e))
+    })
 }

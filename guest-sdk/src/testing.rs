@@ -56,7 +56,7 @@ fn owned(outcome: MapOutcome) -> Result<Mapped, StageError> {
 /// # Errors
 /// The stage's init error (as [`StageError::Fatal`]) or a batch-level error.
 pub fn map<M: Mapper>(config: &Config, records: &[Record<'_>]) -> Result<Mapped, StageError> {
-    let mut m = M::new(config).map_err(StageError::Fatal)?;
+    let mut m = M::new(config).map_err(|e| StageError::Fatal(e.to_string()))?;
     // Round-trip through the packed encoding, exactly as in the component.
     let mut enc = wire::Encoder::default();
     for r in records {

@@ -182,7 +182,7 @@ fn expand(args: Args) -> syn::Result<proc_macro2::TokenStream> {
 
     let sink_impl = sink.map(|ty| {
         quote! {
-            static SINK: ::sluice_guest::__private::Slot<#ty> = ::sluice_guest::__private::Slot::new();
+            static SINK: ::sluice_guest::__private::Slot<::sluice_guest::__private::Initialised<#ty>> = ::sluice_guest::__private::Slot::new();
             impl exports::sluice::plugin::sink::Guest for Component {
                 fn open(
                     ctx: exports::sluice::plugin::sink::PartitionContext,

@@ -15,107 +15,31 @@
 //! # Ok(()) }
 //! ```
 
-use std::fmt;
+pub(crate) mod types;
 
 use crate::host::host;
 
-/// A parameter or column value.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Value {
-    /// SQL NULL.
-    Null,
-    /// A 64-bit integer.
-    Integer(i64),
-    /// A double.
-    Real(f64),
-    /// Text.
-    Text(String),
-    /// Bytes.
-    Blob(Vec<u8>),
-}
+pub use types::{Rows, SqlError, Value, not_granted};
 
-impl From<i64> for Value {
-    fn from(v: i64) -> Self {
-        Value::Integer(v)
-    }
-}
-
-impl From<i32> for Value {
-    fn from(v: i32) -> Self {
-        Value::Integer(i64::from(v))
-    }
-}
-
-impl From<f64> for Value {
-    fn from(v: f64) -> Self {
-        Value::Real(v)
-    }
-}
-
-impl From<&str> for Value {
-    fn from(v: &str) -> Self {
-        Value::Text(v.to_string())
-    }
-}
-
-impl From<String> for Value {
-    fn from(v: String) -> Self {
-        Value::Text(v)
-    }
-}
-
-impl From<&[u8]> for Value {
-    fn from(v: &[u8]) -> Self {
-        Value::Blob(v.to_vec())
-    }
-}
-
-impl<T: Into<Value>> From<Option<T>> for Value {
-    fn from(v: Option<T>) -> Self {
-        v.map_or(Value::Null, Into::into)
-    }
-}
-
-/// A database error: the database's message and code (SQLSTATE for
-/// PostgreSQL, the extended result code name for SQLite).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SqlError {
-    /// The database's message.
-    pub message: String,
-    /// SQLSTATE, SQLite code name, or `sluice` for host-side refusals.
-    pub code: String,
-}
-
-impl fmt::Display for SqlError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} ({})", self.message, self.code)
-    }
-}
-
-impl std::error::Error for SqlError {}
-
-impl From<SqlError> for crate::Error {
-    /// A SQL error is fatal for the range: the host rolls the transaction
-    /// back in any case.
-    fn from(e: SqlError) -> Self {
-        crate::Error::Fatal(format!("sql: {e}"))
-    }
-}
-
-/// Rows returned by [`query`].
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Rows {
-    /// Column names.
-    pub columns: Vec<String>,
-    /// Row values, one per column.
-    pub rows: Vec<Vec<Value>>,
-}
-
-/// The error returned where no SQL connection was granted.
-pub fn not_granted() -> SqlError {
-    SqlError {
-        message: "no sql capability granted (configure the pipeline with --sink-db)".into(),
-        code: "sluice".into(),
+/// Check that `name` is a plain SQL identifier (`[A-Za-z_][A-Za-z0-9_]*`,
+/// at most 63 bytes: PostgreSQL's `NAMEDATALEN` − 1), so it can be put
+/// into a statement unquoted on both dialects. Returns it.
+///
+/// # Errors
+/// A message naming the identifier and the rule, for a stage's `new`.
+pub fn identifier(name: &str) -> Result<&str, crate::Error> {
+    let mut chars = name.chars();
+    let plain = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && name.len() <= 63;
+    if plain {
+        Ok(name)
+    } else {
+        Err(crate::Error::fatal(format!(
+            "`{name}` is not a plain SQL identifier ([A-Za-z_][A-Za-z0-9_]*, at most 63 bytes)"
+        )))
     }
 }
 

@@ -31,27 +31,21 @@
 //! and its Kafka timestamp as `updated_at_ms`. `upsert` inserts or
 //! replaces, `delete` removes.
 
+use std::borrow::Cow;
+
+use serde::{Deserialize, Serialize};
 use sluice_guest::json::{self, Object, RawValue};
 use sluice_guest::sql::{self, Value};
 use sluice_guest::{Config, Emit, Error, Mapper, Record, Sink, SinkRecord};
 
 /// What a Maxwell `type` means for the `companies` table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Op {
     /// Insert or replace the row.
     Upsert,
     /// Remove the row.
     Delete,
-}
-
-impl Op {
-    /// The `op` field value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Op::Upsert => "upsert",
-            Op::Delete => "delete",
-        }
-    }
 }
 
 /// Classify a Maxwell event type: `Some(op)` for row changes, `None` for
@@ -64,19 +58,70 @@ pub fn classify(event_type: &str) -> Option<Op> {
     }
 }
 
+/// `--config` keys of both stages.
+#[derive(Debug, Deserialize)]
+struct Settings {
+    /// Source table to keep (`table`, default `company`).
+    #[serde(default = "default_table")]
+    table: String,
+    /// Source database to keep (`database`, default: any).
+    database: Option<String>,
+    /// Destination table (`sink_table`, default `companies`).
+    #[serde(default = "default_sink_table")]
+    sink_table: String,
+}
+
+fn default_table() -> String {
+    "company".into()
+}
+
+fn default_sink_table() -> String {
+    "companies".into()
+}
+
+/// The fields of a Maxwell event this plugin reads.
+#[derive(Deserialize)]
+struct Event<'a> {
+    #[serde(borrow)]
+    database: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    table: Option<Cow<'a, str>>,
+    #[serde(borrow, rename = "type")]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    data: Option<&'a RawValue>,
+    #[serde(borrow)]
+    ts: Option<&'a RawValue>,
+}
+
+/// The change record: the map stage's output value, the sink's input.
+#[derive(Serialize, Deserialize)]
+struct Change<'a> {
+    op: Op,
+    #[serde(borrow)]
+    database: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    table: Cow<'a, str>,
+    #[serde(borrow)]
+    pk: &'a RawValue,
+    #[serde(borrow)]
+    data: &'a RawValue,
+    #[serde(borrow, skip_serializing_if = "Option::is_none")]
+    ts: Option<&'a RawValue>,
+}
+
 /// The company map stage.
 pub struct Company {
-    table: String,
-    database: Option<String>,
+    settings: Settings,
     out: Vec<u8>,
     pk: Vec<u8>,
 }
 
 impl Mapper for Company {
-    fn new(config: &Config) -> Result<Self, String> {
+    fn new(config: &Config) -> Result<Self, Error> {
+        let settings = config.parse()?;
         Ok(Company {
-            table: config.get_or("table", "company").to_string(),
-            database: config.get("database").map(str::to_string),
+            settings,
             out: Vec::with_capacity(512),
             pk: Vec::with_capacity(64),
         })
@@ -86,205 +131,134 @@ impl Mapper for Company {
         let Some(value) = record.value else {
             return Ok(()); // Maxwell never writes tombstones: nothing to apply.
         };
-        let event =
-            Object::parse(value).map_err(|e| Error::bad_record(format!("not JSON: {e}")))?;
-        let table = event.get_str("table").map_err(Error::bad_record)?;
-        if table.as_deref() != Some(self.table.as_str()) {
+        let event: Event<'_> = json::from_slice(value)?;
+        let s = &self.settings;
+        let other_db = s
+            .database
+            .as_ref()
+            .is_some_and(|d| event.database.as_deref() != Some(d));
+        if event.table.as_deref() != Some(s.table.as_str()) || other_db {
             return Ok(());
         }
-        let database = event.get_str("database").map_err(Error::bad_record)?;
-        if let Some(want) = &self.database
-            && database.as_deref() != Some(want.as_str())
-        {
-            return Ok(());
-        }
-        let event_type = event
-            .get_str("type")
-            .map_err(Error::bad_record)?
+        let kind = event
+            .kind
             .ok_or_else(|| Error::bad_record("Maxwell event without `type`"))?;
-        let Some(op) = classify(&event_type) else {
+        let Some(op) = classify(&kind) else {
             return Ok(());
         };
         let data = event
-            .get("data")
-            .filter(|d| !json::is_null(d))
-            .ok_or_else(|| Error::bad_record(format!("`{event_type}` event without `data`")))?;
-        // `data` is valid JSON already (the event parsed); it is only parsed
-        // as an object when the key has no `pk.*` and `data.id` is needed.
-        if !data.get().starts_with('{') {
-            let kind = match data.get().as_bytes().first() {
-                Some(b'[') => "an array",
-                Some(b'"') => "a string",
-                Some(b't' | b'f') => "a boolean",
-                _ => "a number",
-            };
+            .data
+            .ok_or_else(|| Error::bad_record(format!("`{kind}` event without `data`")))?;
+        if json::kind(data) != "an object" {
             return Err(Error::bad_record(format!(
-                "`data` is {kind}, not an object"
+                "`data` is {}, not an object",
+                json::kind(data)
             )));
         }
-
         self.pk.clear();
-        primary_key(record.key, data, &mut self.pk)?;
-
-        let o = &mut self.out;
-        o.clear();
-        o.extend_from_slice(br#"{"op":""#);
-        o.extend_from_slice(op.as_str().as_bytes());
-        o.extend_from_slice(br#"","database":"#);
-        match &database {
-            Some(d) => json::write_str(o, d),
-            None => o.extend_from_slice(b"null"),
-        }
-        o.extend_from_slice(br#","table":"#);
-        json::write_str(o, &self.table);
-        o.extend_from_slice(br#","pk":"#);
-        o.extend_from_slice(&self.pk);
-        o.extend_from_slice(br#","data":"#);
-        o.extend_from_slice(data.get().as_bytes());
-        if let Some(ts) = event.get("ts") {
-            o.extend_from_slice(br#","ts":"#);
-            o.extend_from_slice(ts.get().as_bytes());
-        }
-        o.push(b'}');
+        json::write(&mut self.pk, &primary_key(record.key, data)?);
+        let pk = json::from_slice(&self.pk)?;
+        let table = Cow::Borrowed(s.table.as_str());
+        self.out.clear();
+        json::write(
+            &mut self.out,
+            &Change {
+                op,
+                database: event.database,
+                table,
+                pk,
+                data,
+                ts: event.ts,
+            },
+        );
         out.emit(Some(&self.pk), Some(&self.out));
         Ok(())
     }
 }
 
-/// Write the primary key object into `pk`: the Kafka key's `pk.*` fields
-/// (Maxwell's hash key format) with the prefix removed, else `{"id":…}`
-/// from the row (`data`, a JSON object). Values are copied byte for byte.
-fn primary_key(key: Option<&[u8]>, data: &RawValue, pk: &mut Vec<u8>) -> Result<(), Error> {
-    pk.push(b'{');
-    if let Some(key) = key
-        && let Ok(k) = Object::parse(key)
+/// The primary key: the Kafka key's `pk.*` fields (Maxwell's hash key
+/// format) without the prefix, else `{"id":…}` from the row (`data`, a JSON
+/// object, parsed only then). Values are kept byte for byte.
+fn primary_key<'a>(key: Option<&'a [u8]>, data: &'a RawValue) -> Result<Object<'a>, Error> {
+    let mut pk = Object::new();
+    for (name, value) in key
+        .and_then(|k| Object::parse(k).ok())
+        .iter()
+        .flat_map(Object::iter)
     {
-        for (name, value) in k.iter() {
-            if let Some(col) = name.strip_prefix("pk.") {
-                if pk.len() > 1 {
-                    pk.push(b',');
-                }
-                json::write_str(pk, col);
-                pk.push(b':');
-                pk.extend_from_slice(value.get().as_bytes());
-            }
+        if let Some(column) = name.strip_prefix("pk.") {
+            pk.push(column.to_string(), value);
         }
     }
-    if pk.len() == 1 {
+    if pk.is_empty() {
         let row = Object::from_raw(data)
             .map_err(|e| Error::bad_record(format!("`data` is not an object: {e}")))?;
-        let id = row.get("id").filter(|v| !json::is_null(v)).ok_or_else(|| {
-            Error::bad_record("no primary key: no `pk.*` in the key and no `data.id`")
-        })?;
-        pk.extend_from_slice(br#""id":"#);
-        pk.extend_from_slice(id.get().as_bytes());
+        let id = row.get("id").filter(|v| !json::is_null(v));
+        pk.push(
+            "id",
+            id.ok_or_else(|| {
+                Error::bad_record("no primary key: no `pk.*` in the key and no `data.id`")
+            })?,
+        );
     }
-    pk.push(b'}');
-    Ok(())
+    Ok(pk)
 }
 
 /// The company sink stage: applies change records to a SQL table.
 pub struct CompanySink {
-    table: String,
     create: String,
     upsert: String,
     delete: String,
 }
 
-fn valid_identifier(s: &str) -> bool {
-    let mut chars = s.chars();
-    chars
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-        && s.len() <= 63
-}
-
 impl Sink for CompanySink {
-    fn new(config: &Config) -> Result<Self, String> {
-        let table = config.get_or("sink_table", "companies").to_string();
-        if !valid_identifier(&table) {
-            return Err(format!(
-                "sink_table `{table}` is not a plain SQL identifier ([A-Za-z_][A-Za-z0-9_]*)"
-            ));
-        }
+    fn new(config: &Config) -> Result<Self, Error> {
+        let settings: Settings = config.parse()?;
+        let table = sql::identifier(&settings.sink_table)?;
         Ok(CompanySink {
             create: format!(
-                "CREATE TABLE IF NOT EXISTS {table} (\
-                 pk TEXT PRIMARY KEY, \
-                 row_json TEXT NOT NULL, \
-                 idempotency_key TEXT NOT NULL, \
-                 source_topic TEXT NOT NULL, \
-                 source_partition INTEGER NOT NULL, \
-                 source_offset BIGINT NOT NULL, \
-                 updated_at_ms BIGINT NOT NULL)"
+                "CREATE TABLE IF NOT EXISTS {table} (pk TEXT PRIMARY KEY, row_json TEXT NOT NULL, \
+                 idempotency_key TEXT NOT NULL, source_topic TEXT NOT NULL, \
+                 source_partition INTEGER NOT NULL, source_offset BIGINT NOT NULL, updated_at_ms BIGINT NOT NULL)"
             ),
             upsert: format!(
                 "INSERT INTO {table} (pk, row_json, idempotency_key, source_topic, source_partition, source_offset, updated_at_ms) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7) \
-                 ON CONFLICT (pk) DO UPDATE SET row_json = excluded.row_json, \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (pk) DO UPDATE SET row_json = excluded.row_json, \
                  idempotency_key = excluded.idempotency_key, source_topic = excluded.source_topic, \
                  source_partition = excluded.source_partition, source_offset = excluded.source_offset, \
                  updated_at_ms = excluded.updated_at_ms"
             ),
             delete: format!("DELETE FROM {table} WHERE pk = $1"),
-            table,
         })
     }
 
-    fn open(
-        &mut self,
-        _ctx: &sluice_guest::PartitionContext,
-    ) -> Result<sluice_guest::OpenAnswer, Error> {
+    fn init(&mut self) -> Result<(), Error> {
         sql::execute(&self.create, &[])?;
-        Ok(sluice_guest::OpenAnswer::Proceed)
+        Ok(())
     }
 
     fn write(&mut self, r: &SinkRecord<'_>) -> Result<(), Error> {
-        let Some(value) = r.record.value else {
-            return Err(Error::bad_record(
-                "tombstone: the company sink expects change records",
-            ));
+        let value = r.record.value.ok_or_else(|| {
+            Error::bad_record("tombstone: the company sink expects change records")
+        })?;
+        let change: Change<'_> = json::from_slice(value)?;
+        let pk = Value::from(change.pk.get());
+        let rec = &r.record;
+        match change.op {
+            Op::Delete => sql::execute(&self.delete, &[pk])?,
+            Op::Upsert => sql::execute(
+                &self.upsert,
+                &[
+                    pk,
+                    Value::from(change.data.get()),
+                    Value::from(r.idempotency_key),
+                    Value::from(rec.topic),
+                    Value::from(rec.partition),
+                    Value::Integer(rec.offset),
+                    Value::Integer(rec.timestamp),
+                ],
+            )?,
         };
-        let change = Object::parse(value)
-            .map_err(|e| Error::bad_record(format!("not a change record: {e}")))?;
-        let op = change
-            .get_str("op")
-            .map_err(Error::bad_record)?
-            .ok_or_else(|| Error::bad_record("change record without `op`"))?;
-        let pk = change
-            .get("pk")
-            .ok_or_else(|| Error::bad_record("change record without `pk`"))?
-            .get()
-            .to_string();
-        match op.as_ref() {
-            "upsert" => {
-                let data = change
-                    .get("data")
-                    .ok_or_else(|| Error::bad_record("upsert without `data`"))?;
-                sql::execute(
-                    &self.upsert,
-                    &[
-                        Value::Text(pk),
-                        Value::from(data.get()),
-                        Value::from(r.idempotency_key),
-                        Value::from(r.record.topic),
-                        Value::from(r.record.partition),
-                        Value::Integer(r.record.offset),
-                        Value::Integer(r.record.timestamp),
-                    ],
-                )?;
-            }
-            "delete" => {
-                sql::execute(&self.delete, &[Value::Text(pk)])?;
-            }
-            other => {
-                return Err(Error::bad_record(format!(
-                    "unknown op `{other}` for table {}",
-                    self.table
-                )));
-            }
-        }
         Ok(())
     }
 }

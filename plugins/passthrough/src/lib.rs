@@ -8,7 +8,7 @@ use sluice_guest::{Config, Emit, Error, Mapper, Record};
 pub struct Passthrough;
 
 impl Mapper for Passthrough {
-    fn new(_config: &Config) -> Result<Self, String> {
+    fn new(_config: &Config) -> Result<Self, Error> {
         Ok(Passthrough)
     }
 
