@@ -9,7 +9,7 @@ use crate::run::{MapOutcome, StageError};
 /// input): the closest native equivalent of one component call, used as
 /// the baseline of the plugin benchmark.
 pub use crate::run::map_records;
-use crate::wire::{self, Record};
+use crate::wire::{self, OwnedHeaders, Record};
 use crate::{Config, Mapper};
 
 /// One decoded output, owned.
@@ -22,7 +22,7 @@ pub struct OwnedOutput {
     /// Output value.
     pub value: Option<Vec<u8>>,
     /// Output headers (key, value).
-    pub headers: Vec<(String, Option<Vec<u8>>)>,
+    pub headers: OwnedHeaders,
 }
 
 /// Outputs and rejections of a native map call.

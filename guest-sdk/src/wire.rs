@@ -76,8 +76,11 @@ pub struct Header<'a> {
 /// A header with owned bytes: (key, value), `None` = no value.
 pub type OwnedHeader = (String, Option<Vec<u8>>);
 
+/// A record's headers, owned, in order.
+pub type OwnedHeaders = Vec<OwnedHeader>;
+
 /// Copy borrowed headers into owned ones.
-pub fn owned_headers(headers: &[Header<'_>]) -> Vec<OwnedHeader> {
+pub fn owned_headers(headers: &[Header<'_>]) -> OwnedHeaders {
     headers
         .iter()
         .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))

@@ -11,7 +11,7 @@ use std::time::Duration;
 use sluice_guest::wire::{Record, SinkRecord};
 use sluice_host::capability::sql::{SqlGrant, SqlValue, connect};
 use sluice_host::plugin::chain::run_chain;
-use sluice_host::plugin::{CallContext, Limits, PartitionRange, Runtime};
+use sluice_host::plugin::{CallContext, Limits, PartitionContext, Runtime};
 use sluice_host::sink::{Applied, DeadLetter, PartitionBatch, SinkDriver, SinkError, Skipped};
 
 use crate::support::plugin;
@@ -143,8 +143,8 @@ pub fn range(
     partition: i32,
     start: i64,
     end: i64,
-) -> PartitionRange {
-    PartitionRange {
+) -> PartitionContext {
+    PartitionContext {
         batch: CallContext {
             query_id: query.into(),
             batch_id: batch,

@@ -10,14 +10,13 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use super::entry::{
-    self, CommitEntry, Counts, OffsetsEntry, PartitionRange, PluginRef, Timings, TopicIdentity,
-};
+use super::entry::{self, CommitEntry, Counts, OffsetsEntry, PluginRef, Timings, TopicIdentity};
 use super::recovery::{analyze, list_ids};
 use super::{
     Checkpoint, CheckpointError, Fingerprint, Metadata, OpenOptions, OwnerInfo, Recovery,
     ResetRecord, fsio, io_err, lock,
 };
+use crate::source::PartitionRange;
 use crate::util::now_ms;
 
 /// True when `dir` holds a checkpoint (its `metadata` file exists, even if

@@ -17,6 +17,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
+use crate::source::PartitionRange;
+
 /// The checkpoint format version this host reads and writes.
 pub const FORMAT_VERSION: u32 = 1;
 
@@ -137,19 +139,6 @@ pub fn decode<T: DeserializeOwned>(kind: &'static str, bytes: &[u8]) -> Result<T
         kind,
         reason: e.to_string(),
     })
-}
-
-/// `[start, end)` of one topic-partition in a batch.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct PartitionRange {
-    /// Topic.
-    pub topic: String,
-    /// Partition.
-    pub partition: i32,
-    /// First offset of the batch (inclusive).
-    pub start: i64,
-    /// End offset (exclusive); `start == end` means nothing to read.
-    pub end: i64,
 }
 
 /// Which stage a plugin serves.
@@ -288,6 +277,18 @@ pub struct Counts {
     /// Bad records skipped by policy.
     #[serde(default)]
     pub skipped: u64,
+}
+
+impl Counts {
+    /// Add `other`'s counts to these.
+    pub fn add(&mut self, other: &Counts) {
+        self.input += other.input;
+        self.output += other.output;
+        self.filtered += other.filtered;
+        self.bad_records += other.bad_records;
+        self.dead_lettered += other.dead_lettered;
+        self.skipped += other.skipped;
+    }
 }
 
 /// Per-phase durations of a batch, milliseconds. Fetch runs on its own

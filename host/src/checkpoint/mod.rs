@@ -35,10 +35,13 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+/// The offset range entries record (defined with the reader that fetches
+/// it).
+pub use crate::source::PartitionRange;
 pub use dir::{DirCheckpoint, check_fingerprint, exists, read_stored_plugin};
 pub use entry::{
-    CommitEntry, Counts, DataLossGap, EnvelopeError, FORMAT_VERSION, OffsetsEntry, PartitionRange,
-    PluginRef, StageKind, Timings, TopicIdentity,
+    CommitEntry, Counts, DataLossGap, EnvelopeError, FORMAT_VERSION, OffsetsEntry, PluginRef,
+    StageKind, Timings, TopicIdentity,
 };
 pub use lock::OwnerInfo;
 pub use status::{Status, status};

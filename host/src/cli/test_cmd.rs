@@ -20,6 +20,7 @@ use crate::plugin::chain::{
     DEFAULT_ISOLATION_TRAPS, Rejection, TrapBudget, isolate_traps, run_chain,
 };
 use crate::plugin::{CallContext, PluginError, Runtime};
+use crate::source::SourceRecord;
 
 /// Flags of `host test`.
 #[derive(Debug, Args)]
@@ -93,16 +94,11 @@ struct InputRecord {
     headers: Vec<InputHeader>,
 }
 
-/// An input record, owned.
+/// An input record, owned, with its topic and partition.
 struct Owned {
     topic: String,
     partition: i32,
-    offset: i64,
-    timestamp: i64,
-    timestamp_type: TimestampType,
-    key: Option<Vec<u8>>,
-    value: Option<Vec<u8>>,
-    headers: Vec<(String, Option<Vec<u8>>)>,
+    record: SourceRecord,
 }
 
 /// A JSON string is taken as its text; any other JSON value as its exact
@@ -137,12 +133,14 @@ fn parse_records(input: &[u8], format: InputFormat) -> anyhow::Result<Vec<Owned>
             InputFormat::Lines => out.push(Owned {
                 topic: "test".into(),
                 partition: 0,
-                offset: i as i64,
-                timestamp: 0,
-                timestamp_type: TimestampType::NotAvailable,
-                key: None,
-                value: Some(line.to_vec()),
-                headers: Vec::new(),
+                record: SourceRecord {
+                    offset: i as i64,
+                    timestamp: 0,
+                    timestamp_type: TimestampType::NotAvailable,
+                    key: None,
+                    value: Some(line.to_vec()),
+                    headers: Vec::new(),
+                },
             }),
             InputFormat::Records if line.iter().all(u8::is_ascii_whitespace) => continue,
             InputFormat::Records => {
@@ -181,12 +179,14 @@ fn parse_records(input: &[u8], format: InputFormat) -> anyhow::Result<Vec<Owned>
                 out.push(Owned {
                     topic: r.topic.unwrap_or_else(|| "test".into()),
                     partition: r.partition.unwrap_or(0),
-                    offset: r.offset.unwrap_or(i as i64),
-                    timestamp,
-                    timestamp_type,
-                    key: raw_bytes(r.key, r.key_b64, "key").with_context(ctx)?,
-                    value: raw_bytes(r.value, r.value_b64, "value").with_context(ctx)?,
-                    headers,
+                    record: SourceRecord {
+                        offset: r.offset.unwrap_or(i as i64),
+                        timestamp,
+                        timestamp_type,
+                        key: raw_bytes(r.key, r.key_b64, "key").with_context(ctx)?,
+                        value: raw_bytes(r.value, r.value_b64, "value").with_context(ctx)?,
+                        headers,
+                    },
                 });
             }
         }
@@ -257,16 +257,7 @@ pub fn run(args: TestArgs) -> Result<(), CliError> {
 
     let records: Vec<Record<'_>> = owned
         .iter()
-        .map(|o| Record {
-            topic: &o.topic,
-            partition: o.partition,
-            offset: o.offset,
-            timestamp: o.timestamp,
-            timestamp_type: o.timestamp_type,
-            key: o.key.as_deref(),
-            value: o.value.as_deref(),
-            headers: sluice_guest::wire::header_views(&o.headers),
-        })
+        .map(|o| o.record.view(&o.topic, o.partition))
         .collect();
     let ctx = CallContext {
         query_id: "host-test".into(),

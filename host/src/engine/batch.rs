@@ -16,41 +16,13 @@ use crate::plugin::chain::{
     ChainResult, DEFAULT_ISOLATION_TRAPS, TrapBudget, isolate_traps, run_chain,
 };
 use crate::plugin::{CallContext, Instance, PluginError};
-use crate::sink::{DeadLetter, SinkDriver};
-use crate::source::{FetchRange, KafkaSource, Piece, SourceRecord};
+use crate::sink::SinkDriver;
+use crate::source::{KafkaSource, Piece, SourceRecord};
 
+use super::policy::{Rejection, on_bad_record, on_data_loss};
 use super::sink_thread::{SINK_QUEUE, SinkJob, SinkPolicy, run_sink};
 use super::stages::Stages;
-use super::{DataLossPolicy, EngineError, ErrorPolicy, PipelineConfig, ms};
-
-/// Borrowed views of fetched records for the map chain.
-pub(super) fn record_views<'a>(
-    topic: &'a str,
-    partition: i32,
-    recs: &'a [SourceRecord],
-) -> Vec<Record<'a>> {
-    recs.iter()
-        .map(|r| Record {
-            topic,
-            partition,
-            offset: r.offset,
-            timestamp: r.timestamp,
-            timestamp_type: r.timestamp_type,
-            key: r.key.as_deref(),
-            value: r.value.as_deref(),
-            headers: sluice_guest::wire::header_views(&r.headers),
-        })
-        .collect()
-}
-
-pub(super) fn add_counts(total: &mut Counts, c: &Counts) {
-    total.input += c.input;
-    total.output += c.output;
-    total.filtered += c.filtered;
-    total.bad_records += c.bad_records;
-    total.dead_lettered += c.dead_lettered;
-    total.skipped += c.skipped;
-}
+use super::{EngineError, ErrorPolicy, PipelineConfig, ms};
 
 /// Retry `f` while it fails with a retryable error.
 pub(super) fn with_retries<T, E: std::fmt::Display>(
@@ -209,7 +181,10 @@ impl BatchRun<'_> {
                 range.topic, range.partition, range.start, range.end
             )));
         }
-        let views = record_views(&range.topic, range.partition, &records);
+        let views: Vec<Record<'_>> = records
+            .iter()
+            .map(|r| r.view(&range.topic, range.partition))
+            .collect();
         let t = Instant::now();
         // With no map stage the chain passes every record through.
         let isolate = (self.cfg.on_error != ErrorPolicy::Fail)
@@ -313,44 +288,19 @@ impl BatchRun<'_> {
         counts.input += recs.len() as u64;
         let mut dead_letters = Vec::new();
         for b in &mapped.rejected {
-            let r = &recs[b.source_index];
-            counts.bad_records += 1;
-            match cfg.on_error {
-                ErrorPolicy::Fail => {
-                    return Err(EngineError::BadRecord {
-                        topic: range.topic.clone(),
-                        partition: range.partition,
-                        offset: r.offset,
-                        plugin: self
-                            .files
-                            .get(&b.plugin_digest)
-                            .cloned()
-                            .unwrap_or_default(),
-                        digest: b.plugin_digest.clone(),
-                        message: b.message.clone(),
-                        batch: self.entry.batch_id,
-                    });
-                }
-                ErrorPolicy::Skip => {
-                    counts.skipped += 1;
-                    tracing::warn!(topic = %range.topic, partition = range.partition, offset = r.offset, plugin = %b.plugin_digest, "skipping bad record: {}", b.message);
-                }
-                ErrorPolicy::Dlq => {
-                    tracing::warn!(topic = %range.topic, partition = range.partition, offset = r.offset, plugin = %b.plugin_digest, "dead-lettering bad record: {}", b.message);
-                    dead_letters.push(DeadLetter {
-                        topic: range.topic.clone(),
-                        partition: range.partition,
-                        offset: r.offset,
-                        timestamp_ms: r.timestamp,
-                        key: r.key.clone(),
-                        value: r.value.clone(),
-                        headers: r.headers.clone(),
-                        error: b.message.clone(),
-                        plugin_digest: b.plugin_digest.clone(),
-                        stage: b.stage,
-                    });
-                }
-            }
+            let plugin = self.files.get(&b.plugin_digest);
+            let rejection = Rejection {
+                topic: &range.topic,
+                partition: range.partition,
+                record: &recs[b.source_index],
+                batch: self.entry.batch_id,
+                plugin: plugin.map_or("", String::as_str),
+                digest: &b.plugin_digest,
+                stage: b.stage,
+                message: b.message.clone(),
+                by_sink: false,
+            };
+            dead_letters.extend(on_bad_record(cfg.on_error, rejection, counts)?);
         }
         let mut with_output = vec![false; recs.len()];
         for o in &mapped.outputs {
@@ -365,7 +315,7 @@ impl BatchRun<'_> {
 
         let job = SinkJob {
             range: i,
-            part: crate::plugin::PartitionRange {
+            part: crate::plugin::PartitionContext {
                 batch: ctx.clone(),
                 topic: range.topic.clone(),
                 partition: range.partition,
@@ -434,19 +384,9 @@ pub(super) fn run_batch(
         stop,
     } = env;
     let mut timings = Timings::default();
-    let ranges: Vec<FetchRange> = entry
-        .ranges
-        .iter()
-        .map(|r| FetchRange {
-            topic: r.topic.clone(),
-            partition: r.partition,
-            start: r.start,
-            end: r.end,
-        })
-        .collect();
     // A re-run may find part of its planned range deleted by retention since
     // it was planned: the data-loss policy applies here too.
-    let mut ranges = ranges;
+    let mut ranges = entry.ranges.clone();
     let mut gaps = Vec::new();
     if rerun {
         for r in ranges.iter_mut().filter(|r| r.end > r.start) {
@@ -464,27 +404,16 @@ pub(super) fn run_batch(
                 });
             }
             if low > r.start {
-                match cfg.on_data_loss {
-                    DataLossPolicy::Fail => {
-                        return Err(EngineError::DataLoss {
-                            topic: r.topic.clone(),
-                            partition: r.partition,
-                            from: r.start,
-                            to: low,
-                        });
-                    }
-                    DataLossPolicy::Skip => {
-                        let to = low.min(r.end);
-                        tracing::warn!(topic = %r.topic, partition = r.partition, "data loss in re-run batch: offsets [{}, {to}) were deleted; skipping them", r.start);
-                        gaps.push(DataLossGap {
-                            topic: r.topic.clone(),
-                            partition: r.partition,
-                            from: r.start,
-                            to,
-                        });
-                        r.start = to;
-                    }
-                }
+                let to = low.min(r.end);
+                let gap = on_data_loss(
+                    cfg.on_data_loss,
+                    &r.topic,
+                    r.partition,
+                    (r.start, to),
+                    "re-run batch",
+                )?;
+                gaps.push(gap);
+                r.start = to;
             }
         }
     }
@@ -618,9 +547,7 @@ pub(super) fn run_batch(
             tracing::info!(topic = %range.topic, partition = range.partition, skipped = skipped.offsets, "{} of the {} offsets of [{}, {}) were applied by an earlier run of this batch; skipped", skipped.offsets, range.end - range.start, range.start, range.end);
         }
     }
-    counts.dead_lettered += report.dead_lettered;
-    counts.bad_records += report.bad_records;
-    counts.skipped += report.skipped;
+    counts.add(&report.counts);
     counts.output = counts.output.saturating_sub(report.rejected_outputs);
     timings.map = ms(map_time);
     timings.sink = ms(report.time);

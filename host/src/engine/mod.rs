@@ -41,6 +41,7 @@ mod boundary;
 mod config;
 mod error;
 mod plan;
+mod policy;
 mod progress;
 mod sink_thread;
 mod stages;
@@ -55,7 +56,7 @@ use crate::checkpoint::{CommitEntry, Counts, OffsetsEntry, PartitionRange, Plugi
 use crate::source::TopicPartition;
 use crate::util::now_ms;
 
-use batch::{BatchEnv, add_counts, run_batch};
+use batch::{BatchEnv, run_batch};
 pub use config::{
     DataLossPolicy, ErrorPolicy, PipelineConfig, ProgressMode, StartingOffsets, redact_property,
     shell_word,
@@ -252,7 +253,7 @@ pub fn run_with(
         summary
             .plugins_per_batch
             .push((entry.batch_id, p.stages.refs.clone()));
-        add_counts(&mut summary.counts, &counts);
+        summary.counts.add(&counts);
         let lag = p.planner.lag();
         p.metrics.batch(&counts, &timings, rerun, &lag);
         let event = Progress::new(

@@ -19,7 +19,8 @@ use std::collections::BTreeMap;
 use crate::checkpoint::{DataLossGap, OffsetsEntry, PartitionRange, Recovery, TopicIdentity};
 use crate::source::{KafkaSource, TopicInfo, TopicPartition};
 
-use super::{DataLossPolicy, EngineError, PipelineConfig, StartingOffsets, ends};
+use super::policy::on_data_loss;
+use super::{EngineError, PipelineConfig, StartingOffsets, ends};
 
 /// A planned batch.
 pub(crate) struct Planned {
@@ -166,30 +167,10 @@ impl Planner {
                     }
                 };
                 if start < low {
-                    match cfg.on_data_loss {
-                        DataLossPolicy::Fail => {
-                            return Err(EngineError::DataLoss {
-                                topic: topic.clone(),
-                                partition,
-                                from: start,
-                                to: low,
-                            });
-                        }
-                        DataLossPolicy::Skip => {
-                            tracing::warn!(
-                                topic,
-                                partition,
-                                "data loss: offsets [{start}, {low}) were deleted before they were read; skipping them (--on-data-loss skip)"
-                            );
-                            gaps.push(DataLossGap {
-                                topic: topic.clone(),
-                                partition,
-                                from: start,
-                                to: low,
-                            });
-                            start = low;
-                        }
-                    }
+                    let gap =
+                        on_data_loss(cfg.on_data_loss, topic, partition, (start, low), "planning")?;
+                    gaps.push(gap);
+                    start = low;
                 }
                 if start > high {
                     // A topic deleted and recreated since its identity was

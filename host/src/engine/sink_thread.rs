@@ -4,14 +4,16 @@
 
 use std::time::{Duration, Instant};
 
-use sluice_guest::wire::{Record, SinkRecord};
+use sluice_guest::wire::SinkRecord;
 
 use crate::metrics::Metrics;
 use crate::plugin::{Instance, PluginError};
 use crate::sink::{Applied, DeadLetter, PartitionBatch, SinkDriver, SinkError, Skipped};
 use crate::source::SourceRecord;
 
+use super::policy::{Rejection, on_bad_record};
 use super::{EngineError, ErrorPolicy};
+use crate::checkpoint::Counts;
 
 use super::batch::with_retries;
 
@@ -25,7 +27,7 @@ pub(super) const SINK_QUEUE: usize = 2;
 pub(super) struct SinkJob {
     /// Index of the range in the batch.
     pub(super) range: usize,
-    pub(super) part: crate::plugin::PartitionRange,
+    pub(super) part: crate::plugin::PartitionContext,
     pub(super) records: Vec<SourceRecord>,
     pub(super) outputs: Vec<crate::plugin::chain::ChainOutput>,
     pub(super) dead_letters: Vec<DeadLetter>,
@@ -33,11 +35,9 @@ pub(super) struct SinkJob {
 
 /// What the sink thread did in one batch.
 pub(super) struct SinkReport {
-    pub(super) dead_lettered: u64,
-    /// Records the sink stage rejected.
-    pub(super) bad_records: u64,
-    /// Of those, skipped (policy `skip`).
-    pub(super) skipped: u64,
+    /// Records the sink stage rejected (`bad_records`, `skipped`) and dead
+    /// letters written (of both sides).
+    pub(super) counts: Counts,
     /// Outputs of the records the sink rejected (counted as outputs when
     /// the map stage made them).
     pub(super) rejected_outputs: u64,
@@ -74,9 +74,7 @@ pub(super) fn run_sink(
     ranges: usize,
 ) -> Result<SinkReport, EngineError> {
     let mut report = SinkReport {
-        dead_lettered: 0,
-        bad_records: 0,
-        skipped: 0,
+        counts: Counts::default(),
         rejected_outputs: 0,
         already_applied: vec![Skipped::default(); ranges],
         time: Duration::ZERO,
@@ -96,16 +94,13 @@ pub(super) fn run_sink(
                     let s = &job.records[o.source_index];
                     SinkRecord {
                         idempotency_key: &o.idempotency_key,
-                        record: Record {
-                            topic: &job.part.topic,
-                            partition: job.part.partition,
-                            offset: s.offset,
-                            timestamp: s.timestamp,
-                            timestamp_type: s.timestamp_type,
-                            key: o.key.as_deref(),
-                            value: o.value.as_deref(),
-                            headers: sluice_guest::wire::header_views(&o.headers),
-                        },
+                        record: s.view_with(
+                            &job.part.topic,
+                            job.part.partition,
+                            o.key.as_deref(),
+                            o.value.as_deref(),
+                            &o.headers,
+                        ),
                     }
                 })
                 .collect();
@@ -149,48 +144,24 @@ pub(super) fn run_sink(
                     job.part.topic, job.part.partition
                 )));
             };
-            report.bad_records += 1;
-            let site = (&job.part.topic, job.part.partition, offset);
-            match policy.on_error {
-                ErrorPolicy::Fail => {
-                    return Err(EngineError::BadRecord {
-                        topic: site.0.clone(),
-                        partition: site.1,
-                        offset,
-                        plugin: path,
-                        digest,
-                        message,
-                        batch: job.part.batch.batch_id,
-                    });
-                }
-                _ if rejected.len() >= SINK_REJECTIONS => {
-                    tracing::error!(topic = %site.0, partition = site.1, "the sink stage rejected {SINK_REJECTIONS} records of one part: it looks broken, not fed bad records; stopping");
-                    return Err(EngineError::Sink(SinkError::Plugin(*error)));
-                }
-                ErrorPolicy::Skip => {
-                    report.skipped += 1;
-                    tracing::warn!(topic = %site.0, partition = site.1, offset, plugin = %digest, "skipping a record the sink rejected: {message}");
-                }
-                ErrorPolicy::Dlq => {
-                    tracing::warn!(topic = %site.0, partition = site.1, offset, plugin = %digest, "dead-lettering a record the sink rejected: {message}");
-                    let r = &job.records[src];
-                    let at = dead_letters.partition_point(|d| d.offset < offset);
-                    dead_letters.insert(
-                        at,
-                        DeadLetter {
-                            topic: job.part.topic.clone(),
-                            partition: job.part.partition,
-                            offset,
-                            timestamp_ms: r.timestamp,
-                            key: r.key.clone(),
-                            value: r.value.clone(),
-                            headers: r.headers.clone(),
-                            error: message,
-                            plugin_digest: digest,
-                            stage: policy.stage,
-                        },
-                    );
-                }
+            if policy.on_error != ErrorPolicy::Fail && rejected.len() >= SINK_REJECTIONS {
+                tracing::error!(topic = %job.part.topic, partition = job.part.partition, "the sink stage rejected {SINK_REJECTIONS} records of one part: it looks broken, not fed bad records; stopping");
+                return Err(EngineError::Sink(SinkError::Plugin(*error)));
+            }
+            let rejection = Rejection {
+                topic: &job.part.topic,
+                partition: job.part.partition,
+                record: &job.records[src],
+                batch: job.part.batch.batch_id,
+                plugin: &path,
+                digest: &digest,
+                stage: policy.stage,
+                message,
+                by_sink: true,
+            };
+            if let Some(d) = on_bad_record(policy.on_error, rejection, &mut report.counts)? {
+                let at = dead_letters.partition_point(|x| x.offset < offset);
+                dead_letters.insert(at, d);
             }
             report.rejected_outputs +=
                 job.outputs.iter().filter(|o| o.source_index == src).count() as u64;
@@ -203,12 +174,12 @@ pub(super) fn run_sink(
                 skipped,
                 ..
             } => {
-                report.dead_lettered += dead_lettered;
+                report.counts.dead_lettered += dead_lettered;
                 skipped
             }
             Applied::AlreadyApplied { skipped } => {
                 tracing::debug!(topic = %job.part.topic, partition = job.part.partition, "[{}, {}) already applied by the sink; skipped", job.part.start_offset, job.part.end_offset);
-                report.dead_lettered += dead_letters.len() as u64;
+                report.counts.dead_lettered += dead_letters.len() as u64;
                 skipped
             }
         };

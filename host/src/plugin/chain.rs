@@ -10,7 +10,7 @@
 //! called again without that input — produces no output at all and is
 //! reported once, with the first stage that rejected it.
 
-use sluice_guest::wire::{self, Record};
+use sluice_guest::wire::{self, OwnedHeaders, Record};
 
 use super::{CallContext, Instance, PluginError, StageFailure, Trapped};
 
@@ -26,7 +26,7 @@ pub struct ChainOutput {
     /// Output value (`None` = tombstone).
     pub value: Option<Vec<u8>>,
     /// Output headers.
-    pub headers: Vec<(String, Option<Vec<u8>>)>,
+    pub headers: OwnedHeaders,
 }
 
 /// A source record some stage rejected.
@@ -60,7 +60,7 @@ struct Pending {
     source: usize,
     key: Option<Vec<u8>>,
     value: Option<Vec<u8>>,
-    headers: Vec<(String, Option<Vec<u8>>)>,
+    headers: OwnedHeaders,
 }
 
 /// Run `source` through `stages` (instances of map plugins, in order).
@@ -87,18 +87,11 @@ pub fn run_chain(
             None => source.to_vec(),
             Some(pending) => pending
                 .iter()
-                .map(|p| {
-                    let s = &source[p.source];
-                    Record {
-                        topic: s.topic,
-                        partition: s.partition,
-                        offset: s.offset,
-                        timestamp: s.timestamp,
-                        timestamp_type: s.timestamp_type,
-                        key: p.key.as_deref(),
-                        value: p.value.as_deref(),
-                        headers: wire::header_views(&p.headers),
-                    }
+                .map(|p| Record {
+                    key: p.key.as_deref(),
+                    value: p.value.as_deref(),
+                    headers: wire::header_views(&p.headers),
+                    ..source[p.source]
                 })
                 .collect(),
         };

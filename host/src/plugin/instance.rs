@@ -136,7 +136,7 @@ pub struct CallContext {
 /// One partition's range of a batch, or a consecutive part of it, as a
 /// sink sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PartitionRange {
+pub struct PartitionContext {
     /// The batch.
     pub batch: CallContext,
     /// Source topic.
@@ -582,7 +582,7 @@ impl Instance {
     ///
     /// # Errors
     /// As [`Instance::map`].
-    pub fn sink_open(&mut self, range: &PartitionRange) -> Result<OpenAnswer, PluginError> {
+    pub fn sink_open(&mut self, range: &PartitionContext) -> Result<OpenAnswer, PluginError> {
         let ctx = sink::PartitionContext {
             batch: types::BatchContext {
                 query_id: range.batch.query_id.clone(),

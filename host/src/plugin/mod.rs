@@ -32,7 +32,7 @@ use wasmtime::{Config, Engine};
 
 pub use error::{PluginError, StageFailure, TrapKind, Trapped};
 pub use instance::{
-    BadRecord, CallContext, Instance, MapResult, OpenAnswer, PartitionRange, describe_site,
+    BadRecord, CallContext, Instance, MapResult, OpenAnswer, PartitionContext, describe_site,
 };
 
 /// The contract version this host implements (`sluice:plugin@<this>`).

@@ -28,10 +28,10 @@
 pub mod applied;
 pub mod reset;
 
-use sluice_guest::wire::{self, SinkRecord};
+use sluice_guest::wire::{self, OwnedHeaders, SinkRecord};
 
 use crate::capability::sql::{self, DbError, SqlGrant, SqlValue};
-use crate::plugin::{Instance, OpenAnswer, PartitionRange, PluginError, StageFailure};
+use crate::plugin::{Instance, OpenAnswer, PartitionContext, PluginError, StageFailure};
 use applied::AppliedSet;
 
 /// Records per `sink.write` call.
@@ -56,7 +56,7 @@ pub struct DeadLetter {
     /// Original value bytes.
     pub value: Option<Vec<u8>>,
     /// Original headers.
-    pub headers: Vec<(String, Option<Vec<u8>>)>,
+    pub headers: OwnedHeaders,
     /// The stage's message.
     pub error: String,
     /// Digest of the plugin that rejected it.
@@ -71,7 +71,7 @@ pub struct DeadLetter {
 pub struct PartitionBatch<'a> {
     /// The part to apply now and the batch context (the whole planned range
     /// when it is applied at once).
-    pub range: PartitionRange,
+    pub range: PartitionContext,
     /// Mapped records with their idempotency keys, in offset order.
     pub records: &'a [SinkRecord<'a>],
     /// Bad records to dead-letter (policy `dlq`).
@@ -214,7 +214,7 @@ struct HostTables {
 }
 
 /// `topic/partition [start, end)`.
-fn site(r: &PartitionRange) -> String {
+fn site(r: &PartitionContext) -> String {
     format!(
         "{}/{} [{}, {})",
         r.topic, r.partition, r.start_offset, r.end_offset
@@ -328,7 +328,7 @@ impl SinkDriver {
     fn read_progress(
         &self,
         b: &mut dyn sql::Backend,
-        r: &PartitionRange,
+        r: &PartitionContext,
     ) -> Result<(AppliedSet, Option<StoredRow>), SinkError> {
         let bad_row = |message: String| SinkError::Sql {
             during: "reading sluice_progress",
@@ -455,7 +455,7 @@ impl SinkDriver {
                     .partition_point(|d| d.offset < piece.start);
                 let dhi = batch.dead_letters.partition_point(|d| d.offset < piece.end);
                 PartitionBatch {
-                    range: PartitionRange {
+                    range: PartitionContext {
                         start_offset: piece.start,
                         end_offset: piece.end,
                         ..r.clone()
@@ -730,8 +730,8 @@ mod tests {
         urls
     }
 
-    fn part(batch: u64, start: i64, end: i64) -> PartitionRange {
-        PartitionRange {
+    fn part(batch: u64, start: i64, end: i64) -> PartitionContext {
+        PartitionContext {
             batch: CallContext {
                 query_id: "q1".into(),
                 batch_id: batch,

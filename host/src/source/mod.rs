@@ -22,7 +22,7 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
-use sluice_guest::wire::TimestampType;
+use sluice_guest::wire::{OwnedHeaders, Record, TimestampType, header_views};
 
 mod describe;
 use describe::Described;
@@ -55,19 +55,59 @@ pub struct SourceRecord {
     /// Value (`None` = tombstone).
     pub value: Option<Vec<u8>>,
     /// Headers in order.
-    pub headers: Vec<(String, Option<Vec<u8>>)>,
+    pub headers: OwnedHeaders,
 }
 
-/// A planned range to fetch.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FetchRange {
+impl SourceRecord {
+    /// The record as the plugin contract sees it (borrowed), at
+    /// `topic`/`partition`.
+    pub fn view<'a>(&'a self, topic: &'a str, partition: i32) -> Record<'a> {
+        self.view_with(
+            topic,
+            partition,
+            self.key.as_deref(),
+            self.value.as_deref(),
+            &self.headers,
+        )
+    }
+
+    /// This record's coordinates and timestamp with other content (a map
+    /// stage's output, which keeps its source's coordinates).
+    pub fn view_with<'a>(
+        &self,
+        topic: &'a str,
+        partition: i32,
+        key: Option<&'a [u8]>,
+        value: Option<&'a [u8]>,
+        headers: &'a OwnedHeaders,
+    ) -> Record<'a> {
+        Record {
+            topic,
+            partition,
+            offset: self.offset,
+            timestamp: self.timestamp,
+            timestamp_type: self.timestamp_type,
+            key,
+            value,
+            headers: header_views(headers),
+        }
+    }
+}
+
+/// `[start, end)` of one topic-partition: what a batch plans, the reader
+/// fetches and the checkpoint records (serialized as
+/// `{"topic":…,"partition":…,"start":…,"end":…}` in write-ahead entries).
+#[derive(
+    Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+pub struct PartitionRange {
     /// Topic.
     pub topic: String,
     /// Partition.
     pub partition: i32,
     /// First offset (inclusive).
     pub start: i64,
-    /// End offset (exclusive).
+    /// End offset (exclusive); `start == end` means nothing to read.
     pub end: i64,
 }
 
@@ -574,7 +614,7 @@ impl KafkaSource {
     /// partition's fetch position (and buffered records) when the range
     /// continues where the previous one ended, add new partitions
     /// incrementally, and re-assign everything otherwise.
-    fn position_for(&mut self, ranges: &[FetchRange]) -> Result<(), SourceError> {
+    fn position_for(&mut self, ranges: &[PartitionRange]) -> Result<(), SourceError> {
         let mut add = TopicPartitionList::new();
         let mut reassign = false;
         for r in ranges {
@@ -681,12 +721,13 @@ impl KafkaSource {
     /// the next fetch starts from a fresh assignment.
     pub fn fetch(
         &mut self,
-        ranges: &[FetchRange],
+        ranges: &[PartitionRange],
         piece_records: usize,
         cancel: &AtomicBool,
         deliver: &mut dyn FnMut(Piece) -> bool,
     ) -> Result<(), SourceError> {
-        let active: Vec<FetchRange> = ranges.iter().filter(|r| r.end > r.start).cloned().collect();
+        let active: Vec<PartitionRange> =
+            ranges.iter().filter(|r| r.end > r.start).cloned().collect();
         if active.is_empty() {
             return Ok(());
         }
@@ -726,8 +767,8 @@ impl KafkaSource {
 
     fn fetch_into(
         &mut self,
-        ranges: &[FetchRange],
-        active: &[FetchRange],
+        ranges: &[PartitionRange],
+        active: &[PartitionRange],
         pieces: &mut Pieces<'_>,
     ) -> Result<(), SourceError> {
         self.resume()?;
@@ -769,7 +810,7 @@ impl KafkaSource {
 
     fn poll_until_done(
         &mut self,
-        ranges: &[FetchRange],
+        ranges: &[PartitionRange],
         index: &HashMap<TopicPartition, usize>,
         remaining: &mut HashMap<TopicPartition, i64>,
         pieces: &mut Pieces<'_>,
@@ -947,7 +988,7 @@ impl KafkaSource {
 
     fn out_of_range(
         &self,
-        ranges: &[FetchRange],
+        ranges: &[PartitionRange],
         remaining: &HashMap<TopicPartition, i64>,
     ) -> SourceError {
         for r in ranges {
