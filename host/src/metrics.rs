@@ -184,8 +184,9 @@ impl Metrics {
     }
 
     /// Set the epoch gauge.
-    pub fn set_epoch(&self, epoch: u64) {
-        self.epoch.set(i64::try_from(epoch).unwrap_or(i64::MAX));
+    pub fn set_epoch(&self, epoch: crate::checkpoint::Epoch) {
+        self.epoch
+            .set(i64::try_from(epoch.get()).unwrap_or(i64::MAX));
     }
 
     /// Count a swap.

@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 use super::entry::{self, CommitEntry, Counts, OffsetsEntry, PluginRef, Timings, TopicIdentity};
 use super::recovery::{analyze, list_ids};
 use super::{
-    Checkpoint, CheckpointError, Fingerprint, Metadata, OpenOptions, OwnerInfo, Recovery,
+    Checkpoint, CheckpointError, Epoch, Fingerprint, Metadata, OpenOptions, OwnerInfo, Recovery,
     ResetRecord, fsio, io_err, lock,
 };
 use crate::source::PartitionRange;
@@ -74,7 +74,7 @@ fn write_metadata(dir: &Path, m: &Metadata) -> Result<(), CheckpointError> {
 pub struct DirCheckpoint {
     dir: PathBuf,
     _lock: File,
-    epoch: u64,
+    epoch: Epoch,
     metadata: Metadata,
     retention: u64,
     /// Newest batch with an offsets entry.
@@ -150,14 +150,14 @@ impl DirCheckpoint {
             file: dir.join("epoch"),
             reason: e.to_string(),
         })?;
-        if previous >= u64::MAX / 2 {
+        if previous.get() >= u64::MAX / 2 {
             return Err(CheckpointError::Corrupt {
                 file: dir.join("epoch"),
                 reason: format!("epoch {previous} out of range"),
             });
         }
         let analysis = analyze(dir, previous)?;
-        let epoch = previous + 1;
+        let epoch = previous.next();
         lock::write_epoch(dir, epoch).map_err(io_err(dir.join("epoch"), "write epoch"))?;
         lock::write_owner(
             &mut lock_file,
@@ -363,7 +363,7 @@ impl Checkpoint for DirCheckpoint {
         &self.metadata.query_id
     }
 
-    fn epoch(&self) -> u64 {
+    fn epoch(&self) -> Epoch {
         self.epoch
     }
 

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
+use super::Epoch;
 use crate::source::PartitionRange;
 
 /// The checkpoint format version this host reads and writes.
@@ -167,7 +168,7 @@ pub struct OffsetsEntry {
     /// Batch id N.
     pub batch_id: u64,
     /// Fencing epoch of the writer.
-    pub epoch: u64,
+    pub epoch: Epoch,
     /// Planning time, milliseconds since the Unix epoch.
     pub planned_at_ms: i64,
     /// Planned ranges, one per topic-partition, sorted.
@@ -333,7 +334,7 @@ pub struct CommitEntry {
     /// Batch id N.
     pub batch_id: u64,
     /// Fencing epoch of the writer.
-    pub epoch: u64,
+    pub epoch: Epoch,
     /// Commit time, milliseconds since the Unix epoch.
     pub committed_at_ms: i64,
     /// Record counts.
@@ -361,7 +362,7 @@ mod tests {
     fn sample() -> OffsetsEntry {
         OffsetsEntry {
             batch_id: 7,
-            epoch: 2,
+            epoch: Epoch::new(2),
             planned_at_ms: 1,
             ranges: vec![PartitionRange {
                 topic: "t".into(),

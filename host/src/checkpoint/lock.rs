@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::entry::{self, EnvelopeError};
-use super::fsio;
+use super::{Epoch, fsio};
 use crate::util::rfc3339_ms;
 
 /// Who holds a checkpoint (contents of `lock`).
@@ -29,7 +29,7 @@ pub struct OwnerInfo {
     /// Host name.
     pub hostname: String,
     /// The owner's fencing epoch.
-    pub epoch: u64,
+    pub epoch: Epoch,
     /// Acquisition time, milliseconds since the Unix epoch.
     pub since_ms: i64,
 }
@@ -43,7 +43,7 @@ impl OwnerInfo {
 
 #[derive(Debug, Serialize, Deserialize)]
 struct EpochFile {
-    epoch: u64,
+    epoch: Epoch,
 }
 
 /// Outcome of trying to lock.
@@ -109,20 +109,20 @@ pub(crate) fn write_owner(file: &mut File, owner: &OwnerInfo) -> std::io::Result
 }
 
 /// The last issued epoch (0 when none was ever issued).
-pub(crate) fn read_epoch(dir: &Path) -> Result<u64, EnvelopeError> {
+pub(crate) fn read_epoch(dir: &Path) -> Result<Epoch, EnvelopeError> {
     let mut bytes = Vec::new();
     match File::open(dir.join("epoch")) {
         Ok(mut f) => f
             .read_to_end(&mut bytes)
             .map_err(|e| EnvelopeError::Torn(e.to_string()))?,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Epoch::default()),
         Err(e) => return Err(EnvelopeError::Torn(e.to_string())),
     };
     entry::decode::<EpochFile>("epoch", &bytes).map(|e| e.epoch)
 }
 
 /// Store `epoch` as the last issued one.
-pub(crate) fn write_epoch(dir: &Path, epoch: u64) -> std::io::Result<()> {
+pub(crate) fn write_epoch(dir: &Path, epoch: Epoch) -> std::io::Result<()> {
     let bytes = entry::encode("epoch", &EpochFile { epoch }).map_err(std::io::Error::other)?;
     fsio::write_replace(dir, "epoch", &bytes, "epoch")
 }

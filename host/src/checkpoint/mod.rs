@@ -46,6 +46,46 @@ pub use entry::{
 pub use lock::OwnerInfo;
 pub use status::{Status, status};
 
+/// A fencing epoch (DESIGN.md, "Lock, epoch, fencing"): issued by the
+/// checkpoint, one higher at each claim; every write-ahead and commit
+/// checks that ours is still the newest, so an owner that lost its claim
+/// (a zombie) cannot write. Serialized as the bare number; sinks receive
+/// it as a `u64` in the plugin contract's context.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct Epoch(u64);
+
+impl Epoch {
+    /// Epoch `n`.
+    pub const fn new(n: u64) -> Self {
+        Epoch(n)
+    }
+
+    /// The number.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+
+    /// The epoch issued after this one.
+    pub const fn next(self) -> Epoch {
+        Epoch(self.0 + 1)
+    }
+}
+
+impl std::fmt::Display for Epoch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl PartialEq<u64> for Epoch {
+    fn eq(&self, other: &u64) -> bool {
+        self.0 == *other
+    }
+}
+
 /// Default number of batches whose entries are kept.
 pub const DEFAULT_RETENTION: u64 = 100;
 
@@ -76,9 +116,9 @@ pub enum CheckpointError {
         /// The checkpoint directory.
         dir: PathBuf,
         /// Our epoch.
-        ours: u64,
+        ours: Epoch,
         /// The newest epoch.
-        current: u64,
+        current: Epoch,
     },
     /// Subscribed topics or contract differ from the checkpoint's.
     #[error(
@@ -287,7 +327,7 @@ pub trait Checkpoint: Send {
     /// Where it lives, for messages (the directory today).
     fn location(&self) -> String;
     /// Our fencing epoch, issued when it was opened.
-    fn epoch(&self) -> u64;
+    fn epoch(&self) -> Epoch;
     /// Stable id of the pipeline's checkpoint (a UUID v4); sinks key their
     /// progress rows by it.
     fn query_id(&self) -> &str;

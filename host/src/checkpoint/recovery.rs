@@ -9,7 +9,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use super::entry::{self, CommitEntry, EnvelopeError, OffsetsEntry};
-use super::{CheckpointError, Recovery, fsio, io_err};
+use super::{CheckpointError, Epoch, Recovery, fsio, io_err};
 
 /// Facts read from the entry directories, without side effects.
 #[derive(Debug, Clone)]
@@ -65,7 +65,7 @@ fn read_entry<T: serde::de::DeserializeOwned>(
 }
 
 /// Read the entry directories and decide where processing continues.
-pub(super) fn analyze(dir: &Path, current_epoch: u64) -> Result<Analysis, CheckpointError> {
+pub(super) fn analyze(dir: &Path, current_epoch: Epoch) -> Result<Analysis, CheckpointError> {
     let odir = dir.join("offsets");
     let cdir = dir.join("commits");
     let mut offsets = list_ids(&odir)?;

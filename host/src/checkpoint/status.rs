@@ -8,7 +8,9 @@ use serde::Serialize;
 
 use super::dir::read_metadata;
 use super::recovery::analyze;
-use super::{CheckpointError, CommitEntry, Metadata, OffsetsEntry, OwnerInfo, Recovery, lock};
+use super::{
+    CheckpointError, CommitEntry, Epoch, Metadata, OffsetsEntry, OwnerInfo, Recovery, lock,
+};
 
 /// What `host checkpoint show` prints.
 #[derive(Debug, Clone, Serialize)]
@@ -20,7 +22,7 @@ pub struct Status {
     /// The live owner, if the lock is held.
     pub owner: Option<OwnerInfo>,
     /// Last issued epoch.
-    pub epoch: u64,
+    pub epoch: Epoch,
     /// Newest write-ahead entry.
     pub last_planned: Option<OffsetsEntry>,
     /// Newest commit entry.

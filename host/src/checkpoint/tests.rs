@@ -364,7 +364,7 @@ fn a_zombie_with_an_older_epoch_cannot_commit() {
     let e = zombie
         .commit(&CommitEntry {
             batch_id: 0,
-            epoch: 1,
+            epoch: Epoch::new(1),
             committed_at_ms: 0,
             counts: Counts::default(),
             timings_ms: Timings::default(),
@@ -376,11 +376,7 @@ fn a_zombie_with_an_older_epoch_cannot_commit() {
     assert!(
         matches!(
             e,
-            CheckpointError::Fenced {
-                ours: 1,
-                current: 2,
-                ..
-            }
+            CheckpointError::Fenced { ours, current, .. } if ours == 1 && current == 2
         ),
         "{e}"
     );

@@ -730,7 +730,7 @@ pub fn run(a: ResetArgs) -> Result<(), CliError> {
     let batch_id = cp.next_batch_id();
     let mut moved = 0usize;
     if let Some(d) = &driver {
-        let done = d.reset_progress(&query_id, cp.epoch(), batch_id, &changes)?;
+        let done = d.reset_progress(&query_id, cp.epoch().get(), batch_id, &changes)?;
         moved = done.values().filter(|r| r.before != r.after).count();
     }
     let mut note = format!(

@@ -26,6 +26,7 @@ pub use super::Handover;
 use super::protocol::{Answer, Command, HandoverOffer, refusal};
 use super::server::{ServerContext, answer};
 use super::{Client, ClientError, HandoverNote, Request};
+use crate::checkpoint::Epoch;
 use crate::util::now_ms;
 
 /// How long the owner waits for `go` after its offer.
@@ -87,7 +88,7 @@ pub(super) fn serve(
     {
         let from = note.last_commit_ms.unwrap_or(note.released_at_ms);
         tracing::info!(
-            new_epoch = epoch,
+            new_epoch = %epoch,
             "handover complete: gap from our last commit to the new owner's first write-ahead: {} ms",
             first_write_ahead_ms - from
         );
@@ -168,11 +169,11 @@ impl Takeover {
 
     /// Tell the old owner our first write-ahead happens now (planning just
     /// finished), log the gap from its last commit and return it, ms.
-    pub fn report(mut self, epoch: u64) -> i64 {
+    pub fn report(mut self, epoch: Epoch) -> i64 {
         let first = now_ms();
         let from = self.note.last_commit_ms.unwrap_or(self.note.released_at_ms);
         tracing::info!(
-            old_epoch = self.note.epoch,
+            old_epoch = %self.note.epoch,
             "took over: gap from the old owner's last commit to our first write-ahead: {} ms",
             first - from
         );

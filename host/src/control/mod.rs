@@ -21,7 +21,7 @@ use std::sync::mpsc::{Receiver, Sender};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::checkpoint::{PluginRef, StageKind};
+use crate::checkpoint::{Epoch, PluginRef, StageKind};
 use crate::plugin::Plugin;
 
 pub use client::{Client, ClientError};
@@ -38,7 +38,7 @@ pub struct LiveStatus {
     /// Owner host.
     pub hostname: String,
     /// Owner epoch.
-    pub epoch: u64,
+    pub epoch: Epoch,
     /// Start time, ms since the Unix epoch.
     pub since_ms: i64,
     /// Checkpoint query id.
@@ -73,7 +73,7 @@ pub struct SwapRequest {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct HandoverNote {
     /// The old owner's epoch.
-    pub epoch: u64,
+    pub epoch: Epoch,
     /// Last committed batch.
     pub last_batch: Option<u64>,
     /// When that batch committed, ms since the Unix epoch.

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use super::{HandoverNote, LiveStatus};
-use crate::checkpoint::StageKind;
+use crate::checkpoint::{Epoch, StageKind};
 
 /// A request line.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -46,7 +46,7 @@ pub enum Command {
         /// the Unix epoch.
         first_write_ahead_ms: i64,
         /// The new owner's epoch.
-        epoch: u64,
+        epoch: Epoch,
     },
 }
 
@@ -127,7 +127,7 @@ mod tests {
             took,
             Command::TookOver {
                 first_write_ahead_ms: 5,
-                epoch: 2
+                epoch: Epoch::new(2)
             }
         );
         let bare: Command = serde_json::from_str(r#"{"op":"swap","path":"/a"}"#).unwrap();

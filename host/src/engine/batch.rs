@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use sluice_guest::wire::Record;
 
-use crate::checkpoint::{Counts, DataLossGap, OffsetsEntry, Timings};
+use crate::checkpoint::{Counts, DataLossGap, Epoch, OffsetsEntry, Timings};
 use crate::metrics::Metrics;
 use crate::plugin::chain::{
     ChainResult, DEFAULT_ISOLATION_TRAPS, TrapBudget, isolate_traps, run_chain,
@@ -348,7 +348,7 @@ pub(super) struct BatchEnv<'a> {
     pub(super) query_id: &'a str,
     /// Our epoch, also when re-running a batch planned by an older owner:
     /// sinks fence on it.
-    pub(super) epoch: u64,
+    pub(super) epoch: Epoch,
     pub(super) metrics: &'a Metrics,
     /// Set when the user asked to stop: map no further piece.
     pub(super) stop: &'a AtomicBool,
@@ -420,7 +420,7 @@ pub(super) fn run_batch(
     let ctx = CallContext {
         query_id: query_id.to_string(),
         batch_id: entry.batch_id,
-        epoch,
+        epoch: epoch.get(),
     };
     let Stages {
         maps, sink, files, ..

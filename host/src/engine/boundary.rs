@@ -86,7 +86,7 @@ impl Pipeline {
         } = self;
         let last_batch = cp.last_committed();
         drop(cp);
-        tracing::info!(epoch, last_batch = ?last_batch, "handed over: lock released");
+        tracing::info!(epoch = %epoch, last_batch = ?last_batch, "handed over: lock released");
         handover::finish(h);
         drop(control);
     }

@@ -52,7 +52,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::checkpoint::{CommitEntry, Counts, OffsetsEntry, PartitionRange, PluginRef};
+use crate::checkpoint::{CommitEntry, Counts, Epoch, OffsetsEntry, PartitionRange, PluginRef};
 use crate::source::TopicPartition;
 use crate::util::now_ms;
 
@@ -68,7 +68,7 @@ pub use progress::{PartitionProgress, Progress};
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RunSummary {
     /// Epoch of this run.
-    pub epoch: u64,
+    pub epoch: Epoch,
     /// Batch re-run at start (an uncommitted batch of a previous run).
     pub reran: Option<u64>,
     /// Batches committed by this run (including a re-run one).

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::checkpoint::{Counts, DataLossGap, OffsetsEntry, Timings};
+use crate::checkpoint::{Counts, DataLossGap, Epoch, OffsetsEntry, Timings};
 use crate::source::TopicPartition;
 use crate::util::rfc3339_ms;
 
@@ -38,7 +38,7 @@ pub struct Progress {
     /// Batch id.
     pub batch_id: u64,
     /// Fencing epoch.
-    pub epoch: u64,
+    pub epoch: Epoch,
     /// True when this batch re-ran an uncommitted batch of a previous run.
     pub rerun: bool,
     /// Commit time (RFC 3339).
@@ -63,7 +63,7 @@ impl Progress {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         entry: &OffsetsEntry,
-        epoch: u64,
+        epoch: Epoch,
         rerun: bool,
         counts: &Counts,
         timings: &Timings,
@@ -132,7 +132,7 @@ impl Progress {
         }
         tracing::info!(
             batch = self.batch_id,
-            epoch = self.epoch,
+            epoch = self.epoch.get(),
             rerun = self.rerun,
             input = self.counts.input,
             output = self.counts.output,

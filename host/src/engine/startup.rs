@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use crate::capability::sql::{self, SqlGrant};
 use crate::checkpoint::{
-    self, Checkpoint, DirCheckpoint, OffsetsEntry, OpenOptions, PluginRef, Recovery,
+    self, Checkpoint, DirCheckpoint, Epoch, OffsetsEntry, OpenOptions, PluginRef, Recovery,
 };
 use crate::control::handover::{self, Takeover};
 use crate::control::{ControlServer, LiveStatus, Request, ServerContext};
@@ -36,7 +36,7 @@ use super::{Acquire, EngineError, ErrorPolicy, PipelineConfig};
 /// socket.
 pub(super) struct Pipeline {
     pub(super) cp: Box<dyn Checkpoint>,
-    pub(super) epoch: u64,
+    pub(super) epoch: Epoch,
     pub(super) query_id: String,
     pub(super) stages: Stages,
     pub(super) sql: Option<SqlGrant>,
@@ -172,7 +172,7 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
     )?);
     let epoch = cp.epoch();
     let query_id = cp.query_id().to_string();
-    tracing::info!(checkpoint = %cp.location(), epoch, query_id, "checkpoint opened");
+    tracing::info!(checkpoint = %cp.location(), epoch = %epoch, query_id, "checkpoint opened");
 
     let driver = SinkDriver::new(sql.clone())
         .map_err(sink_db_error(cfg.sink_db.as_deref().unwrap_or_default()))?;
