@@ -60,6 +60,49 @@ fn progress(out: &Output) -> Vec<Value> {
 }
 
 #[test]
+fn settings_come_from_the_environment_and_a_flag_wins_over_it() {
+    let tansu = Tansu::start();
+    tansu.create_topic("maxwell", 2);
+    let mut stream = Stream::new(5);
+    produce(&tansu, "maxwell", &mut stream, 300, 2);
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::sqlite();
+    // Everything but the plugin from SLUICE_*; --max-records-per-partition
+    // given both ways: the flag's 1000 wins over the environment's 1.
+    let out = Command::new(host_bin())
+        .args(["run", "--plugin"])
+        .arg(plugin("company"))
+        .args(["--max-records-per-partition", "1000"])
+        .env("RUST_LOG", "info")
+        .env_remove("SLUICE_FAILPOINT")
+        .env("SLUICE_BROKERS", tansu.bootstrap())
+        .env("SLUICE_TOPICS", "maxwell,maxwell")
+        .env("SLUICE_CHECKPOINT", dir.path().join("ckpt"))
+        .env("SLUICE_SINK_DB", &db.url)
+        .env("SLUICE_UNTIL_CAUGHT_UP", "true")
+        .env("SLUICE_PROGRESS", "json")
+        .env("SLUICE_TRIGGER_INTERVAL", "100ms")
+        .env("SLUICE_MAX_RECORDS_PER_PARTITION", "1")
+        .output()
+        .expect("host run");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let batches = progress(&out);
+    assert_eq!(batches.len(), 1, "one batch of up to 1000 per partition");
+    assert_eq!(batches[0]["counts"]["input"], 300);
+    assert_eq!(table(&db), stream.state, "{}", stderr(&out));
+    // A bad value in the environment is a usage error naming the variable's
+    // flag.
+    let bad = Command::new(host_bin())
+        .args(["run", "--brokers", "b:1", "--topic", "t", "--checkpoint"])
+        .arg(dir.path().join("other"))
+        .env("SLUICE_ON_ERROR", "ignore")
+        .output()
+        .expect("host run");
+    assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
+    assert!(stderr(&bad).contains("--on-error"), "{}", stderr(&bad));
+}
+
+#[test]
 fn the_original_complaint_restart_reruns_nothing_on_a_real_broker() {
     let tansu = Tansu::start();
     tansu.create_topic("maxwell", 3);

@@ -25,6 +25,7 @@ mod demo_cmd;
 mod plugin_cmd;
 mod reset_cmd;
 pub mod run_cmd;
+pub mod settings;
 mod swap_cmd;
 mod test_cmd;
 

@@ -5,12 +5,12 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::plugin::Limits;
 
 /// What to do with a record a map stage rejects.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ErrorPolicy {
     /// Stop before committing the batch; exit non-zero; nothing is lost.
@@ -23,7 +23,7 @@ pub enum ErrorPolicy {
 }
 
 /// What to do when planned offsets were deleted by retention.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DataLossPolicy {
     /// Stop with an error naming topic, partition and missing range.
@@ -33,7 +33,7 @@ pub enum DataLossPolicy {
 }
 
 /// Where partitions without a checkpointed position start.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum StartingOffsets {
     /// The log start offset.
@@ -43,7 +43,7 @@ pub enum StartingOffsets {
 }
 
 /// How progress is reported.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ProgressMode {
     /// A live status line on stderr when stdout is a terminal, else JSON.

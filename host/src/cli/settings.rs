@@ -1,0 +1,310 @@
+//! The settings of `host run`, defined once: [`Settings`] is filled by
+//! clap from the flags and the environment (`SLUICE_<NAME>`), and by serde
+//! from the TOML file given with `--config-file` (the same names, snake
+//! case). Precedence: flag, then environment, then file, then the default.
+//! [`resolve`] checks the merged values and makes the engine's
+//! [`PipelineConfig`] (the engine knows neither clap nor the file).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use clap::builder::{PossibleValuesParser, TypedValueParser};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use super::{CliError, ExitCode, MIN_PLUGIN_TIMEOUT, WithCode, parse_bytes, parse_duration};
+use crate::engine::{DataLossPolicy, ErrorPolicy, PipelineConfig, ProgressMode, StartingOffsets};
+use crate::plugin::Limits;
+
+/// A clap parser for one of the engine's serde enums (lower-case names),
+/// so the engine needs no clap.
+fn serde_enum<T>(names: &'static [&'static str]) -> impl TypedValueParser<Value = T>
+where
+    T: DeserializeOwned + Clone + Send + Sync + 'static,
+{
+    PossibleValuesParser::new(names).try_map(|s| {
+        T::deserialize(serde::de::value::StrDeserializer::<serde::de::value::Error>::new(&s))
+            .map_err(|e| e.to_string())
+    })
+}
+
+/// Serde for durations written as in the flags (`500ms`, `10s`, `2m`).
+mod duration_text {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => s.serialize_str(&humantime::format_duration(*d).to_string()),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Duration>, D::Error> {
+        Option::<String>::deserialize(d)?
+            .map(|t| super::parse_duration(&t).map_err(serde::de::Error::custom))
+            .transpose()
+    }
+}
+
+/// Serde for byte counts written as in the flags (`256MiB`, `1048576`).
+mod bytes_text {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(n: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
+        match n {
+            Some(n) => s.serialize_str(&n.to_string()),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+        Option::<String>::deserialize(d)?
+            .map(|t| super::parse_bytes(&t).map_err(serde::de::Error::custom))
+            .transpose()
+    }
+}
+
+/// What a pipeline is and how it runs: every `host run` setting that the
+/// config file may also hold. Each field is a flag (`--max-records-…`),
+/// an environment variable (`SLUICE_MAX_RECORDS_…`) and a file key
+/// (`max_records_per_partition`); unset fields take the engine's defaults.
+#[derive(Debug, Default, Clone, Args, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    /// Kafka bootstrap servers, `HOST:PORT[,HOST:PORT…]`.
+    #[arg(long, value_name = "SERVERS", env = "SLUICE_BROKERS")]
+    pub brokers: Option<String>,
+    /// Topic to read; repeat for several (in the environment:
+    /// comma-separated).
+    #[arg(
+        long = "topic",
+        value_name = "NAME",
+        env = "SLUICE_TOPICS",
+        value_delimiter = ','
+    )]
+    #[serde(default)]
+    pub topics: Vec<String>,
+    /// Checkpoint directory (created if missing). One process owns it.
+    #[arg(long, value_name = "DIR", env = "SLUICE_CHECKPOINT")]
+    pub checkpoint: Option<PathBuf>,
+    /// Plugin component; repeat to chain map stages in order (a plugin
+    /// exporting a sink stage provides the sink). Without it, the plugins
+    /// recorded in the checkpoint are used; a different one is an upgrade.
+    #[arg(long = "plugin", value_name = "FILE")]
+    #[serde(default)]
+    pub plugins: Vec<PathBuf>,
+    /// Plugin configuration (the file's `[config]` table; flags use
+    /// `--config KEY=VALUE`).
+    #[arg(skip)]
+    #[serde(default)]
+    pub config: BTreeMap<String, String>,
+    /// librdkafka properties (the file's `[kafka]` table; flags use
+    /// `--config kafka.<property>=VALUE`).
+    #[arg(skip)]
+    #[serde(default)]
+    pub kafka: BTreeMap<String, String>,
+    /// Sink database: `sqlite:PATH` or `postgres://USER@HOST:PORT/DB`.
+    /// Sink plugins reach it through the sql capability, exactly once.
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "SLUICE_SINK_DB",
+        hide_env_values = true
+    )]
+    pub sink_db: Option<String>,
+    /// Records per partition per batch [default: 10000].
+    #[arg(long, value_name = "N", env = "SLUICE_MAX_RECORDS_PER_PARTITION")]
+    pub max_records_per_partition: Option<u64>,
+    /// Time between batch starts when the topics have little data
+    /// [default: 1s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, env = "SLUICE_TRIGGER_INTERVAL")]
+    #[serde(default, with = "duration_text")]
+    pub trigger_interval: Option<Duration>,
+    /// Process what is available at start, then exit 0.
+    #[arg(long, env = "SLUICE_UNTIL_CAUGHT_UP")]
+    #[serde(default)]
+    pub until_caught_up: bool,
+    /// Bad records: `fail` stops before committing, `dlq` stores them in
+    /// sluice_dead_letters (needs --sink-db), `skip` counts and logs them
+    /// [default: fail].
+    #[arg(long, value_name = "POLICY", env = "SLUICE_ON_ERROR", value_parser = serde_enum::<ErrorPolicy>(&["fail", "dlq", "skip"]))]
+    pub on_error: Option<ErrorPolicy>,
+    /// Offsets deleted by retention before they were read: `fail` stops,
+    /// `skip` resumes at the log start and records the gap [default: fail].
+    #[arg(long, value_name = "POLICY", env = "SLUICE_ON_DATA_LOSS", value_parser = serde_enum::<DataLossPolicy>(&["fail", "skip"]))]
+    pub on_data_loss: Option<DataLossPolicy>,
+    /// Where a new checkpoint starts reading [default: earliest].
+    #[arg(long, value_name = "WHERE", env = "SLUICE_STARTING_OFFSETS", value_parser = serde_enum::<StartingOffsets>(&["earliest", "latest"]))]
+    pub starting_offsets: Option<StartingOffsets>,
+    /// Also commit processed offsets to this consumer group after each
+    /// batch, for lag dashboards only (the checkpoint stays the truth).
+    #[arg(long, value_name = "GROUP", env = "SLUICE_GROUP_ID")]
+    pub group_id: Option<String>,
+    /// Batches of checkpoint entries to keep [default: 100].
+    #[arg(long, value_name = "N", env = "SLUICE_RETENTION")]
+    pub retention: Option<u64>,
+    /// Bound on each Kafka operation (metadata, watermarks, fetch of a
+    /// batch) before the job stops with an error [default: 30s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, env = "SLUICE_KAFKA_TIMEOUT")]
+    #[serde(default, with = "duration_text")]
+    pub kafka_timeout: Option<Duration>,
+    /// Attempts for retryable plugin or sink failures and traps
+    /// [default: 3].
+    #[arg(long, value_name = "N", env = "SLUICE_ATTEMPTS")]
+    pub attempts: Option<u32>,
+    /// Deadline of one plugin call [default: 10s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, env = "SLUICE_PLUGIN_TIMEOUT")]
+    #[serde(default, with = "duration_text")]
+    pub plugin_timeout: Option<Duration>,
+    /// Memory cap of each plugin instance [default: 256MiB].
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes, env = "SLUICE_PLUGIN_MEMORY")]
+    #[serde(default, with = "bytes_text")]
+    pub plugin_memory: Option<u64>,
+    /// Serve Prometheus metrics on IP:PORT (`GET /metrics`), e.g.
+    /// `127.0.0.1:9464`.
+    #[arg(long, value_name = "IP:PORT", env = "SLUICE_METRICS_ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Progress output: `auto` (a live status line when stdout is a
+    /// terminal, else JSON), `json` (one line per batch on stdout), `line`
+    /// (status line on stderr), `none` [default: auto].
+    #[arg(long, value_name = "MODE", env = "SLUICE_PROGRESS", value_parser = serde_enum::<ProgressMode>(&["auto", "json", "line", "none"]))]
+    pub progress: Option<ProgressMode>,
+}
+
+impl Settings {
+    /// Read a config file.
+    ///
+    /// # Errors
+    /// Exit 2 naming the file and the key that is unknown or malformed.
+    pub fn from_file(path: &std::path::Path) -> Result<Settings, CliError> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read config file {}", path.display()))
+            .code(ExitCode::Usage)?;
+        toml::from_str(&text)
+            .with_context(|| format!("config file {}", path.display()))
+            .code(ExitCode::Usage)
+    }
+
+    /// These settings over `under`: every field set here (a value, a
+    /// non-empty list, `true`) wins, the rest comes from `under`.
+    ///
+    /// # Errors
+    /// Exit 2 if the two do not merge (a bug: both are `Settings`).
+    pub fn over(&self, under: &Settings) -> Result<Settings, CliError> {
+        let unset = |v: &serde_json::Value| match v {
+            serde_json::Value::Null | serde_json::Value::Bool(false) => true,
+            serde_json::Value::Array(a) => a.is_empty(),
+            serde_json::Value::Object(o) => o.is_empty(),
+            _ => false,
+        };
+        let merge = || -> serde_json::Result<Settings> {
+            let mut merged = serde_json::to_value(under)?;
+            if let (Some(m), serde_json::Value::Object(top)) =
+                (merged.as_object_mut(), serde_json::to_value(self)?)
+            {
+                for (k, v) in top {
+                    if !unset(&v) {
+                        m.insert(k, v);
+                    }
+                }
+            }
+            serde_json::from_value(merged)
+        };
+        merge()
+            .context("merging flags and config file")
+            .code(ExitCode::Usage)
+    }
+}
+
+fn missing(flag: &str) -> CliError {
+    usage(format!(
+        "{flag} is required (as a flag, in the environment, or in --config-file)"
+    ))
+}
+
+/// A usage error (exit 2) with `message`.
+fn usage(message: impl std::fmt::Display) -> CliError {
+    CliError {
+        code: ExitCode::Usage,
+        error: anyhow::anyhow!("{message}"),
+    }
+}
+
+/// Check merged settings and make the engine's pipeline definition.
+/// `config` are the `--config KEY=VALUE` flags (`kafka.`-prefixed ones go
+/// to librdkafka), applied over the file's tables.
+///
+/// # Errors
+/// Exit 2 for a missing or out-of-range setting, naming its flag.
+pub fn resolve(s: Settings, config: &[(String, String)]) -> Result<PipelineConfig, CliError> {
+    let brokers = s.brokers.ok_or_else(|| missing("--brokers"))?;
+    let mut topics = s.topics;
+    if topics.is_empty() {
+        return Err(missing("--topic"));
+    }
+    let checkpoint = s.checkpoint.ok_or_else(|| missing("--checkpoint"))?;
+    topics.sort();
+    topics.dedup();
+    if topics.iter().any(|t| t.trim().is_empty()) || brokers.trim().is_empty() {
+        return Err(usage("--brokers and --topic must not be empty"));
+    }
+    let mut cfg = PipelineConfig::new(brokers, topics, checkpoint);
+    cfg.plugins = s.plugins;
+    cfg.plugin_config = s.config;
+    cfg.kafka = s.kafka;
+    for (k, v) in config {
+        match k.strip_prefix("kafka.") {
+            Some(prop) => cfg.kafka.insert(prop.to_string(), v.clone()),
+            None => cfg.plugin_config.insert(k.clone(), v.clone()),
+        };
+    }
+    cfg.sink_db = s.sink_db;
+    if let Some(n) = s.max_records_per_partition {
+        if n == 0 {
+            return Err(usage("--max-records-per-partition must be at least 1"));
+        }
+        cfg.max_records_per_partition = n;
+    }
+    cfg.trigger_interval = s.trigger_interval.unwrap_or(cfg.trigger_interval);
+    cfg.until_caught_up = s.until_caught_up;
+    cfg.on_error = s.on_error.unwrap_or(cfg.on_error);
+    cfg.on_data_loss = s.on_data_loss.unwrap_or(cfg.on_data_loss);
+    cfg.starting_offsets = s.starting_offsets.unwrap_or(cfg.starting_offsets);
+    cfg.group_id = s.group_id;
+    cfg.retention = s.retention.unwrap_or(cfg.retention);
+    if cfg.retention == 0 {
+        return Err(usage(
+            "--retention must be at least 1 (the newest batch is always kept)",
+        ));
+    }
+    if let Some(d) = s.kafka_timeout {
+        if d < Duration::from_secs(1) {
+            return Err(usage("--kafka-timeout must be at least 1s"));
+        }
+        cfg.kafka_timeout = d;
+    }
+    cfg.attempts = s.attempts.unwrap_or(cfg.attempts);
+    if cfg.attempts == 0 {
+        return Err(usage("--attempts must be at least 1 (1 = no retries)"));
+    }
+    let defaults = Limits::default();
+    cfg.limits = Limits {
+        call_timeout: s.plugin_timeout.unwrap_or(defaults.call_timeout),
+        memory_bytes: s.plugin_memory.unwrap_or(defaults.memory_bytes),
+    };
+    if cfg.limits.call_timeout < MIN_PLUGIN_TIMEOUT {
+        return Err(usage(
+            "--plugin-timeout must be at least 10ms (deadlines are checked every 5 ms)",
+        ));
+    }
+    cfg.progress = s.progress.unwrap_or(ProgressMode::Auto);
+    cfg.metrics_addr = s.metrics_addr;
+    Ok(cfg)
+}
