@@ -32,7 +32,7 @@ pub enum CheckpointCommand {
     /// progress rows of the old one are forgotten (they need --sink-db).
     /// Offsets the sink shows applied are otherwise skipped after a reset
     /// back; --reapply applies them again.
-    Reset(super::reset_cmd::ResetArgs),
+    Reset(super::reset::ResetArgs),
 }
 
 /// Run `host checkpoint …`.
@@ -41,7 +41,7 @@ pub enum CheckpointCommand {
 /// Exit 1 for a corrupt, missing or unreadable checkpoint.
 pub fn run(cmd: CheckpointCommand) -> Result<(), CliError> {
     match cmd {
-        CheckpointCommand::Reset(args) => super::reset_cmd::run(args),
+        CheckpointCommand::Reset(args) => super::reset::run(args),
         CheckpointCommand::Show { dir, json } => {
             let s = checkpoint::status(&dir)?;
             if json {

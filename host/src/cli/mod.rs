@@ -23,7 +23,7 @@ macro_rules! outln {
 mod checkpoint_cmd;
 mod demo_cmd;
 mod plugin_cmd;
-mod reset_cmd;
+mod reset;
 pub mod run_cmd;
 pub mod settings;
 mod swap_cmd;

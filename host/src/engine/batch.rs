@@ -19,36 +19,10 @@ use crate::plugin::{CallContext, Instance, PluginError};
 use crate::sink::SinkDriver;
 use crate::source::{KafkaSource, Piece, SourceRecord};
 
-use super::policy::{Rejection, on_bad_record, on_data_loss};
+use super::policy::{Rejection, on_bad_record, on_data_loss, with_retries};
 use super::sink_thread::{SINK_QUEUE, SinkJob, SinkPolicy, run_sink};
 use super::stages::Stages;
 use super::{EngineError, ErrorPolicy, PipelineConfig, ms};
-
-/// Retry `f` while it fails with a retryable error.
-pub(super) fn with_retries<T, E: std::fmt::Display>(
-    attempts: u32,
-    what: &str,
-    retryable: impl Fn(&E) -> bool,
-    mut f: impl FnMut() -> Result<T, E>,
-) -> Result<T, E> {
-    let mut delay = Duration::from_millis(200);
-    let mut attempt = 1;
-    loop {
-        match f() {
-            Ok(v) => return Ok(v),
-            Err(e) if attempt < attempts && retryable(&e) => {
-                tracing::warn!(
-                    "{what} failed (attempt {attempt} of {attempts}), retrying in {} ms: {e}",
-                    delay.as_millis()
-                );
-                std::thread::sleep(delay);
-                delay *= 4;
-                attempt += 1;
-            }
-            Err(e) => return Err(e),
-        }
-    }
-}
 
 /// Map a piece of a partition's range through the chain, retrying retryable
 /// failures and traps (whole-call `bad-record` errors are handled by the

@@ -7,6 +7,11 @@
 //! - [`on_data_loss`]: offsets deleted (by retention) before they were
 //!   read get `--on-data-loss`: `fail` stops, `skip` returns the gap,
 //!   which the commit entry and the progress event record.
+//! - [`with_retries`]: a retryable failure (a stage's `retryable` error, a
+//!   trap, a transient database error) is tried again, `--attempts` times
+//!   in all, 200 ms, 800 ms, … apart.
+
+use std::time::Duration;
 
 use crate::checkpoint::{Counts, DataLossGap};
 use crate::sink::DeadLetter;
@@ -118,6 +123,33 @@ pub(super) fn on_data_loss(
                 from,
                 to,
             })
+        }
+    }
+}
+
+/// Run `f`, again while it fails with an error `retryable` accepts, at
+/// most `attempts` times in all; `what` names it in the log.
+pub(super) fn with_retries<T, E: std::fmt::Display>(
+    attempts: u32,
+    what: &str,
+    retryable: impl Fn(&E) -> bool,
+    mut f: impl FnMut() -> Result<T, E>,
+) -> Result<T, E> {
+    let mut delay = Duration::from_millis(200);
+    let mut attempt = 1;
+    loop {
+        match f() {
+            Ok(v) => return Ok(v),
+            Err(e) if attempt < attempts && retryable(&e) => {
+                tracing::warn!(
+                    "{what} failed (attempt {attempt} of {attempts}), retrying in {} ms: {e}",
+                    delay.as_millis()
+                );
+                std::thread::sleep(delay);
+                delay *= 4;
+                attempt += 1;
+            }
+            Err(e) => return Err(e),
         }
     }
 }

@@ -11,11 +11,9 @@ use crate::plugin::{Instance, PluginError};
 use crate::sink::{Applied, DeadLetter, PartitionBatch, SinkDriver, SinkError, Skipped};
 use crate::source::SourceRecord;
 
-use super::policy::{Rejection, on_bad_record};
+use super::policy::{Rejection, on_bad_record, with_retries};
 use super::{EngineError, ErrorPolicy};
 use crate::checkpoint::Counts;
-
-use super::batch::with_retries;
 
 /// Parts queued for the sink thread at most: the map runs this far ahead
 /// of the sink (a part holds one piece, or more while every record of its

@@ -1,0 +1,470 @@
+//! Fetching exact ranges: position the consumer at each planned start
+//! (reusing what the previous batch read past its end), poll until every
+//! range is complete, and hand the records over in pieces. Pauses an idle
+//! consumer between batches (see [`KafkaSource::pause`]).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::Consumer;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::Message;
+use rdkafka::{Offset, TopicPartitionList};
+
+use super::{KafkaSource, PartitionRange, SourceError, SourceRecord, TopicPartition, to_record};
+
+/// Part of one planned range, delivered by [`KafkaSource::fetch`].
+#[derive(Debug)]
+pub struct Piece {
+    /// Index of the range in the `ranges` given to `fetch`.
+    pub range: usize,
+    /// Records in offset order, following the range's previous piece.
+    pub records: Vec<SourceRecord>,
+    /// Set on the range's last piece: the whole range has been delivered.
+    pub done: bool,
+}
+
+/// Per-range buffers of a fetch in progress.
+struct Pieces<'a> {
+    bufs: Vec<Vec<SourceRecord>>,
+    size: usize,
+    /// Set by the receiver when it stops taking pieces; checked every turn
+    /// of the poll loop, so a failed batch does not wait for the fetch.
+    cancel: &'a AtomicBool,
+    deliver: &'a mut dyn FnMut(Piece) -> bool,
+}
+
+impl Pieces<'_> {
+    fn send(&mut self, range: usize, done: bool) -> Result<(), SourceError> {
+        let records = std::mem::take(&mut self.bufs[range]);
+        if (self.deliver)(Piece {
+            range,
+            records,
+            done,
+        }) {
+            Ok(())
+        } else {
+            Err(SourceError::Cancelled)
+        }
+    }
+
+    fn push(&mut self, range: usize, rec: SourceRecord) -> Result<(), SourceError> {
+        let buf = &mut self.bufs[range];
+        if buf.capacity() == 0 {
+            buf.reserve_exact(self.size);
+        }
+        buf.push(rec);
+        if buf.len() >= self.size {
+            self.send(range, false)?;
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self, range: usize) -> Result<(), SourceError> {
+        self.send(range, true)
+    }
+}
+
+impl KafkaSource {
+    /// Make the consumer deliver each active range from its start: keep a
+    /// partition's fetch position (and buffered records) when the range
+    /// continues where the previous one ended, add new partitions
+    /// incrementally, and re-assign everything otherwise.
+    fn position_for(&mut self, ranges: &[PartitionRange]) -> Result<(), SourceError> {
+        let mut add = TopicPartitionList::new();
+        let mut reassign = false;
+        for r in ranges {
+            match self.assigned.get(&(r.topic.clone(), r.partition)) {
+                Some(next) if *next == r.start => {}
+                Some(_) => reassign = true,
+                None => {
+                    add.add_partition_offset(&r.topic, r.partition, Offset::Offset(r.start))
+                        .map_err(|e| SourceError::Client(e.to_string()))?;
+                }
+            }
+        }
+        if reassign {
+            let mut tpl = TopicPartitionList::new();
+            let mut wanted: BTreeMap<TopicPartition, i64> = self.assigned.clone();
+            for r in ranges {
+                wanted.insert((r.topic.clone(), r.partition), r.start);
+            }
+            for ((t, p), o) in &wanted {
+                tpl.add_partition_offset(t, *p, Offset::Offset(*o))
+                    .map_err(|e| SourceError::Client(e.to_string()))?;
+            }
+            self.consumer
+                .assign(&tpl)
+                .map_err(|e| SourceError::Client(format!("assign: {e}")))?;
+            self.pending.clear();
+            self.assigned = wanted;
+        } else if add.count() > 0 {
+            self.consumer
+                .incremental_assign(&add)
+                .map_err(|e| SourceError::Client(format!("assign: {e}")))?;
+            for r in ranges {
+                self.assigned
+                    .entry((r.topic.clone(), r.partition))
+                    .or_insert(r.start);
+            }
+        }
+        Ok(())
+    }
+
+    /// Stop fetching the assigned partitions until the next
+    /// [`KafkaSource::fetch`]: for an idle pipeline, between batches.
+    ///
+    /// librdkafka 2.12.1 crashes (SIGSEGV in `rd_kafka_metadata_cache_find`
+    /// from `rd_kafka_metadata_update_op`) when a Fetch answer carries
+    /// KIP-951 leader tags for a topic with an all-zero topic id: it then
+    /// looks the topic up by a name the answer does not have. Tansu 0.6.0
+    /// answers a Fetch for a deleted topic's old id that way, so a topic
+    /// deleted and recreated under a consumer that keeps fetching crashed
+    /// the host in 5 of 6 tries. Fetching only while a batch reads ranges
+    /// that the plan just checked against the broker's topic id (see
+    /// `engine::plan`) leaves a recreation during that batch's fetch as
+    /// the only window. Records buffered by librdkafka are dropped and
+    /// fetched again from the next undelivered offset on resume, which
+    /// is where `assigned` says the next range starts.
+    pub fn pause(&mut self) {
+        if self.paused || self.assigned.is_empty() {
+            return;
+        }
+        if let Ok(tpl) = self.consumer.assignment()
+            && self.consumer.pause(&tpl).is_ok()
+        {
+            self.paused = true;
+        }
+    }
+
+    fn resume(&mut self) -> Result<(), SourceError> {
+        if !self.paused {
+            return Ok(());
+        }
+        let tpl = self
+            .consumer
+            .assignment()
+            .map_err(|e| SourceError::Client(format!("assignment: {e}")))?;
+        self.consumer
+            .resume(&tpl)
+            .map_err(|e| SourceError::Client(format!("resume: {e}")))?;
+        self.paused = false;
+        Ok(())
+    }
+
+    /// Forget the consumer's positions (after a failed fetch): the next
+    /// fetch assigns from scratch.
+    fn reset(&mut self) {
+        let _ = self.resume();
+        let _ = self.consumer.unassign();
+        self.assigned.clear();
+        self.pending.clear();
+    }
+
+    /// Read every record in `ranges` (empty ranges are skipped) and hand
+    /// them to `deliver` in pieces of at most `piece_records` records as
+    /// they arrive, so the caller can map one piece while the next is
+    /// read. Pieces of one range come in offset order; the last piece of
+    /// each non-empty range has `done` set (it may hold no records, e.g.
+    /// when the range ends on a control record). Pieces of different ranges
+    /// interleave.
+    ///
+    /// # Errors
+    /// [`SourceError::OutOfRange`] when a range was deleted from the log;
+    /// [`SourceError::Unavailable`] when the brokers do not deliver within
+    /// the timeout; [`SourceError::Cancelled`] when `deliver` returned
+    /// false or `cancel` was set. After an error the pieces delivered so far are incomplete and
+    /// the next fetch starts from a fresh assignment.
+    pub fn fetch(
+        &mut self,
+        ranges: &[PartitionRange],
+        piece_records: usize,
+        cancel: &AtomicBool,
+        deliver: &mut dyn FnMut(Piece) -> bool,
+    ) -> Result<(), SourceError> {
+        let active: Vec<PartitionRange> =
+            ranges.iter().filter(|r| r.end > r.start).cloned().collect();
+        if active.is_empty() {
+            return Ok(());
+        }
+        if !self.meta_warm {
+            // The metadata client answers from the next plan on: connect it
+            // (bootstrap, broker list) in the background while this batch
+            // runs, rather than at start, where it would compete with the
+            // consumer's own bootstrap.
+            self.meta_warm = true;
+            let warm = Arc::clone(&self.meta);
+            let _ = std::thread::Builder::new()
+                .name("sluice-meta-warm".into())
+                .spawn(move || {
+                    let _ = warm.fetch_metadata(None, Duration::from_secs(5));
+                });
+        }
+        let mut pieces = Pieces {
+            bufs: ranges.iter().map(|_| Vec::new()).collect(),
+            size: piece_records.max(1),
+            cancel,
+            deliver,
+        };
+        let result = self.fetch_into(ranges, &active, &mut pieces);
+        match result {
+            Ok(()) => {
+                for r in &active {
+                    self.assigned.insert((r.topic.clone(), r.partition), r.end);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                self.reset();
+                Err(e)
+            }
+        }
+    }
+
+    fn fetch_into(
+        &mut self,
+        ranges: &[PartitionRange],
+        active: &[PartitionRange],
+        pieces: &mut Pieces<'_>,
+    ) -> Result<(), SourceError> {
+        self.resume()?;
+        self.position_for(active)?;
+        let index: HashMap<TopicPartition, usize> = ranges
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.end > r.start)
+            .map(|(i, r)| ((r.topic.clone(), r.partition), i))
+            .collect();
+        let mut remaining: HashMap<TopicPartition, i64> = HashMap::new();
+        for r in active {
+            let tp = (r.topic.clone(), r.partition);
+            let i = index[&tp];
+            let mut complete = false;
+            if let Some(q) = self.pending.get_mut(&tp) {
+                while let Some(rec) = q.pop_front() {
+                    if rec.offset < r.start {
+                        continue;
+                    }
+                    if rec.offset >= r.end {
+                        // Records arrive in offset order: the range is done.
+                        q.push_front(rec);
+                        complete = true;
+                        break;
+                    }
+                    complete = rec.offset == r.end - 1;
+                    pieces.push(i, rec)?;
+                }
+            }
+            if complete {
+                pieces.finish(i)?;
+            } else {
+                remaining.insert(tp, r.end);
+            }
+        }
+        self.poll_until_done(ranges, &index, &mut remaining, pieces)
+    }
+
+    fn poll_until_done(
+        &mut self,
+        ranges: &[PartitionRange],
+        index: &HashMap<TopicPartition, usize>,
+        remaining: &mut HashMap<TopicPartition, i64>,
+        pieces: &mut Pieces<'_>,
+    ) -> Result<(), SourceError> {
+        // The timeout bounds the time without progress, not the fetch: a
+        // long batch behind a slow sink is not a stalled broker.
+        let mut started = Instant::now();
+        let mut progressed = false;
+        let mut last_error = String::from("no records delivered");
+        let mut last_position_check = Instant::now();
+        // Records arrive in runs from one partition: remember the last
+        // partition's index so most records need no key allocation or hash.
+        let mut last: Option<(TopicPartition, Option<usize>)> = None;
+        // The clock is read after a poll that delivered no record (empty
+        // or an error) and every CLOCK_EVERY turns, not for every record.
+        const CLOCK_EVERY: u32 = 256;
+        let mut since_clock = 0u32;
+        while !remaining.is_empty() {
+            if pieces.cancel.load(Ordering::Relaxed) {
+                return Err(SourceError::Cancelled);
+            }
+            since_clock += 1;
+            if since_clock >= CLOCK_EVERY {
+                since_clock = 0;
+                if progressed {
+                    progressed = false;
+                    started = Instant::now();
+                }
+                if started.elapsed() > self.timeout {
+                    return Err(self.fetch_timed_out(remaining, started.elapsed(), last_error));
+                }
+                // Control records and compaction gaps leave no message at
+                // the end of a range: the consumer position tells us we are
+                // past it.
+                if last_position_check.elapsed() > Duration::from_millis(200) {
+                    last_position_check = Instant::now();
+                    if let Ok(pos) = self.consumer.position() {
+                        for e in pos.elements() {
+                            if let Offset::Offset(o) = e.offset() {
+                                let tp = (e.topic().to_string(), e.partition());
+                                if remaining.get(&tp).is_some_and(|end| o >= *end) {
+                                    remaining.remove(&tp);
+                                    if let Some(i) = index.get(&tp) {
+                                        pieces.finish(*i)?;
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    continue;
+                }
+            }
+            match self.consumer.poll(Duration::from_millis(100)) {
+                Some(Ok(m)) => {
+                    progressed = true;
+                    let offset = m.offset();
+                    let i = match &last {
+                        Some(((t, p), i)) if *p == m.partition() && t == m.topic() => *i,
+                        _ => {
+                            let tp = (m.topic().to_string(), m.partition());
+                            let i = index.get(&tp).copied();
+                            last = Some((tp, i));
+                            i
+                        }
+                    };
+                    let Some(i) = i else {
+                        // Assigned but not planned this batch: keep for later.
+                        let tp = (m.topic().to_string(), m.partition());
+                        self.pending.entry(tp).or_default().push_back(to_record(&m));
+                        continue;
+                    };
+                    let r = &ranges[i];
+                    if offset < r.start {
+                        continue;
+                    }
+                    if offset >= r.end {
+                        self.pending
+                            .entry((r.topic.clone(), r.partition))
+                            .or_default()
+                            .push_back(to_record(&m));
+                    } else {
+                        pieces.push(i, to_record(&m))?;
+                    }
+                    if offset >= r.end - 1
+                        && remaining.remove(&(r.topic.clone(), r.partition)).is_some()
+                    {
+                        pieces.finish(i)?;
+                    }
+                }
+                Some(Err(KafkaError::MessageConsumption(
+                    RDKafkaErrorCode::AutoOffsetReset | RDKafkaErrorCode::OffsetOutOfRange,
+                ))) => {
+                    return Err(self.out_of_range(ranges, remaining));
+                }
+                Some(Err(e)) => {
+                    last_error = e.to_string();
+                    tracing::debug!("kafka: {e}");
+                    since_clock = CLOCK_EVERY;
+                }
+                None => {
+                    // Idle: the clock checks run on the next turn.
+                    since_clock = CLOCK_EVERY;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The error for a fetch that delivered nothing more within the
+    /// timeout: [`SourceError::FetchStalled`] when the broker answers and
+    /// its high watermark is past the consumer's position on some missing
+    /// partition, [`SourceError::Unavailable`] otherwise.
+    fn fetch_timed_out(
+        &self,
+        remaining: &HashMap<TopicPartition, i64>,
+        waited: Duration,
+        last: String,
+    ) -> SourceError {
+        let positions: HashMap<TopicPartition, i64> = self
+            .consumer
+            .position()
+            .map(|tpl| {
+                tpl.elements()
+                    .iter()
+                    .filter_map(|e| match e.offset() {
+                        Offset::Offset(o) => Some(((e.topic().to_string(), e.partition()), o)),
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut missing: Vec<(&TopicPartition, &i64)> = remaining.iter().collect();
+        missing.sort();
+        let mut stalled = Vec::new();
+        // A few quick questions at most: one stalled partition explains
+        // the error, and a broker that does not answer them is the
+        // "unavailable" case.
+        let asked = Instant::now();
+        for (tp, _) in &missing {
+            if asked.elapsed() > Duration::from_secs(5) {
+                break;
+            }
+            let Some(pos) = positions
+                .get(*tp)
+                .copied()
+                .or_else(|| self.assigned.get(*tp).copied())
+            else {
+                continue;
+            };
+            if let Ok((_, high)) = self
+                .meta
+                .fetch_watermarks(&tp.0, tp.1, Duration::from_secs(2))
+                && high > pos
+            {
+                stalled.push(format!(
+                    "{}/{} at offset {pos} (high watermark {high})",
+                    tp.0, tp.1
+                ));
+            }
+        }
+        if !stalled.is_empty() {
+            return SourceError::FetchStalled {
+                stalled: stalled.join(", "),
+                waited,
+                last,
+                limits: self.fetch_limits.clone(),
+            };
+        }
+        let what: Vec<String> = missing
+            .iter()
+            .map(|((t, p), end)| format!("{t}/{p} up to {end}"))
+            .collect();
+        self.unavailable(format!("fetching {}", what.join(", ")), waited, last)
+    }
+
+    fn out_of_range(
+        &self,
+        ranges: &[PartitionRange],
+        remaining: &HashMap<TopicPartition, i64>,
+    ) -> SourceError {
+        for r in ranges {
+            if !remaining.contains_key(&(r.topic.clone(), r.partition)) {
+                continue;
+            }
+            if let Ok((low, _)) = self.watermarks(&r.topic, r.partition)
+                && low > r.start
+            {
+                return SourceError::OutOfRange {
+                    topic: r.topic.clone(),
+                    partition: r.partition,
+                    start: r.start,
+                    end: r.end,
+                    log_start: low,
+                };
+            }
+        }
+        SourceError::Client("offset out of range reported by the broker, but no planned range is below its log start".into())
+    }
+}
