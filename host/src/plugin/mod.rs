@@ -15,6 +15,7 @@
 
 mod bindings;
 pub mod chain;
+mod contract;
 mod error;
 mod imports;
 mod instance;
@@ -30,10 +31,9 @@ use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine};
 
+pub use contract::{BadRecord, CallContext, MapResult, OpenAnswer, PartitionContext};
 pub use error::{PluginError, StageFailure, TrapKind, Trapped};
-pub use instance::{
-    BadRecord, CallContext, Instance, MapResult, OpenAnswer, PartitionContext, describe_site,
-};
+pub use instance::{Instance, describe_site};
 
 /// The contract version this host implements (`sluice:plugin@<this>`).
 pub const CONTRACT_VERSION: &str = sluice_guest::CONTRACT_VERSION;

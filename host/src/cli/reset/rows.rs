@@ -258,8 +258,7 @@ mod tests {
         let after = BTreeMap::from([(tp(0), 0), (tp(1), 20)]);
         let lines = describe_moves(&rows, &changes, &after, false);
         assert_eq!(
-            lines[0],
-            "sink progress t/0: applied below 10 -> no row",
+            lines[0], "sink progress t/0: applied below 10 -> no row",
             "{lines:?}"
         );
         assert!(

@@ -1,0 +1,99 @@
+//! Unit tests of the sink driver on real SQLite and PostgreSQL databases.
+
+use super::*;
+use crate::capability::sql::{self, SqlValue};
+use crate::plugin::CallContext;
+
+/// SQLite always; PostgreSQL too when the test suite's server is up
+/// (`SLUICE_TEST_PG_URL`, set by scripts/test.sh), in a new database.
+fn databases(dir: &std::path::Path) -> Vec<String> {
+    let mut urls = vec![format!("sqlite:{}", dir.join("sink.db").display())];
+    if let Ok(admin) = std::env::var("SLUICE_TEST_PG_URL") {
+        let name = format!("sluice_unit_{}", std::process::id());
+        let mut b = sql::connect(&admin).unwrap();
+        b.batch(&format!("DROP DATABASE IF EXISTS {name}")).unwrap();
+        b.batch(&format!("CREATE DATABASE {name}")).unwrap();
+        let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap();
+        urls.push(format!("{base}/{name}"));
+    }
+    urls
+}
+
+fn part(batch: u64, start: i64, end: i64) -> PartitionContext {
+    PartitionContext {
+        batch: CallContext {
+            query_id: "q1".into(),
+            batch_id: batch,
+            epoch: 1,
+        },
+        topic: "t".into(),
+        partition: 0,
+        start_offset: start,
+        end_offset: end,
+    }
+}
+
+/// Both databases look up an unqualified table name in the session's
+/// temporary schema first. Should plugin SQL ever get a TEMP
+/// sluice_progress onto the connection (here the test puts it there,
+/// claiming [0, 1000) applied), the host still reads and writes its
+/// own, schema-qualified table.
+#[test]
+fn a_temporary_table_named_like_a_host_table_does_not_fool_the_host() {
+    let dir = tempfile::tempdir().unwrap();
+    for url in databases(dir.path()) {
+        let grant = SqlGrant::connect(&url).unwrap();
+        let driver = SinkDriver::new(Some(grant.clone())).unwrap();
+        let apply = |batch, start, end| {
+            driver.apply(
+                None,
+                &PartitionBatch {
+                    range: part(batch, start, end),
+                    records: &[],
+                    dead_letters: &[],
+                },
+            )
+        };
+        apply(1, 0, 10).unwrap();
+        grant
+            .lock()
+            .backend()
+            .batch(
+                "CREATE TEMP TABLE sluice_progress (query_id TEXT, topic TEXT, \"partition\" INTEGER, \
+                   end_offset BIGINT, batch_id BIGINT, epoch BIGINT, updated_at_ms BIGINT, holes TEXT, \
+                   PRIMARY KEY (query_id, topic, \"partition\")); \
+                 INSERT INTO sluice_progress VALUES ('q1', 't', 0, 1000, 1, 1, 0, '[]');",
+            )
+            .unwrap();
+        assert_eq!(
+            apply(2, 10, 20).unwrap(),
+            Applied::Written {
+                records: 0,
+                dead_lettered: 0,
+                skipped: Skipped::default(),
+            },
+            "{url}"
+        );
+        let mut s = grant.lock();
+        let b = s.backend();
+        b.batch("DROP TABLE sluice_progress").unwrap();
+        let rows = b
+            .query("SELECT end_offset FROM sluice_progress", &[])
+            .unwrap();
+        assert_eq!(rows.rows, vec![vec![SqlValue::Integer(20)]], "{url}");
+        // On PostgreSQL plugin SQL is checked by its text, so names
+        // spelled with Unicode escapes are refused.
+        if b.dialect() == sql::Dialect::Postgres {
+            drop(s);
+            grant.lock().begin().unwrap();
+            let e = grant
+                .plugin_execute(
+                    "CREATE TEMP TABLE U&\"sluice\\005fprogress\" (p INTEGER)",
+                    &[],
+                )
+                .unwrap_err();
+            assert!(e.message.contains("Unicode-escaped identifiers"), "{e}");
+            grant.lock().rollback();
+        }
+    }
+}
