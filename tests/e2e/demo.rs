@@ -3,8 +3,7 @@
 
 use serde_json::Value;
 
-use crate::sql_sink::Db;
-use crate::support::{host, plugin, stderr};
+use crate::support::{Db, host, plugin, stderr};
 
 #[test]
 fn demo_summary_matches_what_it_produced() {

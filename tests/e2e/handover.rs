@@ -1,84 +1,14 @@
 //! One active owner per checkpoint, `--wait`, `--takeover` and `host swap`
 //! on a real Tansu broker with the real binary and built plugins.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
 use crate::kafka::{Broker, Tansu, producer};
-use crate::sql_sink::Db;
-use crate::support::{host, host_bin, plugin, stderr};
-
-/// A `host run` child whose stderr lines are collected.
-struct Running {
-    child: Child,
-    lines: Arc<Mutex<Vec<String>>>,
-}
-
-impl Running {
-    fn start(args: &[String]) -> Running {
-        let mut child = Command::new(host_bin())
-            .args(args)
-            .env("RUST_LOG", "info")
-            .env_remove("SLUICE_FAILPOINT")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let sink = lines.clone();
-        let err = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for l in BufReader::new(err).lines().map_while(Result::ok) {
-                sink.lock().unwrap().push(l);
-            }
-        });
-        Running { child, lines }
-    }
-
-    fn wait_for(&self, needle: &str, timeout: Duration) -> String {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(l) = self
-                .lines
-                .lock()
-                .unwrap()
-                .iter()
-                .find(|l| l.contains(needle))
-            {
-                return l.clone();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "`{needle}` not logged; log:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn log(&self) -> String {
-        self.lines.lock().unwrap().join("\n")
-    }
-
-    fn term(&mut self) -> Option<i32> {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        self.child.wait().unwrap().code()
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use crate::support::{Db, HostProcess, RunArgs, host, host_bin, plugin, stderr};
 
 fn args(
     b: &dyn Broker,
@@ -88,31 +18,21 @@ fn args(
     plugins: &[PathBuf],
     extra: &[&str],
 ) -> Vec<String> {
-    let mut v: Vec<String> = vec![
-        "run".into(),
-        "--brokers".into(),
-        b.bootstrap(),
-        "--topic".into(),
-        topic.into(),
-        "--checkpoint".into(),
-        ckpt.display().to_string(),
-        "--sink-db".into(),
-        db.url.clone(),
-        "--max-records-per-partition".into(),
-        "200".into(),
-        "--trigger-interval".into(),
-        "100ms".into(),
-        "--retention".into(),
-        "100000".into(),
-        "--progress".into(),
-        "none".into(),
-    ];
-    for p in plugins {
-        v.push("--plugin".into());
-        v.push(p.display().to_string());
-    }
-    v.extend(extra.iter().map(|s| s.to_string()));
-    v
+    plugins
+        .iter()
+        .fold(
+            RunArgs::new(&b.bootstrap(), &[topic], ckpt).sink_db(db),
+            |a, p| a.plugin_file(p),
+        )
+        .args([
+            "--max-records-per-partition",
+            "200",
+            "--trigger-interval",
+            "100ms",
+        ])
+        .args(["--retention", "100000", "--progress", "none"])
+        .args(extra)
+        .build()
 }
 
 /// Produce `n` plain records `e<i>` over 3 partitions, about `per_sec` a
@@ -204,7 +124,7 @@ fn a_second_owner_is_refused_and_reads_nothing_and_wait_queues() {
     let plugins = [plugin("passthrough"), plugin("sql_counter")];
     let feed = produce_steadily(tansu.bootstrap(), "events", 300, 1000);
     feed.join().unwrap();
-    let mut first = Running::start(&args(&tansu, "events", &ckpt, &db, &plugins, &[]));
+    let mut first = HostProcess::start(&args(&tansu, "events", &ckpt, &db, &plugins, &[]));
     first.wait_for("batch committed", Duration::from_secs(60));
     let epoch = epoch_of(&ckpt);
 
@@ -222,7 +142,7 @@ fn a_second_owner_is_refused_and_reads_nothing_and_wait_queues() {
     wait_applied(&db, 360, Duration::from_secs(60));
 
     // --wait queues, and starts as soon as the owner stops.
-    let waiting = Running::start(&args(
+    let mut waiting = HostProcess::start(&args(
         &tansu,
         "events",
         &ckpt,
@@ -256,7 +176,7 @@ fn takeover_under_continuous_load_applies_every_event_once() {
     let db = Db::sqlite();
     let plugins = [plugin("passthrough"), plugin("sql_counter")];
     let feed = produce_steadily(tansu.bootstrap(), "events", 20_000, 2500);
-    let mut old = Running::start(&args(&tansu, "events", &ckpt, &db, &plugins, &[]));
+    let mut old = HostProcess::start(&args(&tansu, "events", &ckpt, &db, &plugins, &[]));
     old.wait_for("batch committed", Duration::from_secs(60));
     // A takeover the checkpoint would refuse (other topics) fails before
     // asking for the handover: the owner keeps running.
@@ -274,13 +194,9 @@ fn takeover_under_continuous_load_applies_every_event_once() {
         .unwrap();
     assert!(!out.status.success());
     assert!(stderr(&out).contains("fingerprint"), "{}", stderr(&out));
-    assert!(
-        old.child.try_wait().unwrap().is_none(),
-        "the owner keeps running:\n{}",
-        old.log()
-    );
+    assert!(old.running(), "the owner keeps running:\n{}", old.log());
     std::thread::sleep(Duration::from_secs(2));
-    let mut new = Running::start(&args(
+    let mut new = HostProcess::start(&args(
         &tansu,
         "events",
         &ckpt,
@@ -289,12 +205,7 @@ fn takeover_under_continuous_load_applies_every_event_once() {
         &["--takeover", "60s"],
     ));
     let took = new.wait_for("took over: gap", Duration::from_secs(90));
-    assert_eq!(
-        old.child.wait().unwrap().code(),
-        Some(0),
-        "the old owner exits 0:\n{}",
-        old.log()
-    );
+    assert_eq!(old.wait(), Some(0), "the old owner exits 0:\n{}", old.log());
     assert!(
         old.log().contains("handover complete: gap"),
         "{}",
@@ -319,9 +230,9 @@ fn kill_9_of_the_new_owner_right_after_takeover_then_restart_is_exact() {
     produce_steadily(tansu.bootstrap(), "events", 3000, 100_000)
         .join()
         .unwrap();
-    let mut old = Running::start(&args(&tansu, "events", &ckpt, &db, &plugins, &[]));
+    let mut old = HostProcess::start(&args(&tansu, "events", &ckpt, &db, &plugins, &[]));
     old.wait_for("batch committed", Duration::from_secs(60));
-    let mut new = Running::start(&args(
+    let mut new = HostProcess::start(&args(
         &tansu,
         "events",
         &ckpt,
@@ -330,9 +241,8 @@ fn kill_9_of_the_new_owner_right_after_takeover_then_restart_is_exact() {
         &["--takeover"],
     ));
     new.wait_for("took over", Duration::from_secs(60));
-    new.child.kill().unwrap();
-    new.child.wait().unwrap();
-    assert_eq!(old.child.wait().unwrap().code(), Some(0));
+    new.kill();
+    assert_eq!(old.wait(), Some(0));
     let out = Command::new(host_bin())
         .args(args(
             &tansu,
@@ -401,7 +311,7 @@ fn swap_under_load_switches_exactly_at_the_reported_batch_and_bad_swaps_are_reje
     let ckpt = dir.path().join("ckpt");
     let db = Db::sqlite();
     let feed = produce_steadily(tansu.bootstrap(), "events", 6000, 300);
-    let mut run = Running::start(&args(
+    let mut run = HostProcess::start(&args(
         &tansu,
         "events",
         &ckpt,
@@ -509,7 +419,7 @@ fn checkpoint_reset_is_refused_while_owned_dry_run_writes_nothing_and_offsets_ta
         .unwrap();
     let ck = ckpt.to_str().unwrap();
 
-    let mut owner = Running::start(&args(&tansu, "events", &ckpt, &db, &plugins, &[]));
+    let mut owner = HostProcess::start(&args(&tansu, "events", &ckpt, &db, &plugins, &[]));
     owner.wait_for("batch committed", Duration::from_secs(60));
     let out = host(&[
         "checkpoint",

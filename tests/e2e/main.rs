@@ -11,6 +11,7 @@
 mod support;
 
 mod checkpoint;
+mod crashes;
 mod demo;
 mod engine_mock;
 mod handover;

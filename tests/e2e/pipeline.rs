@@ -10,36 +10,18 @@ use serde_json::Value;
 use crate::engine_mock::{produce, table};
 use crate::kafka::{Broker, Tansu, producer};
 use crate::maxwell::Stream;
-use crate::sql_sink::Db;
-use crate::support::{host_bin, plugin, stderr};
+use crate::support::{Db, RunArgs, host_bin, plugin, stderr};
 
-/// Arguments of a `host run` on `topic` with the company plugin.
+/// Arguments of a `host run` on `topic` with the company plugin (100
+/// records per partition per batch unless `extra` says otherwise).
 fn run_args(b: &dyn Broker, topic: &str, ckpt: &Path, db: &Db, extra: &[&str]) -> Vec<String> {
-    let mut v: Vec<String> = [
-        "run",
-        "--brokers",
-        &b.bootstrap(),
-        "--topic",
-        topic,
-        "--checkpoint",
-        ckpt.to_str().unwrap(),
-        "--sink-db",
-        &db.url,
-        "--trigger-interval",
-        "100ms",
-        "--kafka-timeout",
-        "20s",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let mut a = RunArgs::new(&b.bootstrap(), &[topic], ckpt)
+        .sink_db(db)
+        .args(["--trigger-interval", "100ms", "--kafka-timeout", "20s"]);
     if !extra.contains(&"--max-records-per-partition") {
-        v.extend(["--max-records-per-partition".to_string(), "100".to_string()]);
+        a = a.args(["--max-records-per-partition", "100"]);
     }
-    v.push("--plugin".into());
-    v.push(plugin("company").display().to_string());
-    v.extend(extra.iter().map(|s| s.to_string()));
-    v
+    a.plugin("company").args(extra).build()
 }
 
 fn host_run(args: &[String]) -> Output {

@@ -7,8 +7,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use crate::kafka::{Broker, Mock, Tansu, producer};
-use crate::sql_sink::Db;
-use crate::support::{host_bin, plugin, stderr};
+use crate::support::{Db, RunArgs, host_bin, stderr};
 
 /// Arguments of `host run` of the non-idempotent sql-counter sink over
 /// `topics`, then `extra`.
@@ -19,24 +18,11 @@ fn counter_args(
     db: &Db,
     extra: &[&str],
 ) -> Vec<String> {
-    let mut v: Vec<String> = ["run", "--brokers", bootstrap].map(String::from).to_vec();
-    for t in topics {
-        v.extend(["--topic".to_string(), t.to_string()]);
-    }
-    let counter = plugin("sql_counter");
-    v.extend(
-        [
-            "--checkpoint",
-            ckpt.to_str().unwrap(),
-            "--sink-db",
-            &db.url,
-            "--plugin",
-            counter.to_str().unwrap(),
-        ]
-        .map(String::from),
-    );
-    v.extend(extra.iter().map(|s| s.to_string()));
-    v
+    RunArgs::new(bootstrap, topics, ckpt)
+        .sink_db(db)
+        .plugin("sql_counter")
+        .args(extra)
+        .build()
 }
 
 /// `host run` of sql-counter over `topic` until caught up, 7 records per
@@ -103,10 +89,6 @@ fn applied_once(n: usize, db: &Db) -> (Mock, tempfile::TempDir, std::path::PathB
     (mock, dir, ckpt)
 }
 
-fn counted(db: &Db) -> i64 {
-    db.scalar("SELECT n FROM counters WHERE name = 'records'")
-}
-
 /// Each value in `seen` with how often the sink applied it.
 fn seen(db: &Db) -> std::collections::BTreeMap<String, i64> {
     db.query("SELECT value, COUNT(*) FROM seen GROUP BY value")
@@ -160,7 +142,7 @@ fn recreate_and_grow(
     first();
     let out = run(&bootstrap(), "raw", &ckpt, &db);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(counted(&db), 10);
+    assert_eq!(db.counted(), 10);
 
     recreate();
     let out = run(&bootstrap(), "raw", &ckpt, &db);
@@ -169,7 +151,7 @@ fn recreate_and_grow(
     assert!(err.contains("was deleted and created again"), "{err}");
     assert!(err.contains("topic id"), "{err}");
     assert!(err.contains("--topic raw --to earliest"), "{err}");
-    assert_eq!(counted(&db), 10, "nothing of the new topic applied: {err}");
+    assert_eq!(db.counted(), 10, "nothing of the new topic applied: {err}");
 
     let reset = follow_advice(&err);
     let said = String::from_utf8_lossy(&reset.stdout);
@@ -179,7 +161,7 @@ fn recreate_and_grow(
     );
     let out = run(&bootstrap(), "raw", &ckpt, &db);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(counted(&db), 25);
+    assert_eq!(db.counted(), 25);
     let s = seen(&db);
     assert_eq!(s.len(), 25, "{s:?}");
     assert!(s.values().all(|n| *n == 1), "{s:?}");
@@ -260,7 +242,7 @@ fn the_beyond_the_end_advice_followed_literally_applies_the_rest_once() {
         log.contains("WARN") && log.contains("were skipped"),
         "{log}"
     );
-    assert_eq!(counted(&db), 15);
+    assert_eq!(db.counted(), 15);
     assert!(seen(&db).values().all(|n| *n == 1));
 }
 
@@ -307,7 +289,7 @@ fn refused_then_moved_on(db: &Db) {
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
     ok(run(&new.bootstrap(), "raw", &ckpt, db));
-    assert_eq!(counted(db), 6);
+    assert_eq!(db.counted(), 6);
     let shown = crate::support::host(&["checkpoint", "show", ck]);
     let shown = String::from_utf8_lossy(&shown.stdout);
     assert!(shown.contains("identity    raw: topic id"), "{shown}");
@@ -346,7 +328,7 @@ fn reapply_on(db: &Db) {
     );
     ok(run(&mock.bootstrap(), "raw", &ckpt, db));
     assert_eq!(
-        counted(db),
+        db.counted(),
         11,
         "{}: offsets 5, 6 and 7 applied a second time",
         db.name
@@ -437,7 +419,7 @@ fn recreating_a_topic_with_more_partitions_under_a_running_host_never_crashes_it
     ok(run(&tansu.bootstrap(), "raw", &ckpt, &db));
     let s = seen(&db);
     assert!(s.values().all(|n| *n == 1), "{s:?}");
-    assert_eq!(counted(&db), s.len() as i64);
+    assert_eq!(db.counted(), s.len() as i64);
     assert!((0..3).all(|i| s.contains_key(&format!("r19-{i}"))), "{s:?}");
     assert!((0..5).all(|i| s.contains_key(&format!("v{i}"))), "{s:?}");
 }
@@ -512,7 +494,7 @@ fn a_topic_recreated_under_an_uncommitted_batch_is_reset_by_abandoning_the_batch
     let s = seen(&db);
     assert!(s.values().all(|n| *n == 1), "{s:?}");
     assert!((0..6).all(|i| s.contains_key(&format!("new{i}"))), "{s:?}");
-    assert_eq!(counted(&db), s.len() as i64);
+    assert_eq!(db.counted(), s.len() as i64);
     let shown = crate::support::host(&["checkpoint", "show", "--json", ckpt.to_str().unwrap()]);
     assert!(shown.status.success());
 }
@@ -544,7 +526,7 @@ fn the_advice_moves_only_the_recreated_topic_and_offsets_json_cannot_skip_its_re
         crate::support::host(&args)
     };
     ok(two(&old.bootstrap()));
-    assert_eq!(counted(&db), 10);
+    assert_eq!(db.counted(), 10);
     let new = Mock::new();
     new.create_topic("a", 1);
     new.create_topic("b", 1);
@@ -594,7 +576,7 @@ fn the_advice_moves_only_the_recreated_topic_and_offsets_json_cannot_skip_its_re
         (0..7).all(|i| s.contains_key(&format!("new-b{i}"))),
         "{s:?}"
     );
-    assert_eq!(counted(&db), 10 + 7);
+    assert_eq!(db.counted(), 10 + 7);
 }
 
 #[test]
@@ -661,7 +643,7 @@ fn a_reset_with_another_sink_database_is_refused_and_creates_nothing() {
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     ok(run(&new.bootstrap(), "raw", &ckpt, &db));
-    assert_eq!(counted(&db), 4 + 6);
+    assert_eq!(db.counted(), 4 + 6);
 }
 
 #[test]

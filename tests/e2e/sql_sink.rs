@@ -14,87 +14,7 @@ use sluice_host::plugin::chain::run_chain;
 use sluice_host::plugin::{CallContext, Limits, PartitionContext, Runtime};
 use sluice_host::sink::{Applied, DeadLetter, PartitionBatch, SinkDriver, SinkError, Skipped};
 
-use crate::support::plugin;
-
-/// A database for one test: its URL and, for SQLite, the temp dir.
-pub struct Db {
-    pub url: String,
-    pub name: &'static str,
-    _dir: Option<tempfile::TempDir>,
-}
-
-impl Db {
-    pub fn sqlite() -> Db {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite:{}", dir.path().join("sink.db").display());
-        Db {
-            url,
-            name: "sqlite",
-            _dir: Some(dir),
-        }
-    }
-
-    /// A fresh database on the test PostgreSQL server.
-    pub fn postgres() -> Db {
-        let admin = std::env::var("SLUICE_TEST_PG_URL").expect(
-            "SLUICE_TEST_PG_URL is not set: run the suite with scripts/test.sh, which starts a throwaway PostgreSQL",
-        );
-        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let name = format!(
-            "sluice_{}_{}",
-            std::process::id(),
-            SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        );
-        connect(&admin)
-            .unwrap()
-            .batch(&format!("CREATE DATABASE {name}"))
-            .unwrap();
-        let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap();
-        Db {
-            url: format!("{base}/{name}"),
-            name: "postgres",
-            _dir: None,
-        }
-    }
-
-    /// An existing database (not removed afterwards).
-    pub fn at(url: String) -> Db {
-        Db {
-            url,
-            name: "existing",
-            _dir: None,
-        }
-    }
-
-    pub fn both() -> Vec<Db> {
-        vec![Db::sqlite(), Db::postgres()]
-    }
-
-    pub fn query(&self, sql: &str) -> Vec<Vec<SqlValue>> {
-        connect(&self.url).unwrap().query(sql, &[]).unwrap().rows
-    }
-
-    pub fn scalar(&self, sql: &str) -> i64 {
-        match self.query(sql).first().and_then(|r| r.first()) {
-            Some(SqlValue::Integer(n)) => *n,
-            other => panic!("{}: {sql}: {other:?}", self.name),
-        }
-    }
-
-    /// The first column of every row, as text, sorted.
-    pub fn sorted_texts(&self, sql: &str) -> Vec<String> {
-        let mut v: Vec<String> = self
-            .query(sql)
-            .into_iter()
-            .map(|r| match r.first() {
-                Some(SqlValue::Text(t)) => t.clone(),
-                other => panic!("{}: {sql}: {other:?}", self.name),
-            })
-            .collect();
-        v.sort();
-        v
-    }
-}
+use crate::support::{Db, plugin};
 
 pub struct Owned {
     pub key: String,
@@ -560,11 +480,7 @@ fn non_idempotent_sql_is_applied_once_and_a_replay_is_skipped() {
 #[ignore = "helper process for sink crash tests"]
 fn child_sink() {
     let url = std::env::var("SLUICE_CHILD_DB").unwrap();
-    let db = Db {
-        url,
-        name: "child",
-        _dir: None,
-    };
+    let db = Db::at(url);
     apply_counter(&db, 1, 0, 100, plain).unwrap();
     println!("APPLIED");
 }

@@ -3,8 +3,7 @@
 //! form the WIT contract documents.
 
 use crate::kafka::{Broker, Mock, producer};
-use crate::sql_sink::Db;
-use crate::support::{host, plugin, stderr};
+use crate::support::{Db, host, plugin, stderr};
 use sluice_host::capability::sql::SqlValue;
 
 /// What the misbehave fixture saw for records with these producer

@@ -1,6 +1,16 @@
-//! Paths to the built artefacts and small helpers shared by the tests.
+//! What the tests share: paths to the built artefacts, the one process
+//! watcher ([`HostProcess`]), the one `host run` argv builder
+//! ([`RunArgs`]), the one test database ([`Db`]), and small helpers.
 
 #![allow(dead_code)]
+
+mod db;
+mod process;
+mod run_args;
+
+pub use db::Db;
+pub use process::HostProcess;
+pub use run_args::RunArgs;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
