@@ -5,22 +5,30 @@ peak RSS (MiB).
 
 Usage: N=7 PLUGIN=passthrough|company python3 bench/ab.py HOST_A HOST_B ...
 (release helpers, plugins and Tansu as built by bench/run.sh; EVENTS and
-PARTITIONS as in bench/run.py)."""
+PARTITIONS as in bench/run.py). A HOST given as `HOST@DIR` runs
+`DIR/<PLUGIN>.wasm` instead of the release build's, so a plugin can be
+compared too (`old/host@old old/host@new` times two builds of one plugin
+under one host)."""
 import sys, os, subprocess, time, json, tempfile, statistics
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import run as R
 plugin = os.environ.get("PLUGIN", "passthrough")
 N = int(os.environ.get("N", "7"))
 hosts = sys.argv[1:]
+def split(h):
+    b, _, d = h.partition("@")
+    return b, (d or R.WASM)
 work = tempfile.mkdtemp(prefix="ab2-")
 res = {h: {"wall": [], "total": [], "fetch": [], "map": [], "sink": [], "cpu": [], "plan": [], "commit": [], "rss": []} for h in hosts}
 with R.Mock() as b:
     subprocess.run([os.path.join(R.REL, "produce"), b.bootstrap, "maxwell", str(R.PARTS), str(R.EVENTS), work + "/exp.json"], check=True, capture_output=True)
     for i in range(N):
         for h in hosts:
-            ck = f"{work}/ck{i}{os.path.basename(h)}"
-            args = [h, "run", "--brokers", b.bootstrap, "--topic", "maxwell", "--checkpoint", ck, "--plugin", f"{R.WASM}/{plugin}.wasm", "--until-caught-up", "--progress", "json", "--max-records-per-partition", "20000", "--trigger-interval", "10ms"]
-            if plugin == "company": args += ["--sink-db", f"sqlite:{work}/db{i}{os.path.basename(h)}.db"]
+            binary, wasm = split(h)
+            tag = h.replace("/", "_")
+            ck = f"{work}/ck{i}{tag}"
+            args = [binary, "run", "--brokers", b.bootstrap, "--topic", "maxwell", "--checkpoint", ck, "--plugin", f"{wasm}/{plugin}.wasm", "--until-caught-up", "--progress", "json", "--max-records-per-partition", "20000", "--trigger-interval", "10ms"]
+            if plugin == "company": args += ["--sink-db", f"sqlite:{work}/db{i}{tag}.db"]
             t0 = time.perf_counter()
             r0 = os.times()
             p = subprocess.run(["/usr/bin/time", "-f", "TIME %M"] + args, capture_output=True, text=True, env=dict(os.environ, RUST_LOG="warn"))
@@ -40,6 +48,6 @@ print(f"{plugin}, {R.EVENTS} events, medians of {N} (ms)")
 print(f"{'host':16} {'wall':>6} {'batch':>6} {'fetch':>6} {'map':>6} {'sink':>6} {'cpu':>6} {'plan':>6} {'commit':>6} {'rss':>6}")
 for h in hosts:
     r = res[h]
-    print(f"{os.path.basename(h):16} " + " ".join(f"{statistics.median(r[k]):6.0f}" for k in ("wall", "total", "fetch", "map", "sink", "cpu", "plan", "commit", "rss")))
+    print(f"{h[-16:]:16} " + " ".join(f"{statistics.median(r[k]):6.0f}" for k in ("wall", "total", "fetch", "map", "sink", "cpu", "plan", "commit", "rss")))
 for h in hosts:
-    print(os.path.basename(h), "plans", [round(x) for x in res[h]["plan"]], "walls", [round(x) for x in res[h]["wall"]])
+    print(h, "plans", [round(x) for x in res[h]["plan"]], "walls", [round(x) for x in res[h]["wall"]])

@@ -7,7 +7,7 @@
 //! values into its output byte for byte and only decode what it inspects.
 //!
 //! With serde: [`from_slice`] reads into a borrowed `#[derive(Deserialize)]`
-//! struct (fields typed `&RawValue` keep their text), [`write`] writes a
+//! struct (fields typed `&RawValue` keep their text), [`write()`] writes a
 //! borrowed `#[derive(Serialize)]` struct (a `&RawValue` field is written
 //! as it came, an [`Object`] as its fields in order):
 //!
@@ -64,6 +64,26 @@ pub fn from_slice<'a, T: de::Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, serd
     match std::str::from_utf8(bytes) {
         Ok(text) => serde_json::from_str(text),
         Err(_) => serde_json::from_slice(bytes),
+    }
+}
+
+/// A JSON string that borrows from the input when it has no escapes. Use
+/// `Option<Text<'a>>` (with `#[serde(borrow)]`) for an optional string
+/// field: serde borrows a `Cow<str>` only as a bare field, never inside an
+/// `Option`, so `Option<Cow<str>>` allocates for every record.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+pub struct Text<'a>(#[serde(borrow)] pub Cow<'a, str>);
+
+impl fmt::Display for Text<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::ops::Deref for Text<'_> {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
     }
 }
 
@@ -150,7 +170,7 @@ impl Serialize for Object<'_> {
 
 impl<'a> Object<'a> {
     /// An empty object, to build with [`Object::push`] (and write with
-    /// [`write`]).
+    /// [`write()`]).
     pub fn new() -> Self {
         Object { fields: Vec::new() }
     }

@@ -393,9 +393,9 @@ mod tests {
 
     #[test]
     fn sql_identifiers_are_plain_names_only() {
-        assert_eq!(sql::identifier("companies_2").unwrap(), "companies_2");
+        assert_eq!(sql::identifier("t", "companies_2").unwrap(), "companies_2");
         for bad in ["", "2x", "a-b", "a b", "t; DROP TABLE x", &"x".repeat(64)] {
-            assert!(sql::identifier(bad).is_err(), "{bad:?}");
+            assert!(sql::identifier("t", bad).is_err(), "{bad:?}");
         }
     }
 

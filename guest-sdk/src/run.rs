@@ -68,7 +68,7 @@ impl<T> Slot<T> {
 
 /// A failing `new` or `init` stops the call; only a retryable one is
 /// tried again.
-fn init_error(e: Error) -> StageError {
+pub(crate) fn init_error(e: Error) -> StageError {
     match e {
         Error::Retryable(m) => StageError::Retryable(format!("stage init: {m}")),
         Error::BadRecord(m) | Error::Fatal(m) => StageError::Fatal(format!("stage init: {m}")),

@@ -54,9 +54,10 @@ fn owned(outcome: MapOutcome) -> Result<Mapped, StageError> {
 /// Build `M` from `config` and map `records` (topic/partition/offset as given).
 ///
 /// # Errors
-/// The stage's init error (as [`StageError::Fatal`]) or a batch-level error.
+/// The stage's init error (as the component reports it: `stage init: …`,
+/// retryable or fatal) or a batch-level error.
 pub fn map<M: Mapper>(config: &Config, records: &[Record<'_>]) -> Result<Mapped, StageError> {
-    let mut m = M::new(config).map_err(|e| StageError::Fatal(e.to_string()))?;
+    let mut m = M::new(config).map_err(crate::run::init_error)?;
     // Round-trip through the packed encoding, exactly as in the component.
     let mut enc = wire::Encoder::default();
     for r in records {

@@ -2,7 +2,6 @@
 //! the Unix epoch, its RFC 3339 form, the host name, and the test
 //! failpoints. Nothing here knows about batches or plugins.
 
-use std::io::Write;
 use std::time::Duration;
 
 /// Format milliseconds since the Unix epoch as RFC 3339 (UTC, seconds).
@@ -56,7 +55,7 @@ pub fn failpoint(name: &str) {
         };
         if hit == at {
             eprintln!("FAILPOINT {name}");
-            let _ = std::io::stderr().flush();
+            let _ = std::io::Write::flush(&mut std::io::stderr());
             if let Some(resume) = std::env::var_os("SLUICE_FAILPOINT_RESUME_FILE") {
                 while !std::path::Path::new(&resume).exists() {
                     std::thread::sleep(std::time::Duration::from_millis(10));

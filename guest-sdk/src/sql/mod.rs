@@ -21,13 +21,15 @@ use crate::host::host;
 
 pub use types::{Rows, SqlError, Value, not_granted};
 
-/// Check that `name` is a plain SQL identifier (`[A-Za-z_][A-Za-z0-9_]*`,
-/// at most 63 bytes: PostgreSQL's `NAMEDATALEN` − 1), so it can be put
-/// into a statement unquoted on both dialects. Returns it.
+/// Check that `name`, the value of setting `what`, is a plain SQL
+/// identifier (`[A-Za-z_][A-Za-z0-9_]*`, at most 63 bytes: PostgreSQL's
+/// `NAMEDATALEN` − 1), so it can be put into a statement unquoted on both
+/// dialects. Returns it.
 ///
 /// # Errors
-/// A message naming the identifier and the rule, for a stage's `new`.
-pub fn identifier(name: &str) -> Result<&str, crate::Error> {
+/// [`crate::Error::Fatal`] naming the setting, the value and the rule, for
+/// a stage's `new`.
+pub fn identifier<'a>(what: &str, name: &'a str) -> Result<&'a str, crate::Error> {
     let mut chars = name.chars();
     let plain = chars
         .next()
@@ -38,7 +40,7 @@ pub fn identifier(name: &str) -> Result<&str, crate::Error> {
         Ok(name)
     } else {
         Err(crate::Error::fatal(format!(
-            "`{name}` is not a plain SQL identifier ([A-Za-z_][A-Za-z0-9_]*, at most 63 bytes)"
+            "{what} `{name}` is not a plain SQL identifier ([A-Za-z_][A-Za-z0-9_]*, at most 63 bytes)"
         )))
     }
 }

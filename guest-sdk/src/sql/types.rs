@@ -87,7 +87,7 @@ impl From<SqlError> for crate::Error {
     }
 }
 
-/// Rows returned by [`query`].
+/// Rows returned by [`super::query`].
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Rows {
     /// Column names.

@@ -21,7 +21,7 @@ use crate::util::now_ms;
 
 /// True when `dir` holds a checkpoint (its `metadata` file exists, even if
 /// unreadable: opening it then reports why). False for a missing or empty
-/// directory, which [`Checkpoint::open`] would create a checkpoint in.
+/// directory, which [`DirCheckpoint::open`] would create a checkpoint in.
 pub fn exists(dir: &Path) -> bool {
     dir.join("metadata").exists()
 }

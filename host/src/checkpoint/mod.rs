@@ -317,9 +317,12 @@ pub struct ResetRecord {
 /// content-addressed plugin store. Dropping it releases the claim.
 ///
 /// [`DirCheckpoint`] (a directory guarded by `flock`) is today's one
-/// implementation; opening is implementation-specific, everything after
-/// it goes through this trait, so another store (the sink database, for
-/// pipeline groups) plugs in without changing the loop.
+/// implementation. The batch loop and the batch boundary use only this
+/// trait; opening is implementation-specific, and so is what startup and
+/// `--takeover` read before opening (the directory's status, fingerprint
+/// and plugin store, and the control socket and handover note that live
+/// in it). Another store (the sink database, for pipeline groups) brings
+/// its own opener and needs no change to the loop.
 ///
 /// Every write checks that our epoch is still the newest and fails with
 /// [`CheckpointError::Fenced`] otherwise, writing nothing.

@@ -28,7 +28,12 @@ pub struct RunArgs {
     /// TOML file with the same settings, by their long names in snake
     /// case (`max_records_per_partition = 5000`; `[config]` and `[kafka]`
     /// tables). Flags and `SLUICE_*` variables override it.
-    #[arg(long, value_name = "FILE", env = "SLUICE_CONFIG_FILE")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "SLUICE_CONFIG_FILE",
+        hide_env_values = true
+    )]
     pub config_file: Option<PathBuf>,
     /// Accept topics that differ from the checkpoint's.
     #[arg(long)]

@@ -1,7 +1,9 @@
 //! The settings of `host run`, defined once: [`Settings`] is filled by
 //! clap from the flags and the environment (`SLUICE_<NAME>`), and by serde
 //! from the TOML file given with `--config-file` (the same names, snake
-//! case). Precedence: flag, then environment, then file, then the default.
+//! case). Precedence: flag, then environment, then file, then the default;
+//! a switch (`until_caught_up`) is on when any of them turns it on.
+//! Environment values never show in `--help` (they may hold a password).
 //! [`resolve`] checks the merged values and makes the engine's
 //! [`PipelineConfig`] (the engine knows neither clap nor the file).
 
@@ -79,20 +81,31 @@ mod bytes_text {
 #[serde(deny_unknown_fields)]
 pub struct Settings {
     /// Kafka bootstrap servers, `HOST:PORT[,HOST:PORT…]`.
-    #[arg(long, value_name = "SERVERS", env = "SLUICE_BROKERS")]
+    #[arg(
+        long,
+        value_name = "SERVERS",
+        env = "SLUICE_BROKERS",
+        hide_env_values = true
+    )]
     pub brokers: Option<String>,
-    /// Topic to read; repeat for several (in the environment:
-    /// comma-separated).
+    /// Topic to read; repeat for several, or separate them by commas
+    /// (Kafka topic names have none).
     #[arg(
         long = "topic",
         value_name = "NAME",
         env = "SLUICE_TOPICS",
+        hide_env_values = true,
         value_delimiter = ','
     )]
     #[serde(default)]
     pub topics: Vec<String>,
     /// Checkpoint directory (created if missing). One process owns it.
-    #[arg(long, value_name = "DIR", env = "SLUICE_CHECKPOINT")]
+    #[arg(
+        long,
+        value_name = "DIR",
+        env = "SLUICE_CHECKPOINT",
+        hide_env_values = true
+    )]
     pub checkpoint: Option<PathBuf>,
     /// Plugin component; repeat to chain map stages in order (a plugin
     /// exporting a sink stage provides the sink). Without it, the plugins
@@ -116,65 +129,91 @@ pub struct Settings {
         long,
         value_name = "URL",
         env = "SLUICE_SINK_DB",
+        hide_env_values = true,
         hide_env_values = true
     )]
     pub sink_db: Option<String>,
     /// Records per partition per batch [default: 10000].
-    #[arg(long, value_name = "N", env = "SLUICE_MAX_RECORDS_PER_PARTITION")]
+    #[arg(
+        long,
+        value_name = "N",
+        env = "SLUICE_MAX_RECORDS_PER_PARTITION",
+        hide_env_values = true
+    )]
     pub max_records_per_partition: Option<u64>,
     /// Time between batch starts when the topics have little data
     /// [default: 1s].
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, env = "SLUICE_TRIGGER_INTERVAL")]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, env = "SLUICE_TRIGGER_INTERVAL", hide_env_values = true)]
     #[serde(default, with = "duration_text")]
     pub trigger_interval: Option<Duration>,
     /// Process what is available at start, then exit 0.
-    #[arg(long, env = "SLUICE_UNTIL_CAUGHT_UP")]
+    #[arg(long, env = "SLUICE_UNTIL_CAUGHT_UP", hide_env_values = true)]
     #[serde(default)]
     pub until_caught_up: bool,
     /// Bad records: `fail` stops before committing, `dlq` stores them in
     /// sluice_dead_letters (needs --sink-db), `skip` counts and logs them
     /// [default: fail].
-    #[arg(long, value_name = "POLICY", env = "SLUICE_ON_ERROR", value_parser = serde_enum::<ErrorPolicy>(&["fail", "dlq", "skip"]))]
+    #[arg(long, value_name = "POLICY", env = "SLUICE_ON_ERROR", hide_env_values = true, value_parser = serde_enum::<ErrorPolicy>(&["fail", "dlq", "skip"]))]
     pub on_error: Option<ErrorPolicy>,
     /// Offsets deleted by retention before they were read: `fail` stops,
     /// `skip` resumes at the log start and records the gap [default: fail].
-    #[arg(long, value_name = "POLICY", env = "SLUICE_ON_DATA_LOSS", value_parser = serde_enum::<DataLossPolicy>(&["fail", "skip"]))]
+    #[arg(long, value_name = "POLICY", env = "SLUICE_ON_DATA_LOSS", hide_env_values = true, value_parser = serde_enum::<DataLossPolicy>(&["fail", "skip"]))]
     pub on_data_loss: Option<DataLossPolicy>,
     /// Where a new checkpoint starts reading [default: earliest].
-    #[arg(long, value_name = "WHERE", env = "SLUICE_STARTING_OFFSETS", value_parser = serde_enum::<StartingOffsets>(&["earliest", "latest"]))]
+    #[arg(long, value_name = "WHERE", env = "SLUICE_STARTING_OFFSETS", hide_env_values = true, value_parser = serde_enum::<StartingOffsets>(&["earliest", "latest"]))]
     pub starting_offsets: Option<StartingOffsets>,
     /// Also commit processed offsets to this consumer group after each
     /// batch, for lag dashboards only (the checkpoint stays the truth).
-    #[arg(long, value_name = "GROUP", env = "SLUICE_GROUP_ID")]
+    #[arg(
+        long,
+        value_name = "GROUP",
+        env = "SLUICE_GROUP_ID",
+        hide_env_values = true
+    )]
     pub group_id: Option<String>,
     /// Batches of checkpoint entries to keep [default: 100].
-    #[arg(long, value_name = "N", env = "SLUICE_RETENTION")]
+    #[arg(
+        long,
+        value_name = "N",
+        env = "SLUICE_RETENTION",
+        hide_env_values = true
+    )]
     pub retention: Option<u64>,
     /// Bound on each Kafka operation (metadata, watermarks, fetch of a
     /// batch) before the job stops with an error [default: 30s].
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, env = "SLUICE_KAFKA_TIMEOUT")]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, env = "SLUICE_KAFKA_TIMEOUT", hide_env_values = true)]
     #[serde(default, with = "duration_text")]
     pub kafka_timeout: Option<Duration>,
     /// Attempts for retryable plugin or sink failures and traps
     /// [default: 3].
-    #[arg(long, value_name = "N", env = "SLUICE_ATTEMPTS")]
+    #[arg(
+        long,
+        value_name = "N",
+        env = "SLUICE_ATTEMPTS",
+        hide_env_values = true
+    )]
     pub attempts: Option<u32>,
     /// Deadline of one plugin call [default: 10s].
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, env = "SLUICE_PLUGIN_TIMEOUT")]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, env = "SLUICE_PLUGIN_TIMEOUT", hide_env_values = true)]
     #[serde(default, with = "duration_text")]
     pub plugin_timeout: Option<Duration>,
     /// Memory cap of each plugin instance [default: 256MiB].
-    #[arg(long, value_name = "BYTES", value_parser = parse_bytes, env = "SLUICE_PLUGIN_MEMORY")]
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes, env = "SLUICE_PLUGIN_MEMORY", hide_env_values = true)]
     #[serde(default, with = "bytes_text")]
     pub plugin_memory: Option<u64>,
     /// Serve Prometheus metrics on IP:PORT (`GET /metrics`), e.g.
     /// `127.0.0.1:9464`.
-    #[arg(long, value_name = "IP:PORT", env = "SLUICE_METRICS_ADDR")]
+    #[arg(
+        long,
+        value_name = "IP:PORT",
+        env = "SLUICE_METRICS_ADDR",
+        hide_env_values = true
+    )]
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// Progress output: `auto` (a live status line when stdout is a
     /// terminal, else JSON), `json` (one line per batch on stdout), `line`
     /// (status line on stderr), `none` [default: auto].
-    #[arg(long, value_name = "MODE", env = "SLUICE_PROGRESS", value_parser = serde_enum::<ProgressMode>(&["auto", "json", "line", "none"]))]
+    #[arg(long, value_name = "MODE", env = "SLUICE_PROGRESS", hide_env_values = true, value_parser = serde_enum::<ProgressMode>(&["auto", "json", "line", "none"]))]
     pub progress: Option<ProgressMode>,
 }
 

@@ -103,10 +103,18 @@ pub struct StatusArgs {
 /// # Errors
 /// Exit 1 for an unreadable checkpoint.
 pub fn status(args: StatusArgs) -> Result<(), CliError> {
-    let live = Client::connect(&args.checkpoint, Duration::from_secs(5))
+    let live = match Client::connect(&args.checkpoint, Duration::from_secs(5))
         .and_then(|mut c| c.request::<StatusAnswer>(&Command::Status))
-        .ok()
-        .map(|a| a.status);
+    {
+        Ok(a) => Some(a.status),
+        Err(ClientError::NotRunning { .. }) => None,
+        // An owner that answers wrongly (another host version, say) is
+        // still an owner: say so, then show the checkpoint's view.
+        Err(e) => {
+            tracing::warn!("the owner's control socket did not answer as expected: {e}");
+            None
+        }
+    };
     let on_disk = checkpoint::status(&args.checkpoint)?;
     if args.json {
         let v = json!({"running": live.is_some(), "live": live, "checkpoint": on_disk});

@@ -2,7 +2,7 @@
 //! --takeover` process, all three sides of it:
 //!
 //! 1. the requester ([`request`]) connects, sends `handover`, and waits;
-//! 2. the owner's socket thread ([`serve`]) queues a [`Handover`] for the
+//! 2. the owner's socket thread (`serve`) queues a [`Handover`] for the
 //!    engine, which at its next batch boundary (after a commit, before the
 //!    next plan) answers with a [`HandoverNote`] while still holding the
 //!    lock ([`offer`]);
@@ -22,10 +22,8 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::channel;
 use std::time::Duration;
 
-pub use super::Handover;
-use super::protocol::{Answer, Command, HandoverOffer, refusal};
-use super::server::{ServerContext, answer};
-use super::{Client, ClientError, HandoverNote, Request};
+use super::protocol::{Answer, Command, HandoverOffer, answer, refusal};
+use super::{Client, ClientError, Handover, HandoverNote, Request, ServerContext};
 use crate::checkpoint::Epoch;
 use crate::util::now_ms;
 
@@ -88,7 +86,7 @@ pub(super) fn serve(
     {
         let from = note.last_commit_ms.unwrap_or(note.released_at_ms);
         tracing::info!(
-            new_epoch = %epoch,
+            new_epoch = epoch.get(),
             "handover complete: gap from our last commit to the new owner's first write-ahead: {} ms",
             first_write_ahead_ms - from
         );
@@ -173,7 +171,7 @@ impl Takeover {
         let first = now_ms();
         let from = self.note.last_commit_ms.unwrap_or(self.note.released_at_ms);
         tracing::info!(
-            old_epoch = %self.note.epoch,
+            old_epoch = self.note.epoch.get(),
             "took over: gap from the old owner's last commit to our first write-ahead: {} ms",
             first - from
         );

@@ -16,22 +16,26 @@ pub mod handover;
 pub mod protocol;
 mod server;
 
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::{Receiver, Sender};
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::checkpoint::{Epoch, PluginRef, StageKind};
-use crate::plugin::Plugin;
+use crate::plugin::{Plugin, Runtime};
 
 pub use client::{Client, ClientError};
-pub use server::{ControlServer, ServerContext};
+pub use server::ControlServer;
 
 /// File name of the socket inside the checkpoint directory.
 pub const SOCKET: &str = "control.sock";
 
 /// What the owner publishes about itself (answer to `status`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct LiveStatus {
     /// Owner process id.
     pub pid: u32,
@@ -70,7 +74,8 @@ pub struct SwapRequest {
 }
 
 /// What the engine answers to a handover.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct HandoverNote {
     /// The old owner's epoch.
     pub epoch: Epoch,
@@ -96,6 +101,21 @@ pub struct Handover {
     /// write-ahead, or gave up): the old owner exits only then, so it can log
     /// the gap.
     pub finished: Receiver<()>,
+}
+
+/// Everything the server thread needs.
+#[derive(Clone)]
+pub struct ServerContext {
+    /// Shared engine/linker (swap compiles here).
+    pub runtime: Arc<Runtime>,
+    /// Plugin configuration of the pipeline.
+    pub config: Arc<BTreeMap<String, String>>,
+    /// Published status.
+    pub status: Arc<Mutex<LiveStatus>>,
+    /// To the engine.
+    pub requests: Sender<Request>,
+    /// Set when a request is queued, so a sleeping engine wakes up.
+    pub wake: Arc<AtomicBool>,
 }
 
 /// Requests for the engine.

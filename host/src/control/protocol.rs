@@ -9,6 +9,8 @@
 //! Unknown fields are ignored, so an older client can talk to a newer
 //! owner.
 
+use std::io::Write;
+use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
@@ -103,6 +105,14 @@ pub(super) fn refusal(e: impl std::fmt::Display) -> Answer<()> {
         body: None,
         error: Some(e.to_string()),
     }
+}
+
+/// Write one answer line.
+pub(super) fn answer(stream: &mut UnixStream, v: &impl Serialize) -> std::io::Result<()> {
+    let mut line = serde_json::to_string(v).map_err(std::io::Error::other)?;
+    line.push('\n');
+    stream.write_all(line.as_bytes())?;
+    stream.flush()
 }
 
 #[cfg(test)]

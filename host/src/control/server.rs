@@ -4,23 +4,20 @@
 //! it acts on only at a batch boundary; the server never touches the
 //! checkpoint.
 
-use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Sender, channel};
-use std::sync::{Arc, Mutex};
+use std::sync::mpsc::channel;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use rustix::event::{PollFd, PollFlags};
-use serde::Serialize;
 
-use super::protocol::{Answer, Command, StatusAnswer, SwapAnswer, refusal};
-use super::{LiveStatus, Request, SOCKET, SwapRequest, handover};
-use crate::plugin::Runtime;
+use super::protocol::{Answer, Command, StatusAnswer, SwapAnswer, answer, refusal};
+use super::{Request, SOCKET, ServerContext, SwapRequest, handover};
 
 /// The socket server of a running owner. Dropping it stops the thread and
 /// removes the socket file.
@@ -30,21 +27,6 @@ pub struct ControlServer {
     waker: UnixStream,
     thread: Option<JoinHandle<()>>,
     unlinked: bool,
-}
-
-/// Everything the server thread needs.
-#[derive(Clone)]
-pub struct ServerContext {
-    /// Shared engine/linker (swap compiles here).
-    pub runtime: Arc<Runtime>,
-    /// Plugin configuration of the pipeline.
-    pub config: Arc<BTreeMap<String, String>>,
-    /// Published status.
-    pub status: Arc<Mutex<LiveStatus>>,
-    /// To the engine.
-    pub requests: Sender<Request>,
-    /// Set when a request is queued, so a sleeping engine wakes up.
-    pub wake: Arc<AtomicBool>,
 }
 
 impl ControlServer {
@@ -134,14 +116,6 @@ impl Drop for ControlServer {
             let _ = std::fs::remove_file(&self.path);
         }
     }
-}
-
-/// Write one answer line.
-pub(super) fn answer(stream: &mut UnixStream, v: &impl Serialize) -> std::io::Result<()> {
-    let mut line = serde_json::to_string(v).map_err(std::io::Error::other)?;
-    line.push('\n');
-    stream.write_all(line.as_bytes())?;
-    stream.flush()
 }
 
 fn serve(stream: UnixStream, ctx: &ServerContext) -> std::io::Result<()> {

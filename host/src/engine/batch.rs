@@ -20,9 +20,10 @@ use crate::sink::SinkDriver;
 use crate::source::{KafkaSource, Piece, SourceRecord};
 
 use super::policy::{Rejection, on_bad_record, on_data_loss, with_retries};
+use super::progress::ms;
 use super::sink_thread::{SINK_QUEUE, SinkJob, SinkPolicy, run_sink};
 use super::stages::Stages;
-use super::{EngineError, ErrorPolicy, PipelineConfig, ms};
+use super::{EngineError, ErrorPolicy, PipelineConfig};
 
 /// Map a piece of a partition's range through the chain, retrying retryable
 /// failures and traps (whole-call `bad-record` errors are handled by the
@@ -378,16 +379,18 @@ pub(super) fn run_batch(
                 });
             }
             if low > r.start {
-                let to = low.min(r.end);
-                let gap = on_data_loss(
+                // The error names what was deleted; the gap, what of this
+                // range is lost.
+                let mut gap = on_data_loss(
                     cfg.on_data_loss,
                     &r.topic,
                     r.partition,
-                    (r.start, to),
+                    (r.start, low),
                     "re-run batch",
                 )?;
+                gap.to = gap.to.min(r.end);
+                r.start = gap.to;
                 gaps.push(gap);
-                r.start = to;
             }
         }
     }

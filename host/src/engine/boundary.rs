@@ -4,8 +4,8 @@
 //! in its write-ahead entry; a handover offers the checkpoint and, once
 //! the requester confirms, gives it up.
 
-use crate::control::handover::{self, Handover};
-use crate::control::{HandoverNote, Request, SwapRequest};
+use crate::control::handover;
+use crate::control::{Handover, HandoverNote, Request, SwapRequest};
 use crate::util::now_ms;
 
 use super::PipelineConfig;
@@ -14,7 +14,7 @@ use super::startup::Pipeline;
 
 /// Act on the queued control requests. Returns a confirmed handover: the
 /// control socket is unlinked and the note written, the caller must now
-/// release the checkpoint ([`Pipeline::hand_over`]).
+/// release the checkpoint ([`Pipeline::hand_over`](super::startup::Pipeline::hand_over)).
 pub(super) fn serve_requests(p: &mut Pipeline, cfg: &PipelineConfig) -> Option<Handover> {
     for req in crate::control::pending(&p.requests) {
         match req {
@@ -74,20 +74,4 @@ fn swap_in(p: &mut Pipeline, swap: SwapRequest) {
         p.metrics.swap();
     }
     let _ = swap.reply.send(result);
-}
-
-impl Pipeline {
-    /// Give the checkpoint up to the process that asked for it: release
-    /// the claim, then wait (bounded) for the new owner's report so the
-    /// gap gets logged, then stop serving the control socket.
-    pub(super) fn hand_over(self, h: Handover) {
-        let Pipeline {
-            cp, control, epoch, ..
-        } = self;
-        let last_batch = cp.last_committed();
-        drop(cp);
-        tracing::info!(epoch = %epoch, last_batch = ?last_batch, "handed over: lock released");
-        handover::finish(h);
-        drop(control);
-    }
 }

@@ -23,6 +23,7 @@
 //! `plan` chooses the ranges, `batch` runs one batch's fetch and map (with
 //! `sink_thread` applying the parts), `stages` loads, assembles and swaps
 //! the plugins, `error` holds [`EngineError`], `config` the settings,
+//! `policy` the error policy (bad records, lost data, retries),
 //! `progress` the per-batch report.
 //!
 //! Invariants:
@@ -47,13 +48,11 @@ mod sink_thread;
 mod stages;
 mod startup;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::checkpoint::{CommitEntry, Counts, Epoch, OffsetsEntry, PartitionRange, PluginRef};
-use crate::source::TopicPartition;
+use crate::checkpoint::{CommitEntry, Counts, Epoch, OffsetsEntry, PluginRef};
 use crate::util::now_ms;
 
 use batch::{BatchEnv, run_batch};
@@ -62,7 +61,10 @@ pub use config::{
     shell_word,
 };
 pub use error::EngineError;
+pub use plan::ends;
+use progress::ms;
 pub use progress::{PartitionProgress, Progress};
+pub use startup::Acquire;
 
 /// What a run did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -85,10 +87,6 @@ pub struct RunSummary {
     pub plugins_per_batch: Vec<(u64, Vec<PluginRef>)>,
 }
 
-pub(super) fn ms(d: Duration) -> f64 {
-    (d.as_secs_f64() * 1_000_000.0).round() / 1000.0
-}
-
 /// Sleep up to `d`, waking early when `stop` or `wake` is set.
 fn sleep_unless(stop: &AtomicBool, wake: &AtomicBool, d: Duration) {
     let until = Instant::now() + d;
@@ -99,16 +97,6 @@ fn sleep_unless(stop: &AtomicBool, wake: &AtomicBool, d: Duration) {
         }
         std::thread::sleep((until - now).min(Duration::from_millis(50)));
     }
-}
-
-/// How `run` acquires the checkpoint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Acquire {
-    /// Fail at once (or queue with `--wait`) if another process owns it.
-    #[default]
-    Normal,
-    /// Ask the owner to hand over, waiting at most this long for it.
-    Takeover(Duration),
 }
 
 /// Run the pipeline until `stop` is set (or, with `until_caught_up`, until
@@ -294,12 +282,4 @@ fn report_takeover(p: &mut startup::Pipeline, summary: &mut RunSummary) {
     if let Some(t) = p.takeover.take() {
         summary.takeover_gap_ms = Some(t.report(p.epoch));
     }
-}
-
-/// Positions after a batch: the end of each range.
-pub fn ends(ranges: &[PartitionRange]) -> BTreeMap<TopicPartition, i64> {
-    ranges
-        .iter()
-        .map(|r| ((r.topic.clone(), r.partition), r.end))
-        .collect()
 }

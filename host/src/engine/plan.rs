@@ -20,7 +20,7 @@ use crate::checkpoint::{DataLossGap, OffsetsEntry, PartitionRange, Recovery, Top
 use crate::source::{KafkaSource, TopicInfo, TopicPartition};
 
 use super::policy::on_data_loss;
-use super::{EngineError, PipelineConfig, StartingOffsets, ends};
+use super::{EngineError, PipelineConfig, StartingOffsets};
 
 /// A planned batch.
 pub(crate) struct Planned {
@@ -252,4 +252,12 @@ impl Planner {
             })
             .collect()
     }
+}
+
+/// Positions after a batch: the end of each range.
+pub fn ends(ranges: &[PartitionRange]) -> BTreeMap<TopicPartition, i64> {
+    ranges
+        .iter()
+        .map(|r| ((r.topic.clone(), r.partition), r.end))
+        .collect()
 }

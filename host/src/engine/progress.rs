@@ -144,3 +144,9 @@ impl Progress {
         );
     }
 }
+
+/// `d` in milliseconds, rounded to µs (the unit of every duration in the
+/// progress event and the commit entry).
+pub(super) fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1_000_000.0).round() / 1000.0
+}

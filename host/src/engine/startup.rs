@@ -19,6 +19,7 @@ use crate::capability::sql::{self, SqlGrant};
 use crate::checkpoint::{
     self, Checkpoint, DirCheckpoint, Epoch, OffsetsEntry, OpenOptions, PluginRef, Recovery,
 };
+use crate::control::Handover;
 use crate::control::handover::{self, Takeover};
 use crate::control::{ControlServer, LiveStatus, Request, ServerContext};
 use crate::metrics::{Metrics, MetricsServer};
@@ -29,7 +30,17 @@ use crate::util::now_ms;
 
 use super::plan::Planner;
 use super::stages::{Stages, assemble, config_digest, load_plugins};
-use super::{Acquire, EngineError, ErrorPolicy, PipelineConfig};
+use super::{EngineError, ErrorPolicy, PipelineConfig};
+
+/// How `run` acquires the checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Acquire {
+    /// Fail at once (or queue with `--wait`) if another process owns it.
+    #[default]
+    Normal,
+    /// Ask the owner to hand over, waiting at most this long for it.
+    Takeover(Duration),
+}
 
 /// A started pipeline: the claimed checkpoint and everything a batch
 /// needs. Dropping it releases the checkpoint and removes the control
@@ -104,33 +115,22 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
     let runtime = Arc::new(Runtime::new(cfg.limits).map_err(EngineError::Config)?);
     let read_stored = |digest: &str| checkpoint::read_stored_plugin(&cfg.checkpoint, digest);
 
-    // With --takeover, compile everything first, then ask the owner.
-    let mut takeover = None;
+    // Validate what the user gave before creating or touching the
+    // checkpoint: the plugins (with --takeover, also the ones the
+    // checkpoint records, and its fingerprint) and the sink database. With
+    // --takeover all of it happens before the owner is asked to stop.
+    let recorded = match acquire {
+        Acquire::Takeover(_) => recorded_plugins(cfg),
+        Acquire::Normal => Vec::new(),
+    };
     let mut preloaded = None;
-    let mut wait = cfg.wait;
-    if let Acquire::Takeover(timeout) = acquire {
-        preloaded = Some(load_plugins(
-            cfg,
-            &runtime,
-            &recorded_plugins(cfg),
-            &read_stored,
-        )?);
+    if !cfg.plugins.is_empty() || matches!(acquire, Acquire::Takeover(_)) {
+        preloaded = Some(load_plugins(cfg, &runtime, &recorded, &read_stored)?);
+    }
+    if matches!(acquire, Acquire::Takeover(_)) && !cfg.allow_fingerprint_change {
         // A pipeline the checkpoint would refuse must not make the owner
         // hand over and exit first.
-        if !cfg.allow_fingerprint_change {
-            checkpoint::check_fingerprint(&cfg.checkpoint, &cfg.topics)?;
-        }
-        takeover = handover::request(&cfg.checkpoint, timeout)
-            .map_err(|e| EngineError::Takeover(e.to_string()))?;
-        // The old owner released the lock before answering; allow for a
-        // forked child still holding the descriptor for a moment.
-        wait = Some(wait.unwrap_or(Duration::ZERO).max(Duration::from_secs(10)));
-    }
-
-    // Validate what the user gave before creating or touching the
-    // checkpoint: explicit plugins and the sink database.
-    if preloaded.is_none() && !cfg.plugins.is_empty() {
-        preloaded = Some(load_plugins(cfg, &runtime, &[], &read_stored)?);
+        checkpoint::check_fingerprint(&cfg.checkpoint, &cfg.topics)?;
     }
     let sql = match &cfg.sink_db {
         Some(url) => Some(SqlGrant::connect(url).map_err(sink_db_error(url))?),
@@ -143,6 +143,15 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
         ),
         None => None,
     };
+    let mut takeover = None;
+    let mut wait = cfg.wait;
+    if let Acquire::Takeover(timeout) = acquire {
+        takeover = handover::request(&cfg.checkpoint, timeout)
+            .map_err(|e| EngineError::Takeover(e.to_string()))?;
+        // The old owner released the lock before answering; allow for a
+        // forked child still holding the descriptor for a moment.
+        wait = Some(wait.unwrap_or(Duration::ZERO).max(Duration::from_secs(10)));
+    }
 
     // A new checkpoint records the topics in its fingerprint: check they
     // exist first, so a mistyped topic leaves no checkpoint behind that a
@@ -172,7 +181,7 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
     )?);
     let epoch = cp.epoch();
     let query_id = cp.query_id().to_string();
-    tracing::info!(checkpoint = %cp.location(), epoch = %epoch, query_id, "checkpoint opened");
+    tracing::info!(checkpoint = %cp.location(), epoch = epoch.get(), query_id, "checkpoint opened");
 
     let driver = SinkDriver::new(sql.clone())
         .map_err(sink_db_error(cfg.sink_db.as_deref().unwrap_or_default()))?;
@@ -271,4 +280,20 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
         control: Some(control),
         last_commit_ms: None,
     })
+}
+
+impl Pipeline {
+    /// Give the checkpoint up to the process that asked for it: release
+    /// the claim, then wait (bounded) for the new owner's report so the
+    /// gap gets logged, then stop serving the control socket.
+    pub(super) fn hand_over(self, h: Handover) {
+        let Pipeline {
+            cp, control, epoch, ..
+        } = self;
+        let last_batch = cp.last_committed();
+        drop(cp);
+        tracing::info!(epoch = epoch.get(), last_batch = ?last_batch, "handed over: lock released");
+        handover::finish(h);
+        drop(control);
+    }
 }

@@ -31,10 +31,8 @@
 //! and its Kafka timestamp as `updated_at_ms`. `upsert` inserts or
 //! replaces, `delete` removes.
 
-use std::borrow::Cow;
-
 use serde::{Deserialize, Serialize};
-use sluice_guest::json::{self, Object, RawValue};
+use sluice_guest::json::{self, Object, RawValue, Text};
 use sluice_guest::sql::{self, Value};
 use sluice_guest::{Config, Emit, Error, Mapper, Record, Sink, SinkRecord};
 
@@ -83,31 +81,38 @@ fn default_sink_table() -> String {
 #[derive(Deserialize)]
 struct Event<'a> {
     #[serde(borrow)]
-    database: Option<Cow<'a, str>>,
+    database: Option<Text<'a>>,
     #[serde(borrow)]
-    table: Option<Cow<'a, str>>,
+    table: Option<Text<'a>>,
     #[serde(borrow, rename = "type")]
-    kind: Option<Cow<'a, str>>,
+    kind: Option<Text<'a>>,
     #[serde(borrow)]
     data: Option<&'a RawValue>,
     #[serde(borrow)]
     ts: Option<&'a RawValue>,
 }
 
-/// The change record: the map stage's output value, the sink's input.
-#[derive(Serialize, Deserialize)]
+/// The change record, as the map stage writes it (the sink reads it as a
+/// [`Change`]).
+#[derive(Serialize)]
+struct ChangeOut<'a> {
+    op: Op,
+    database: Option<&'a str>,
+    table: &'a str,
+    pk: &'a Object<'a>,
+    data: &'a RawValue,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ts: Option<&'a RawValue>,
+}
+
+/// The fields of a change record the sink reads.
+#[derive(Deserialize)]
 struct Change<'a> {
     op: Op,
     #[serde(borrow)]
-    database: Option<Cow<'a, str>>,
-    #[serde(borrow)]
-    table: Cow<'a, str>,
-    #[serde(borrow)]
     pk: &'a RawValue,
     #[serde(borrow)]
-    data: &'a RawValue,
-    #[serde(borrow, skip_serializing_if = "Option::is_none")]
-    ts: Option<&'a RawValue>,
+    data: Option<&'a RawValue>,
 }
 
 /// The company map stage.
@@ -155,51 +160,43 @@ impl Mapper for Company {
                 json::kind(data)
             )));
         }
+        let key = record.key.and_then(|k| Object::parse(k).ok());
+        let pk = primary_key(key.as_ref(), data)?;
         self.pk.clear();
-        json::write(&mut self.pk, &primary_key(record.key, data)?);
-        let pk = json::from_slice(&self.pk)?;
-        let table = Cow::Borrowed(s.table.as_str());
+        json::write(&mut self.pk, &pk);
+        let (database, table) = (event.database.as_deref(), s.table.as_str());
+        let change = ChangeOut {
+            op,
+            database,
+            table,
+            pk: &pk,
+            data,
+            ts: event.ts,
+        };
         self.out.clear();
-        json::write(
-            &mut self.out,
-            &Change {
-                op,
-                database: event.database,
-                table,
-                pk,
-                data,
-                ts: event.ts,
-            },
-        );
+        json::write(&mut self.out, &change);
         out.emit(Some(&self.pk), Some(&self.out));
         Ok(())
     }
 }
 
 /// The primary key: the Kafka key's `pk.*` fields (Maxwell's hash key
-/// format) without the prefix, else `{"id":…}` from the row (`data`, a JSON
-/// object, parsed only then). Values are kept byte for byte.
-fn primary_key<'a>(key: Option<&'a [u8]>, data: &'a RawValue) -> Result<Object<'a>, Error> {
+/// format, `key` parsed) without the prefix, else `{"id":…}` from the row
+/// (`data`, a JSON object, parsed only then). Values are kept byte for
+/// byte.
+fn primary_key<'a>(key: Option<&'a Object<'a>>, data: &'a RawValue) -> Result<Object<'a>, Error> {
     let mut pk = Object::new();
-    for (name, value) in key
-        .and_then(|k| Object::parse(k).ok())
-        .iter()
-        .flat_map(Object::iter)
-    {
+    for (name, value) in key.iter().flat_map(|k| k.iter()) {
         if let Some(column) = name.strip_prefix("pk.") {
-            pk.push(column.to_string(), value);
+            pk.push(column, value);
         }
     }
     if pk.is_empty() {
         let row = Object::from_raw(data)
             .map_err(|e| Error::bad_record(format!("`data` is not an object: {e}")))?;
         let id = row.get("id").filter(|v| !json::is_null(v));
-        pk.push(
-            "id",
-            id.ok_or_else(|| {
-                Error::bad_record("no primary key: no `pk.*` in the key and no `data.id`")
-            })?,
-        );
+        let none = || Error::bad_record("no primary key: no `pk.*` in the key and no `data.id`");
+        pk.push("id", id.ok_or_else(none)?);
     }
     Ok(pk)
 }
@@ -214,7 +211,7 @@ pub struct CompanySink {
 impl Sink for CompanySink {
     fn new(config: &Config) -> Result<Self, Error> {
         let settings: Settings = config.parse()?;
-        let table = sql::identifier(&settings.sink_table)?;
+        let table = sql::identifier("sink_table", &settings.sink_table)?;
         Ok(CompanySink {
             create: format!(
                 "CREATE TABLE IF NOT EXISTS {table} (pk TEXT PRIMARY KEY, row_json TEXT NOT NULL, \
@@ -250,7 +247,12 @@ impl Sink for CompanySink {
                 &self.upsert,
                 &[
                     pk,
-                    Value::from(change.data.get()),
+                    Value::from(
+                        change
+                            .data
+                            .ok_or_else(|| Error::bad_record("upsert without `data`"))?
+                            .get(),
+                    ),
                     Value::from(r.idempotency_key),
                     Value::from(rec.topic),
                     Value::from(rec.partition),
