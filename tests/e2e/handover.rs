@@ -195,6 +195,26 @@ fn takeover_under_continuous_load_applies_every_event_once() {
     assert!(!out.status.success());
     assert!(stderr(&out).contains("fingerprint"), "{}", stderr(&out));
     assert!(old.running(), "the owner keeps running:\n{}", old.log());
+    // So does one whose sink database cannot be opened.
+    let unreachable = Db::at(format!(
+        "sqlite:{}",
+        dir.path().join("no-such-dir/sink.db").display()
+    ));
+    let out = Command::new(host_bin())
+        .args(args(
+            &tansu,
+            "events",
+            &ckpt,
+            &unreachable,
+            &plugins,
+            &["--takeover", "60s"],
+        ))
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("sink database"), "{}", stderr(&out));
+    assert!(old.running(), "the owner keeps running:\n{}", old.log());
     std::thread::sleep(Duration::from_secs(2));
     let mut new = HostProcess::start(&args(
         &tansu,
