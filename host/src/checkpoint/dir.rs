@@ -104,8 +104,8 @@ impl DirCheckpoint {
         }
         let mut lock_file =
             match lock::acquire(dir, opts.wait).map_err(io_err(dir.join("lock"), "lock"))? {
-                lock::Acquire::Held(f) => f,
-                lock::Acquire::Owned(owner) => {
+                lock::LockAttempt::Held(f) => f,
+                lock::LockAttempt::Owned(owner) => {
                     return Err(CheckpointError::Owned {
                         dir: dir.to_path_buf(),
                         owner,

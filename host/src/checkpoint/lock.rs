@@ -47,7 +47,7 @@ struct EpochFile {
 }
 
 /// Outcome of trying to lock.
-pub(crate) enum Acquire {
+pub(crate) enum LockAttempt {
     /// We hold the lock (the file handle keeps it).
     Held(File),
     /// Someone else holds it; what they wrote about themselves, if readable.
@@ -62,7 +62,7 @@ pub(crate) fn read_owner(dir: &Path) -> Option<OwnerInfo> {
 
 /// Try to take the lock; with `wait`, retry until it is free or the time
 /// is up.
-pub(crate) fn acquire(dir: &Path, wait: Option<Duration>) -> std::io::Result<Acquire> {
+pub(crate) fn acquire(dir: &Path, wait: Option<Duration>) -> std::io::Result<LockAttempt> {
     let file = OpenOptions::new()
         .read(true)
         .write(true)
@@ -74,10 +74,10 @@ pub(crate) fn acquire(dir: &Path, wait: Option<Duration>) -> std::io::Result<Acq
     let deadline = Some(Instant::now() + wait.unwrap_or(Duration::from_millis(200)));
     loop {
         match file.try_lock() {
-            Ok(()) => return Ok(Acquire::Held(file)),
+            Ok(()) => return Ok(LockAttempt::Held(file)),
             Err(TryLockError::WouldBlock) => match deadline {
                 Some(d) if Instant::now() < d => std::thread::sleep(Duration::from_millis(20)),
-                _ => return Ok(Acquire::Owned(read_owner(dir))),
+                _ => return Ok(LockAttempt::Owned(read_owner(dir))),
             },
             Err(TryLockError::Error(e)) => return Err(e),
         }

@@ -19,7 +19,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxBuilder};
 use super::bindings::exports::sluice::plugin::{mapper, sink};
 use super::bindings::sluice::plugin::types;
 use super::contract::{BadRecord, CallContext, MapResult, OpenAnswer, PartitionContext};
-use super::{EPOCH_TICK, Limits, PluginError, StageFailure, Stages, TrapKind, Trapped};
+use super::{EPOCH_TICK, Exports, Limits, PluginError, StageFailure, TrapKind, Trapped};
 use crate::capability::sql::SqlGrant;
 
 /// Capacity of each captured stdio pipe, bytes. An instance whose output
@@ -94,7 +94,7 @@ pub(crate) struct Template {
 impl Template {
     pub(crate) fn new(
         pre: InstancePre<State>,
-        stages: Stages,
+        stages: Exports,
         path: &Path,
         digest: &str,
     ) -> Result<Self, PluginError> {

@@ -61,16 +61,16 @@ impl Default for Limits {
     }
 }
 
-/// The stages a component exports.
+/// The stages a component exports (`plugin inspect` shows them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Stages {
+pub struct Exports {
     /// Exports `sluice:plugin/mapper`.
     pub map: bool,
     /// Exports `sluice:plugin/sink`.
     pub sink: bool,
 }
 
-impl Stages {
+impl Exports {
     /// `["map", "sink"]`-style names of the exported stages.
     pub fn names(&self) -> Vec<&'static str> {
         let mut v = Vec::new();
@@ -231,7 +231,7 @@ pub struct Plugin {
     path: PathBuf,
     digest: String,
     size: u64,
-    stages: Stages,
+    stages: Exports,
     imports: Vec<String>,
     exports: Vec<String>,
     template: Arc<instance::Template>,
@@ -267,7 +267,7 @@ impl Plugin {
     }
 
     /// Exported stages.
-    pub fn stages(&self) -> Stages {
+    pub fn stages(&self) -> Exports {
         self.stages
     }
 
@@ -355,8 +355,8 @@ pub fn contract_compatible(version: &str) -> bool {
     }
 }
 
-fn contract_stages(path: &Path, info: &ComponentInfo) -> Result<Stages, PluginError> {
-    let mut stages = Stages::default();
+fn contract_stages(path: &Path, info: &ComponentInfo) -> Result<Exports, PluginError> {
+    let mut stages = Exports::default();
     let mut incompatible = None;
     for name in &info.exports {
         let Some((iface, version)) = sluice_interface(name) else {
