@@ -311,7 +311,33 @@ pub enum OpenAnswer {
 }
 
 /// A sink stage: applies records to an external system, once per
-/// idempotency key.
+/// idempotency key. The README's example, compiled here:
+///
+/// ```
+/// use sluice_guest::sql::{self, Value};
+/// use sluice_guest::{Config, Error, Sink, SinkRecord};
+///
+/// pub struct Seen { insert: String, create: String }
+///
+/// impl Sink for Seen {
+///     fn new(_config: &Config) -> Result<Self, Error> {
+///         let table = sql::identifier("table", "seen")?;
+///         Ok(Seen {
+///             create: format!("CREATE TABLE IF NOT EXISTS {table} (k TEXT PRIMARY KEY)"),
+///             insert: format!("INSERT INTO {table} (k) VALUES ($1) ON CONFLICT (k) DO NOTHING"),
+///         })
+///     }
+///     fn init(&mut self) -> Result<(), Error> {
+///         sql::execute(&self.create, &[])?;
+///         Ok(())
+///     }
+///     fn write(&mut self, r: &SinkRecord<'_>) -> Result<(), Error> {
+///         sql::execute(&self.insert, &[Value::from(r.idempotency_key)])?;
+///         Ok(())
+///     }
+/// }
+/// // In the plugin crate: sluice_guest::export!(sink: Seen);
+/// ```
 pub trait Sink: Sized + 'static {
     /// Build the stage from its configuration (as [`Mapper::new`]).
     fn new(config: &Config) -> Result<Self, Error>;
