@@ -136,6 +136,35 @@ fn a_second_owner_is_refused_and_reads_nothing_and_wait_queues() {
     assert!(stderr(&out).contains("use --wait to queue or --takeover"));
     assert_eq!(epoch_of(&ckpt), epoch, "the refused run issued no epoch");
 
+    // A frozen owner (SIGSTOP) still holds the lock: `host status` says so
+    // instead of "not running", and a `--wait` that runs out says it
+    // waited.
+    first.signal("STOP");
+    let status = host(&["status", "--checkpoint", ckpt.to_str().unwrap()]);
+    let said = String::from_utf8_lossy(&status.stdout).into_owned();
+    assert!(
+        said.contains("holds the lock but does not answer on control.sock"),
+        "{said}"
+    );
+    let out = Command::new(host_bin())
+        .args(args(
+            &tansu,
+            "events",
+            &ckpt,
+            &db,
+            &plugins,
+            &["--wait", "1s"],
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("still owned after waiting 1s (--wait)"),
+        "{}",
+        stderr(&out)
+    );
+    first.signal("CONT");
+
     // The first is unaffected.
     let more = produce_steadily(tansu.bootstrap(), "events", 60, 1000);
     more.join().unwrap();

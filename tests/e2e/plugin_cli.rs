@@ -275,6 +275,57 @@ fn inspect_reports_stages_version_and_imports() {
 }
 
 #[test]
+fn out_of_range_durations_and_sizes_are_usage_errors_not_panics() {
+    // Found by an attack run: a huge --plugin-timeout overflowed the
+    // deadline ticks (exit 101), --trigger-interval 0s spun while idle, and
+    // a SQLite path that cannot be created exited 1.
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ck");
+    let base = [
+        "run",
+        "--brokers",
+        "127.0.0.1:1",
+        "--topic",
+        "t",
+        "--checkpoint",
+        ckpt.to_str().unwrap(),
+    ];
+    let no_dir = format!(
+        "sqlite:{}",
+        dir.path().join("no/such/dir/sink.db").display()
+    );
+    for (extra, says) in [
+        (
+            vec!["--plugin-timeout", "92233720368547758s75ms"],
+            "--plugin-timeout",
+        ),
+        (vec!["--plugin-timeout", "25h"], "--plugin-timeout"),
+        (vec!["--trigger-interval", "0s"], "--trigger-interval"),
+        (vec!["--kafka-timeout", "100ms"], "--kafka-timeout"),
+        (vec!["--plugin-memory", "8GiB"], "--plugin-memory"),
+        (vec!["--wait", "30d"], "--wait"),
+        (vec!["--sink-db", no_dir.as_str()], "sink database"),
+    ] {
+        let mut argv: Vec<&str> = base.to_vec();
+        argv.extend(&extra);
+        let out = host(&argv);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{extra:?}: {}", stderr(&out));
+    }
+    let out = host(&[
+        "test",
+        "--plugin-timeout",
+        "92233720368547759s",
+        "--plugin",
+        "x",
+        "--input",
+        "-",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(!ckpt.exists(), "nothing was created");
+}
+
+#[test]
 fn cli_reference_matches_help() {
     let doc =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/cli.md")).unwrap();

@@ -109,6 +109,7 @@ impl DirCheckpoint {
                     return Err(CheckpointError::Owned {
                         dir: dir.to_path_buf(),
                         owner,
+                        waited: opts.wait,
                     });
                 }
             };

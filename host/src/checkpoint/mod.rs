@@ -93,12 +93,14 @@ pub const DEFAULT_RETENTION: u64 = 100;
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
     /// Another live process holds the lock.
-    #[error("checkpoint {dir} is owned by {}; use --wait to queue or --takeover to ask it to hand over", describe_owner(.owner))]
+    #[error("checkpoint {dir} is owned by {}; {}", describe_owner(.owner), owned_advice(*.waited))]
     Owned {
         /// The checkpoint directory.
         dir: PathBuf,
         /// What the owner wrote about itself (None while it is writing).
         owner: Option<OwnerInfo>,
+        /// How long we queued for it (`--wait`), if we did.
+        waited: Option<Duration>,
     },
     /// A file is damaged beyond the one repair recovery may do.
     #[error("checkpoint corrupt: {}: {reason}", .file.display())]
@@ -154,6 +156,17 @@ pub enum CheckpointError {
         /// The OS error.
         source: io::Error,
     },
+}
+
+/// What to do about an owned checkpoint, after queueing `waited` or not.
+fn owned_advice(waited: Option<Duration>) -> String {
+    match waited {
+        Some(w) => format!(
+            "it was still owned after waiting {} (--wait): stop the owner (SIGTERM), wait longer, or ask it to hand over with --takeover",
+            humantime::format_duration(w)
+        ),
+        None => "use --wait to queue or --takeover to ask it to hand over".into(),
+    }
 }
 
 pub(crate) fn describe_owner(owner: &Option<OwnerInfo>) -> String {

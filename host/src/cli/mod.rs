@@ -138,7 +138,7 @@ pub struct LimitArgs {
     pub plugin_timeout: Duration,
 
     /// Memory cap of each plugin instance, bytes (suffixes KiB, MiB, GiB).
-    #[arg(long, value_name = "BYTES", default_value = "256MiB", value_parser = parse_bytes)]
+    #[arg(long, value_name = "BYTES", default_value = "256MiB", value_parser = parse_plugin_memory)]
     pub plugin_memory: u64,
 }
 
@@ -161,14 +161,29 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 /// 5 ms (the epoch tick), so shorter ones are meaningless.
 pub const MIN_PLUGIN_TIMEOUT: Duration = Duration::from_millis(10);
 
-/// Parse a `--plugin-timeout` (as [`parse_duration`], at least
-/// [`MIN_PLUGIN_TIMEOUT`]).
+/// Parse a `--plugin-timeout` (as [`parse_duration`], within
+/// [`settings::PLUGIN_TIMEOUT`]).
 pub fn parse_plugin_timeout(s: &str) -> Result<Duration, String> {
     let d = parse_duration(s)?;
-    if d < MIN_PLUGIN_TIMEOUT {
-        return Err("must be at least 10ms (deadlines are checked every 5 ms)".into());
+    let (min, max) = settings::PLUGIN_TIMEOUT;
+    if d < min || d > max {
+        return Err(format!(
+            "use 10ms to {} (deadlines are checked every 5 ms)",
+            settings::show_duration(max)
+        ));
     }
     Ok(d)
+}
+
+/// Parse a `--plugin-memory` (as [`parse_bytes`], within
+/// [`settings::PLUGIN_MEMORY`]).
+pub fn parse_plugin_memory(s: &str) -> Result<u64, String> {
+    let n = parse_bytes(s)?;
+    let (min, max) = settings::PLUGIN_MEMORY;
+    if n < min || n > max {
+        return Err("use 1MiB to 4GiB (a Wasm32 memory holds at most 4 GiB)".into());
+    }
+    Ok(n)
 }
 
 /// Parse a byte count: `1048576`, `64KiB`, `256MiB`, `1GiB` (also KB/MB/GB

@@ -61,7 +61,13 @@ pub fn pipeline(args: &RunArgs) -> Result<PipelineConfig, CliError> {
     };
     let mut cfg = settings::resolve(merged, &args.config)?;
     cfg.allow_fingerprint_change = args.allow_fingerprint_change;
-    cfg.wait = args.wait;
+    cfg.wait = args
+        .wait
+        .map(|d| settings::within("--wait", d, settings::WAIT, settings::show_duration))
+        .transpose()?;
+    if let Some(d) = args.takeover {
+        settings::within("--takeover", d, settings::WAIT, settings::show_duration)?;
+    }
     Ok(cfg)
 }
 
@@ -145,7 +151,11 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
         Err(e) => {
             let code = if e.is_owned() || matches!(e, engine::EngineError::Takeover(_)) {
                 ExitCode::Owned
-            } else if matches!(e, engine::EngineError::Config(_)) {
+            } else if matches!(e, engine::EngineError::Config(_))
+                // A SQLite file that cannot be opened or created is a path
+                // the user gave, not a database that is down.
+                || matches!(&e, engine::EngineError::SinkDb { url, .. } if url.starts_with("sqlite:"))
+            {
                 ExitCode::Usage
             } else {
                 ExitCode::Failed

@@ -262,6 +262,46 @@ impl Settings {
     }
 }
 
+/// The ranges durations and sizes must fall in (usage error otherwise):
+/// below the floor a setting is meaningless or burns CPU; above the ceiling
+/// it is a typo, and deadlines computed from it could overflow.
+pub const TRIGGER_INTERVAL: (Duration, Duration) =
+    (Duration::from_millis(10), Duration::from_secs(24 * 3600));
+/// Range of `--kafka-timeout`.
+pub const KAFKA_TIMEOUT: (Duration, Duration) =
+    (Duration::from_secs(1), Duration::from_secs(24 * 3600));
+/// Range of `--plugin-timeout` (deadlines are checked every 5 ms).
+pub const PLUGIN_TIMEOUT: (Duration, Duration) =
+    (MIN_PLUGIN_TIMEOUT, Duration::from_secs(24 * 3600));
+/// Range of `--plugin-memory`, bytes: a Wasm32 memory holds at most 4 GiB.
+pub const PLUGIN_MEMORY: (u64, u64) = (1 << 20, 4 << 30);
+/// Range of `--wait` and `--takeover`.
+pub const WAIT: (Duration, Duration) = (Duration::ZERO, Duration::from_secs(7 * 24 * 3600));
+
+/// `value` of `flag` if it lies in `[min, max]`, else a usage error that
+/// says the range (`show` formats the bounds).
+pub fn within<T: PartialOrd + Copy>(
+    flag: &str,
+    value: T,
+    (min, max): (T, T),
+    show: impl Fn(T) -> String,
+) -> Result<T, CliError> {
+    if value < min || value > max {
+        return Err(usage(format!(
+            "{flag} {} is out of range: use {} to {}",
+            show(value),
+            show(min),
+            show(max)
+        )));
+    }
+    Ok(value)
+}
+
+/// A duration as the flags write it (`1h 30m`, `10ms`).
+pub fn show_duration(d: Duration) -> String {
+    humantime::format_duration(d).to_string()
+}
+
 fn missing(flag: &str) -> CliError {
     usage(format!(
         "{flag} is required (as a flag, in the environment, or in --config-file)"
@@ -311,7 +351,9 @@ pub fn resolve(s: Settings, config: &[(String, String)]) -> Result<PipelineConfi
         }
         cfg.max_records_per_partition = n;
     }
-    cfg.trigger_interval = s.trigger_interval.unwrap_or(cfg.trigger_interval);
+    if let Some(d) = s.trigger_interval {
+        cfg.trigger_interval = within("--trigger-interval", d, TRIGGER_INTERVAL, show_duration)?;
+    }
     cfg.until_caught_up = s.until_caught_up;
     cfg.on_error = s.on_error.unwrap_or(cfg.on_error);
     cfg.on_data_loss = s.on_data_loss.unwrap_or(cfg.on_data_loss);
@@ -324,25 +366,26 @@ pub fn resolve(s: Settings, config: &[(String, String)]) -> Result<PipelineConfi
         ));
     }
     if let Some(d) = s.kafka_timeout {
-        if d < Duration::from_secs(1) {
-            return Err(usage("--kafka-timeout must be at least 1s"));
-        }
-        cfg.kafka_timeout = d;
+        cfg.kafka_timeout = within("--kafka-timeout", d, KAFKA_TIMEOUT, show_duration)?;
     }
     cfg.attempts = s.attempts.unwrap_or(cfg.attempts);
     if cfg.attempts == 0 {
         return Err(usage("--attempts must be at least 1 (1 = no retries)"));
     }
     let defaults = Limits::default();
+    let call_timeout = s.plugin_timeout.unwrap_or(defaults.call_timeout);
+    let memory_bytes = s.plugin_memory.unwrap_or(defaults.memory_bytes);
     cfg.limits = Limits {
-        call_timeout: s.plugin_timeout.unwrap_or(defaults.call_timeout),
-        memory_bytes: s.plugin_memory.unwrap_or(defaults.memory_bytes),
+        call_timeout: within(
+            "--plugin-timeout",
+            call_timeout,
+            PLUGIN_TIMEOUT,
+            show_duration,
+        )?,
+        memory_bytes: within("--plugin-memory", memory_bytes, PLUGIN_MEMORY, |b| {
+            format!("{} MiB", b >> 20)
+        })?,
     };
-    if cfg.limits.call_timeout < MIN_PLUGIN_TIMEOUT {
-        return Err(usage(
-            "--plugin-timeout must be at least 10ms (deadlines are checked every 5 ms)",
-        ));
-    }
     cfg.progress = s.progress.unwrap_or(ProgressMode::Auto);
     cfg.metrics_addr = s.metrics_addr;
     Ok(cfg)

@@ -164,7 +164,19 @@ pub fn status(args: StatusArgs) -> Result<(), CliError> {
                 outln!("lag         {lag} records")?;
             }
         }
-        None => outln!("owner       none (not running)")?,
+        None => match &on_disk.owner {
+            // The lock is held but nobody answers on control.sock: the
+            // owner is frozen (SIGSTOP), busy past 5 s, or another
+            // version.
+            Some(o) => outln!(
+                "owner       pid {} on {} since {} (epoch {}) holds the lock but does not answer on control.sock (stopped, hung, or another host version); `checkpoint show` reads the files",
+                o.pid,
+                o.hostname,
+                o.since(),
+                o.epoch
+            )?,
+            None => outln!("owner       none (not running)")?,
+        },
     }
     outln!("epoch       {} (last issued)", on_disk.epoch)?;
     if let Some(c) = &on_disk.last_committed {

@@ -211,8 +211,14 @@ impl Instance {
     }
 
     fn deadline_ticks(&self) -> u64 {
+        // Saturating: a deadline beyond u64 ticks is no deadline at all, not
+        // a wrap-around to a tiny one (the CLI bounds the timeout anyway).
         let tick = EPOCH_TICK.as_nanos().max(1);
-        (self.limits.call_timeout.as_nanos().div_ceil(tick) as u64).max(1) + 1
+        let ticks = self.limits.call_timeout.as_nanos().div_ceil(tick);
+        u64::try_from(ticks)
+            .unwrap_or(u64::MAX / 2)
+            .clamp(1, u64::MAX / 2)
+            .saturating_add(1)
     }
 
     /// Instantiate now if there is no live store (used to validate a plugin
