@@ -38,6 +38,10 @@ pg_start() {
   port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   pg_as_owner "$bin/initdb" -D "$SLUICE_PG_DIR/data" -A trust -U postgres --no-sync >"$SLUICE_PG_DIR/initdb.log" 2>&1 \
     || { cat "$SLUICE_PG_DIR/initdb.log"; return 1; }
+  # One role that must authenticate with a password (the tests of
+  # --sink-db-password-file, PGPASSWORD and ~/.pgpass create it); every
+  # other connection is trusted.
+  sed -i '1i host all sluice_pw 127.0.0.1/32 scram-sha-256' "$SLUICE_PG_DIR/data/pg_hba.conf"
   pg_as_owner "$bin/pg_ctl" -D "$SLUICE_PG_DIR/data" -l "$SLUICE_PG_DIR/server.log" -w -t 60 \
     -o "-p $port -k $SLUICE_PG_DIR -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200" start >/dev/null \
     || { cat "$SLUICE_PG_DIR/server.log"; return 1; }

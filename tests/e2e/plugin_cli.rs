@@ -305,6 +305,10 @@ fn out_of_range_durations_and_sizes_are_usage_errors_not_panics() {
         (vec!["--plugin-memory", "8GiB"], "--plugin-memory"),
         (vec!["--wait", "30d"], "--wait"),
         (vec!["--sink-db", no_dir.as_str()], "sink database"),
+        (
+            vec!["--sink-db-password-file", "/no/such/file"],
+            "--sink-db-password-file",
+        ),
     ] {
         let mut argv: Vec<&str> = base.to_vec();
         argv.extend(&extra);

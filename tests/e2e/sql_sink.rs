@@ -806,3 +806,82 @@ fn the_guest_reaches_the_database_only_through_the_capability() {
         .to_string();
     assert!(e.contains("no sql capability granted"), "{e}");
 }
+
+/// `host run` against a broker that is not there, with `--sink-db url`
+/// and `env`: its stderr. It gets past the sink database (then fails on
+/// the broker) only if the password was found.
+fn run_against_db(url: &str, extra: &[&str], env: &[(&str, &str)]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(crate::support::host_bin());
+    cmd.args([
+        "run",
+        "--brokers",
+        "127.0.0.1:1",
+        "--topic",
+        "t",
+        "--kafka-timeout",
+        "1s",
+    ])
+    .arg("--checkpoint")
+    .arg(dir.path().join("ck"))
+    .args(["--sink-db", url])
+    .args(extra)
+    .env_remove("PGPASSWORD")
+    .env("PGPASSFILE", dir.path().join("no-pgpass"))
+    .env("RUST_LOG", "warn");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    assert!(!out.status.success());
+    crate::support::stderr(&out)
+}
+
+#[test]
+fn a_postgres_password_comes_from_a_file_pgpassword_or_pgpass_and_never_shows() {
+    let admin = std::env::var("SLUICE_TEST_PG_URL").expect("run with scripts/test.sh");
+    // scripts/pg.sh makes this role authenticate with a password.
+    let mut b = connect(&admin).unwrap();
+    let _ = b.batch("CREATE ROLE sluice_pw LOGIN PASSWORD 'pw:from\\file'");
+    let url = admin.replace("postgres@", "sluice_pw@");
+    let dir = tempfile::tempdir().unwrap();
+    let secret = "pw:from\\file";
+
+    let refused = run_against_db(&url, &[], &[]);
+    assert!(refused.contains("sink database"), "{refused}");
+    assert!(refused.contains("password"), "{refused}");
+
+    let file = dir.path().join("pw");
+    std::fs::write(&file, format!("{secret}\n")).unwrap();
+    let by_file = run_against_db(
+        &url,
+        &["--sink-db-password-file", file.to_str().unwrap()],
+        &[],
+    );
+    let by_env = run_against_db(&url, &[], &[("PGPASSWORD", secret)]);
+    let pgpass = dir.path().join("pgpass");
+    std::fs::write(
+        &pgpass,
+        "*:*:*:other:x\n127.0.0.1:*:*:sluice_pw:pw\\:from\\\\file\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&pgpass, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let by_pgpass = run_against_db(&url, &[], &[("PGPASSFILE", pgpass.to_str().unwrap())]);
+    for (how, log) in [
+        ("file", &by_file),
+        ("PGPASSWORD", &by_env),
+        ("pgpass", &by_pgpass),
+    ] {
+        assert!(!log.contains("sink database"), "{how}: {log}");
+        assert!(
+            log.contains("kafka"),
+            "{how}: got past the database to the broker: {log}"
+        );
+        assert!(!log.contains(secret), "{how}: {log}");
+    }
+    // A password in the URL never shows in a message either.
+    let wrong = url.replace("sluice_pw@", "sluice_pw:WRONG-SECRET@");
+    let e = run_against_db(&wrong, &[], &[]);
+    assert!(e.contains("sink database"), "{e}");
+    assert!(!e.contains("WRONG-SECRET"), "{e}");
+}

@@ -14,7 +14,7 @@ use super::entry::{self, CommitEntry, Counts, OffsetsEntry, PluginRef, Timings, 
 use super::recovery::{analyze, list_ids};
 use super::{
     Checkpoint, CheckpointError, Epoch, Fingerprint, Metadata, OpenOptions, OwnerInfo, Recovery,
-    ResetRecord, fsio, io_err, lock,
+    ResetRecord, fsio, io_err, lock, trust,
 };
 use crate::source::PartitionRange;
 use crate::util::now_ms;
@@ -96,12 +96,13 @@ impl DirCheckpoint {
     /// [`CheckpointError::FingerprintMismatch`], [`CheckpointError::Io`].
     pub fn open(dir: &Path, opts: &OpenOptions) -> Result<Self, CheckpointError> {
         if opts.create {
-            std::fs::create_dir_all(dir).map_err(io_err(dir, "create directory"))?;
+            trust::create_dir(dir).map_err(io_err(dir, "create directory"))?;
         } else if !dir.join("metadata").exists() {
             return Err(CheckpointError::NotACheckpoint {
                 dir: dir.to_path_buf(),
             });
         }
+        trust::check(dir)?;
         let mut lock_file =
             match lock::acquire(dir, opts.wait).map_err(io_err(dir.join("lock"), "lock"))? {
                 lock::LockAttempt::Held(f) => f,
@@ -115,8 +116,7 @@ impl DirCheckpoint {
             };
         // From here on we are the only writer.
         for sub in ["offsets", "commits", "plugins"] {
-            std::fs::create_dir_all(dir.join(sub))
-                .map_err(io_err(dir.join(sub), "create directory"))?;
+            trust::create_dir(&dir.join(sub)).map_err(io_err(dir.join(sub), "create directory"))?;
         }
         remove_temp_files(dir);
 

@@ -10,6 +10,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -37,7 +38,12 @@ pub fn sync_dir(dir: &Path) -> io::Result<()> {
 
 fn write_temp(dir: &Path, name: &str, bytes: &[u8], fp: &str) -> io::Result<PathBuf> {
     let tmp = temp_path(dir, name);
-    let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+    // 0600 whatever the umask; create_new never follows a symlink.
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)?;
     failpoint(&format!("{fp}:before-write"));
     f.write_all(bytes)?;
     failpoint(&format!("{fp}:after-write"));

@@ -10,7 +10,7 @@
 //! not excluded by it. The epoch re-check before every commit still stops a
 //! process whose epoch was superseded.
 
-use std::fs::{File, OpenOptions, TryLockError};
+use std::fs::{File, TryLockError};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -63,12 +63,7 @@ pub(crate) fn read_owner(dir: &Path) -> Option<OwnerInfo> {
 /// Try to take the lock; with `wait`, retry until it is free or the time
 /// is up.
 pub(crate) fn acquire(dir: &Path, wait: Option<Duration>) -> std::io::Result<LockAttempt> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(dir.join("lock"))?;
+    let file = super::trust::open_own_file(&dir.join("lock"))?;
     // Without --wait, still retry for a moment: a `host status` probe holds
     // a shared lock for an instant and must not make a start fail.
     let deadline = Some(Instant::now() + wait.unwrap_or(Duration::from_millis(200)));

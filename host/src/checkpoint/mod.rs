@@ -27,6 +27,7 @@ mod fsio;
 mod lock;
 mod recovery;
 mod status;
+mod trust;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
@@ -131,6 +132,14 @@ pub enum CheckpointError {
         dir: PathBuf,
         /// Human-readable difference.
         diff: String,
+    },
+    /// Another local user could change the checkpoint (see `trust`).
+    #[error("checkpoint {}: {reason}", .path.display())]
+    Unsafe {
+        /// The directory or entry.
+        path: PathBuf,
+        /// What is wrong, and how to fix it.
+        reason: String,
     },
     /// The directory is not a checkpoint.
     #[error("{}: not a checkpoint directory (no metadata file)", .dir.display())]

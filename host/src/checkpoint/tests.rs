@@ -420,3 +420,65 @@ fn status_reads_an_owned_checkpoint_without_writing() {
         Err(CheckpointError::NotACheckpoint { .. })
     ));
 }
+
+#[test]
+fn a_planted_lock_symlink_is_refused_and_its_target_untouched() {
+    // Found by an attack run: a `lock` symlink planted in the checkpoint
+    // directory made the owner truncate and overwrite the link's target.
+    let d = tempfile::tempdir().unwrap();
+    let ck = d.path().join("ck");
+    drop(DirCheckpoint::open(&ck, &opts(&["t"])).unwrap());
+    let victim = d.path().join("victim");
+    std::fs::write(&victim, b"precious").unwrap();
+    std::fs::remove_file(ck.join("lock")).unwrap();
+    std::os::unix::fs::symlink(&victim, ck.join("lock")).unwrap();
+    let e = DirCheckpoint::open(&ck, &opts(&["t"])).unwrap_err();
+    assert!(matches!(e, CheckpointError::Unsafe { .. }), "{e}");
+    assert!(e.to_string().contains("is a symlink"), "{e}");
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+    // Nor is it followed by the lock itself, should the check be raced.
+    assert!(trust::open_own_file(&ck.join("lock")).is_err());
+}
+
+#[test]
+fn a_symlinked_entry_directory_or_a_shared_directory_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::tempdir().unwrap();
+    let ck = d.path().join("ck");
+    drop(DirCheckpoint::open(&ck, &opts(&["t"])).unwrap());
+    // `offsets` pointing into another directory.
+    let elsewhere = d.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    std::fs::remove_dir_all(ck.join("offsets")).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, ck.join("offsets")).unwrap();
+    let e = DirCheckpoint::open(&ck, &opts(&["t"])).unwrap_err();
+    assert!(e.to_string().contains("offsets: is a symlink"), "{e}");
+    std::fs::remove_file(ck.join("offsets")).unwrap();
+    std::fs::create_dir(ck.join("offsets")).unwrap();
+    // A group-writable checkpoint directory.
+    std::fs::set_permissions(&ck, std::fs::Permissions::from_mode(0o775)).unwrap();
+    let e = DirCheckpoint::open(&ck, &opts(&["t"])).unwrap_err();
+    assert!(e.to_string().contains("chmod 700"), "{e}");
+    std::fs::set_permissions(&ck, std::fs::Permissions::from_mode(0o700)).unwrap();
+    // The checkpoint directory itself a symlink.
+    let link = d.path().join("link");
+    std::os::unix::fs::symlink(&ck, &link).unwrap();
+    let e = DirCheckpoint::open(&link, &opts(&["t"])).unwrap_err();
+    assert!(e.to_string().contains("is a symlink"), "{e}");
+    assert!(DirCheckpoint::open(&ck, &opts(&["t"])).is_ok());
+}
+
+#[test]
+fn checkpoint_directories_are_0700_and_files_0600() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::tempdir().unwrap();
+    let ck = d.path().join("ck");
+    run_batches(&ck, 2);
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    for sub in ["", "offsets", "commits", "plugins"] {
+        assert_eq!(mode(&ck.join(sub)), 0o700, "{sub}");
+    }
+    for file in ["lock", "epoch", "metadata", "offsets/0", "commits/1"] {
+        assert_eq!(mode(&ck.join(file)), 0o600, "{file}");
+    }
+}

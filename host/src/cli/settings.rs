@@ -133,6 +133,16 @@ pub struct Settings {
         hide_env_values = true
     )]
     pub sink_db: Option<String>,
+    /// File whose first line is the sink database's password (PostgreSQL),
+    /// for a --sink-db URL without one. Without it: `PGPASSWORD`, then
+    /// `PGPASSFILE` or `~/.pgpass`, as libpq does.
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "SLUICE_SINK_DB_PASSWORD_FILE",
+        hide_env_values = true
+    )]
+    pub sink_db_password_file: Option<PathBuf>,
     /// Records per partition per batch [default: 10000].
     #[arg(
         long,
@@ -345,6 +355,15 @@ pub fn resolve(s: Settings, config: &[(String, String)]) -> Result<PipelineConfi
         };
     }
     cfg.sink_db = s.sink_db;
+    if let Some(f) = &s.sink_db_password_file
+        && let Err(e) = std::fs::File::open(f)
+    {
+        return Err(usage(format!(
+            "--sink-db-password-file {}: {e}",
+            f.display()
+        )));
+    }
+    cfg.sink_db_password_file = s.sink_db_password_file;
     if let Some(n) = s.max_records_per_partition {
         if n == 0 {
             return Err(usage("--max-records-per-partition must be at least 1"));

@@ -75,6 +75,9 @@ pub struct PipelineConfig {
     pub kafka: BTreeMap<String, String>,
     /// `sqlite:PATH` or `postgres://…`.
     pub sink_db: Option<String>,
+    /// A file whose first line is the PostgreSQL password, for a
+    /// `sink_db` URL without one (else `PGPASSWORD`, `~/.pgpass`).
+    pub sink_db_password_file: Option<PathBuf>,
     /// Records per partition per batch.
     pub max_records_per_partition: u64,
     /// Time between batch starts when there is little data.
@@ -173,6 +176,7 @@ impl PipelineConfig {
             plugin_config: BTreeMap::new(),
             kafka: BTreeMap::new(),
             sink_db: None,
+            sink_db_password_file: None,
             max_records_per_partition: 10_000,
             trigger_interval: Duration::from_secs(1),
             until_caught_up: false,

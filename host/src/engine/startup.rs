@@ -133,7 +133,10 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
         checkpoint::check_fingerprint(&cfg.checkpoint, &cfg.topics)?;
     }
     let sql = match &cfg.sink_db {
-        Some(url) => Some(SqlGrant::connect(url).map_err(sink_db_error(url))?),
+        Some(url) => Some(
+            SqlGrant::connect_with(url, cfg.sink_db_password_file.as_deref())
+                .map_err(sink_db_error(url))?,
+        ),
         None => None,
     };
     let sink_identity = match cfg.sink_db.as_deref() {

@@ -14,9 +14,11 @@
 //! share ([`SqlGrant`]); `sqlite` and `postgres` are the backends, `guard`
 //! the text checks on plugin statements.
 
+use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 mod guard;
+pub mod password;
 mod postgres;
 mod sqlite;
 
@@ -218,6 +220,15 @@ pub fn sink_identity(url: &str) -> std::io::Result<String> {
 /// # Errors
 /// An unknown scheme, or the database's connection error.
 pub fn connect(url: &str) -> Result<Box<dyn Backend>, DbError> {
+    connect_with(url, None)
+}
+
+/// [`connect`], with a PostgreSQL password read from `password_file`
+/// when the URL has none (see `password`).
+///
+/// # Errors
+/// As [`connect`]; the password file cannot be read.
+pub fn connect_with(url: &str, password_file: Option<&Path>) -> Result<Box<dyn Backend>, DbError> {
     if let Some(path) = url
         .strip_prefix("sqlite://")
         .or_else(|| url.strip_prefix("sqlite:"))
@@ -228,7 +239,7 @@ pub fn connect(url: &str) -> Result<Box<dyn Backend>, DbError> {
         return Ok(Box::new(Sqlite::open(path)?));
     }
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        return Ok(Box::new(Postgres::connect(url)?));
+        return Ok(Box::new(Postgres::connect(url, password_file)?));
     }
     Err(DbError::host(format!(
         "unsupported --sink-db `{}`: use sqlite:PATH or postgres://USER@HOST:PORT/DB",
@@ -284,6 +295,14 @@ impl SqlGrant {
     /// As [`connect`].
     pub fn connect(url: &str) -> Result<Self, DbError> {
         connect(url).map(Self::new)
+    }
+
+    /// Connect as [`connect_with`].
+    ///
+    /// # Errors
+    /// As [`connect_with`].
+    pub fn connect_with(url: &str, password_file: Option<&Path>) -> Result<Self, DbError> {
+        connect_with(url, password_file).map(Self::new)
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, Session> {

@@ -3,6 +3,7 @@
 //! inferred for each placeholder.
 
 use std::collections::HashMap;
+use std::path::Path;
 
 use ::postgres::types::{IsNull, ToSql, Type, to_sql_checked};
 
@@ -111,8 +112,26 @@ fn text_like(
 }
 
 impl Postgres {
-    pub(super) fn connect(url: &str) -> Result<Self, DbError> {
-        let client = postgres::Client::connect(url, postgres::NoTls).map_err(pg_err)?;
+    /// Connect to `url`; a URL without a password takes one from
+    /// `password_file`, `PGPASSWORD` or the password file
+    /// ([`super::password::find`]).
+    pub(super) fn connect(url: &str, password_file: Option<&Path>) -> Result<Self, DbError> {
+        let mut config: postgres::Config = url.parse().map_err(pg_err)?;
+        if config.get_password().is_none()
+            && let Some(user) = config.get_user().map(str::to_string)
+        {
+            let host = match config.get_hosts().first() {
+                Some(postgres::config::Host::Tcp(h)) => h.clone(),
+                // libpq matches a Unix socket as `localhost`.
+                _ => "localhost".to_string(),
+            };
+            let port = config.get_ports().first().copied().unwrap_or(5432);
+            let db = config.get_dbname().unwrap_or(&user).to_string();
+            if let Some(pw) = super::password::find(password_file, &host, port, &db, &user)? {
+                config.password(pw);
+            }
+        }
+        let client = config.connect(postgres::NoTls).map_err(pg_err)?;
         Ok(Postgres {
             client,
             statements: HashMap::new(),

@@ -55,6 +55,10 @@ pub struct ResetArgs {
     /// the pipeline has a sink database.
     #[arg(long, value_name = "URL")]
     pub sink_db: Option<String>,
+    /// File whose first line is the sink database's password (PostgreSQL),
+    /// for a --sink-db URL without one (else `PGPASSWORD`, `~/.pgpass`).
+    #[arg(long, value_name = "FILE")]
+    pub sink_db_password_file: Option<PathBuf>,
     /// Apply the records from the new positions again even where the
     /// sink's progress rows show them applied (say, after emptying the
     /// destination tables). Needs --sink-db.
@@ -134,7 +138,7 @@ pub fn run(a: ResetArgs) -> Result<(), CliError> {
     }
     let driver = match &a.sink_db {
         Some(url) if !a.keep_sink_progress => Some(
-            SqlGrant::connect(url)
+            SqlGrant::connect_with(url, a.sink_db_password_file.as_deref())
                 .and_then(|g| SinkDriver::new(Some(g)))
                 .map_err(|e| anyhow!("sink database {}: {e}", redact(url)))?,
         ),
