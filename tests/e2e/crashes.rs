@@ -11,7 +11,7 @@ use sluice_host::capability::sql::{SqlValue, connect};
 
 use crate::engine_mock::raw_topic;
 use crate::kafka::{Broker, Mock, producer};
-use crate::support::{Db, HostProcess, RunArgs};
+use crate::support::{Db, HostProcess, PrivatePg, RunArgs};
 
 /// How long to wait for a log line.
 const WAIT: Duration = Duration::from_secs(60);
@@ -362,4 +362,67 @@ fn random_runs_crashes_and_resets_apply_every_offset_once() {
         db.sorted_texts("SELECT holes FROM sluice_progress"),
         vec!["[]"; PARTITIONS as usize]
     );
+}
+
+#[test]
+fn a_sink_database_restart_mid_run_loses_and_duplicates_nothing() {
+    // Found by an attack run: a PostgreSQL restart killed the job within a
+    // second (57P01, then 08000 retried on the dead connection). Now the
+    // host reconnects and applies the part in flight again from its
+    // progress row; the non-idempotent counter shows each record once.
+    // A private server: the suite's shared one must not be restarted.
+    let pg = PrivatePg::start();
+    let db = Db::at(pg.url());
+    let mock = raw_topic((0..6000).map(|i| format!("v{i}")));
+    let dir = tempfile::tempdir().unwrap();
+    let args = |ckpt: &str, extra: &[&str]| {
+        RunArgs::new(&mock.bootstrap(), &["raw"], &dir.path().join(ckpt))
+            .sink_db(&db)
+            .plugin("sql_counter")
+            .args(["--until-caught-up", "--max-records-per-partition", "20"])
+            .args([
+                "--trigger-interval",
+                "10ms",
+                "--progress",
+                "none",
+                "--attempts",
+                "1",
+            ])
+            .args(extra)
+            .build()
+    };
+    let mut run = HostProcess::start(&args("ckpt", &[]));
+    run.wait_for("batch committed", WAIT);
+    pg.stop();
+    std::thread::sleep(Duration::from_secs(2));
+    pg.start_again();
+    let (code, log) = run.finish();
+    assert_eq!(code, Some(0), "{log}");
+    assert!(log.contains("sink database connection lost"), "{log}");
+    assert!(log.contains("sink database reconnected"), "{log}");
+    assert_eq!(db.counted(), 6000, "{log}");
+    assert_eq!(
+        db.scalar("SELECT COUNT(DISTINCT idempotency_key) FROM seen"),
+        6000
+    );
+    assert_eq!(db.scalar("SELECT COUNT(*) FROM seen"), 6000);
+
+    // A database that stays away stops the job after --sink-retry-for,
+    // naming the database, with nothing committed past what it applied.
+    let more = producer(&mock.bootstrap());
+    for i in 0..4000 {
+        more.send("raw", 0, None, Some(format!("w{i}").as_bytes()), &[]);
+    }
+    more.flush();
+    let mut run = HostProcess::start(&args("ckpt", &["--sink-retry-for", "2s"]));
+    run.wait_for("checkpoint opened", WAIT);
+    pg.stop();
+    let (code, log) = run.finish();
+    assert_ne!(code, Some(0), "{log}");
+    assert!(log.contains("stayed unreachable"), "{log}");
+    pg.start_again();
+    let (code, log) = HostProcess::start(&args("ckpt", &[])).finish();
+    assert_eq!(code, Some(0), "{log}");
+    assert_eq!(db.counted(), 10_000, "{log}");
+    assert_eq!(db.scalar("SELECT COUNT(*) FROM seen"), 10_000);
 }

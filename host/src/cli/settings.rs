@@ -143,6 +143,12 @@ pub struct Settings {
         hide_env_values = true
     )]
     pub sink_db_password_file: Option<PathBuf>,
+    /// How long to keep reconnecting when the sink database's connection
+    /// is lost (a restart, a failover) before the job stops; the part in
+    /// flight is applied again from its progress row [default: 5m].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, env = "SLUICE_SINK_RETRY_FOR", hide_env_values = true)]
+    #[serde(default, with = "duration_text")]
+    pub sink_retry_for: Option<Duration>,
     /// Records per partition per batch [default: 10000].
     #[arg(
         long,
@@ -285,6 +291,8 @@ pub const PLUGIN_TIMEOUT: (Duration, Duration) =
     (MIN_PLUGIN_TIMEOUT, Duration::from_secs(24 * 3600));
 /// Range of `--plugin-memory`, bytes: a Wasm32 memory holds at most 4 GiB.
 pub const PLUGIN_MEMORY: (u64, u64) = (1 << 20, 4 << 30);
+/// Range of `--sink-retry-for`.
+pub const SINK_RETRY_FOR: (Duration, Duration) = (Duration::ZERO, Duration::from_secs(24 * 3600));
 /// Range of `--wait` and `--takeover`.
 pub const WAIT: (Duration, Duration) = (Duration::ZERO, Duration::from_secs(7 * 24 * 3600));
 
@@ -364,6 +372,9 @@ pub fn resolve(s: Settings, config: &[(String, String)]) -> Result<PipelineConfi
         )));
     }
     cfg.sink_db_password_file = s.sink_db_password_file;
+    if let Some(d) = s.sink_retry_for {
+        cfg.sink_retry_for = within("--sink-retry-for", d, SINK_RETRY_FOR, show_duration)?;
+    }
     if let Some(n) = s.max_records_per_partition {
         if n == 0 {
             return Err(usage("--max-records-per-partition must be at least 1"));

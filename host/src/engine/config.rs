@@ -78,6 +78,9 @@ pub struct PipelineConfig {
     /// A file whose first line is the PostgreSQL password, for a
     /// `sink_db` URL without one (else `PGPASSWORD`, `~/.pgpass`).
     pub sink_db_password_file: Option<PathBuf>,
+    /// How long to keep reconnecting to a lost sink database before the
+    /// job stops.
+    pub sink_retry_for: Duration,
     /// Records per partition per batch.
     pub max_records_per_partition: u64,
     /// Time between batch starts when there is little data.
@@ -177,6 +180,7 @@ impl PipelineConfig {
             kafka: BTreeMap::new(),
             sink_db: None,
             sink_db_password_file: None,
+            sink_retry_for: crate::sink::DEFAULT_RECONNECT_FOR,
             max_records_per_partition: 10_000,
             trigger_interval: Duration::from_secs(1),
             until_caught_up: false,

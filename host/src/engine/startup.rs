@@ -187,7 +187,8 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
     tracing::info!(checkpoint = %cp.location(), epoch = epoch.get(), query_id, "checkpoint opened");
 
     let driver = SinkDriver::new(sql.clone())
-        .map_err(sink_db_error(cfg.sink_db.as_deref().unwrap_or_default()))?;
+        .map_err(sink_db_error(cfg.sink_db.as_deref().unwrap_or_default()))?
+        .reconnect_for(cfg.sink_retry_for);
     let (recorded, pending_rerun) = match cp.recovery() {
         Recovery::Resume { plugins, .. } => (plugins.clone(), None),
         Recovery::Rerun { entry } => (entry.plugins.clone(), Some(entry.clone())),

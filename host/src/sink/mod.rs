@@ -41,6 +41,10 @@ use crate::capability::sql::{DbError, SqlGrant};
 use crate::plugin::{Instance, OpenAnswer, PartitionContext, PluginError, StageFailure};
 use tables::HostTables;
 
+/// How long the driver keeps reconnecting after losing the sink database
+/// (`--sink-retry-for`).
+pub const DEFAULT_RECONNECT_FOR: std::time::Duration = std::time::Duration::from_secs(300);
+
 /// Records per `sink.write` call.
 const CHUNK_RECORDS: usize = 2000;
 /// Bytes per `sink.write` call (soft limit).
@@ -206,6 +210,11 @@ pub enum SinkError {
 }
 
 impl SinkError {
+    /// The sink database's connection is gone ([`DbError::is_connection_lost`]).
+    pub fn is_connection_lost(&self) -> bool {
+        matches!(self, SinkError::Sql { error, .. } if error.is_connection_lost())
+    }
+
     /// Worth another attempt at the same part: a retryable plugin failure
     /// or trap, or a transient database error ([`DbError::is_transient`]);
     /// the part was rolled back either way.
@@ -222,6 +231,8 @@ impl SinkError {
 /// capability.
 pub struct SinkDriver {
     sql: Option<SqlGrant>,
+    /// How long to keep reconnecting after the connection is lost.
+    reconnect_for: std::time::Duration,
     /// The host's tables, schema-qualified (see [`HostTables`]).
     tables: HostTables,
 }
@@ -246,7 +257,62 @@ impl SinkDriver {
             Some(g) => HostTables::create(g.lock().backend())?,
             None => HostTables::default(),
         };
-        Ok(SinkDriver { sql, tables })
+        Ok(SinkDriver {
+            sql,
+            tables,
+            reconnect_for: DEFAULT_RECONNECT_FOR,
+        })
+    }
+
+    /// Keep reconnecting for up to `d` after the connection is lost
+    /// (default [`DEFAULT_RECONNECT_FOR`]).
+    pub fn reconnect_for(mut self, d: std::time::Duration) -> Self {
+        self.reconnect_for = d;
+        self
+    }
+
+    /// Open a new connection after `lost`, with backoff (0.2 s doubling
+    /// to 5 s), until `until`.
+    ///
+    /// # Errors
+    /// [`SinkError::Sql`] naming the last connection error once the time is
+    /// up.
+    fn reconnect(
+        &self,
+        g: &SqlGrant,
+        lost: &SinkError,
+        until: std::time::Instant,
+    ) -> Result<(), SinkError> {
+        let mut delay = std::time::Duration::from_millis(200);
+        let mut attempt = 1u32;
+        tracing::warn!(
+            "sink database connection lost ({lost}); reconnecting for up to {} s",
+            self.reconnect_for.as_secs()
+        );
+        loop {
+            std::thread::sleep(delay);
+            match g.reconnect() {
+                Ok(()) => {
+                    tracing::info!(
+                        attempt,
+                        "sink database reconnected; the part is applied again from its progress row"
+                    );
+                    return Ok(());
+                }
+                Err(error) if error.is_connection_lost() && std::time::Instant::now() < until => {
+                    tracing::warn!(attempt, "sink database still unreachable: {error}");
+                }
+                Err(error) => {
+                    return Err(SinkError::Sql {
+                        during: "reconnecting (the sink database stayed unreachable; see --sink-retry-for)",
+                        site: "the sink database".into(),
+                        error,
+                    });
+                }
+            }
+            attempt += 1;
+            delay = (delay * 2).min(std::time::Duration::from_secs(5));
+        }
     }
 
     /// The SQL grant, for sink instances.
@@ -266,7 +332,24 @@ impl SinkDriver {
         batch: &PartitionBatch<'_>,
     ) -> Result<Applied, SinkError> {
         match &self.sql {
-            Some(g) => self.apply_transactional(g, instance, batch),
+            Some(g) => {
+                // A part lost with the connection is applied again on a new
+                // one, from its progress row (so nothing twice), by a fresh
+                // plugin instance; for up to the reconnect time in all.
+                let until = std::time::Instant::now() + self.reconnect_for;
+                let mut instance = instance;
+                loop {
+                    match self.apply_transactional(g, instance.as_deref_mut(), batch) {
+                        Err(e) if e.is_connection_lost() => {
+                            self.reconnect(g, &e, until)?;
+                            if let Some(i) = instance.as_deref_mut() {
+                                i.discard();
+                            }
+                        }
+                        r => return r,
+                    }
+                }
+            }
             None => {
                 if !batch.dead_letters.is_empty() {
                     return Err(SinkError::NoDeadLetterStore);

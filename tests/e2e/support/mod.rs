@@ -5,10 +5,12 @@
 #![allow(dead_code)]
 
 mod db;
+mod private_pg;
 mod process;
 mod run_args;
 
 pub use db::Db;
+pub use private_pg::PrivatePg;
 pub use process::HostProcess;
 pub use run_args::RunArgs;
 

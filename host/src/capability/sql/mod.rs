@@ -58,7 +58,14 @@ impl DbError {
     /// serialization failures and deadlocks (class 40), a busy SQLite
     /// database.
     pub fn is_transient(&self) -> bool {
-        self.code.starts_with("08") || self.code.starts_with("40") || self.code == "SQLITE_BUSY"
+        self.is_connection_lost() || self.code.starts_with("40") || self.code == "SQLITE_BUSY"
+    }
+
+    /// The connection is gone (SQLSTATE class 08, and 57P01–57P03: the
+    /// server shut down, crashed or is starting): only a new connection
+    /// helps ([`SqlGrant::reconnect`]).
+    pub fn is_connection_lost(&self) -> bool {
+        self.code.starts_with("08") || matches!(self.code.as_str(), "57P01" | "57P02" | "57P03")
     }
 
     fn host(message: impl Into<String>) -> Self {
@@ -251,6 +258,8 @@ pub fn connect_with(url: &str, password_file: Option<&Path>) -> Result<Box<dyn B
 /// driver has open for the current partition range.
 pub struct Session {
     backend: Box<dyn Backend>,
+    /// How to open the connection again (`--sink-db`, password file).
+    origin: Option<(String, Option<std::path::PathBuf>)>,
     /// A transaction is open for plugin calls.
     open: bool,
     /// The first SQL error of the current transaction: it is rolled back
@@ -283,6 +292,7 @@ impl SqlGrant {
     pub fn new(backend: Box<dyn Backend>) -> Self {
         SqlGrant(Arc::new(Mutex::new(Session {
             backend,
+            origin: None,
             open: false,
             failed: None,
             approved: std::collections::HashSet::new(),
@@ -294,7 +304,7 @@ impl SqlGrant {
     /// # Errors
     /// As [`connect`].
     pub fn connect(url: &str) -> Result<Self, DbError> {
-        connect(url).map(Self::new)
+        Self::connect_with(url, None)
     }
 
     /// Connect as [`connect_with`].
@@ -302,7 +312,32 @@ impl SqlGrant {
     /// # Errors
     /// As [`connect_with`].
     pub fn connect_with(url: &str, password_file: Option<&Path>) -> Result<Self, DbError> {
-        connect_with(url, password_file).map(Self::new)
+        let g = connect_with(url, password_file).map(Self::new)?;
+        g.lock().origin = Some((url.to_string(), password_file.map(Path::to_path_buf)));
+        Ok(g)
+    }
+
+    /// Replace a lost connection with a new one to the same database
+    /// (plugins and the driver share the session, so all of them use the
+    /// new one). Nothing of the transaction that was open survives: the
+    /// caller re-applies its part from the progress row.
+    ///
+    /// # Errors
+    /// The connection error; a session made from a backend rather than a
+    /// URL cannot reconnect.
+    pub fn reconnect(&self) -> Result<(), DbError> {
+        let origin = self.lock().origin.clone();
+        let Some((url, password_file)) = origin else {
+            return Err(DbError::host(
+                "this session cannot reconnect (it was not opened from a URL)",
+            ));
+        };
+        let backend = connect_with(&url, password_file.as_deref())?;
+        let mut s = self.lock();
+        s.backend = backend;
+        s.open = false;
+        s.failed = None;
+        Ok(())
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, Session> {
