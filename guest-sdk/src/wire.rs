@@ -403,6 +403,16 @@ pub fn decode_records(buf: &[u8]) -> Result<Vec<Record<'_>>, WireError> {
     Ok(out)
 }
 
+/// The number of outputs a `packed-outputs` buffer says it holds, read
+/// from its count prefix without decoding them.
+///
+/// # Errors
+/// [`WireError`] when the prefix is missing or claims more entries than
+/// the buffer can hold.
+pub fn count_outputs(buf: &[u8]) -> Result<usize, WireError> {
+    Reader { buf, pos: 0 }.count(16)
+}
+
 /// Decode a `packed-outputs` buffer.
 ///
 /// # Errors

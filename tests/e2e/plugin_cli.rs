@@ -194,6 +194,48 @@ fn trap_exits_non_zero_with_one_line_reason() {
 }
 
 #[test]
+fn a_plugin_cannot_flood_host_memory_with_outputs_or_the_log_with_lines() {
+    // Found by an attack run: one record making 3 M outputs took 980 MB of
+    // host memory under a 256 MiB plugin cap, and 200,000 log calls and
+    // 1 MiB of stderr became 724,000 log lines.
+    let input = write_input(&["fanout".to_string()]);
+    let out = host(&[
+        "test",
+        "--plugin",
+        plugin("misbehave").to_str().unwrap(),
+        "--input",
+        input.path().to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("more than the limit of 1000000 per call"),
+        "{}",
+        stderr(&out)
+    );
+
+    let input = write_input(&["logflood".to_string(), "after".to_string()]);
+    let out = std::process::Command::new(crate::support::host_bin())
+        .args(["test", "--plugin"])
+        .arg(plugin("misbehave"))
+        .arg("--input")
+        .arg(input.path())
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    let lines = err.lines().count();
+    assert!(lines < 1_000, "{lines} log lines");
+    assert!(
+        err.contains("plugin log lines dropped in one call"),
+        "{err}"
+    );
+    let outputs = json_lines(&out);
+    assert_eq!(outputs[0]["value"], "flooded");
+    assert_eq!(outputs[1]["value"], "after");
+}
+
+#[test]
 fn unusable_files_are_refused_naming_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let text = dir.path().join("notes.wasm");

@@ -125,6 +125,23 @@ pub fn run_chain(
                 }
                 Err(e) => return Err(e),
             };
+            let bad = |e: wire::WireError| PluginError::BadResult {
+                path: path.clone(),
+                digest: digest.clone(),
+                call: "map",
+                site: super::describe_site(&call),
+                reason: e.to_string(),
+            };
+            let n = wire::count_outputs(&result.outputs).map_err(bad)?;
+            if n > super::MAX_OUTPUTS_PER_CALL {
+                return Err(PluginError::TooManyOutputs {
+                    path: path.clone(),
+                    digest: digest.clone(),
+                    site: super::describe_site(&call),
+                    outputs: n,
+                    limit: super::MAX_OUTPUTS_PER_CALL,
+                });
+            }
             let outputs =
                 wire::decode_outputs(&result.outputs).map_err(|e| PluginError::BadResult {
                     path: path.clone(),

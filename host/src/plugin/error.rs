@@ -208,6 +208,23 @@ pub enum PluginError {
         /// The stage's error.
         failure: StageFailure,
     },
+    /// A map call produced more outputs than the host holds for one call
+    /// (host memory grows with every output, beyond the plugin's cap).
+    #[error(
+        "plugin {path} (sha256:{digest}) produced {outputs} outputs from one map call on {site}, more than the limit of {limit} per call: a stage that fans out this much is most likely broken; the batch is not committed"
+    )]
+    TooManyOutputs {
+        /// The plugin file.
+        path: PathBuf,
+        /// Digest.
+        digest: String,
+        /// The input.
+        site: String,
+        /// How many it produced.
+        outputs: usize,
+        /// [`super::MAX_OUTPUTS_PER_CALL`].
+        limit: usize,
+    },
     /// The guest returned a batch the host cannot decode.
     #[error(
         "plugin {path} (sha256:{digest}) returned a malformed result from {call} on {site}: {reason}"

@@ -13,6 +13,7 @@ use wasmtime_wasi::{WasiCtxView, WasiView};
 
 use super::bindings::sluice::plugin::{config, log, sql, types};
 use super::instance::State;
+use super::{LOG_LINE_BYTES, LOG_LINES_PER_CALL};
 use crate::capability::sql::{DbError, SqlValue};
 
 impl WasiView for State {
@@ -26,8 +27,49 @@ impl WasiView for State {
 
 impl types::Host for State {}
 
+/// What a plugin instance may still write into the host's log in the
+/// current call: [`LOG_LINES_PER_CALL`] lines of at most [`LOG_LINE_BYTES`]
+/// bytes; the rest are counted.
+#[derive(Debug, Default)]
+pub(crate) struct LogBudget {
+    used: u32,
+    dropped: u64,
+}
+
+impl LogBudget {
+    /// `line` (cut to the length limit) if the call may still log one.
+    pub(crate) fn admit<'a>(&mut self, line: &'a str) -> Option<&'a str> {
+        if self.used >= LOG_LINES_PER_CALL {
+            self.dropped += 1;
+            return None;
+        }
+        self.used += 1;
+        let mut end = line.len().min(LOG_LINE_BYTES);
+        while !line.is_char_boundary(end) {
+            end -= 1;
+        }
+        Some(&line[..end])
+    }
+
+    /// End of a call: log how many lines were dropped, and start afresh.
+    pub(crate) fn end_call(&mut self, plugin: &str) {
+        if self.dropped > 0 {
+            tracing::warn!(
+                plugin,
+                dropped = self.dropped,
+                "{} plugin log lines dropped in one call (at most {LOG_LINES_PER_CALL} lines of {LOG_LINE_BYTES} bytes per call)",
+                self.dropped
+            );
+        }
+        *self = LogBudget::default();
+    }
+}
+
 impl log::Host for State {
     fn log(&mut self, level: log::Level, message: String) {
+        let Some(message) = self.log.admit(&message) else {
+            return;
+        };
         let plugin = self.plugin.as_str();
         match level {
             log::Level::Trace => tracing::trace!(plugin, "{message}"),

@@ -19,6 +19,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxBuilder};
 use super::bindings::exports::sluice::plugin::{mapper, sink};
 use super::bindings::sluice::plugin::types;
 use super::contract::{BadRecord, CallContext, MapResult, OpenAnswer, PartitionContext};
+use super::imports::LogBudget;
 use super::{EPOCH_TICK, Exports, Limits, PluginError, StageFailure, TrapKind, Trapped};
 use crate::capability::sql::SqlGrant;
 
@@ -37,6 +38,8 @@ pub(crate) struct State {
     pub(super) config: Arc<BTreeMap<String, String>>,
     pub(super) plugin: String,
     pub(super) sql: Option<SqlGrant>,
+    /// Log lines left in the current call.
+    pub(super) log: LogBudget,
 }
 
 /// Memory cap that remembers what was refused, so the trap can say so.
@@ -252,6 +255,7 @@ impl Instance {
             config: self.config.clone(),
             plugin: t.digest.get(..12).unwrap_or(&t.digest).to_string(),
             sql: self.sql.clone(),
+            log: LogBudget::default(),
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);
@@ -311,16 +315,22 @@ impl Instance {
         let err = live.stderr.contents();
         let new_out = out.get(live.stdout_seen..).unwrap_or_default();
         let new_err = err.get(live.stderr_seen..).unwrap_or_default();
+        let budget = &mut live.store.data_mut().log;
         for line in String::from_utf8_lossy(new_out)
             .lines()
             .filter(|l| !l.trim().is_empty())
         {
-            tracing::info!(plugin = plugin.as_str(), stream = "stdout", "{line}");
+            if let Some(line) = budget.admit(line) {
+                tracing::info!(plugin = plugin.as_str(), stream = "stdout", "{line}");
+            }
         }
         let err_text = String::from_utf8_lossy(new_err).into_owned();
         for line in err_text.lines().filter(|l| !l.trim().is_empty()) {
-            tracing::warn!(plugin = plugin.as_str(), stream = "stderr", "{line}");
+            if let Some(line) = budget.admit(line) {
+                tracing::warn!(plugin = plugin.as_str(), stream = "stderr", "{line}");
+            }
         }
+        budget.end_call(&plugin);
         live.stdout_seen = out.len();
         live.stderr_seen = err.len();
         if out.len() > STDIO_CAP / 2 || err.len() > STDIO_CAP / 2 {

@@ -41,6 +41,19 @@ pub const CONTRACT_VERSION: &str = sluice_guest::CONTRACT_VERSION;
 /// Interval between epoch ticks. Deadlines are rounded up to it.
 const EPOCH_TICK: Duration = Duration::from_millis(5);
 
+/// Most outputs one map call may return (the host keeps each in memory,
+/// outside the plugin's memory cap): 500 per record of a full piece of
+/// 2,000.
+pub const MAX_OUTPUTS_PER_CALL: usize = 1_000_000;
+
+/// Most log lines (`log` calls and stdout/stderr lines together) a plugin
+/// instance writes into the host's log per call; the rest are counted and
+/// reported in one line.
+pub const LOG_LINES_PER_CALL: u32 = 200;
+
+/// Longest plugin log line kept, bytes; longer ones are cut.
+pub const LOG_LINE_BYTES: usize = 4096;
+
 /// Sandbox limits applied to every instance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
