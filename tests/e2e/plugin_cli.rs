@@ -40,6 +40,17 @@ fn write_input(lines: &[String]) -> tempfile::NamedTempFile {
     f
 }
 
+/// `host test --plugin <built plugin> --input FILE`.
+fn host_test(plugin_name: &str, input: &std::path::Path) -> std::process::Output {
+    host(&[
+        "test",
+        "--plugin",
+        plugin(plugin_name).to_str().unwrap(),
+        "--input",
+        input.to_str().unwrap(),
+    ])
+}
+
 #[test]
 fn company_maps_every_kind_of_maxwell_event() {
     let key1 = r#"{"database":"shop","table":"company","pk.id":1}"#;
@@ -165,13 +176,7 @@ fn config_reaches_the_plugin() {
 #[test]
 fn trap_exits_non_zero_with_one_line_reason() {
     let input = write_input(&["ok".to_string(), "panic".to_string()]);
-    let out = host(&[
-        "test",
-        "--plugin",
-        plugin("misbehave").to_str().unwrap(),
-        "--input",
-        input.path().to_str().unwrap(),
-    ]);
+    let out = host_test("misbehave", input.path());
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
     let last = err.lines().last().unwrap_or_default();
@@ -199,13 +204,7 @@ fn a_plugin_cannot_flood_host_memory_with_outputs_or_the_log_with_lines() {
     // host memory under a 256 MiB plugin cap, and 200,000 log calls and
     // 1 MiB of stderr became 724,000 log lines.
     let input = write_input(&["fanout".to_string()]);
-    let out = host(&[
-        "test",
-        "--plugin",
-        plugin("misbehave").to_str().unwrap(),
-        "--input",
-        input.path().to_str().unwrap(),
-    ]);
+    let out = host_test("misbehave", input.path());
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(
         stderr(&out).contains("more than the limit of 1000000 per call"),
