@@ -756,6 +756,28 @@ fn company_upserts_and_deletes_end_in_the_right_table_state() {
 }
 
 #[test]
+fn a_commit_behind_a_nested_comment_does_not_end_the_hosts_transaction() {
+    // Found by an attack run: `/* /* */ x */ COMMIT` passed the text check
+    // (which ended the comment at the first `*/`) and PostgreSQL, which
+    // nests comments, committed the host's transaction.
+    for db in Db::both() {
+        apply_counter(&db, 1, 0, 1, plain).unwrap();
+        let e = apply_counter(&db, 1, 1, 2, |_| Some(b"nested-commit".to_vec()))
+            .unwrap_err()
+            .to_string();
+        if db.name == "postgres" {
+            assert!(e.contains("`COMMIT` statements are not allowed"), "{e}");
+        }
+        assert_eq!(
+            db.counted(),
+            1,
+            "{}: nothing of the failed part stays: {e}",
+            db.name
+        );
+    }
+}
+
+#[test]
 fn the_guest_reaches_the_database_only_through_the_capability() {
     let db = Db::sqlite();
     let path = db.url.trim_start_matches("sqlite:").to_string();

@@ -3,14 +3,16 @@
 //! PostgreSQL, where no authorizer exists) the host's table names.
 
 /// The first keyword of a statement, upper-cased (comments and empty
-/// statements before it skipped).
-pub(super) fn first_keyword(sql: &str) -> String {
+/// statements before it skipped). `nested`: block comments nest, as on
+/// PostgreSQL (`/* /* */ still a comment */`); SQLite ends one at the
+/// first `*/`.
+pub(super) fn first_keyword(sql: &str, nested: bool) -> String {
     let mut s = sql.trim_start_matches(|c: char| c.is_whitespace() || c == ';');
     loop {
         if let Some(rest) = s.strip_prefix("--") {
             s = rest.split_once('\n').map_or("", |(_, r)| r);
         } else if let Some(rest) = s.strip_prefix("/*") {
-            s = rest.split_once("*/").map_or("", |(_, r)| r);
+            s = skip_block_comment(rest, nested);
         } else {
             break;
         }
@@ -20,6 +22,31 @@ pub(super) fn first_keyword(sql: &str) -> String {
         .take_while(|c| c.is_ascii_alphabetic())
         .collect::<String>()
         .to_ascii_uppercase()
+}
+
+/// What follows the block comment whose `/*` precedes `rest` (empty when
+/// it never ends).
+fn skip_block_comment(rest: &str, nested: bool) -> &str {
+    let bytes = rest.as_bytes();
+    let mut depth = 1usize;
+    let mut i = 0;
+    while i + 1 < bytes.len() {
+        match (bytes[i], bytes[i + 1]) {
+            (b'*', b'/') => {
+                depth -= 1;
+                i += 2;
+                if depth == 0 {
+                    return &rest[i..];
+                }
+            }
+            (b'/', b'*') if nested => {
+                depth += 1;
+                i += 2;
+            }
+            _ => i += 1,
+        }
+    }
+    ""
 }
 
 /// Statements a plugin may not run: they would end or escape the host's

@@ -435,7 +435,7 @@ impl Session {
     /// (on PostgreSQL; SQLite's authorizer does it there) the host's own
     /// tables, by the statement's text; a refusal fails the transaction.
     fn check(&mut self, sql: &str) -> Result<(), DbError> {
-        let kw = first_keyword(sql);
+        let kw = first_keyword(sql, self.backend.dialect() == Dialect::Postgres);
         if REFUSED.contains(&kw.as_str()) {
             let e = DbError::host(format!(
                 "`{kw}` statements are not allowed: the host owns the transaction and the connection"

@@ -43,10 +43,26 @@ fn passwords_are_redacted_from_urls() {
 
 #[test]
 fn first_keywords() {
-    assert_eq!(first_keyword("  -- hi\n /* x */ commit"), "COMMIT");
-    assert_eq!(first_keyword("insert into t"), "INSERT");
-    assert_eq!(first_keyword(""), "");
-    assert_eq!(first_keyword(" ; ;\n-- x\n;vacuum into 'f'"), "VACUUM");
+    for nested in [false, true] {
+        assert_eq!(first_keyword("  -- hi\n /* x */ commit", nested), "COMMIT");
+        assert_eq!(first_keyword("insert into t", nested), "INSERT");
+        assert_eq!(first_keyword("", nested), "");
+        assert_eq!(
+            first_keyword(" ; ;\n-- x\n;vacuum into 'f'", nested),
+            "VACUUM"
+        );
+        assert_eq!(first_keyword("/* never ends", nested), "");
+    }
+    // Found by an attack run: PostgreSQL nests comments, so this is COMMIT
+    // there (the text check used to stop at the first `*/` and see `x`).
+    assert_eq!(first_keyword("/* /* */ x */ COMMIT", true), "COMMIT");
+    assert_eq!(first_keyword("/*/**/*/rollback", true), "ROLLBACK");
+    assert_eq!(
+        first_keyword("/* a /* b /* c */ */ */ do $$ $$", true),
+        "DO"
+    );
+    // SQLite does not nest: its comment ends at the first `*/`.
+    assert_eq!(first_keyword("/* /* */ select 1", false), "SELECT");
 }
 
 #[test]
