@@ -139,6 +139,9 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
         ),
         None => None,
     };
+    if let Some(g) = &sql {
+        g.limit_statements(cfg.limits.call_timeout);
+    }
     let sink_identity = match cfg.sink_db.as_deref() {
         Some(url) => Some(
             sql::sink_identity(url)

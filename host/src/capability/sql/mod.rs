@@ -76,6 +76,54 @@ impl DbError {
     }
 }
 
+/// Most rows one query returns (a plugin's query results are collected
+/// in host memory, outside the plugin's memory cap).
+pub const QUERY_ROWS: usize = 100_000;
+/// Most bytes of values one query returns.
+pub const QUERY_BYTES: usize = 64 << 20;
+
+/// The refusal when a query passes [`QUERY_ROWS`] or [`QUERY_BYTES`].
+pub(crate) fn too_large(rows: usize, bytes: usize) -> DbError {
+    DbError::host(format!(
+        "the query returned more than {QUERY_ROWS} rows or {} MiB ({rows} rows, {bytes} bytes so far): narrow it (WHERE, LIMIT)",
+        QUERY_BYTES >> 20
+    ))
+}
+
+/// Counts a query's rows and bytes against the caps.
+#[derive(Default)]
+pub(crate) struct RowBudget {
+    rows: usize,
+    bytes: usize,
+}
+
+impl RowBudget {
+    /// Take one more row of `bytes`.
+    ///
+    /// # Errors
+    /// [`too_large`] past a cap.
+    pub(crate) fn take(&mut self, bytes: usize) -> Result<(), DbError> {
+        self.rows += 1;
+        self.bytes += bytes;
+        if self.rows > QUERY_ROWS || self.bytes > QUERY_BYTES {
+            return Err(too_large(self.rows, self.bytes));
+        }
+        Ok(())
+    }
+}
+
+impl SqlValue {
+    /// Bytes it holds (8 for numbers), for [`RowBudget`].
+    pub(crate) fn size(&self) -> usize {
+        match self {
+            SqlValue::Null => 1,
+            SqlValue::Integer(_) | SqlValue::Real(_) => 8,
+            SqlValue::Text(t) => t.len(),
+            SqlValue::Blob(b) => b.len(),
+        }
+    }
+}
+
 /// Rows of a query.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct QueryRows {
@@ -133,6 +181,12 @@ pub trait Backend: Send {
     /// (SQLite's authorizer) applies the plugin rules only in between;
     /// the default does nothing.
     fn set_untrusted(&mut self, _on: bool) {}
+    /// Bound each plugin statement that follows to `limit` (`None`: the
+    /// host's own statements again, unbounded).
+    ///
+    /// # Errors
+    /// The database's error.
+    fn statement_limit(&mut self, limit: Option<std::time::Duration>) -> Result<(), DbError>;
     /// Why the backend's access control refused the last plugin
     /// statement, if it did (taken: a second call answers `None`).
     fn take_denial(&mut self) -> Option<String> {
@@ -258,6 +312,8 @@ pub fn connect_with(url: &str, password_file: Option<&Path>) -> Result<Box<dyn B
 /// driver has open for the current partition range.
 pub struct Session {
     backend: Box<dyn Backend>,
+    /// How long one plugin statement may run ([`SqlGrant::limit_statements`]).
+    statement_limit: Option<std::time::Duration>,
     /// How to open the connection again (`--sink-db`, password file).
     origin: Option<(String, Option<std::path::PathBuf>)>,
     /// A transaction is open for plugin calls.
@@ -292,6 +348,7 @@ impl SqlGrant {
     pub fn new(backend: Box<dyn Backend>) -> Self {
         SqlGrant(Arc::new(Mutex::new(Session {
             backend,
+            statement_limit: None,
             origin: None,
             open: false,
             failed: None,
@@ -315,6 +372,13 @@ impl SqlGrant {
         let g = connect_with(url, password_file).map(Self::new)?;
         g.lock().origin = Some((url.to_string(), password_file.map(Path::to_path_buf)));
         Ok(g)
+    }
+
+    /// Bound every plugin statement to `limit` (the plugin call deadline):
+    /// PostgreSQL's `statement_timeout` (SQLSTATE 57014 when it fires),
+    /// SQLite's progress handler (the statement is interrupted).
+    pub fn limit_statements(&self, limit: std::time::Duration) {
+        self.lock().statement_limit = Some(limit);
     }
 
     /// Replace a lost connection with a new one to the same database
@@ -474,6 +538,9 @@ impl Session {
             Dialect::Postgres => "BEGIN ISOLATION LEVEL READ COMMITTED",
         };
         self.backend.batch(sql)?;
+        if let Some(limit) = self.statement_limit {
+            self.backend.statement_limit(Some(limit))?;
+        }
         self.open = true;
         self.failed = None;
         Ok(())
@@ -482,7 +549,13 @@ impl Session {
     /// Close the plugin window; the first SQL error it saw, if any.
     pub(crate) fn end_plugin_window(&mut self) -> Option<DbError> {
         self.open = false;
-        self.failed.take()
+        let failed = self.failed.take();
+        if self.statement_limit.is_some()
+            && let Err(e) = self.backend.statement_limit(None)
+        {
+            return failed.or(Some(e));
+        }
+        failed
     }
 
     pub(crate) fn commit(&mut self) -> Result<(), DbError> {

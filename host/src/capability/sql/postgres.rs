@@ -7,7 +7,7 @@ use std::path::Path;
 
 use ::postgres::types::{IsNull, ToSql, Type, to_sql_checked};
 
-use super::{Backend, DbError, Dialect, QueryRows, SqlValue};
+use super::{Backend, DbError, Dialect, QueryRows, RowBudget, SqlValue};
 
 pub(super) struct Postgres {
     client: postgres::Client,
@@ -225,23 +225,42 @@ impl Backend for Postgres {
             .iter()
             .map(|c| c.name().to_string())
             .collect();
-        let rows = self
+        // Streamed, so a huge result stops at the caps instead of being
+        // collected first.
+        let cancel = self.client.cancel_token();
+        let mut rows = self
             .client
-            .query(&stmt, &Self::params(params))
+            .query_raw(&stmt, Self::params(params))
             .map_err(pg_err)?;
-        let mut out = Vec::with_capacity(rows.len());
-        for row in &rows {
-            out.push(
-                (0..columns.len())
-                    .map(|i| pg_value(row, i))
-                    .collect::<Result<Vec<_>, _>>()?,
-            );
+        let mut out = Vec::new();
+        let mut budget = RowBudget::default();
+        while let Some(row) =
+            postgres::fallible_iterator::FallibleIterator::next(&mut rows).map_err(pg_err)?
+        {
+            let vals = (0..columns.len())
+                .map(|i| pg_value(&row, i))
+                .collect::<Result<Vec<_>, _>>()?;
+            if let Err(e) = budget.take(vals.iter().map(SqlValue::size).sum()) {
+                // Stop the server producing the rest: dropping the stream
+                // would otherwise read it to its end (perhaps never).
+                if let Err(c) = cancel.cancel_query(postgres::NoTls) {
+                    tracing::warn!("cancelling an oversized query failed: {c}");
+                }
+                return Err(e);
+            }
+            out.push(vals);
         }
         Ok(QueryRows { columns, rows: out })
     }
 
     fn in_autocommit(&self) -> Option<bool> {
         None
+    }
+
+    fn statement_limit(&mut self, limit: Option<std::time::Duration>) -> Result<(), DbError> {
+        // SET LOCAL: it ends with the transaction in any case.
+        let ms = limit.map_or(0, |d| d.as_millis().max(1));
+        self.batch(&format!("SET LOCAL statement_timeout = {ms}"))
     }
 
     fn blob_type(&self) -> &'static str {

@@ -4,11 +4,16 @@
 
 use std::sync::{Arc, Mutex};
 
-use super::{Backend, DbError, Dialect, HOST_TABLES, QueryRows, SqlValue};
+use super::{Backend, DbError, Dialect, HOST_TABLES, QueryRows, RowBudget, SqlValue};
 
 pub(super) struct Sqlite {
     conn: rusqlite::Connection,
     auth: Arc<AuthState>,
+    /// How long one plugin statement may run.
+    limit: Option<std::time::Duration>,
+    /// When the plugin statement running now must stop (read by the
+    /// progress handler, which then interrupts it).
+    deadline: Arc<std::sync::Mutex<Option<std::time::Instant>>>,
 }
 
 /// What SQLite's authorizer callback shares with the connection's owner.
@@ -126,6 +131,7 @@ fn sqlite_code_name(code: i32) -> String {
         ffi::SQLITE_CANTOPEN => "SQLITE_CANTOPEN",
         ffi::SQLITE_MISMATCH => "SQLITE_MISMATCH",
         ffi::SQLITE_RANGE => "SQLITE_RANGE",
+        ffi::SQLITE_INTERRUPT => "SQLITE_INTERRUPT",
         _ => match code & 0xff {
             ffi::SQLITE_ERROR => "SQLITE_ERROR",
             ffi::SQLITE_CONSTRAINT => "SQLITE_CONSTRAINT",
@@ -174,7 +180,26 @@ impl Sqlite {
                 }
             }
         }));
-        Ok(Sqlite { conn, auth })
+        // Checked every 1,000 virtual-machine instructions: a plugin
+        // statement past its deadline is interrupted (SQLITE_INTERRUPT).
+        let deadline = Arc::new(std::sync::Mutex::new(None::<std::time::Instant>));
+        let watched = Arc::clone(&deadline);
+        conn.progress_handler(
+            1000,
+            Some(move || {
+                watched
+                    .lock()
+                    .ok()
+                    .and_then(|d| *d)
+                    .is_some_and(|d| std::time::Instant::now() > d)
+            }),
+        );
+        Ok(Sqlite {
+            conn,
+            auth,
+            limit: None,
+            deadline,
+        })
     }
 
     fn untrusted(&self) -> bool {
@@ -198,7 +223,24 @@ impl Sqlite {
         if self.untrusted() {
             let mut stmt = self.conn.prepare_cached(sql).map_err(sqlite_err)?;
             Self::bind(&mut stmt, params)?;
-            f(&mut stmt)
+            let set = |d| {
+                if let Ok(mut g) = self.deadline.lock() {
+                    *g = d;
+                }
+            };
+            set(self.limit.map(|l| std::time::Instant::now() + l));
+            let r = f(&mut stmt);
+            set(None);
+            match (r, self.limit) {
+                (Err(e), Some(l)) if e.code == "SQLITE_INTERRUPT" => Err(DbError {
+                    message: format!(
+                        "the statement ran past its time limit of {} ms (the plugin call deadline) and was interrupted",
+                        l.as_millis()
+                    ),
+                    code: e.code,
+                }),
+                (r, _) => r,
+            }
         } else {
             let mut stmt = self.conn.prepare(sql).map_err(sqlite_err)?;
             Self::bind(&mut stmt, params)?;
@@ -260,6 +302,11 @@ impl Backend for Sqlite {
         Some(self.conn.is_autocommit())
     }
 
+    fn statement_limit(&mut self, limit: Option<std::time::Duration>) -> Result<(), DbError> {
+        self.limit = limit;
+        Ok(())
+    }
+
     fn blob_type(&self) -> &'static str {
         "BLOB"
     }
@@ -284,6 +331,7 @@ fn sqlite_rows(stmt: &mut rusqlite::Statement<'_>) -> Result<QueryRows, DbError>
     let columns: Vec<String> = stmt.column_names().iter().map(|c| c.to_string()).collect();
     let mut rows = stmt.raw_query();
     let mut out = Vec::new();
+    let mut budget = RowBudget::default();
     while let Some(row) = rows.next().map_err(sqlite_err)? {
         let mut vals = Vec::with_capacity(columns.len());
         for i in 0..columns.len() {
@@ -296,6 +344,7 @@ fn sqlite_rows(stmt: &mut rusqlite::Statement<'_>) -> Result<QueryRows, DbError>
                 ValueRef::Blob(b) => SqlValue::Blob(b.to_vec()),
             });
         }
+        budget.take(vals.iter().map(SqlValue::size).sum())?;
         out.push(vals);
     }
     Ok(QueryRows { columns, rows: out })

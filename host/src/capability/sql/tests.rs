@@ -236,3 +236,70 @@ fn sqlite_authorizer_refuses_what_the_text_does_not_show() {
         s.commit().unwrap();
     }
 }
+
+/// SQLite always; PostgreSQL too when the suite's server is up.
+fn grants(dir: &std::path::Path) -> Vec<SqlGrant> {
+    let mut v =
+        vec![SqlGrant::connect(&format!("sqlite:{}", dir.join("cap.db").display())).unwrap()];
+    if let Ok(url) = std::env::var("SLUICE_TEST_PG_URL") {
+        v.push(SqlGrant::connect(&url).unwrap());
+    }
+    v
+}
+
+#[test]
+fn an_endless_plugin_query_stops_at_the_row_cap_not_at_host_memory() {
+    // Found by an attack run: a recursive query pushed host memory to
+    // 3 GB in 24 s (results were collected with no cap).
+    let d = tempfile::tempdir().unwrap();
+    for g in grants(d.path()) {
+        g.lock().begin().unwrap();
+        let e = g
+            .plugin_query(
+                "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) SELECT i FROM n",
+                &[],
+            )
+            .unwrap_err();
+        assert!(
+            e.message.contains("more than 100000 rows"),
+            "{:?}: {e}",
+            g.dialect()
+        );
+        g.lock().end_plugin_window();
+        g.lock().rollback();
+    }
+}
+
+#[test]
+fn a_plugin_statement_stops_at_the_call_deadline() {
+    // Found by an attack run: pg_sleep(20) ran 61 s under a 2 s deadline.
+    let d = tempfile::tempdir().unwrap();
+    for g in grants(d.path()) {
+        g.limit_statements(std::time::Duration::from_millis(300));
+        g.lock().begin().unwrap();
+        let slow = match g.dialect() {
+            Dialect::Postgres => "SELECT pg_sleep(20)",
+            Dialect::Sqlite => {
+                "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) SELECT count(*) FROM n"
+            }
+        };
+        let started = std::time::Instant::now();
+        let e = g.plugin_query(slow, &[]).unwrap_err();
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(
+            e.code == "57014" || e.message.contains("time limit of 300 ms"),
+            "{:?}: {e}",
+            g.dialect()
+        );
+        g.lock().end_plugin_window();
+        g.lock().rollback();
+        // The host's own statements afterwards are not bound.
+        g.lock().begin().unwrap();
+        g.lock().end_plugin_window();
+        g.lock().rollback();
+    }
+}
