@@ -756,24 +756,27 @@ fn company_upserts_and_deletes_end_in_the_right_table_state() {
 }
 
 #[test]
-fn a_commit_behind_a_nested_comment_does_not_end_the_hosts_transaction() {
+fn a_commit_behind_a_nested_comment_or_a_search_path_redirect_is_refused() {
     // Found by an attack run: `/* /* */ x */ COMMIT` passed the text check
     // (which ended the comment at the first `*/`) and PostgreSQL, which
-    // nests comments, committed the host's transaction.
+    // nests comments, committed the host's transaction; and `ALTER ROLE
+    // CURRENT_USER SET search_path = shadow` made the next connection
+    // create and use an empty `shadow.sluice_progress`.
     for db in Db::both() {
         apply_counter(&db, 1, 0, 1, plain).unwrap();
-        let e = apply_counter(&db, 1, 1, 2, |_| Some(b"nested-commit".to_vec()))
-            .unwrap_err()
-            .to_string();
-        if db.name == "postgres" {
-            assert!(e.contains("`COMMIT` statements are not allowed"), "{e}");
+        for (value, refusal) in [
+            ("nested-commit", "`COMMIT` statements are not allowed"),
+            ("alter-role", "`ALTER ROLE` statements are not allowed"),
+        ] {
+            let e = apply_counter(&db, 1, 1, 2, |_| Some(value.as_bytes().to_vec()))
+                .unwrap_err()
+                .to_string();
+            if db.name == "postgres" {
+                assert!(e.contains(refusal), "{value}: {e}");
+            }
+            let what = format!("{} {value}: nothing of the failed part stays: {e}", db.name);
+            assert_eq!(db.counted(), 1, "{what}");
         }
-        assert_eq!(
-            db.counted(),
-            1,
-            "{}: nothing of the failed part stays: {e}",
-            db.name
-        );
     }
 }
 

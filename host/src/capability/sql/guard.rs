@@ -2,11 +2,18 @@
 //! keyword against the statements a plugin may not run, and (on
 //! PostgreSQL, where no authorizer exists) the host's table names.
 
-/// The first keyword of a statement, upper-cased (comments and empty
-/// statements before it skipped). `nested`: block comments nest, as on
-/// PostgreSQL (`/* /* */ still a comment */`); SQLite ends one at the
-/// first `*/`.
-pub(super) fn first_keyword(sql: &str, nested: bool) -> String {
+/// The first two keywords of a statement, upper-cased (`ALTER`, `ROLE`;
+/// comments and empty statements before them skipped). `nested`: block
+/// comments nest, as on PostgreSQL (`/* /* */ still a comment */`); SQLite
+/// ends one at the first `*/`.
+pub(super) fn first_keywords(sql: &str, nested: bool) -> (String, String) {
+    let (first, rest) = keyword_at(sql, nested);
+    (first, keyword_at(rest, nested).0)
+}
+
+/// The keyword at the start of `sql` (after comments, blanks and empty
+/// statements), upper-cased, and what follows it.
+fn keyword_at(sql: &str, nested: bool) -> (String, &str) {
     let mut s = sql.trim_start_matches(|c: char| c.is_whitespace() || c == ';');
     loop {
         if let Some(rest) = s.strip_prefix("--") {
@@ -18,10 +25,10 @@ pub(super) fn first_keyword(sql: &str, nested: bool) -> String {
         }
         s = s.trim_start_matches(|c: char| c.is_whitespace() || c == ';');
     }
-    s.chars()
-        .take_while(|c| c.is_ascii_alphabetic())
-        .collect::<String>()
-        .to_ascii_uppercase()
+    let end = s
+        .find(|c: char| !c.is_ascii_alphabetic())
+        .unwrap_or(s.len());
+    (s[..end].to_ascii_uppercase(), &s[end..])
 }
 
 /// What follows the block comment whose `/*` precedes `rest` (empty when
@@ -79,6 +86,12 @@ pub(super) const REFUSED: &[&str] = &[
     "DO",
     "CALL",
 ];
+
+/// `ALTER …` statements a plugin may not run on PostgreSQL: they change
+/// settings beyond its transaction, for later connections (`ALTER ROLE
+/// CURRENT_USER SET search_path = shadow` would make the host's next
+/// connection look for its tables elsewhere).
+pub(super) const REFUSED_ALTER: &[&str] = &["ROLE", "USER", "DATABASE", "SYSTEM", "GROUP"];
 
 /// Tables the host owns; plugin SQL may not use them. On SQLite the
 /// authorizer enforces this on the tables a compiled statement touches

@@ -22,7 +22,7 @@ pub mod password;
 mod postgres;
 mod sqlite;
 
-use self::guard::{HOST_TABLES, REFUSED, first_keyword};
+use self::guard::{HOST_TABLES, REFUSED, REFUSED_ALTER, first_keywords};
 use self::postgres::Postgres;
 use self::sqlite::Sqlite;
 
@@ -499,7 +499,15 @@ impl Session {
     /// (on PostgreSQL; SQLite's authorizer does it there) the host's own
     /// tables, by the statement's text; a refusal fails the transaction.
     fn check(&mut self, sql: &str) -> Result<(), DbError> {
-        let kw = first_keyword(sql, self.backend.dialect() == Dialect::Postgres);
+        let postgres = self.backend.dialect() == Dialect::Postgres;
+        let (kw, second) = first_keywords(sql, postgres);
+        if postgres && kw == "ALTER" && REFUSED_ALTER.contains(&second.as_str()) {
+            let e = DbError::host(format!(
+                "`ALTER {second}` statements are not allowed: they change settings beyond the host's transaction"
+            ));
+            self.failed = Some(e.clone());
+            return Err(e);
+        }
         if REFUSED.contains(&kw.as_str()) {
             let e = DbError::host(format!(
                 "`{kw}` statements are not allowed: the host owns the transaction and the connection"

@@ -2,6 +2,11 @@
 
 use super::*;
 
+/// The first keyword, as the guard reads it.
+fn first_keyword(sql: &str, nested: bool) -> String {
+    guard::first_keywords(sql, nested).0
+}
+
 #[test]
 fn passwords_are_redacted_from_urls() {
     assert_eq!(
@@ -60,6 +65,13 @@ fn first_keywords() {
     assert_eq!(
         first_keyword("/* a /* b /* c */ */ */ do $$ $$", true),
         "DO"
+    );
+    assert_eq!(
+        guard::first_keywords(
+            "/* x */ alter /* y */ role current_user set search_path = s",
+            true
+        ),
+        ("ALTER".to_string(), "ROLE".to_string())
     );
     // SQLite does not nest: its comment ends at the first `*/`.
     assert_eq!(first_keyword("/* /* */ select 1", false), "SELECT");
