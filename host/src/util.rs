@@ -18,6 +18,28 @@ pub fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
+/// Read `path` as UTF-8 text of at most `max` bytes (a config or password
+/// file: a device or a huge file must not fill memory).
+///
+/// # Errors
+/// The OS error; `InvalidData` past `max` bytes or for text that is not
+/// UTF-8.
+pub fn read_text_capped(path: &std::path::Path, max: u64) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(max + 1)
+        .read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than {max} bytes"),
+        ));
+    }
+    String::from_utf8(bytes)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))
+}
+
 /// The local host name (best effort).
 pub fn hostname() -> String {
     gethostname::gethostname().to_string_lossy().into_owned()

@@ -50,7 +50,7 @@ pub fn check_fingerprint(dir: &Path, topics: &[String]) -> Result<(), Checkpoint
 
 pub(super) fn read_metadata(dir: &Path) -> Result<Option<Metadata>, CheckpointError> {
     let path = dir.join("metadata");
-    match std::fs::read(&path) {
+    match trust::read(&path) {
         Ok(bytes) => entry::decode::<Metadata>("metadata", &bytes)
             .map(Some)
             .map_err(|e| CheckpointError::Corrupt {
@@ -461,7 +461,7 @@ impl Checkpoint for DirCheckpoint {
 /// [`CheckpointError::Corrupt`] when missing or altered.
 pub fn read_stored_plugin(dir: &Path, digest: &str) -> Result<(PathBuf, Vec<u8>), CheckpointError> {
     let path = dir.join("plugins").join(digest);
-    let bytes = std::fs::read(&path).map_err(|e| CheckpointError::Corrupt {
+    let bytes = trust::read(&path).map_err(|e| CheckpointError::Corrupt {
         file: path.clone(),
         reason: format!("stored plugin unreadable: {e}"),
     })?;

@@ -56,7 +56,7 @@ pub(crate) enum LockAttempt {
 
 /// Read the owner info written in `lock` (best effort).
 pub(crate) fn read_owner(dir: &Path) -> Option<OwnerInfo> {
-    let bytes = std::fs::read(dir.join("lock")).ok()?;
+    let bytes = super::trust::read(&dir.join("lock")).ok()?;
     serde_json::from_slice(&bytes).ok()
 }
 
@@ -82,7 +82,7 @@ pub(crate) fn acquire(dir: &Path, wait: Option<Duration>) -> std::io::Result<Loc
 /// True when some process holds the lock right now. Probes with a shared
 /// lock, released at once; never creates the file.
 pub(crate) fn is_owned(dir: &Path) -> std::io::Result<bool> {
-    let file = match File::open(dir.join("lock")) {
+    let file = match super::trust::open_regular(&dir.join("lock")) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
         Err(e) => return Err(e),
@@ -106,7 +106,7 @@ pub(crate) fn write_owner(file: &mut File, owner: &OwnerInfo) -> std::io::Result
 /// The last issued epoch (0 when none was ever issued).
 pub(crate) fn read_epoch(dir: &Path) -> Result<Epoch, EnvelopeError> {
     let mut bytes = Vec::new();
-    match File::open(dir.join("epoch")) {
+    match super::trust::open_regular(&dir.join("epoch")) {
         Ok(mut f) => f
             .read_to_end(&mut bytes)
             .map_err(|e| EnvelopeError::Torn(e.to_string()))?,

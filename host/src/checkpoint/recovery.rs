@@ -60,7 +60,7 @@ fn read_entry<T: serde::de::DeserializeOwned>(
     path: &Path,
     kind: &'static str,
 ) -> Result<Result<T, EnvelopeError>, CheckpointError> {
-    let bytes = std::fs::read(path).map_err(io_err(path, "read entry"))?;
+    let bytes = super::trust::read(path).map_err(io_err(path, "read entry"))?;
     Ok(entry::decode(kind, &bytes))
 }
 

@@ -482,3 +482,46 @@ fn checkpoint_directories_are_0700_and_files_0600() {
         assert_eq!(mode(&ck.join(file)), 0o600, "{file}");
     }
 }
+
+#[test]
+fn a_fifo_or_a_symlinked_entry_file_is_refused_without_blocking() {
+    // Found by an attack run: a FIFO named `epoch` hung `host run` in
+    // open(2) with the lock held; one named `lock` hung `checkpoint show`;
+    // a symlinked `offsets/0` was followed.
+    let d = tempfile::tempdir().unwrap();
+    let ck = d.path().join("ck");
+    run_batches(&ck, 2);
+    std::fs::remove_file(ck.join("epoch")).unwrap();
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(ck.join("epoch"))
+            .status()
+            .unwrap()
+            .success()
+    );
+    let e = DirCheckpoint::open(&ck, &opts(&["t"])).unwrap_err();
+    assert!(
+        e.to_string().contains("neither a file nor a directory"),
+        "{e}"
+    );
+    std::fs::remove_file(ck.join("epoch")).unwrap();
+    std::fs::remove_file(ck.join("lock")).unwrap();
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(ck.join("lock"))
+            .status()
+            .unwrap()
+            .success()
+    );
+    // Answers (an error: that is no lock) instead of blocking.
+    assert!(status(&ck).is_err());
+    std::fs::remove_file(ck.join("lock")).unwrap();
+    let outside = d.path().join("outside");
+    std::fs::copy(ck.join("offsets/0"), &outside).unwrap();
+    std::fs::remove_file(ck.join("offsets/0")).unwrap();
+    std::os::unix::fs::symlink(&outside, ck.join("offsets/0")).unwrap();
+    assert!(
+        status(&ck).is_err(),
+        "a symlinked entry is not read through"
+    );
+}

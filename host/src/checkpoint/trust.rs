@@ -9,7 +9,7 @@
 
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
 use super::CheckpointError;
@@ -84,6 +84,12 @@ pub(super) fn check(dir: &Path) -> Result<(), CheckpointError> {
                         .into(),
                 ));
             }
+            Ok(m) if !(m.is_file() || m.is_dir() || m.file_type().is_socket()) => {
+                return Err(unsafe_dir(
+                    &path,
+                    "is neither a file nor a directory (a FIFO or a device, say), which a checkpoint never makes; remove it".into(),
+                ));
+            }
             Ok(m) if m.uid() != me => {
                 return Err(unsafe_dir(
                     &path,
@@ -96,6 +102,36 @@ pub(super) fn check(dir: &Path) -> Result<(), CheckpointError> {
         }
     }
     Ok(())
+}
+
+/// Open `path` for reading without following a symlink or blocking on a
+/// FIFO, and only if it is a regular file.
+///
+/// # Errors
+/// The OS error; `InvalidInput` for anything but a regular file.
+pub(super) fn open_regular(path: &Path) -> io::Result<File> {
+    let flags = rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK;
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(flags.bits() as i32)
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} is not a regular file", path.display()),
+        ));
+    }
+    Ok(f)
+}
+
+/// Read a checkpoint file ([`open_regular`]).
+///
+/// # Errors
+/// As [`open_regular`], or the read's error.
+pub(super) fn read(path: &Path) -> io::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    io::Read::read_to_end(&mut open_regular(path)?, &mut bytes)?;
+    Ok(bytes)
 }
 
 /// Create `dir` (its parents as the umask says) and make it 0700.

@@ -26,8 +26,9 @@ pub struct RunArgs {
     #[arg(long = "config", value_name = "KEY=VALUE", value_parser = parse_kv)]
     pub config: Vec<(String, String)>,
     /// TOML file with the same settings, by their long names in snake
-    /// case (`max_records_per_partition = 5000`; `[config]` and `[kafka]`
-    /// tables). Flags and `SLUICE_*` variables override it.
+    /// case (`max_records_per_partition = 5000`; `topics` and `plugins` as
+    /// lists; `[config]` and `[kafka]` tables). Flags and `SLUICE_*`
+    /// variables override it.
     #[arg(
         long,
         value_name = "FILE",
@@ -262,6 +263,23 @@ plugins = ["p.wasm"]
     }
 
     #[test]
+    fn an_endless_config_or_password_file_is_refused_not_read_forever() {
+        // Found by an attack run: `--config-file /dev/zero` grew by 2 GB a
+        // second.
+        let e = Settings::from_file(std::path::Path::new("/dev/zero")).unwrap_err();
+        assert_eq!(e.code, ExitCode::Usage);
+        assert!(
+            format!("{:#}", e.error).contains("larger than"),
+            "{:#}",
+            e.error
+        );
+        let e =
+            crate::capability::sql::password::read_password_file(std::path::Path::new("/dev/zero"))
+                .unwrap_err();
+        assert!(e.message.contains("larger than"), "{e}");
+    }
+
+    #[test]
     fn zero_attempts_or_retention_and_bad_keys_are_usage_errors() {
         for (flags, file, says) in [
             (vec!["--attempts", "0"], BASE.to_string(), "--attempts"),
@@ -290,10 +308,20 @@ plugins = ["p.wasm"]
             ),
             (vec![], format!("{BASE}on_error = \"ignore\"\n"), "on_error"),
             (vec![], "topics = [\"t\"]\n".to_string(), "--brokers"),
+            (
+                vec![],
+                format!("{BASE}sink_db = \"postgres://u:SECRETX@h/d\" junk\n"),
+                "line 6",
+            ),
         ] {
             let e = merged(&flags, &file).unwrap_err();
             assert_eq!(e.code, ExitCode::Usage, "{flags:?} {file}");
             assert!(format!("{:#}", e.error).contains(says), "{:#}", e.error);
+            assert!(
+                !format!("{:#}", e.error).contains("SECRETX"),
+                "{:#}",
+                e.error
+            );
         }
     }
 }

@@ -239,12 +239,29 @@ impl Settings {
     /// # Errors
     /// Exit 2 naming the file and the key that is unknown or malformed.
     pub fn from_file(path: &std::path::Path) -> Result<Settings, CliError> {
-        let text = std::fs::read_to_string(path)
+        let text = crate::util::read_text_capped(path, 1 << 20)
             .with_context(|| format!("cannot read config file {}", path.display()))
             .code(ExitCode::Usage)?;
-        toml::from_str(&text)
-            .with_context(|| format!("config file {}", path.display()))
-            .code(ExitCode::Usage)
+        // toml's own message quotes the offending line, which may hold a
+        // password: say where instead.
+        toml::from_str(&text).map_err(|e| {
+            let line = e
+                .span()
+                .and_then(|s| text.get(..s.start))
+                .map_or(1, |before| before.matches('\n').count() + 1);
+            // The key of that line, not its value.
+            let key = text
+                .lines()
+                .nth(line - 1)
+                .and_then(|l| l.split_once('='))
+                .map(|(k, _)| format!(" (`{}`)", k.trim()))
+                .unwrap_or_default();
+            usage(format!(
+                "config file {}, line {line}{key}: {}",
+                path.display(),
+                e.message()
+            ))
+        })
     }
 
     /// These settings over `under`: every field set here (a value, a

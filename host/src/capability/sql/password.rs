@@ -17,7 +17,7 @@ use super::DbError;
 /// # Errors
 /// The file cannot be read, or is empty.
 pub fn read_password_file(path: &Path) -> Result<String, DbError> {
-    let text = std::fs::read_to_string(path)
+    let text = crate::util::read_text_capped(path, 4096)
         .map_err(|e| DbError::host(format!("--sink-db-password-file {}: {e}", path.display())))?;
     let line = text.lines().next().unwrap_or_default().to_string();
     if line.is_empty() {
@@ -93,7 +93,7 @@ pub fn find(
         tracing::warn!(file = %path.display(), "password file has group or world access; ignored (chmod 0600 it)");
         return Ok(None);
     }
-    Ok(std::fs::read_to_string(&path)
+    Ok(crate::util::read_text_capped(&path, 1 << 20)
         .ok()
         .and_then(|text| pgpass_lookup(&text, host, port, db, user)))
 }
