@@ -16,6 +16,20 @@ use crate::support::{Db, HostProcess, PrivatePg, RunArgs};
 /// How long to wait for a log line.
 const WAIT: Duration = Duration::from_secs(60);
 
+/// A `host run` of 5,000 records in one partition and one batch (sunk in
+/// parts of 2,000), paused just before its second part commits; with the
+/// broker, the directory, the database and its arguments.
+fn paused_before_the_second_part_commits() -> (Mock, tempfile::TempDir, Db, Vec<String>, HostProcess)
+{
+    let mock = raw_topic((0..5000).map(|i| format!("v{i}")));
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::sqlite();
+    let args = counter_run_args(&mock, &dir.path().join("ckpt"), &db, "10000");
+    let mut run = HostProcess::spawn(&args, &[("SLUICE_FAILPOINT", "sink:before-db-commit@2")]);
+    run.wait_for("FAILPOINT", WAIT);
+    (mock, dir, db, args, run)
+}
+
 #[test]
 fn a_crash_between_parts_of_a_range_resumes_after_the_last_part_applied() {
     // 5,000 records in one partition, one batch: the host sinks them in
@@ -23,12 +37,7 @@ fn a_crash_between_parts_of_a_range_resumes_after_the_last_part_applied() {
     // transaction. Kill -9 just before the second part commits, restart:
     // the re-run skips [0, 2000) and applies the rest once, which a
     // non-idempotent sink (a counter bumped per record) shows exactly.
-    let mock = raw_topic((0..5000).map(|i| format!("v{i}")));
-    let dir = tempfile::tempdir().unwrap();
-    let db = Db::sqlite();
-    let args = counter_run_args(&mock, &dir.path().join("ckpt"), &db, "10000");
-    let mut run = HostProcess::spawn(&args, &[("SLUICE_FAILPOINT", "sink:before-db-commit@2")]);
-    run.wait_for("FAILPOINT", WAIT);
+    let (_mock, _dir, db, args, mut run) = paused_before_the_second_part_commits();
     run.kill();
     assert_eq!(db.scalar("SELECT end_offset FROM sluice_progress"), 2000);
     assert_eq!(db.counted(), 2000);
@@ -119,12 +128,7 @@ fn a_second_signal_aborts_with_exit_130_and_the_batch_runs_again_exactly_once() 
     // batch), a second SIGINT aborts at once: exit 130, a message that
     // says so, the first part applied and nothing else. The restart
     // finishes the batch with every record counted once.
-    let mock = raw_topic((0..5000).map(|i| format!("v{i}")));
-    let dir = tempfile::tempdir().unwrap();
-    let db = Db::sqlite();
-    let args = counter_run_args(&mock, &dir.path().join("ckpt"), &db, "10000");
-    let mut run = HostProcess::spawn(&args, &[("SLUICE_FAILPOINT", "sink:before-db-commit@2")]);
-    run.wait_for("FAILPOINT", WAIT);
+    let (_mock, _dir, db, args, mut run) = paused_before_the_second_part_commits();
     run.signal("INT");
     run.wait_for("SIGINT: stop requested", WAIT);
     run.signal("INT");
