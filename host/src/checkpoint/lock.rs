@@ -35,6 +35,17 @@ pub struct OwnerInfo {
 }
 
 impl OwnerInfo {
+    /// `pid P on HOST since TIME (epoch E)`, for messages.
+    pub fn describe(&self) -> String {
+        format!(
+            "pid {} on {} since {} (epoch {})",
+            self.pid,
+            self.hostname,
+            self.since(),
+            self.epoch
+        )
+    }
+
     /// `since` as RFC 3339 (UTC).
     pub fn since(&self) -> String {
         rfc3339_ms(self.since_ms)

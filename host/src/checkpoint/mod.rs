@@ -180,13 +180,7 @@ fn owned_advice(waited: Option<Duration>) -> String {
 
 pub(crate) fn describe_owner(owner: &Option<OwnerInfo>) -> String {
     match owner {
-        Some(o) => format!(
-            "pid {} on {} since {} (epoch {})",
-            o.pid,
-            o.hostname,
-            o.since(),
-            o.epoch
-        ),
+        Some(o) => o.describe(),
         None => "another process (its owner record is being written)".to_string(),
     }
 }

@@ -66,13 +66,7 @@ pub fn run(cmd: CheckpointCommand) -> Result<(), CliError> {
                 }
             }
             match &s.owner {
-                Some(o) => outln!(
-                    "owner       pid {} on {} since {} (epoch {})",
-                    o.pid,
-                    o.hostname,
-                    o.since(),
-                    o.epoch
-                )?,
+                Some(o) => outln!("owner       {}", o.describe())?,
                 None => outln!("owner       none (not running)")?,
             }
             outln!("epoch       {} (last issued)", s.epoch)?;

@@ -165,25 +165,26 @@ pub const MIN_PLUGIN_TIMEOUT: Duration = Duration::from_millis(10);
 /// [`settings::PLUGIN_TIMEOUT`]).
 pub fn parse_plugin_timeout(s: &str) -> Result<Duration, String> {
     let d = parse_duration(s)?;
-    let (min, max) = settings::PLUGIN_TIMEOUT;
-    if d < min || d > max {
-        return Err(format!(
-            "use 10ms to {} (deadlines are checked every 5 ms)",
-            settings::show_duration(max)
-        ));
-    }
-    Ok(d)
+    settings::within(
+        "--plugin-timeout",
+        d,
+        settings::PLUGIN_TIMEOUT,
+        settings::show_duration,
+    )
+    .map_err(|e| format!("{} (deadlines are checked every 5 ms)", e.error))
 }
 
 /// Parse a `--plugin-memory` (as [`parse_bytes`], within
 /// [`settings::PLUGIN_MEMORY`]).
 pub fn parse_plugin_memory(s: &str) -> Result<u64, String> {
     let n = parse_bytes(s)?;
-    let (min, max) = settings::PLUGIN_MEMORY;
-    if n < min || n > max {
-        return Err("use 1MiB to 4GiB (a Wasm32 memory holds at most 4 GiB)".into());
-    }
-    Ok(n)
+    settings::within(
+        "--plugin-memory",
+        n,
+        settings::PLUGIN_MEMORY,
+        settings::show_mib,
+    )
+    .map_err(|e| format!("{} (a Wasm32 memory holds at most 4 GiB)", e.error))
 }
 
 /// Parse a byte count: `1048576`, `64KiB`, `256MiB`, `1GiB` (also KB/MB/GB

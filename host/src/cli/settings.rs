@@ -332,6 +332,11 @@ pub fn within<T: PartialOrd + Copy>(
     Ok(value)
 }
 
+/// A byte count in MiB, for range messages.
+pub fn show_mib(bytes: u64) -> String {
+    format!("{} MiB", bytes >> 20)
+}
+
 /// A duration as the flags write it (`1h 30m`, `10ms`).
 pub fn show_duration(d: Duration) -> String {
     humantime::format_duration(d).to_string()
@@ -429,9 +434,7 @@ pub fn resolve(s: Settings, config: &[(String, String)]) -> Result<PipelineConfi
             PLUGIN_TIMEOUT,
             show_duration,
         )?,
-        memory_bytes: within("--plugin-memory", memory_bytes, PLUGIN_MEMORY, |b| {
-            format!("{} MiB", b >> 20)
-        })?,
+        memory_bytes: within("--plugin-memory", memory_bytes, PLUGIN_MEMORY, show_mib)?,
     };
     cfg.progress = s.progress.unwrap_or(ProgressMode::Auto);
     cfg.metrics_addr = s.metrics_addr;

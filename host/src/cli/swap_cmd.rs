@@ -169,11 +169,8 @@ pub fn status(args: StatusArgs) -> Result<(), CliError> {
             // owner is frozen (SIGSTOP), busy past 5 s, or another
             // version.
             Some(o) => outln!(
-                "owner       pid {} on {} since {} (epoch {}) holds the lock but does not answer on control.sock (stopped, hung, or another host version); `checkpoint show` reads the files",
-                o.pid,
-                o.hostname,
-                o.since(),
-                o.epoch
+                "owner       {} holds the lock but does not answer on control.sock (stopped, hung, or another host version); `checkpoint show` reads the files",
+                o.describe()
             )?,
             None => outln!("owner       none (not running)")?,
         },
