@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
+use sluice_host::capability::sql::SqlValue;
 
 use crate::engine_mock::{produce, table};
 use crate::kafka::{Broker, Tansu, producer};
@@ -468,4 +469,64 @@ fn a_record_larger_than_the_fetch_limits_is_named_as_such_not_as_a_broker_outage
     );
     assert!(err.contains("max.partition.fetch.bytes=1024"), "{err}");
     assert!(!err.contains("unavailable"), "{err}");
+}
+
+/// `--sink-plugin-role`: the company plugin creates and keeps its table as
+/// a role without privileges on the host's tables (the database, not only
+/// the host's checks, keeps it off them); a role that has such a privilege
+/// is refused at start, naming the fix, before anything is read.
+#[test]
+fn a_plugin_role_applies_the_stream_without_reaching_the_host_tables() {
+    let tansu = Tansu::start();
+    tansu.create_topic("maxwell", 2);
+    let mut stream = Stream::new(11);
+    produce(&tansu, "maxwell", &mut stream, 300, 2);
+    let db = Db::postgres();
+    let role = format!("sluice_e2e_plugin_{}", std::process::id());
+    db.batch(&format!(
+        "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} NOLOGIN; GRANT {role} TO CURRENT_USER; \
+         GRANT USAGE, CREATE ON SCHEMA public TO {role}"
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let out = host_run(&run_args(
+        &tansu,
+        "maxwell",
+        &dir.path().join("ck"),
+        &db,
+        &["--until-caught-up", "--sink-plugin-role", &role],
+    ));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(table(&db), stream.state);
+    assert_eq!(
+        db.query("SELECT tableowner::text FROM pg_tables WHERE tablename = 'companies'"),
+        vec![vec![SqlValue::Text(role.clone())]],
+        "the plugin's table is made by the plugin role"
+    );
+    // The host wrote its progress as itself; the role may not read it.
+    assert_eq!(
+        db.scalar(&format!(
+            "SELECT has_table_privilege('{role}', 'public.sluice_progress', 'SELECT')::int"
+        )),
+        0
+    );
+
+    db.batch(&format!("GRANT SELECT ON public.sluice_progress TO {role}"));
+    let out = host_run(&run_args(
+        &tansu,
+        "maxwell",
+        &dir.path().join("ck2"),
+        &db,
+        &["--until-caught-up", "--sink-plugin-role", &role],
+    ));
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains(&format!(
+            "REVOKE ALL ON \"public\".sluice_progress FROM \"{role}\""
+        )),
+        "{}",
+        stderr(&out)
+    );
+    db.batch(&format!(
+        "REVOKE ALL ON public.sluice_progress FROM {role}; DROP OWNED BY {role}; DROP ROLE {role}"
+    ));
 }

@@ -766,7 +766,9 @@ fn a_commit_behind_a_nested_comment_or_a_search_path_redirect_is_refused() {
         apply_counter(&db, 1, 0, 1, plain).unwrap();
         for (value, refusal) in [
             ("nested-commit", "`COMMIT` statements are not allowed"),
-            ("alter-role", "`ALTER ROLE` statements are not allowed"),
+            // sqlparser cannot parse this form, so the guard refuses it as
+            // unreadable; it refuses a form it can parse by its kind.
+            ("alter-role", "cannot read this statement"),
         ] {
             let e = apply_counter(&db, 1, 1, 2, |_| Some(value.as_bytes().to_vec()))
                 .unwrap_err()

@@ -149,6 +149,26 @@ pub struct Settings {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, env = "SLUICE_SINK_RETRY_FOR", hide_env_values = true)]
     #[serde(default, with = "duration_text")]
     pub sink_retry_for: Option<Duration>,
+    /// PostgreSQL schema that holds the host's tables (`sluice_progress`,
+    /// `sluice_dead_letters`), always named in full, never found through
+    /// `search_path` [default: public].
+    #[arg(
+        long,
+        value_name = "SCHEMA",
+        env = "SLUICE_SINK_SCHEMA",
+        hide_env_values = true
+    )]
+    pub sink_schema: Option<String>,
+    /// PostgreSQL role that plugin statements run as (`SET LOCAL ROLE`):
+    /// one without privileges on the host's tables, so the database itself
+    /// keeps plugins off them. Checked at start; see the README.
+    #[arg(
+        long,
+        value_name = "ROLE",
+        env = "SLUICE_SINK_PLUGIN_ROLE",
+        hide_env_values = true
+    )]
+    pub sink_plugin_role: Option<String>,
     /// Records per partition per batch [default: 10000].
     #[arg(
         long,
@@ -394,6 +414,30 @@ pub fn resolve(s: Settings, config: &[(String, String)]) -> Result<PipelineConfi
         )));
     }
     cfg.sink_db_password_file = s.sink_db_password_file;
+    for (flag, name) in [
+        ("--sink-schema", &s.sink_schema),
+        ("--sink-plugin-role", &s.sink_plugin_role),
+    ] {
+        if let Some(n) = name
+            && (n.is_empty() || n.len() > 63 || n.contains('\0'))
+        {
+            return Err(usage(format!(
+                "{flag} must be a PostgreSQL name of 1 to 63 bytes"
+            )));
+        }
+    }
+    if (s.sink_schema.is_some() || s.sink_plugin_role.is_some())
+        && !cfg
+            .sink_db
+            .as_deref()
+            .is_some_and(|u| u.starts_with("postgres://") || u.starts_with("postgresql://"))
+    {
+        return Err(usage(
+            "--sink-schema and --sink-plugin-role are for a PostgreSQL --sink-db (on SQLite the host's tables are in `main` and the authorizer guards them)",
+        ));
+    }
+    cfg.sink_schema = s.sink_schema;
+    cfg.sink_plugin_role = s.sink_plugin_role;
     if let Some(d) = s.sink_retry_for {
         cfg.sink_retry_for = within("--sink-retry-for", d, SINK_RETRY_FOR, show_duration)?;
     }

@@ -81,6 +81,10 @@ pub struct PipelineConfig {
     /// How long to keep reconnecting to a lost sink database before the
     /// job stops.
     pub sink_retry_for: Duration,
+    /// PostgreSQL schema of the host's tables (`None`: `public`).
+    pub sink_schema: Option<String>,
+    /// PostgreSQL role plugin statements run as (`None`: the login role).
+    pub sink_plugin_role: Option<String>,
     /// Records per partition per batch.
     pub max_records_per_partition: u64,
     /// Time between batch starts when there is little data.
@@ -162,6 +166,10 @@ impl PipelineConfig {
                 .unwrap_or_else(|_| crate::capability::sql::redact(db));
             cmd.push_str(&shell_word(&db));
         }
+        if let Some(schema) = &self.sink_schema {
+            cmd.push_str(" --sink-schema ");
+            cmd.push_str(&shell_word(schema));
+        }
         cmd
     }
 
@@ -181,6 +189,8 @@ impl PipelineConfig {
             sink_db: None,
             sink_db_password_file: None,
             sink_retry_for: crate::sink::DEFAULT_RECONNECT_FOR,
+            sink_schema: None,
+            sink_plugin_role: None,
             max_records_per_partition: 10_000,
             trigger_interval: Duration::from_secs(1),
             until_caught_up: false,

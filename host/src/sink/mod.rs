@@ -247,14 +247,22 @@ pub(super) fn site(r: &PartitionContext) -> String {
 
 impl SinkDriver {
     /// A driver; with `sql`, creates `sluice_progress` and
-    /// `sluice_dead_letters` if they are missing, and adds the `holes`
-    /// column to a `sluice_progress` made by host 0.2.0.
+    /// `sluice_dead_letters` in the grant's schema if they are missing,
+    /// adds the `holes` column to a `sluice_progress` made by host 0.2.0,
+    /// and checks the grant's plugin role ([`SqlGrant::check_plugin_role`]).
     ///
     /// # Errors
     /// The database's error.
     pub fn new(sql: Option<SqlGrant>) -> Result<Self, DbError> {
         let tables = match &sql {
-            Some(g) => HostTables::create(g.lock().backend())?,
+            Some(g) => {
+                let schema = g.host_schema();
+                let tables = HostTables::create(g.lock().backend(), &schema)?;
+                if let Some(role) = g.plugin_role() {
+                    g.check_plugin_role(&role, &[&tables.progress, &tables.dead_letters])?;
+                }
+                tables
+            }
             None => HostTables::default(),
         };
         Ok(SinkDriver {

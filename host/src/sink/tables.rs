@@ -9,6 +9,35 @@ use super::{DeadLetter, SinkError, site};
 use crate::capability::sql::{self, DbError, SqlValue};
 use crate::plugin::PartitionContext;
 
+/// Refuse to create the host's tables in `schema` while the connection's
+/// current schema, not `schema`, holds a `sluice_progress` (a pipeline
+/// started by a host that looked its tables up through `search_path`):
+/// starting over there would apply every record again.
+fn older_home(b: &mut dyn sql::Backend, schema: &str) -> Result<(), DbError> {
+    let found = b.query(
+        "SELECT current_schema()::text, to_regclass(format('%I.sluice_progress', $1::text)) IS NOT NULL, \
+           current_schema() IS NOT NULL AND to_regclass(format('%I.sluice_progress', current_schema())) IS NOT NULL",
+        &[SqlValue::Text(schema.to_string())],
+    )?;
+    if let Some(
+        [
+            SqlValue::Text(current),
+            SqlValue::Integer(0),
+            SqlValue::Integer(1),
+        ],
+    ) = found.rows.first().map(Vec::as_slice)
+        && current != schema
+    {
+        return Err(DbError {
+            message: format!(
+                "the host keeps its tables in schema `{schema}` (--sink-schema), but `{current}`.sluice_progress exists and `{schema}`.sluice_progress does not: it was made by an older host, which used the connection's current schema. Pass --sink-schema {current} to keep using it (or move the tables: ALTER TABLE \"{current}\".sluice_progress SET SCHEMA \"{schema}\", the same for sluice_dead_letters)"
+            ),
+            code: "sluice".into(),
+        });
+    }
+    Ok(())
+}
+
 /// A `sluice_progress` row as read, for the conditional update and for
 /// messages.
 pub(super) struct StoredRow {
@@ -18,11 +47,12 @@ pub(super) struct StoredRow {
     pub(super) batch_id: i64,
 }
 
-/// The host's table names, qualified with their schema (`main` on SQLite,
-/// the connection's `current_schema()` on PostgreSQL). Both databases look
-/// up an unqualified name in the session's temporary schema first, where a
-/// plugin may create (or rename) a table of the same name; qualified names
-/// never resolve there.
+/// The host's table names, qualified with their schema (`main` on SQLite;
+/// on PostgreSQL the one `--sink-schema` names, `public` by default, never
+/// looked up through `search_path`, which a plugin could change for later
+/// connections). Both databases look up an unqualified name in the
+/// session's temporary schema first, where a plugin may create (or
+/// rename) a table of the same name; qualified names never resolve there.
 #[derive(Debug, Clone, Default)]
 pub(super) struct HostTables {
     pub(super) progress: String,
@@ -30,31 +60,19 @@ pub(super) struct HostTables {
 }
 
 impl HostTables {
-    /// Create the tables if they are missing (in the connection's schema),
-    /// and add the `holes` column to a `sluice_progress` made by host
-    /// 0.2.0.
+    /// Create the tables in `schema` if they are missing, and add the
+    /// `holes` column to a `sluice_progress` made by host 0.2.0.
     ///
     /// # Errors
-    /// The database's error; a PostgreSQL connection without a current
-    /// schema.
-    pub(super) fn create(b: &mut dyn sql::Backend) -> Result<HostTables, DbError> {
-        let schema = match b.dialect() {
-            sql::Dialect::Sqlite => "main".to_string(),
-            sql::Dialect::Postgres => match b
-                .query("SELECT current_schema()", &[])?
-                .rows
-                .first()
-                .and_then(|r| r.first())
-            {
-                Some(SqlValue::Text(schema)) => format!("\"{}\"", schema.replace('"', "\"\"")),
-                _ => {
-                    return Err(DbError {
-                    message: "the connection has no current schema to create the host's tables in (check search_path)".into(),
-                    code: "sluice".into(),
-                });
-                }
-            },
-        };
+    /// The database's error; on PostgreSQL, a `sluice_progress` that is
+    /// missing from `schema` but present in the connection's current
+    /// schema (where hosts before 0.3 kept it): the message says to pass
+    /// that schema, instead of starting over with an empty table.
+    pub(super) fn create(b: &mut dyn sql::Backend, schema: &str) -> Result<HostTables, DbError> {
+        if b.dialect() == sql::Dialect::Postgres {
+            older_home(b, schema)?;
+        }
+        let schema = format!("\"{}\"", schema.replace('"', "\"\""));
         let tables = HostTables {
             progress: format!("{schema}.sluice_progress"),
             dead_letters: format!("{schema}.sluice_dead_letters"),

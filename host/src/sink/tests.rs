@@ -86,6 +86,7 @@ fn a_temporary_table_named_like_a_host_table_does_not_fool_the_host() {
         if b.dialect() == sql::Dialect::Postgres {
             drop(s);
             grant.lock().begin().unwrap();
+            grant.lock().open_plugin_window().unwrap();
             let e = grant
                 .plugin_execute(
                     "CREATE TEMP TABLE U&\"sluice\\005fprogress\" (p INTEGER)",
@@ -96,4 +97,76 @@ fn a_temporary_table_named_like_a_host_table_does_not_fool_the_host() {
             grant.lock().rollback();
         }
     }
+}
+
+/// Found by an attack run: `ALTER ROLE CURRENT_USER SET search_path =
+/// shadow, public` made the host's next connection create and use an
+/// empty `shadow.sluice_progress` (the host looked its tables up through
+/// `current_schema()`), so a reset applied everything twice. The host now
+/// names its schema; a redirect of later connections (here at the
+/// database level, which touches only this test's database) changes
+/// nothing, and tables an older host left in another schema are pointed
+/// out instead of started over.
+#[test]
+fn a_search_path_redirect_does_not_move_the_host_tables() {
+    let Some(url) = databases(tempfile::tempdir().unwrap().path()).pop() else {
+        return;
+    };
+    if !url.starts_with("postgres") {
+        return;
+    }
+    let name = url.rsplit_once('/').map(|(_, n)| n.to_string()).unwrap();
+    let apply = |driver: &SinkDriver, batch, start, end| {
+        driver.apply(
+            None,
+            &PartitionBatch {
+                range: part(batch, start, end),
+                records: &[],
+                dead_letters: &[],
+            },
+        )
+    };
+    let first = SqlGrant::connect(&url).unwrap();
+    apply(&SinkDriver::new(Some(first.clone())).unwrap(), 1, 0, 10).unwrap();
+    first
+        .lock()
+        .backend()
+        .batch(&format!(
+            "CREATE SCHEMA shadow; ALTER DATABASE {name} SET search_path = shadow, public"
+        ))
+        .unwrap();
+    let redirected = SqlGrant::connect(&url).unwrap();
+    let current = redirected
+        .lock()
+        .backend()
+        .query("SELECT current_schema()::text", &[])
+        .unwrap();
+    assert_eq!(current.rows, vec![vec![SqlValue::Text("shadow".into())]]);
+    let driver = SinkDriver::new(Some(redirected.clone())).unwrap();
+    assert!(
+        matches!(
+            apply(&driver, 1, 0, 10).unwrap(),
+            Applied::AlreadyApplied { .. }
+        ),
+        "the redirected connection must still find the applied range"
+    );
+    let shadow = redirected
+        .lock()
+        .backend()
+        .query("SELECT to_regclass('shadow.sluice_progress') IS NULL", &[])
+        .unwrap();
+    assert_eq!(shadow.rows, vec![vec![SqlValue::Integer(1)]]);
+
+    // Tables of an older host in the current schema, none in the named one.
+    first
+        .lock()
+        .backend()
+        .batch(&format!("ALTER DATABASE {name} SET search_path = public"))
+        .unwrap();
+    let moved = SqlGrant::connect(&url).unwrap();
+    moved.set_host_schema(Some("elsewhere".into())).unwrap();
+    let Err(e) = SinkDriver::new(Some(moved)) else {
+        panic!("tables in another schema were not pointed out");
+    };
+    assert!(e.message.contains("Pass --sink-schema public"), "{e}");
 }

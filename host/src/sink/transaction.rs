@@ -74,9 +74,11 @@ fn write_pieces(
     r: &PartitionContext,
 ) -> Result<(u64, usize), SinkError> {
     let Some(i) = instance else {
-        g.lock().end_plugin_window();
         return Ok((pieces.iter().map(|p| p.records.len() as u64).sum(), 0));
     };
+    g.lock()
+        .open_plugin_window()
+        .map_err(sql_error(r, "opening the plugin's window"))?;
     let (mut written, mut said_applied) = (0, 0);
     let mut out = Ok(());
     for piece in pieces {

@@ -58,6 +58,11 @@ impl Db {
         vec![Db::sqlite(), Db::postgres()]
     }
 
+    /// Run statements without results, as the database's owner.
+    pub fn batch(&self, sql: &str) {
+        connect(&self.url).unwrap().batch(sql).unwrap();
+    }
+
     pub fn query(&self, sql: &str) -> Vec<Vec<SqlValue>> {
         connect(&self.url).unwrap().query(sql, &[]).unwrap().rows
     }

@@ -1,25 +1,36 @@
-//! The text checks on plugin statements, on both backends: the first
-//! keyword against the statements a plugin may not run, and (on
-//! PostgreSQL, where no authorizer exists) the host's table names.
+//! The checks on plugin statements before they run.
+//!
+//! SQLite: the first keyword against the statements a plugin may not run
+//! ([`first_keyword`], [`REFUSED`]); the authorizer then checks the
+//! compiled statement (see `sqlite`).
+//!
+//! PostgreSQL has no authorizer, so [`check_postgres`] parses the statement
+//! with a maintained parser (`sqlparser`, PostgreSQL dialect) and lets
+//! through only the statement kinds a sink needs (an allow-list: anything
+//! it cannot parse or does not know is refused), then looks at the text
+//! for names no plugin may use ([`HOST_TABLES`], [`DENIED_NAMES`]). The
+//! text look is deliberately cruder than the parser: it holds even where
+//! the parser and PostgreSQL's own grammar read a statement differently.
+//! What neither can see (a function of the database's that changes the
+//! role) is caught after the statement by the session's transaction
+//! check (`Session::watch`).
 
-/// The first two keywords of a statement, upper-cased (`ALTER`, `ROLE`;
-/// comments and empty statements before them skipped). `nested`: block
-/// comments nest, as on PostgreSQL (`/* /* */ still a comment */`); SQLite
-/// ends one at the first `*/`.
-pub(super) fn first_keywords(sql: &str, nested: bool) -> (String, String) {
-    let (first, rest) = keyword_at(sql, nested);
-    (first, keyword_at(rest, nested).0)
-}
+use std::ops::ControlFlow;
 
-/// The keyword at the start of `sql` (after comments, blanks and empty
-/// statements), upper-cased, and what follows it.
-fn keyword_at(sql: &str, nested: bool) -> (String, &str) {
+use sqlparser::ast::{Expr, ObjectType, Statement, TableFactor, Visit, Visitor};
+use sqlparser::dialect::PostgreSqlDialect;
+use sqlparser::parser::Parser;
+
+/// The first keyword of a statement, upper-cased (comments and empty
+/// statements before it skipped; a block comment ends at the first `*/`,
+/// as on SQLite, where block comments do not nest).
+pub(super) fn first_keyword(sql: &str) -> String {
     let mut s = sql.trim_start_matches(|c: char| c.is_whitespace() || c == ';');
     loop {
         if let Some(rest) = s.strip_prefix("--") {
             s = rest.split_once('\n').map_or("", |(_, r)| r);
         } else if let Some(rest) = s.strip_prefix("/*") {
-            s = skip_block_comment(rest, nested);
+            s = rest.split_once("*/").map_or("", |(_, r)| r);
         } else {
             break;
         }
@@ -28,37 +39,12 @@ fn keyword_at(sql: &str, nested: bool) -> (String, &str) {
     let end = s
         .find(|c: char| !c.is_ascii_alphabetic())
         .unwrap_or(s.len());
-    (s[..end].to_ascii_uppercase(), &s[end..])
+    s[..end].to_ascii_uppercase()
 }
 
-/// What follows the block comment whose `/*` precedes `rest` (empty when
-/// it never ends).
-fn skip_block_comment(rest: &str, nested: bool) -> &str {
-    let bytes = rest.as_bytes();
-    let mut depth = 1usize;
-    let mut i = 0;
-    while i + 1 < bytes.len() {
-        match (bytes[i], bytes[i + 1]) {
-            (b'*', b'/') => {
-                depth -= 1;
-                i += 2;
-                if depth == 0 {
-                    return &rest[i..];
-                }
-            }
-            (b'/', b'*') if nested => {
-                depth += 1;
-                i += 2;
-            }
-            _ => i += 1,
-        }
-    }
-    ""
-}
-
-/// Statements a plugin may not run: they would end or escape the host's
-/// transaction, or reach beyond the granted database. Checked on the
-/// statement's text on both backends; on SQLite the authorizer
+/// Statements a plugin may not run on SQLite: they would end or escape the
+/// host's transaction, or reach beyond the granted database. Checked on
+/// the statement's text; the authorizer
 /// ([`sqlite_verdict`]) refuses the same actions again on the compiled
 /// statement, except `VACUUM` (which SQLite does not pass to it, and whose
 /// `VACUUM INTO` would write a file).
@@ -87,14 +73,151 @@ pub(super) const REFUSED: &[&str] = &[
     "CALL",
 ];
 
-/// `ALTER …` statements a plugin may not run on PostgreSQL: they change
-/// settings beyond its transaction, for later connections (`ALTER ROLE
-/// CURRENT_USER SET search_path = shadow` would make the host's next
-/// connection look for its tables elsewhere).
-pub(super) const REFUSED_ALTER: &[&str] = &["ROLE", "USER", "DATABASE", "SYSTEM", "GROUP"];
-
 /// Tables the host owns; plugin SQL may not use them. On SQLite the
 /// authorizer enforces this on the tables a compiled statement touches
-/// (triggers and views included); on PostgreSQL the host can only look
-/// for the names in the statement's text.
+/// (triggers and views included); on PostgreSQL [`check_postgres`] refuses
+/// the names in the statement's text, and a plugin role
+/// (`--sink-plugin-role`) has no privilege on them.
 pub(super) const HOST_TABLES: &[&str] = &["sluice_progress", "sluice_dead_letters"];
+
+/// Names no plugin statement may hold anywhere in its text (checked on the
+/// lower-cased text, so quoting or case does not hide them): functions and
+/// views that change the session's role or settings (`set_config`,
+/// `pg_settings`), run SQL given as text where no check sees it
+/// (`query_to_xml` …, `ts_stat`, `ts_rewrite`, `dblink`), hold locks past
+/// the transaction (`pg_advisory_lock` …), or reach the server's files and
+/// other sessions.
+pub(super) const DENIED_NAMES: &[&str] = &[
+    "set_config",
+    "pg_settings",
+    "query_to_xml",
+    "cursor_to_xml",
+    "ts_stat",
+    "ts_rewrite",
+    "dblink",
+    "pg_advisory",
+    "pg_read_file",
+    "pg_read_binary_file",
+    "pg_ls_dir",
+    "pg_stat_file",
+    "lo_import",
+    "lo_export",
+    "pg_terminate_backend",
+    "pg_cancel_backend",
+    "pg_reload_conf",
+    "pg_rotate_logfile",
+];
+
+/// A PostgreSQL statement that passed [`check_postgres`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Approved {
+    /// The statement may run code the check cannot see (a function call,
+    /// DDL): the session checks its transaction and role right after it
+    /// runs, not only at the end of the plugin's window.
+    pub(super) watch: bool,
+}
+
+/// Check one plugin statement for PostgreSQL.
+///
+/// Allowed: one `SELECT`/`VALUES`/`WITH` query, `INSERT`, `UPDATE`,
+/// `DELETE`, `MERGE`, `TRUNCATE`, `CREATE TABLE`/`INDEX`/`VIEW`/`SEQUENCE`,
+/// `ALTER TABLE`/`INDEX`, and `DROP` of tables, views, indexes and
+/// sequences. Everything else (transaction control, `SET`, `COPY`, `DO`,
+/// `CALL`, roles, functions, triggers, rules, `GRANT` …) is refused, as is
+/// any statement holding a name of [`HOST_TABLES`] or [`DENIED_NAMES`] or
+/// a Unicode-escaped identifier (`U&"…"`, which the name check could not
+/// read).
+///
+/// # Errors
+/// Why the statement is refused, for the plugin's `sql-error`.
+pub(super) fn check_postgres(sql: &str) -> Result<Approved, String> {
+    let lower = sql.to_ascii_lowercase();
+    if lower.contains("u&\"") {
+        return Err("Unicode-escaped identifiers (U&\"…\") are not allowed: the host checks names by their text".into());
+    }
+    if let Some(t) = HOST_TABLES.iter().find(|t| lower.contains(*t)) {
+        return Err(format!(
+            "table {t} belongs to the host; plugins may not use it"
+        ));
+    }
+    if let Some(n) = DENIED_NAMES.iter().find(|n| lower.contains(*n)) {
+        return Err(format!(
+            "`{n}` is not allowed in plugin SQL: it reaches beyond the host's transaction (the role, settings, other sessions or the server's files)"
+        ));
+    }
+    let statements = Parser::parse_sql(&PostgreSqlDialect {}, sql).map_err(|e| {
+        format!(
+            "the host's SQL parser (sqlparser, PostgreSQL dialect) cannot read this statement ({e}); the host runs only plugin statements it can check, so write it in a plainer form"
+        )
+    })?;
+    let [statement] = statements.as_slice() else {
+        return Err(format!(
+            "one statement per call ({} given)",
+            statements.len()
+        ));
+    };
+    let ddl = match statement {
+        Statement::Query(_)
+        | Statement::Insert(_)
+        | Statement::Update(_)
+        | Statement::Delete(_)
+        | Statement::Merge(_) => false,
+        Statement::Truncate(_)
+        | Statement::CreateTable(_)
+        | Statement::CreateIndex(_)
+        | Statement::CreateView(_)
+        | Statement::CreateSequence { .. }
+        | Statement::AlterTable(_)
+        | Statement::AlterIndex { .. } => true,
+        Statement::Drop {
+            object_type:
+                ObjectType::Table | ObjectType::View | ObjectType::Index | ObjectType::Sequence,
+            ..
+        } => true,
+        other => {
+            let kind = other.to_string();
+            let kind: Vec<&str> = kind.split_whitespace().take(2).collect();
+            return Err(format!(
+                "`{}` statements are not allowed: plugins may query and change tables (SELECT, INSERT, UPDATE, DELETE, MERGE, TRUNCATE, CREATE/ALTER/DROP TABLE, INDEX, VIEW, SEQUENCE); the host owns the transaction, the connection and the roles",
+                kind.join(" ")
+            ));
+        }
+    };
+    let mut calls = Calls::default();
+    let _ = statement.visit(&mut calls);
+    Ok(Approved {
+        watch: ddl || calls.found,
+    })
+}
+
+/// Finds whether a statement calls a function anywhere (in an expression
+/// or as a table in `FROM`).
+#[derive(Default)]
+struct Calls {
+    found: bool,
+}
+
+impl Visitor for Calls {
+    type Break = ();
+
+    fn pre_visit_expr(&mut self, expr: &Expr) -> ControlFlow<()> {
+        if matches!(expr, Expr::Function(_)) {
+            self.found = true;
+            return ControlFlow::Break(());
+        }
+        ControlFlow::Continue(())
+    }
+
+    fn pre_visit_table_factor(&mut self, t: &TableFactor) -> ControlFlow<()> {
+        let plain = match t {
+            TableFactor::Table { args, .. } => args.is_none(),
+            TableFactor::Derived { .. } | TableFactor::NestedJoin { .. } => true,
+            _ => false,
+        };
+        if !plain {
+            self.found = true;
+            return ControlFlow::Break(());
+        }
+        ControlFlow::Continue(())
+    }
+}

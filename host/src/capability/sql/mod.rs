@@ -12,7 +12,8 @@
 //! [`Dialect`], the [`Backend`] trait), URL handling ([`connect`],
 //! [`redact`], [`sink_identity`]) and the session the driver and plugins
 //! share ([`SqlGrant`]); `sqlite` and `postgres` are the backends, `guard`
-//! the text checks on plugin statements.
+//! the checks on plugin statements before they run, `role` the plugin
+//! role's check on PostgreSQL.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -20,9 +21,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 mod guard;
 pub mod password;
 mod postgres;
+mod role;
 mod sqlite;
 
-use self::guard::{HOST_TABLES, REFUSED, REFUSED_ALTER, first_keywords};
+use self::guard::{Approved, REFUSED, first_keyword};
 use self::postgres::Postgres;
 use self::sqlite::Sqlite;
 
@@ -181,12 +183,33 @@ pub trait Backend: Send {
     /// (SQLite's authorizer) applies the plugin rules only in between;
     /// the default does nothing.
     fn set_untrusted(&mut self, _on: bool) {}
-    /// Bound each plugin statement that follows to `limit` (`None`: the
-    /// host's own statements again, unbounded).
+    /// Open the plugin's window inside the host's transaction: bound each
+    /// plugin statement to `limit` and, on PostgreSQL, run them as `role`
+    /// (`SET LOCAL ROLE`, see [`SqlGrant::plugin_role`]).
     ///
     /// # Errors
     /// The database's error.
-    fn statement_limit(&mut self, limit: Option<std::time::Duration>) -> Result<(), DbError>;
+    fn enter_plugin_window(
+        &mut self,
+        limit: Option<std::time::Duration>,
+        role: Option<&str>,
+    ) -> Result<(), DbError>;
+    /// Back to the host's own statements: no time bound, the session's
+    /// own role.
+    ///
+    /// # Errors
+    /// The database's error.
+    fn leave_plugin_window(&mut self) -> Result<(), DbError>;
+    /// What identifies the open transaction and who runs in it
+    /// (PostgreSQL: the transaction id and `current_user`), compared before
+    /// and after plugin statements; `None` where the backend tells it
+    /// otherwise ([`Backend::in_autocommit`] on SQLite).
+    ///
+    /// # Errors
+    /// The database's error.
+    fn transaction_mark(&mut self) -> Result<Option<String>, DbError> {
+        Ok(None)
+    }
     /// Why the backend's access control refused the last plugin
     /// statement, if it did (taken: a second call answers `None`).
     fn take_denial(&mut self) -> Option<String> {
@@ -323,7 +346,14 @@ pub struct Session {
     failed: Option<DbError>,
     /// Statement texts that passed the guard (the verdict depends on the
     /// text only), so a sink's per-record statements are checked once.
-    approved: std::collections::HashSet<String>,
+    approved: std::collections::HashMap<String, Approved>,
+    /// The schema of the host's tables (PostgreSQL; `None`: `public`).
+    host_schema: Option<String>,
+    /// The role plugin statements run as (PostgreSQL; `None`: the
+    /// session's own).
+    plugin_role: Option<String>,
+    /// [`Backend::transaction_mark`] when the plugin window opened.
+    mark: Option<String>,
 }
 
 /// Most distinct statement texts remembered in [`Session::approved`].
@@ -352,7 +382,10 @@ impl SqlGrant {
             origin: None,
             open: false,
             failed: None,
-            approved: std::collections::HashSet::new(),
+            approved: std::collections::HashMap::new(),
+            host_schema: None,
+            plugin_role: None,
+            mark: None,
         })))
     }
 
@@ -372,6 +405,58 @@ impl SqlGrant {
         let g = connect_with(url, password_file).map(Self::new)?;
         g.lock().origin = Some((url.to_string(), password_file.map(Path::to_path_buf)));
         Ok(g)
+    }
+
+    /// Keep the host's tables in `schema` (PostgreSQL, `--sink-schema`;
+    /// default `public`), named with it in every statement, never looked
+    /// up through `search_path`.
+    ///
+    /// # Errors
+    /// A schema other than `main` on SQLite.
+    pub fn set_host_schema(&self, schema: Option<String>) -> Result<(), DbError> {
+        let mut s = self.lock();
+        if s.backend.dialect() == Dialect::Sqlite
+            && let Some(schema) = schema.as_deref().filter(|s| *s != "main")
+        {
+            return Err(DbError::host(format!(
+                "--sink-schema {schema}: SQLite keeps the host's tables in `main`; the setting is for PostgreSQL"
+            )));
+        }
+        s.host_schema = schema;
+        Ok(())
+    }
+
+    /// The schema of the host's tables: `main` on SQLite, the one set by
+    /// [`SqlGrant::set_host_schema`] or `public` on PostgreSQL.
+    pub fn host_schema(&self) -> String {
+        let s = self.lock();
+        match s.backend.dialect() {
+            Dialect::Sqlite => "main".to_string(),
+            Dialect::Postgres => s.host_schema.clone().unwrap_or_else(|| "public".into()),
+        }
+    }
+
+    /// Run plugin statements as `role` (PostgreSQL, `--sink-plugin-role`):
+    /// `SET LOCAL ROLE` for the plugin's window of each transaction, so
+    /// the database itself keeps plugins off the host's tables. Check the
+    /// role with [`SqlGrant::check_plugin_role`] once the tables exist.
+    ///
+    /// # Errors
+    /// A role on SQLite, which has none.
+    pub fn set_plugin_role(&self, role: Option<String>) -> Result<(), DbError> {
+        let mut s = self.lock();
+        if s.backend.dialect() == Dialect::Sqlite && role.is_some() {
+            return Err(DbError::host(
+                "--sink-plugin-role is for PostgreSQL; on SQLite the authorizer keeps plugins off the host's tables",
+            ));
+        }
+        s.plugin_role = role;
+        Ok(())
+    }
+
+    /// The role plugin statements run as, if one is set.
+    pub fn plugin_role(&self) -> Option<String> {
+        self.lock().plugin_role.clone()
     }
 
     /// Bound every plugin statement to `limit` (the plugin call deadline):
@@ -470,15 +555,21 @@ impl Session {
                 code: e.code.clone(),
             });
         }
-        if !self.approved.contains(sql) {
-            self.check(sql)?;
-            if sql.len() <= APPROVED_MAX_LEN {
-                if self.approved.len() >= APPROVED_CAP {
-                    self.approved.clear();
+        let approved = match self.approved.get(sql) {
+            Some(a) => *a,
+            None => {
+                let a = self
+                    .check(sql)
+                    .inspect_err(|e| self.failed = Some(e.clone()))?;
+                if sql.len() <= APPROVED_MAX_LEN {
+                    if self.approved.len() >= APPROVED_CAP {
+                        self.approved.clear();
+                    }
+                    self.approved.insert(sql.to_string(), a);
                 }
-                self.approved.insert(sql.to_string());
+                a
             }
-        }
+        };
         let r = {
             let mut untrusted = Untrusted::new(self.backend.as_mut());
             f(untrusted.backend())
@@ -491,47 +582,43 @@ impl Session {
             let e = DbError::host("the statement ended the host's transaction");
             self.failed = Some(e.clone());
             return Err(e);
+        } else if approved.watch
+            && let Err(e) = self.check_mark()
+        {
+            self.failed = Some(e.clone());
+            return Err(e);
         }
         r
     }
 
-    /// Refuse transaction control, escapes from the granted database and
-    /// (on PostgreSQL; SQLite's authorizer does it there) the host's own
-    /// tables, by the statement's text; a refusal fails the transaction.
-    fn check(&mut self, sql: &str) -> Result<(), DbError> {
-        let postgres = self.backend.dialect() == Dialect::Postgres;
-        let (kw, second) = first_keywords(sql, postgres);
-        if postgres && kw == "ALTER" && REFUSED_ALTER.contains(&second.as_str()) {
-            let e = DbError::host(format!(
-                "`ALTER {second}` statements are not allowed: they change settings beyond the host's transaction"
-            ));
-            self.failed = Some(e.clone());
-            return Err(e);
+    /// Refuse what a plugin may not run: on PostgreSQL by parsing the
+    /// statement ([`guard::check_postgres`]); on SQLite by its first
+    /// keyword (the authorizer checks the compiled statement after).
+    fn check(&mut self, sql: &str) -> Result<Approved, DbError> {
+        if self.backend.dialect() == Dialect::Postgres {
+            return guard::check_postgres(sql).map_err(DbError::host);
         }
+        let kw = first_keyword(sql);
         if REFUSED.contains(&kw.as_str()) {
-            let e = DbError::host(format!(
+            return Err(DbError::host(format!(
                 "`{kw}` statements are not allowed: the host owns the transaction and the connection"
-            ));
-            self.failed = Some(e.clone());
-            return Err(e);
+            )));
         }
-        if self.backend.dialect() == Dialect::Sqlite {
+        Ok(Approved { watch: false })
+    }
+
+    /// The transaction and role are still those the plugin window opened
+    /// with ([`Backend::transaction_mark`]).
+    fn check_mark(&mut self) -> Result<(), DbError> {
+        let Some(before) = self.mark.clone() else {
             return Ok(());
-        }
-        let lower = sql.to_ascii_lowercase();
-        if lower.contains("u&\"") {
-            let e = DbError::host(
-                "Unicode-escaped identifiers (U&\"…\") are not allowed: the host checks table names by their text",
-            );
-            self.failed = Some(e.clone());
-            return Err(e);
-        }
-        if let Some(t) = HOST_TABLES.iter().find(|t| lower.contains(*t)) {
-            let e = DbError::host(format!(
-                "table {t} belongs to the host; plugins may not use it"
-            ));
-            self.failed = Some(e.clone());
-            return Err(e);
+        };
+        let now = self.backend.transaction_mark()?;
+        if now.as_deref() != Some(before.as_str()) {
+            return Err(DbError::host(format!(
+                "a plugin statement changed the host's transaction or role (transaction {before}, now {}): the part is rolled back",
+                now.unwrap_or_default()
+            )));
         }
         Ok(())
     }
@@ -540,30 +627,49 @@ impl Session {
         self.backend.as_mut()
     }
 
+    /// Open the host's transaction (the plugin window stays closed).
     pub(crate) fn begin(&mut self) -> Result<(), DbError> {
         let sql = match self.backend.dialect() {
             Dialect::Sqlite => "BEGIN IMMEDIATE",
             Dialect::Postgres => "BEGIN ISOLATION LEVEL READ COMMITTED",
         };
         self.backend.batch(sql)?;
-        if let Some(limit) = self.statement_limit {
-            self.backend.statement_limit(Some(limit))?;
-        }
+        self.open = false;
+        self.failed = None;
+        self.mark = None;
+        Ok(())
+    }
+
+    /// Let the plugin's statements run, inside the open transaction: under
+    /// the statement time limit and the plugin role, with the transaction's
+    /// mark taken to compare after them.
+    pub(crate) fn open_plugin_window(&mut self) -> Result<(), DbError> {
+        let role = self.plugin_role.clone();
+        self.backend
+            .enter_plugin_window(self.statement_limit, role.as_deref())?;
+        self.mark = self.backend.transaction_mark()?;
         self.open = true;
         self.failed = None;
         Ok(())
     }
 
-    /// Close the plugin window; the first SQL error it saw, if any.
+    /// Close the plugin window; the first SQL error it saw, if any, or a
+    /// transaction or role that is no longer the one it opened with.
     pub(crate) fn end_plugin_window(&mut self) -> Option<DbError> {
+        if !self.open {
+            return None;
+        }
         self.open = false;
         let failed = self.failed.take();
-        if self.statement_limit.is_some()
-            && let Err(e) = self.backend.statement_limit(None)
-        {
-            return failed.or(Some(e));
+        let changed = match failed {
+            Some(_) => None,
+            None => self.check_mark().err(),
+        };
+        self.mark = None;
+        if let Err(e) = self.backend.leave_plugin_window() {
+            return failed.or(changed).or(Some(e));
         }
-        failed
+        failed.or(changed)
     }
 
     pub(crate) fn commit(&mut self) -> Result<(), DbError> {
@@ -574,6 +680,7 @@ impl Session {
     pub(crate) fn rollback(&mut self) {
         self.open = false;
         self.failed = None;
+        self.mark = None;
         if let Err(e) = self.backend.batch("ROLLBACK") {
             tracing::warn!("rollback failed: {e}");
         }

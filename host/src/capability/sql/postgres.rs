@@ -14,6 +14,11 @@ pub(super) struct Postgres {
     statements: HashMap<String, postgres::Statement>,
 }
 
+/// `name` as a PostgreSQL quoted identifier (`"a""b"`).
+pub(super) fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
 fn pg_err(e: postgres::Error) -> DbError {
     match e.as_db_error() {
         Some(db) => DbError {
@@ -257,10 +262,35 @@ impl Backend for Postgres {
         None
     }
 
-    fn statement_limit(&mut self, limit: Option<std::time::Duration>) -> Result<(), DbError> {
-        // SET LOCAL: it ends with the transaction in any case.
+    fn enter_plugin_window(
+        &mut self,
+        limit: Option<std::time::Duration>,
+        role: Option<&str>,
+    ) -> Result<(), DbError> {
+        // SET LOCAL: both end with the transaction in any case.
         let ms = limit.map_or(0, |d| d.as_millis().max(1));
-        self.batch(&format!("SET LOCAL statement_timeout = {ms}"))
+        let mut sql = format!("SET LOCAL statement_timeout = {ms}");
+        if let Some(role) = role {
+            sql.push_str(&format!("; SET LOCAL ROLE {}", quote_ident(role)));
+        }
+        self.batch(&sql)
+    }
+
+    fn leave_plugin_window(&mut self) -> Result<(), DbError> {
+        self.batch("SET LOCAL statement_timeout = 0; SET LOCAL ROLE NONE")
+    }
+
+    fn transaction_mark(&mut self) -> Result<Option<String>, DbError> {
+        let rows = self.query(
+            "SELECT txid_current()::text || ' as ' || current_user::text",
+            &[],
+        )?;
+        match rows.rows.first().and_then(|r| r.first()) {
+            Some(SqlValue::Text(mark)) => Ok(Some(mark.clone())),
+            other => Err(DbError::host(format!(
+                "unexpected answer {other:?} to the transaction check"
+            ))),
+        }
     }
 
     fn blob_type(&self) -> &'static str {

@@ -4,7 +4,8 @@
 
 use std::sync::{Arc, Mutex};
 
-use super::{Backend, DbError, Dialect, HOST_TABLES, QueryRows, RowBudget, SqlValue};
+use super::guard::HOST_TABLES;
+use super::{Backend, DbError, Dialect, QueryRows, RowBudget, SqlValue};
 
 pub(super) struct Sqlite {
     conn: rusqlite::Connection,
@@ -302,8 +303,17 @@ impl Backend for Sqlite {
         Some(self.conn.is_autocommit())
     }
 
-    fn statement_limit(&mut self, limit: Option<std::time::Duration>) -> Result<(), DbError> {
+    fn enter_plugin_window(
+        &mut self,
+        limit: Option<std::time::Duration>,
+        _role: Option<&str>,
+    ) -> Result<(), DbError> {
         self.limit = limit;
+        Ok(())
+    }
+
+    fn leave_plugin_window(&mut self) -> Result<(), DbError> {
+        self.limit = None;
         Ok(())
     }
 

@@ -59,6 +59,10 @@ pub struct ResetArgs {
     /// for a --sink-db URL without one (else `PGPASSWORD`, `~/.pgpass`).
     #[arg(long, value_name = "FILE")]
     pub sink_db_password_file: Option<PathBuf>,
+    /// PostgreSQL schema of the host's tables, as given to `host run`
+    /// [default: public].
+    #[arg(long, value_name = "SCHEMA")]
+    pub sink_schema: Option<String>,
     /// Apply the records from the new positions again even where the
     /// sink's progress rows show them applied (say, after emptying the
     /// destination tables). Needs --sink-db.
@@ -139,7 +143,10 @@ pub fn run(a: ResetArgs) -> Result<(), CliError> {
     let driver = match &a.sink_db {
         Some(url) if !a.keep_sink_progress => Some(
             SqlGrant::connect_with(url, a.sink_db_password_file.as_deref())
-                .and_then(|g| SinkDriver::new(Some(g)))
+                .and_then(|g| {
+                    g.set_host_schema(a.sink_schema.clone())?;
+                    SinkDriver::new(Some(g))
+                })
                 .map_err(|e| anyhow!("sink database {}: {e}", redact(url)))?,
         ),
         _ => None,
