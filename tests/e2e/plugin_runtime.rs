@@ -37,6 +37,43 @@ fn no_config() -> Arc<BTreeMap<String, String>> {
 }
 
 #[test]
+fn a_wasi_sleep_past_the_deadline_traps_at_once_and_says_so() {
+    // Found by an attack run: a WASI sleep of 8 s under a 1 s deadline
+    // returned after 8.07 s, reported as "deadline exceeded" (a host call
+    // is not interrupted by the epoch deadline); a longer one hung the
+    // pipeline.
+    let rt = runtime(1000, 64 << 20);
+    let p = rt.load(&plugin("misbehave"), no_config()).expect("load");
+    let mut inst = p.instance();
+    let ctx = CallContext::default();
+    let started = Instant::now();
+    let err = inst.map(&ctx, &values(&[b"sleep"])).expect_err("must trap");
+    assert!(
+        started.elapsed() < Duration::from_millis(900),
+        "the sleep was served: {:?}",
+        started.elapsed()
+    );
+    match &err {
+        PluginError::Trap(t) => assert_eq!(
+            t.kind,
+            TrapKind::WaitPastDeadline {
+                limit: Duration::from_millis(1000),
+                asked: Duration::from_millis(8000),
+            }
+        ),
+        other => panic!("expected a trap, got {other}"),
+    }
+    let msg = err.to_string();
+    assert!(
+        msg.contains("a WASI sleep of 8000 ms would pass the call's deadline of 1000 ms"),
+        "{msg}"
+    );
+    // A sleep within the deadline is served, on a fresh instance.
+    let ok = inst.map(&ctx, &values(&[b"nap"])).expect("a short sleep");
+    assert_eq!(first_value(&ok), "slept");
+}
+
+#[test]
 fn runaway_loop_is_stopped_at_the_deadline_and_a_fresh_instance_follows() {
     let rt = runtime(300, 64 << 20);
     let p = rt.load(&plugin("misbehave"), no_config()).expect("load");

@@ -16,6 +16,15 @@ pub enum TrapKind {
         /// The configured deadline.
         limit: Duration,
     },
+    /// The guest asked WASI to wait (sleep, or a timer it polls) past the
+    /// call's deadline; refused when asked, since a host call cannot be
+    /// interrupted.
+    WaitPastDeadline {
+        /// The configured deadline.
+        limit: Duration,
+        /// The wait asked for.
+        asked: Duration,
+    },
     /// The guest tried to grow its memory past the cap.
     OutOfMemory {
         /// The cap, bytes.
@@ -40,6 +49,12 @@ impl fmt::Display for TrapKind {
             TrapKind::Timeout { limit } => write!(
                 f,
                 "deadline of {} ms exceeded (raise it with --plugin-timeout)",
+                limit.as_millis()
+            ),
+            TrapKind::WaitPastDeadline { limit, asked } => write!(
+                f,
+                "a WASI sleep of {} ms would pass the call's deadline of {} ms (sleep less, or raise the deadline with --plugin-timeout)",
+                asked.as_millis(),
                 limit.as_millis()
             ),
             TrapKind::OutOfMemory { limit, requested } => write!(

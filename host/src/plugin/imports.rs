@@ -1,14 +1,21 @@
 //! The host side of the WIT imports a plugin instance sees (`wit/`):
 //! `log` (into the host's tracing, tagged with the plugin), `config` (the
 //! pipeline's `--config` pairs) and `sql` (the session granted by
-//! [`crate::capability::sql`]), implemented on the store data.
+//! [`crate::capability::sql`]), implemented on the store data; and WASI's
+//! `wasi:clocks/monotonic-clock` with sleeps held to the call's deadline
+//! ([`DeadlineClock`]).
 //!
 //! This file only converts between the generated binding types and the
 //! host's: the capability's state and rules live in `capability::sql`, so
 //! the bindings stay private to `plugin` (STYLE.md).
 
+use std::time::{Duration, Instant};
+
 use wasmtime::Engine;
-use wasmtime::component::{HasSelf, Linker};
+use wasmtime::component::{HasData, HasSelf, Linker, Resource};
+use wasmtime_wasi::clocks::{WasiClocksCtxView, WasiClocksView};
+use wasmtime_wasi::p2::DynPollable;
+use wasmtime_wasi::p2::bindings::clocks::monotonic_clock;
 use wasmtime_wasi::{WasiCtxView, WasiView};
 
 use super::bindings::sluice::plugin::{config, log, sql, types};
@@ -169,10 +176,99 @@ fn not_granted() -> DbError {
     }
 }
 
-/// The sandboxed linker: WASI p2 (sync) plus the Sluice host imports.
+/// The trap of a call that asked WASI to wait past the call's deadline
+/// (a sleep, or a timer it polls): the epoch deadline cannot interrupt a
+/// host call, so the wait is refused when it is asked for, not served.
+#[derive(Debug)]
+pub(crate) struct WaitPastDeadline {
+    /// The wait asked for.
+    pub(crate) asked: Duration,
+    /// What was left of the call's deadline.
+    pub(crate) left: Duration,
+}
+
+impl std::fmt::Display for WaitPastDeadline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "a WASI sleep of {} ms would pass the call's deadline ({} ms left)",
+            self.asked.as_millis(),
+            self.left.as_millis()
+        )
+    }
+}
+
+impl std::error::Error for WaitPastDeadline {}
+
+/// `wasi:clocks/monotonic-clock` as WASI's own, except that a timer ending
+/// past the current call's deadline (`State::deadline`) traps with
+/// [`WaitPastDeadline`] at once: served, it would block the host thread
+/// for its whole length whatever the deadline (the epoch interruption
+/// behind `--plugin-timeout` only stops running guest code).
+pub(crate) struct DeadlineClock<'a> {
+    inner: WasiClocksCtxView<'a>,
+    deadline: Option<Instant>,
+}
+
+impl DeadlineClock<'_> {
+    fn check(&self, asked: Duration) -> wasmtime::Result<()> {
+        if let Some(deadline) = self.deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if asked > left {
+                return Err(WaitPastDeadline { asked, left }.into());
+            }
+        }
+        Ok(())
+    }
+}
+
+struct DeadlineClocks;
+
+impl HasData for DeadlineClocks {
+    type Data<'a> = DeadlineClock<'a>;
+}
+
+impl monotonic_clock::Host for DeadlineClock<'_> {
+    fn now(&mut self) -> wasmtime::Result<monotonic_clock::Instant> {
+        self.inner.now()
+    }
+
+    fn resolution(&mut self) -> wasmtime::Result<monotonic_clock::Duration> {
+        self.inner.resolution()
+    }
+
+    fn subscribe_instant(
+        &mut self,
+        when: monotonic_clock::Instant,
+    ) -> wasmtime::Result<Resource<DynPollable>> {
+        let now = self.inner.now()?;
+        self.check(Duration::from_nanos(when.saturating_sub(now)))?;
+        self.inner.subscribe_instant(when)
+    }
+
+    fn subscribe_duration(
+        &mut self,
+        duration: monotonic_clock::Duration,
+    ) -> wasmtime::Result<Resource<DynPollable>> {
+        self.check(Duration::from_nanos(duration))?;
+        self.inner.subscribe_duration(duration)
+    }
+}
+
+/// The sandboxed linker: WASI p2 (sync), with [`DeadlineClock`] in place
+/// of WASI's monotonic clock, plus the Sluice host imports.
 pub(crate) fn linker(engine: &Engine) -> wasmtime::Result<Linker<State>> {
     let mut linker = Linker::new(engine);
     wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
+    linker.allow_shadowing(true);
+    monotonic_clock::add_to_linker::<State, DeadlineClocks>(&mut linker, |s| {
+        let deadline = s.deadline;
+        DeadlineClock {
+            inner: s.clocks(),
+            deadline,
+        }
+    })?;
+    linker.allow_shadowing(false);
     types::add_to_linker::<State, HasSelf<State>>(&mut linker, |s| s)?;
     log::add_to_linker::<State, HasSelf<State>>(&mut linker, |s| s)?;
     config::add_to_linker::<State, HasSelf<State>>(&mut linker, |s| s)?;

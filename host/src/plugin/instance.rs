@@ -40,6 +40,16 @@ pub(crate) struct State {
     pub(super) sql: Option<SqlGrant>,
     /// Log lines left in the current call.
     pub(super) log: LogBudget,
+    /// When the current call's deadline passes (`None`: never), for the
+    /// waits WASI serves ([`super::imports::DeadlineClock`]).
+    pub(super) deadline: Option<std::time::Instant>,
+}
+
+/// Start a call's deadline: `ticks` epochs for running code, `limit` of
+/// wall-clock time for the waits WASI serves.
+fn arm(store: &mut Store<State>, ticks: u64, limit: std::time::Duration) {
+    store.set_epoch_deadline(ticks);
+    store.data_mut().deadline = std::time::Instant::now().checked_add(limit);
 }
 
 /// Memory cap that remembers what was refused, so the trap can say so.
@@ -213,6 +223,11 @@ impl Instance {
         self.instantiations
     }
 
+    /// Start the deadline of a call (or of instantiation) on `store`.
+    fn arm(&self, store: &mut Store<State>) {
+        arm(store, self.deadline_ticks(), self.limits.call_timeout);
+    }
+
     fn deadline_ticks(&self) -> u64 {
         // Saturating: a deadline beyond u64 ticks is no deadline at all, not
         // a wrap-around to a tiny one (the CLI bounds the timeout anyway).
@@ -256,11 +271,12 @@ impl Instance {
             plugin: t.digest.get(..12).unwrap_or(&t.digest).to_string(),
             sql: self.sql.clone(),
             log: LogBudget::default(),
+            deadline: None,
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);
         store.epoch_deadline_trap();
-        store.set_epoch_deadline(self.deadline_ticks());
+        self.arm(&mut store);
         let fail = |e: wasmtime::Error| PluginError::Instantiate {
             path: t.path.clone(),
             digest: t.digest.clone(),
@@ -368,7 +384,12 @@ impl Instance {
                 requested: requested as u64,
             }
         } else {
+            let wait = e.downcast_ref::<super::imports::WaitPastDeadline>();
             match e.downcast_ref::<Trap>() {
+                _ if let Some(w) = wait => TrapKind::WaitPastDeadline {
+                    limit: self.limits.call_timeout,
+                    asked: w.asked,
+                },
                 Some(Trap::Interrupt) => TrapKind::Timeout {
                     limit: self.limits.call_timeout,
                 },
@@ -476,7 +497,7 @@ impl Instance {
                 mapper: Some(m),
                 ..
             }) => {
-                store.set_epoch_deadline(ticks);
+                arm(store, ticks, self.limits.call_timeout);
                 m.call_map(&mut *store, &wit_ctx, &packed)
             }
             _ => return Err(self.missing("map")),
@@ -523,7 +544,7 @@ impl Instance {
                 sink: Some(s),
                 ..
             }) => {
-                store.set_epoch_deadline(ticks);
+                arm(store, ticks, self.limits.call_timeout);
                 f(s, store)
             }
             _ => return Err(self.missing("sink")),
