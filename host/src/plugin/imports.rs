@@ -20,7 +20,7 @@ use wasmtime_wasi::{WasiCtxView, WasiView};
 
 use super::bindings::sluice::plugin::{config, log, sql, types};
 use super::instance::State;
-use super::{LOG_LINE_BYTES, LOG_LINES_PER_CALL};
+use super::{LOG_LINE_BYTES, LOG_LINES_PER_CALL, LOG_LINES_PER_SECOND};
 use crate::capability::sql::{DbError, SqlValue};
 
 impl WasiView for State {
@@ -34,23 +34,33 @@ impl WasiView for State {
 
 impl types::Host for State {}
 
-/// What a plugin instance may still write into the host's log in the
-/// current call: [`LOG_LINES_PER_CALL`] lines of at most [`LOG_LINE_BYTES`]
-/// bytes; the rest are counted.
+/// What a plugin instance may still write into the host's log: in the
+/// current call [`LOG_LINES_PER_CALL`] lines, and in the current second
+/// [`LOG_LINES_PER_SECOND`], of at most [`LOG_LINE_BYTES`] bytes each; the
+/// rest are counted.
 #[derive(Debug, Default)]
 pub(crate) struct LogBudget {
     used: u32,
     dropped: u64,
+    /// Start of the current second and the lines written in it.
+    second: Option<(Instant, u32)>,
 }
 
 impl LogBudget {
     /// `line` (cut to the length limit) if the call may still log one.
     pub(crate) fn admit<'a>(&mut self, line: &'a str) -> Option<&'a str> {
-        if self.used >= LOG_LINES_PER_CALL {
+        let now = Instant::now();
+        let second = match self.second {
+            Some((start, n)) if now.duration_since(start) < Duration::from_secs(1) => (start, n),
+            _ => (now, 0),
+        };
+        if self.used >= LOG_LINES_PER_CALL || second.1 >= LOG_LINES_PER_SECOND {
+            self.second = Some(second);
             self.dropped += 1;
             return None;
         }
         self.used += 1;
+        self.second = Some((second.0, second.1 + 1));
         let mut end = line.len().min(LOG_LINE_BYTES);
         while !line.is_char_boundary(end) {
             end -= 1;
@@ -58,17 +68,19 @@ impl LogBudget {
         Some(&line[..end])
     }
 
-    /// End of a call: log how many lines were dropped, and start afresh.
+    /// End of a call: log how many lines were dropped, and start the next
+    /// call's count (the second's count goes on).
     pub(crate) fn end_call(&mut self, plugin: &str) {
         if self.dropped > 0 {
             tracing::warn!(
                 plugin,
                 dropped = self.dropped,
-                "{} plugin log lines dropped in one call (at most {LOG_LINES_PER_CALL} lines of {LOG_LINE_BYTES} bytes per call)",
+                "{} plugin log lines dropped in one call (at most {LOG_LINES_PER_CALL} lines per call and {LOG_LINES_PER_SECOND} per second, of {LOG_LINE_BYTES} bytes)",
                 self.dropped
             );
         }
-        *self = LogBudget::default();
+        self.used = 0;
+        self.dropped = 0;
     }
 }
 
@@ -274,4 +286,29 @@ pub(crate) fn linker(engine: &Engine) -> wasmtime::Result<Linker<State>> {
     config::add_to_linker::<State, HasSelf<State>>(&mut linker, |s| s)?;
     sql::add_to_linker::<State, HasSelf<State>>(&mut linker, |s| s)?;
     Ok(linker)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_lines_are_capped_per_call_and_per_second() {
+        let mut b = LogBudget::default();
+        let kept = (0..300).filter(|_| b.admit("x").is_some()).count();
+        assert_eq!(kept, LOG_LINES_PER_CALL as usize);
+        assert_eq!(b.dropped, 100);
+        // Many short calls in the same second share the per-second cap.
+        let mut total = kept;
+        for _ in 0..20 {
+            b.end_call("p");
+            total += (0..100).filter(|_| b.admit("x").is_some()).count();
+        }
+        assert_eq!(total, LOG_LINES_PER_SECOND as usize);
+        // Long lines are cut at a character boundary.
+        let mut b = LogBudget::default();
+        let long = "é".repeat(LOG_LINE_BYTES);
+        let cut = b.admit(&long).unwrap();
+        assert!(cut.len() <= LOG_LINE_BYTES && cut.chars().all(|c| c == 'é'));
+    }
 }

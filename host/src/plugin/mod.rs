@@ -51,6 +51,11 @@ pub const MAX_OUTPUTS_PER_CALL: usize = 1_000_000;
 /// reported in one line.
 pub const LOG_LINES_PER_CALL: u32 = 200;
 
+/// Most log lines a plugin instance writes into the host's log per second,
+/// over all its calls (many short calls would each get
+/// [`LOG_LINES_PER_CALL`]).
+pub const LOG_LINES_PER_SECOND: u32 = 1000;
+
 /// Longest plugin log line kept, bytes; longer ones are cut.
 pub const LOG_LINE_BYTES: usize = 4096;
 
