@@ -551,6 +551,136 @@ mod tests {
         assert_eq!(decode_outputs(&buf).unwrap().len(), 1);
     }
 
+    // Fuzzing the decoders (issue 17): the host decodes what a plugin
+    // returns, so no byte string may make it panic, loop or allocate
+    // beyond the input's size. proptest's default 256 cases per property; a long
+    // run: `PROPTEST_CASES=1000000 cargo test -p sluice-guest --lib wire`.
+    mod fuzz {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        /// An owned record, from which borrowed [`Record`]s are made.
+        type Owned = (
+            String,
+            i32,
+            i64,
+            i64,
+            u8,
+            Option<Vec<u8>>,
+            Option<Vec<u8>>,
+            Vec<(String, Option<Vec<u8>>)>,
+        );
+
+        fn owned() -> impl Strategy<Value = Owned> {
+            let bytes = || proptest::option::of(proptest::collection::vec(any::<u8>(), 0..40));
+            (
+                ".{0,12}",
+                any::<i32>(),
+                any::<i64>(),
+                any::<i64>(),
+                0u8..3,
+                bytes(),
+                bytes(),
+                proptest::collection::vec((".{0,8}", bytes()), 0..4),
+            )
+        }
+
+        fn view(o: &Owned) -> Record<'_> {
+            Record {
+                topic: &o.0,
+                partition: o.1,
+                offset: o.2,
+                timestamp: o.3,
+                timestamp_type: match o.4 {
+                    0 => TimestampType::NotAvailable,
+                    1 => TimestampType::CreateTime,
+                    _ => TimestampType::LogAppendTime,
+                },
+                key: o.5.as_deref(),
+                value: o.6.as_deref(),
+                headers: o
+                    .7
+                    .iter()
+                    .map(|(k, v)| Header {
+                        key: k,
+                        value: v.as_deref(),
+                    })
+                    .collect(),
+            }
+        }
+
+        fn encoded(records: &[Owned]) -> Vec<u8> {
+            let mut e = Encoder::default();
+            for (i, o) in records.iter().enumerate() {
+                e.push_record(&view(o));
+                e.push_output(i as u32, o.5.as_deref(), o.6.as_deref(), &view(o).headers);
+            }
+            e.finish()
+        }
+
+        proptest! {
+            #[test]
+            fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
+                let _ = decode_records(&bytes);
+                let _ = decode_outputs(&bytes);
+                let _ = decode_sink_records(&bytes);
+                if let Ok(n) = count_outputs(&bytes) {
+                    // A count is never larger than the buffer could hold.
+                    prop_assert!(n <= bytes.len());
+                }
+            }
+
+            #[test]
+            fn records_round_trip(records in proptest::collection::vec(owned(), 0..6)) {
+                let mut e = Encoder::default();
+                for o in &records {
+                    e.push_record(&view(o));
+                }
+                let buf = e.finish();
+                let got = decode_records(&buf).unwrap();
+                let want: Vec<Record<'_>> = records.iter().map(view).collect();
+                prop_assert_eq!(got, want);
+            }
+
+            #[test]
+            fn outputs_round_trip_and_their_count_matches(records in proptest::collection::vec(owned(), 0..6)) {
+                let mut e = Encoder::default();
+                for (i, o) in records.iter().enumerate() {
+                    e.push_output(i as u32, o.5.as_deref(), o.6.as_deref(), &view(o).headers);
+                }
+                let buf = e.finish();
+                prop_assert_eq!(count_outputs(&buf).unwrap(), records.len());
+                let got = decode_outputs(&buf).unwrap();
+                prop_assert_eq!(got.len(), records.len());
+                for (i, (g, o)) in got.iter().zip(&records).enumerate() {
+                    prop_assert_eq!(g.input_index, i as u32);
+                    prop_assert_eq!(g.key, o.5.as_deref());
+                    prop_assert_eq!(g.value, o.6.as_deref());
+                }
+            }
+
+            #[test]
+            fn mutated_buffers_never_panic(
+                records in proptest::collection::vec(owned(), 1..4),
+                edits in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..6),
+                cut in any::<usize>(),
+            ) {
+                let mut buf = encoded(&records);
+                for (pos, byte) in edits {
+                    let i = pos % buf.len();
+                    buf[i] = byte;
+                }
+                let cut = cut % (buf.len() + 1);
+                for b in [&buf[..], &buf[..cut]] {
+                    let _ = decode_records(b);
+                    let _ = decode_outputs(b);
+                    let _ = decode_sink_records(b);
+                    let _ = count_outputs(b);
+                }
+            }
+        }
+    }
+
     #[test]
     fn idempotency_keys_follow_the_design() {
         assert_eq!(idempotency_key("t", 0, 5, 0), "t/0/5");

@@ -146,6 +146,10 @@ fn a_second_owner_is_refused_and_reads_nothing_and_wait_queues() {
         said.contains("holds the lock but does not answer on control.sock"),
         "{said}"
     );
+    let status = host(&["status", "--checkpoint", ckpt.to_str().unwrap(), "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(v["running"], true, "{v}");
+    assert_eq!(v["owner"], "not answering", "{v}");
     let out = Command::new(host_bin())
         .args(args(
             &tansu,

@@ -496,6 +496,7 @@ fn a_plugin_role_applies_the_stream_without_reaching_the_host_tables() {
         &["--until-caught-up", "--sink-plugin-role", &role],
     ));
     assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("is a superuser"), "{}", stderr(&out));
     assert_eq!(table(&db), stream.state);
     assert_eq!(
         db.query("SELECT tableowner::text FROM pg_tables WHERE tablename = 'companies'"),
@@ -510,7 +511,25 @@ fn a_plugin_role_applies_the_stream_without_reaching_the_host_tables() {
         0
     );
 
-    db.batch(&format!("GRANT SELECT ON public.sluice_progress TO {role}"));
+    // Without a role, a superuser login is named as the risk it is.
+    let out = host_run(&run_args(
+        &tansu,
+        "maxwell",
+        &dir.path().join("ck"),
+        &db,
+        &["--until-caught-up"],
+    ));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("is a superuser and no --sink-plugin-role is set"),
+        "{}",
+        stderr(&out)
+    );
+
+    // A column privilege is a privilege too.
+    db.batch(&format!(
+        "GRANT UPDATE (end_offset) ON public.sluice_progress TO {role}"
+    ));
     let out = host_run(&run_args(
         &tansu,
         "maxwell",

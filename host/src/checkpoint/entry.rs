@@ -448,8 +448,12 @@ mod tests {
         ));
     }
 
+    // 2,000 cases per property; a long run (issue 17's fuzzing):
+    // `PROPTEST_CASES=200000 cargo test -p host --lib checkpoint::entry`.
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(2000))]
+        #![proptest_config(ProptestConfig::with_cases(
+            std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(2000)
+        ))]
 
         #[test]
         fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {

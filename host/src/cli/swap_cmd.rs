@@ -117,7 +117,20 @@ pub fn status(args: StatusArgs) -> Result<(), CliError> {
     };
     let on_disk = checkpoint::status(&args.checkpoint)?;
     if args.json {
-        let v = json!({"running": live.is_some(), "live": live, "checkpoint": on_disk});
+        // `owner`: "answering" (live holds its status), "not answering"
+        // (the lock is held, control.sock is silent: a stopped or hung
+        // owner, or another version) or "none".
+        let owner = match (&live, &on_disk.owner) {
+            (Some(_), _) => "answering",
+            (None, Some(_)) => "not answering",
+            (None, None) => "none",
+        };
+        let v = json!({
+            "running": live.is_some() || on_disk.owner.is_some(),
+            "owner": owner,
+            "live": live,
+            "checkpoint": on_disk,
+        });
         outln!("{}", serde_json::to_string_pretty(&v)?)?;
         return Ok(());
     }

@@ -196,6 +196,15 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
     let driver = SinkDriver::new(sql.clone())
         .map_err(sink_db_error(cfg.sink_db.as_deref().unwrap_or_default()))?
         .reconnect_for(cfg.sink_retry_for);
+    if let Some(g) = &sql
+        && let Some(user) = g
+            .unconfined_superuser()
+            .map_err(sink_db_error(cfg.sink_db.as_deref().unwrap_or_default()))?
+    {
+        tracing::warn!(
+            "the sink database login role {user} is a superuser and no --sink-plugin-role is set: plugin SQL runs as a superuser, which the host's statement checks cannot fully confine (server files, settings, other databases); run plugins under a role of their own (README, \"Sink stages and the SQL capability\")"
+        );
+    }
     let (recorded, pending_rerun) = match cp.recovery() {
         Recovery::Resume { plugins, .. } => (plugins.clone(), None),
         Recovery::Rerun { entry } => (entry.plugins.clone(), Some(entry.clone())),

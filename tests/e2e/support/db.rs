@@ -45,6 +45,37 @@ impl Db {
         }
     }
 
+    /// A fresh database owned by a fresh role without any special
+    /// attribute (no superuser, no CREATEROLE), connected as that role:
+    /// what a managed database hands an application.
+    pub fn postgres_plain() -> Db {
+        let admin = Db::postgres();
+        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let role = format!(
+            "sluice_plain_{}_{}",
+            std::process::id(),
+            SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        let (base, name) = admin.url.rsplit_once('/').unwrap();
+        let mut b = connect(&admin.url).unwrap();
+        b.batch(&format!(
+            "CREATE ROLE {role} LOGIN; ALTER DATABASE {name} OWNER TO {role}; \
+             ALTER SCHEMA public OWNER TO {role}"
+        ))
+        .unwrap();
+        Db {
+            url: format!("{}/{name}", base.replace("postgres@", &format!("{role}@"))),
+            name: "postgres as a plain role",
+            _dir: None,
+        }
+    }
+
+    /// The databases attack regressions run on: SQLite, PostgreSQL as its
+    /// superuser and as a plain role.
+    pub fn attacked() -> Vec<Db> {
+        vec![Db::sqlite(), Db::postgres(), Db::postgres_plain()]
+    }
+
     /// An existing database (not removed afterwards).
     pub fn at(url: String) -> Db {
         Db {

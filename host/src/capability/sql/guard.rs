@@ -84,18 +84,29 @@ pub(super) const HOST_TABLES: &[&str] = &["sluice_progress", "sluice_dead_letter
 /// lower-cased text, so quoting or case does not hide them): functions and
 /// views that change the session's role or settings (`set_config`,
 /// `pg_settings`), run SQL given as text where no check sees it
-/// (`query_to_xml` …, `ts_stat`, `ts_rewrite`, `dblink`), hold locks past
-/// the transaction (`pg_advisory_lock` …), or reach the server's files and
-/// other sessions.
+/// (`query_to_xml` and the other `…_to_xml` functions, which also read
+/// tables named by a string, `ts_stat`, `ts_rewrite`, `dblink`), hold
+/// locks past the transaction (`pg_advisory_lock`, `pg_try_advisory_lock`
+/// …), signal other sessions (`pg_notify`), or reach the server's files,
+/// configuration, WAL and replication slots (most need a superuser).
 pub(super) const DENIED_NAMES: &[&str] = &[
     "set_config",
     "pg_settings",
-    "query_to_xml",
-    "cursor_to_xml",
+    "_to_xml",
     "ts_stat",
     "ts_rewrite",
     "dblink",
-    "pg_advisory",
+    "advisory_",
+    "pg_notify",
+    "replication_slot",
+    "pg_ls_",
+    "pg_file_settings",
+    "pg_hba_file_rules",
+    "pg_ident_file_mappings",
+    "pg_stat_reset",
+    "pg_switch_wal",
+    "pg_promote",
+    "pg_backup",
     "pg_read_file",
     "pg_read_binary_file",
     "pg_ls_dir",
@@ -185,9 +196,47 @@ pub(super) fn check_postgres(sql: &str) -> Result<Approved, String> {
     };
     let mut calls = Calls::default();
     let _ = statement.visit(&mut calls);
+    // A statement that changes anything (DDL, DML, or a query with a
+    // data-modifying WITH) may not name the system catalogs: a superuser
+    // could rename the host's tables or set later connections' settings by
+    // writing them.
+    let mut writes = Writes(ddl);
+    let _ = statement.visit(&mut writes);
+    if writes.0
+        && let Some(name) = catalog_name(&lower)
+    {
+        return Err(format!(
+            "a statement that changes data may not name `{name}`: the system catalogs are the server's, not the plugin's"
+        ));
+    }
     Ok(Approved {
         watch: ddl || calls.found,
     })
+}
+
+/// The first word of `lower` that names a system catalog or view: one
+/// starting with `pg_`, or `information_schema`.
+fn catalog_name(lower: &str) -> Option<&str> {
+    let word = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '$';
+    lower
+        .split(|c: char| !word(c))
+        .find(|w| w.starts_with("pg_") || *w == "information_schema")
+}
+
+/// Finds whether a statement, or one nested in it (a data-modifying
+/// `WITH`), is anything but a query.
+struct Writes(bool);
+
+impl Visitor for Writes {
+    type Break = ();
+
+    fn pre_visit_statement(&mut self, s: &Statement) -> ControlFlow<()> {
+        if !matches!(s, Statement::Query(_)) {
+            self.0 = true;
+            return ControlFlow::Break(());
+        }
+        ControlFlow::Continue(())
+    }
 }
 
 /// Finds whether a statement calls a function anywhere (in an expression

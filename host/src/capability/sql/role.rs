@@ -56,8 +56,11 @@ impl SqlGrant {
             ));
         }
         for table in tables {
+            // Column privileges too: `GRANT UPDATE (end_offset)` leaves
+            // has_table_privilege false.
             let held = b.query(
-                "SELECT has_table_privilege($1, $2, 'SELECT, INSERT, UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER')",
+                "SELECT has_table_privilege($1, $2, 'SELECT, INSERT, UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER') \
+                     OR has_any_column_privilege($1, $2, 'SELECT, INSERT, UPDATE, REFERENCES')",
                 &[
                     SqlValue::Text(role.to_string()),
                     SqlValue::Text(table.to_string()),
@@ -73,5 +76,29 @@ impl SqlGrant {
             }
         }
         Ok(())
+    }
+}
+
+impl SqlGrant {
+    /// On PostgreSQL without a plugin role: the login role's name when it
+    /// is a superuser, so that plugin SQL runs as one (`None` otherwise,
+    /// and on SQLite). The statement checks cannot confine a superuser
+    /// fully (server files, settings, other databases), so the host warns.
+    ///
+    /// # Errors
+    /// The database's error.
+    pub fn unconfined_superuser(&self) -> Result<Option<String>, DbError> {
+        if self.dialect() != super::Dialect::Postgres || self.plugin_role().is_some() {
+            return Ok(None);
+        }
+        let mut s = self.lock();
+        let found = s.backend().query(
+            "SELECT session_user::text FROM pg_roles WHERE rolname = session_user AND rolsuper",
+            &[],
+        )?;
+        Ok(match found.rows.first().and_then(|r| r.first()) {
+            Some(SqlValue::Text(user)) => Some(user.clone()),
+            _ => None,
+        })
     }
 }

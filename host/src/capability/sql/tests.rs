@@ -111,11 +111,12 @@ fn postgres_guard_refuses_by_parse_not_by_first_word() {
             "UPDATE pg_catalog.pg_settings SET setting = 'x' WHERE name = 'role'",
             "pg_settings",
         ),
+        ("SELECT query_to_xml('select 1', true, true, '')", "_to_xml"),
         (
-            "SELECT query_to_xml('select 1', true, true, '')",
-            "query_to_xml",
+            "SELECT table_to_xml(E'sluice\\x5fprogress'::regclass, true, false, '')",
+            "_to_xml",
         ),
-        ("SELECT pg_advisory_lock(1)", "pg_advisory"),
+        ("SELECT pg_advisory_lock(1)", "advisory_"),
         (
             "SELECT * FROM \"public\".\"sluice_progress\"",
             "belongs to the host",
@@ -130,6 +131,51 @@ fn postgres_guard_refuses_by_parse_not_by_first_word() {
         let e = pg_verdict(sql).unwrap_err();
         assert!(e.contains(why), "{sql}: {e}");
     }
+    // Found by the attack run on the parser-based guard: what got through.
+    for (sql, why) in [
+        ("SELECT pg_try_advisory_lock(42)", "advisory_"),
+        ("SELECT pg_try_advisory_lock_shared(43)", "advisory_"),
+        (
+            "SELECT schema_to_xml('public', true, false, '')::text",
+            "_to_xml",
+        ),
+        ("SELECT database_to_xml(true, false, '')::text", "_to_xml"),
+        ("SELECT pg_notify('chan', 'x')", "pg_notify"),
+        (
+            "SELECT pg_create_physical_replication_slot('s', true)",
+            "replication_slot",
+        ),
+        ("SELECT * FROM pg_ls_waldir()", "pg_ls_"),
+        ("SELECT * FROM pg_hba_file_rules", "pg_hba_file_rules"),
+        (
+            "UPDATE pg_catalog.pg_class SET relname = 'x' WHERE oid = ('sluice_' || 'progress')::regclass",
+            "may not name `pg_catalog`",
+        ),
+        (
+            "UPDATE pg_authid SET rolsuper = true WHERE rolname = 'p'",
+            "may not name `pg_authid`",
+        ),
+        (
+            "INSERT INTO pg_catalog.pg_db_role_setting (setdatabase, setrole, setconfig) SELECT d.oid, 0, ARRAY['search_path=evil'] FROM pg_database d",
+            "may not name `pg_catalog`",
+        ),
+        (
+            "WITH x AS (UPDATE pg_type SET typname = 'y' RETURNING 1) SELECT * FROM x",
+            "may not name `pg_type`",
+        ),
+        (
+            "CREATE TEMP TABLE pg_roles (x int)",
+            "may not name `pg_roles`",
+        ),
+    ] {
+        let e = pg_verdict(sql).unwrap_err();
+        assert!(e.contains(why), "{sql}: {e}");
+    }
+    // Reading the catalogs stays allowed (a sink may look up its columns).
+    assert_eq!(
+        pg_verdict("SELECT column_name FROM information_schema.columns WHERE table_name = $1"),
+        Ok(false)
+    );
     assert!(pg_verdict("SELEC 1").unwrap_err().contains("cannot read"));
     // What sinks run passes; plain DML is not watched, calls and DDL are.
     for (sql, watch) in [
