@@ -549,3 +549,73 @@ fn a_plugin_role_applies_the_stream_without_reaching_the_host_tables() {
         "REVOKE ALL ON public.sluice_progress FROM {role}; DROP OWNED BY {role}; DROP ROLE {role}"
     ));
 }
+
+/// Found trying it as a new user: a second job with its own checkpoint on
+/// the same sink database and topic applied every record again, and
+/// `rm -rf ckpt` to "start over" did the same, with no word. Now the
+/// second start is refused (exit 3), naming the first pipeline's
+/// checkpoint and the SQL that forgets it; `--allow-shared-sink` runs it.
+#[test]
+fn a_second_pipeline_on_the_same_sink_and_topic_is_refused() {
+    let tansu = Tansu::start();
+    tansu.create_topic("maxwell", 2);
+    let mut stream = Stream::new(3);
+    produce(&tansu, "maxwell", &mut stream, 200, 2);
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::sqlite();
+    let first = dir.path().join("ck1");
+    let out = host_run(&run_args(
+        &tansu,
+        "maxwell",
+        &first,
+        &db,
+        &["--until-caught-up"],
+    ));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = host_run(&run_args(
+        &tansu,
+        "maxwell",
+        &dir.path().join("ck2"),
+        &db,
+        &["--until-caught-up"],
+    ));
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("already holds the progress of another pipeline"),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!("checkpoint {}", first.display())),
+        "{err}"
+    );
+    assert!(
+        err.contains("DELETE FROM \"main\".sluice_progress WHERE query_id = '"),
+        "{err}"
+    );
+    assert!(err.contains("--allow-shared-sink"), "{err}");
+    let rows_before = db.scalar("SELECT count(*) FROM sluice_progress");
+    // The first pipeline goes on as before.
+    let out = host_run(&run_args(
+        &tansu,
+        "maxwell",
+        &first,
+        &db,
+        &["--until-caught-up"],
+    ));
+    assert!(out.status.success(), "{}", stderr(&out));
+    // Asked for, both apply: the second one's rows appear beside the first's.
+    let out = host_run(&run_args(
+        &tansu,
+        "maxwell",
+        &dir.path().join("ck2"),
+        &db,
+        &["--until-caught-up", "--allow-shared-sink"],
+    ));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM sluice_progress"),
+        2 * rows_before
+    );
+    assert_eq!(table(&db), stream.state);
+}

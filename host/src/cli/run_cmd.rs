@@ -39,6 +39,11 @@ pub struct RunArgs {
     /// Accept topics that differ from the checkpoint's.
     #[arg(long)]
     pub allow_fingerprint_change: bool,
+    /// Start even though the sink database holds progress of another
+    /// pipeline (another checkpoint) on the same topics: both pipelines
+    /// then apply every record.
+    #[arg(long)]
+    pub allow_shared_sink: bool,
     /// Queue for the checkpoint lock instead of failing when another
     /// process owns it (optionally at most this long) [default: 1h].
     #[arg(long, value_name = "TIMEOUT", num_args = 0..=1, default_missing_value = "1h", value_parser = parse_duration)]
@@ -62,6 +67,7 @@ pub fn pipeline(args: &RunArgs) -> Result<PipelineConfig, CliError> {
     };
     let mut cfg = settings::resolve(merged, &args.config)?;
     cfg.allow_fingerprint_change = args.allow_fingerprint_change;
+    cfg.allow_shared_sink = args.allow_shared_sink;
     cfg.wait = args
         .wait
         .map(|d| settings::within("--wait", d, settings::WAIT, settings::show_duration))
@@ -150,7 +156,11 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
             Ok(())
         }
         Err(e) => {
-            let code = if e.is_owned() || matches!(e, engine::EngineError::Takeover(_)) {
+            let code = if e.is_owned()
+                || matches!(
+                    e,
+                    engine::EngineError::Takeover(_) | engine::EngineError::SharedSink { .. }
+                ) {
                 ExitCode::Owned
             } else if matches!(e, engine::EngineError::Config(_))
                 // A SQLite file that cannot be opened or created is a path
@@ -196,6 +206,25 @@ topics = ["t"]
 checkpoint = "ck"
 plugins = ["p.wasm"]
 "#;
+
+    #[test]
+    fn the_old_group_id_name_still_sets_the_offset_mirror_and_the_new_one_wins() {
+        let cfg = merged(&["--group-id", "dash"], BASE).unwrap();
+        assert_eq!(cfg.commit_offsets_to.as_deref(), Some("dash"));
+        let file = format!("{BASE}group_id = \"old\"\n");
+        assert_eq!(
+            merged(&[], &file).unwrap().commit_offsets_to.as_deref(),
+            Some("old")
+        );
+        let cfg = merged(&["--commit-offsets-to", "new", "--group-id", "old"], BASE).unwrap();
+        assert_eq!(cfg.commit_offsets_to.as_deref(), Some("new"));
+        assert!(!merged(&[], BASE).unwrap().allow_shared_sink);
+        assert!(
+            merged(&["--allow-shared-sink"], BASE)
+                .unwrap()
+                .allow_shared_sink
+        );
+    }
 
     #[test]
     fn file_sets_progress_metrics_and_attempts_and_flags_win() {

@@ -198,14 +198,18 @@ pub struct Settings {
     /// Where a new checkpoint starts reading [default: earliest].
     #[arg(long, value_name = "WHERE", env = "SLUICE_STARTING_OFFSETS", hide_env_values = true, value_parser = serde_enum::<StartingOffsets>(&["earliest", "latest"]))]
     pub starting_offsets: Option<StartingOffsets>,
-    /// Also commit processed offsets to this consumer group after each
-    /// batch, for lag dashboards only (the checkpoint stays the truth).
+    /// Also commit processed offsets to this Kafka consumer group after
+    /// each batch, for lag dashboards only: the checkpoint stays the truth,
+    /// and the group does not share work between hosts.
     #[arg(
         long,
         value_name = "GROUP",
-        env = "SLUICE_GROUP_ID",
+        env = "SLUICE_COMMIT_OFFSETS_TO",
         hide_env_values = true
     )]
+    pub commit_offsets_to: Option<String>,
+    /// The old name of --commit-offsets-to (accepted with a warning).
+    #[arg(long, value_name = "GROUP", env = "SLUICE_GROUP_ID", hide = true)]
     pub group_id: Option<String>,
     /// Batches of checkpoint entries to keep [default: 100].
     #[arg(
@@ -454,7 +458,17 @@ pub fn resolve(s: Settings, config: &[(String, String)]) -> Result<PipelineConfi
     cfg.on_error = s.on_error.unwrap_or(cfg.on_error);
     cfg.on_data_loss = s.on_data_loss.unwrap_or(cfg.on_data_loss);
     cfg.starting_offsets = s.starting_offsets.unwrap_or(cfg.starting_offsets);
-    cfg.group_id = s.group_id;
+    if let Some(old) = s.group_id {
+        tracing::warn!(
+            "--group-id (SLUICE_GROUP_ID, `group_id` in the file) is now --commit-offsets-to: it only mirrors committed offsets into a consumer group for lag dashboards, and two hosts with the same value both apply every record"
+        );
+        if s.commit_offsets_to.is_none() {
+            cfg.commit_offsets_to = Some(old);
+        }
+    }
+    if s.commit_offsets_to.is_some() {
+        cfg.commit_offsets_to = s.commit_offsets_to;
+    }
     cfg.retention = s.retention.unwrap_or(cfg.retention);
     if cfg.retention == 0 {
         return Err(usage(

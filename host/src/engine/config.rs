@@ -97,14 +97,18 @@ pub struct PipelineConfig {
     pub on_data_loss: DataLossPolicy,
     /// Where new checkpoints start.
     pub starting_offsets: StartingOffsets,
-    /// Consumer group for informational commits.
-    pub group_id: Option<String>,
+    /// Consumer group that processed offsets are also committed to, for
+    /// lag dashboards only (`--commit-offsets-to`).
+    pub commit_offsets_to: Option<String>,
     /// Plugin sandbox limits.
     pub limits: Limits,
     /// Batches of checkpoint entries kept.
     pub retention: u64,
     /// Adopt different topics than the checkpoint's.
     pub allow_fingerprint_change: bool,
+    /// Start although the sink database holds another pipeline's progress
+    /// on the same topics (`--allow-shared-sink`).
+    pub allow_shared_sink: bool,
     /// Wait this long for the checkpoint lock.
     pub wait: Option<Duration>,
     /// Bound on each broker operation (metadata, watermarks, fetch).
@@ -197,10 +201,11 @@ impl PipelineConfig {
             on_error: ErrorPolicy::Fail,
             on_data_loss: DataLossPolicy::Fail,
             starting_offsets: StartingOffsets::Earliest,
-            group_id: None,
+            commit_offsets_to: None,
             limits: Limits::default(),
             retention: crate::checkpoint::DEFAULT_RETENTION,
             allow_fingerprint_change: false,
+            allow_shared_sink: false,
             wait: None,
             kafka_timeout: Duration::from_secs(30),
             attempts: 3,

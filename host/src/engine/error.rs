@@ -43,6 +43,19 @@ pub enum EngineError {
         /// The database's error.
         error: DbError,
     },
+    /// The sink database holds another pipeline's progress on our topics.
+    #[error(
+        "sink database {url} already holds the progress of another pipeline on these topics: {others}. Two pipelines that share a sink both apply every record. To go on with that pipeline, run with its checkpoint (the directory named above); to start over on purpose, delete its rows first ({delete}); if both pipelines really should apply every record, pass --allow-shared-sink"
+    )]
+    SharedSink {
+        /// The `--sink-db` URL, password redacted.
+        url: String,
+        /// The other pipelines: query id, topic, partitions, last update
+        /// and owner.
+        others: String,
+        /// The SQL that deletes their rows.
+        delete: String,
+    },
     /// A bad record under `--on-error fail`.
     #[error(
         "bad record at {topic}/{partition} offset {offset}, rejected by plugin {plugin} (sha256:{digest}): {message}; batch {batch} not committed (--on-error fail). Fix the plugin or the data, or restart with --on-error dlq (dead-letter it into the --sink-db database) or --on-error skip"

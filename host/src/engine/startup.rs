@@ -193,9 +193,20 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
     let query_id = cp.query_id().to_string();
     tracing::info!(checkpoint = %cp.location(), epoch = epoch.get(), query_id, "checkpoint opened");
 
+    let checkpoint_dir =
+        std::path::absolute(&cfg.checkpoint).unwrap_or_else(|_| cfg.checkpoint.clone());
     let driver = SinkDriver::new(sql.clone())
         .map_err(sink_db_error(cfg.sink_db.as_deref().unwrap_or_default()))?
-        .reconnect_for(cfg.sink_retry_for);
+        .reconnect_for(cfg.sink_retry_for)
+        .owner(format!(
+            "pid {} on {}, checkpoint {}",
+            std::process::id(),
+            crate::util::hostname(),
+            checkpoint_dir.display()
+        ));
+    if !cfg.allow_shared_sink {
+        refuse_shared_sink(cfg, &driver, &query_id, sink_identity.as_deref())?;
+    }
     if let Some(g) = &sql
         && let Some(user) = g
             .unconfined_superuser()
@@ -229,14 +240,14 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
     drop(loaded);
 
     let group = cfg
-        .group_id
+        .commit_offsets_to
         .clone()
         .unwrap_or_else(|| format!("sluice-{query_id}"));
     let source = KafkaSource::new(
         &cfg.brokers,
         &cfg.kafka,
         &group,
-        cfg.group_id.is_some(),
+        cfg.commit_offsets_to.is_some(),
         cfg.kafka_timeout,
     )?;
     let metrics = Arc::new(Metrics::new());
@@ -316,4 +327,49 @@ impl Pipeline {
         handover::finish(h);
         drop(control);
     }
+}
+
+/// Refuse to start when the sink database holds another pipeline's
+/// progress on our topics ([`SinkDriver::other_pipelines`]): two
+/// checkpoints on one sink would both apply every record.
+fn refuse_shared_sink(
+    cfg: &PipelineConfig,
+    driver: &SinkDriver,
+    query_id: &str,
+    url: Option<&str>,
+) -> Result<(), EngineError> {
+    let others = driver
+        .other_pipelines(query_id, &cfg.topics)
+        .map_err(EngineError::Sink)?;
+    if others.is_empty() {
+        return Ok(());
+    }
+    let described: Vec<String> = others
+        .iter()
+        .map(|o| {
+            format!(
+                "query id {} on topic {} ({} partitions, last written {}{})",
+                o.query_id,
+                o.topic,
+                o.partitions,
+                crate::util::rfc3339_ms(o.updated_at_ms),
+                if o.owner.is_empty() {
+                    String::new()
+                } else {
+                    format!(" by {}", o.owner)
+                }
+            )
+        })
+        .collect();
+    let mut ids: Vec<&str> = others.iter().map(|o| o.query_id.as_str()).collect();
+    ids.dedup();
+    Err(EngineError::SharedSink {
+        url: url.unwrap_or_default().to_string(),
+        others: described.join("; "),
+        delete: ids
+            .iter()
+            .map(|q| driver.delete_rows_sql(q))
+            .collect::<Vec<_>>()
+            .join("; "),
+    })
 }

@@ -40,6 +40,7 @@ use sluice_guest::wire::{self, OwnedHeaders, SinkRecord};
 use crate::capability::sql::{DbError, SqlGrant};
 use crate::plugin::{Instance, OpenAnswer, PartitionContext, PluginError, StageFailure};
 use tables::HostTables;
+pub use tables::OtherPipeline;
 
 /// How long the driver keeps reconnecting after losing the sink database
 /// (`--sink-retry-for`).
@@ -235,6 +236,9 @@ pub struct SinkDriver {
     reconnect_for: std::time::Duration,
     /// The host's tables, schema-qualified (see [`HostTables`]).
     tables: HostTables,
+    /// Who writes the progress rows (pid, host, checkpoint), stored in
+    /// them so another pipeline's host can name it.
+    owner: String,
 }
 
 /// `topic/partition [start, end)`.
@@ -269,7 +273,47 @@ impl SinkDriver {
             sql,
             tables,
             reconnect_for: DEFAULT_RECONNECT_FOR,
+            owner: String::new(),
         })
+    }
+
+    /// Record `owner` (who runs the pipeline: pid, host, checkpoint) in
+    /// the progress rows this driver writes.
+    pub fn owner(mut self, owner: impl Into<String>) -> Self {
+        self.owner = owner.into();
+        self
+    }
+
+    /// Progress rows of pipelines other than `query_id` on `topics`: a
+    /// second pipeline on the same sink and topics would apply every
+    /// record again.
+    ///
+    /// # Errors
+    /// [`SinkError::Sql`].
+    pub fn other_pipelines(
+        &self,
+        query_id: &str,
+        topics: &[String],
+    ) -> Result<Vec<OtherPipeline>, SinkError> {
+        let Some(g) = &self.sql else {
+            return Ok(Vec::new());
+        };
+        self.tables
+            .other_pipelines(g.lock().backend(), query_id, topics)
+            .map_err(|error| SinkError::Sql {
+                during: "reading sluice_progress for other pipelines",
+                site: format!("topics {}", topics.join(", ")),
+                error,
+            })
+    }
+
+    /// The statement that deletes the progress rows of `query_id`.
+    pub fn delete_rows_sql(&self, query_id: &str) -> String {
+        format!(
+            "DELETE FROM {} WHERE query_id = '{}'",
+            self.tables.progress,
+            query_id.replace('\'', "''")
+        )
     }
 
     /// Keep reconnecting for up to `d` after the connection is lost

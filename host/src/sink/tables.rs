@@ -87,6 +87,7 @@ impl HostTables {
            query_id TEXT NOT NULL, topic TEXT NOT NULL, \"partition\" INTEGER NOT NULL, \
            end_offset BIGINT NOT NULL, batch_id BIGINT NOT NULL, epoch BIGINT NOT NULL, \
            updated_at_ms BIGINT NOT NULL, holes TEXT NOT NULL DEFAULT '[]', \
+           owner TEXT NOT NULL DEFAULT '', \
            PRIMARY KEY (query_id, topic, \"partition\"));\
          CREATE TABLE IF NOT EXISTS {dead_letters} (\
            query_id TEXT NOT NULL, topic TEXT NOT NULL, \"partition\" INTEGER NOT NULL, \
@@ -96,16 +97,19 @@ impl HostTables {
            batch_id BIGINT NOT NULL, epoch BIGINT NOT NULL, \
            PRIMARY KEY (query_id, topic, \"partition\", \"offset\"));"
         ))?;
-        // Tables made before holes were recorded (0.2.0) get the column;
-        // their rows have no holes.
-        match b.query(&format!("SELECT holes FROM {progress} WHERE 1 = 0"), &[]) {
-            Ok(_) => {}
-            Err(e) if e.code == "42703" || e.message.contains("no such column") => {
-                b.batch(&format!(
-                    "ALTER TABLE {progress} ADD COLUMN holes TEXT NOT NULL DEFAULT '[]'"
-                ))?;
+        // Tables made before holes (0.2.0) or owners were recorded get the
+        // columns; their rows have no holes and no known owner.
+        for (column, ddl) in [
+            ("holes", "holes TEXT NOT NULL DEFAULT '[]'"),
+            ("owner", "owner TEXT NOT NULL DEFAULT ''"),
+        ] {
+            match b.query(&format!("SELECT {column} FROM {progress} WHERE 1 = 0"), &[]) {
+                Ok(_) => {}
+                Err(e) if e.code == "42703" || e.message.contains("no such column") => {
+                    b.batch(&format!("ALTER TABLE {progress} ADD COLUMN {ddl}"))?;
+                }
+                Err(e) => return Err(e),
             }
-            Err(e) => return Err(e),
         }
         Ok(tables)
     }
@@ -242,17 +246,18 @@ impl HostTables {
         r: &PartitionContext,
         applied: &AppliedSet,
         read: Option<StoredRow>,
+        owner: &str,
     ) -> Result<u64, DbError> {
         let new_end = applied.end().unwrap_or(r.end_offset);
         let (read_end, holes_read) = read.map_or((-1, String::new()), |row| (row.end, row.holes));
         b.execute(
                 &format!(
-                    "INSERT INTO {} AS p (query_id, topic, \"partition\", end_offset, batch_id, epoch, updated_at_ms, holes) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+                    "INSERT INTO {} AS p (query_id, topic, \"partition\", end_offset, batch_id, epoch, updated_at_ms, holes, owner) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $11) \
                      ON CONFLICT (query_id, topic, \"partition\") DO UPDATE SET \
                        end_offset = excluded.end_offset, batch_id = excluded.batch_id, \
                        epoch = excluded.epoch, updated_at_ms = excluded.updated_at_ms, \
-                       holes = excluded.holes \
+                       holes = excluded.holes, owner = excluded.owner \
                      WHERE p.epoch <= excluded.epoch AND p.end_offset = $9 AND p.holes = $10",
                     self.progress
                 ),
@@ -269,7 +274,76 @@ impl HostTables {
                     // fails the update.
                     SqlValue::Integer(read_end),
                     SqlValue::Text(holes_read),
+                    SqlValue::Text(owner.to_string()),
                 ],
             )
+    }
+}
+
+/// Another pipeline's progress rows on one topic
+/// ([`HostTables::other_pipelines`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OtherPipeline {
+    /// Its query id (the checkpoint's).
+    pub query_id: String,
+    /// The topic.
+    pub topic: String,
+    /// Partitions it has rows for.
+    pub partitions: i64,
+    /// Its newest row's update, ms since the Unix epoch.
+    pub updated_at_ms: i64,
+    /// Who wrote its newest row (pid, host, checkpoint; empty for rows of
+    /// hosts that did not record it).
+    pub owner: String,
+}
+
+impl HostTables {
+    /// Progress rows of query ids other than `query_id` on `topics`.
+    ///
+    /// # Errors
+    /// The database's error.
+    pub(super) fn other_pipelines(
+        &self,
+        b: &mut dyn sql::Backend,
+        query_id: &str,
+        topics: &[String],
+    ) -> Result<Vec<OtherPipeline>, DbError> {
+        let mut out = Vec::new();
+        for topic in topics {
+            let rows = b.query(
+                &format!(
+                    "SELECT query_id, count(*), max(updated_at_ms), \
+                       (SELECT o.owner FROM {p} o WHERE o.query_id = p.query_id AND o.topic = $1 \
+                        ORDER BY o.updated_at_ms DESC LIMIT 1) \
+                     FROM {p} p WHERE topic = $1 AND query_id <> $2 GROUP BY query_id ORDER BY query_id",
+                    p = self.progress
+                ),
+                &[
+                    SqlValue::Text(topic.clone()),
+                    SqlValue::Text(query_id.to_string()),
+                ],
+            )?;
+            for row in rows.rows {
+                if let [
+                    SqlValue::Text(q),
+                    SqlValue::Integer(n),
+                    SqlValue::Integer(at),
+                    owner,
+                ] = row.as_slice()
+                {
+                    out.push(OtherPipeline {
+                        query_id: q.clone(),
+                        topic: topic.clone(),
+                        partitions: *n,
+                        updated_at_ms: *at,
+                        owner: match owner {
+                            SqlValue::Text(o) => o.clone(),
+                            _ => String::new(),
+                        },
+                    });
+                }
+            }
+        }
+        Ok(out)
     }
 }

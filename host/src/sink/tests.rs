@@ -9,7 +9,12 @@ use crate::plugin::CallContext;
 fn databases(dir: &std::path::Path) -> Vec<String> {
     let mut urls = vec![format!("sqlite:{}", dir.join("sink.db").display())];
     if let Ok(admin) = std::env::var("SLUICE_TEST_PG_URL") {
-        let name = format!("sluice_unit_{}", std::process::id());
+        static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let name = format!(
+            "sluice_unit_{}_{}",
+            std::process::id(),
+            SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
         let mut b = sql::connect(&admin).unwrap();
         b.batch(&format!("DROP DATABASE IF EXISTS {name}")).unwrap();
         b.batch(&format!("CREATE DATABASE {name}")).unwrap();
@@ -169,4 +174,42 @@ fn a_search_path_redirect_does_not_move_the_host_tables() {
         panic!("tables in another schema were not pointed out");
     };
     assert!(e.message.contains("Pass --sink-schema public"), "{e}");
+}
+
+/// A second pipeline (another query id) on the same sink and topic is
+/// found, with its owner; its own rows and other topics are not.
+#[test]
+fn another_pipelines_rows_on_the_same_topics_are_found() {
+    let dir = tempfile::tempdir().unwrap();
+    for url in databases(dir.path()) {
+        let grant = SqlGrant::connect(&url).unwrap();
+        let first = SinkDriver::new(Some(grant.clone()))
+            .unwrap()
+            .owner("pid 1 on a, checkpoint /ck1");
+        first
+            .apply(
+                None,
+                &PartitionBatch {
+                    range: part(1, 0, 10),
+                    records: &[],
+                    dead_letters: &[],
+                },
+            )
+            .unwrap();
+        let second = SinkDriver::new(Some(grant.clone())).unwrap();
+        assert_eq!(second.other_pipelines("q1", &["t".into()]).unwrap(), vec![]);
+        assert_eq!(second.other_pipelines("q2", &["u".into()]).unwrap(), vec![]);
+        let found = second.other_pipelines("q2", &["t".into()]).unwrap();
+        assert_eq!(found.len(), 1, "{url}");
+        assert_eq!(found[0].query_id, "q1");
+        assert_eq!(found[0].partitions, 1);
+        assert_eq!(found[0].owner, "pid 1 on a, checkpoint /ck1");
+        // The advised statement removes exactly those rows.
+        grant
+            .lock()
+            .backend()
+            .batch(&second.delete_rows_sql("q1"))
+            .unwrap();
+        assert_eq!(second.other_pipelines("q2", &["t".into()]).unwrap(), vec![]);
+    }
 }

@@ -191,7 +191,7 @@ impl SinkDriver {
         record_pieces(&mut applied, &missing, row.as_ref(), r)?;
         let changed = self
             .tables
-            .write_progress(b, r, &applied, row)
+            .write_progress(b, r, &applied, row, &self.owner)
             .map_err(sql_error(r, "updating sluice_progress"))?;
         drop(s);
         if changed == 0 {
