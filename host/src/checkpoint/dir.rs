@@ -440,7 +440,7 @@ impl Checkpoint for DirCheckpoint {
     }
 
     fn store_plugin(&self, bytes: &[u8]) -> Result<String, CheckpointError> {
-        let digest = hex::encode(Sha256::digest(bytes));
+        let digest = crate::plugin::digest(bytes);
         let pdir = self.dir.join("plugins");
         match fsio::write_new(&pdir, &digest, bytes, "plugin") {
             Ok(()) => Ok(digest),

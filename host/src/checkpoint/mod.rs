@@ -24,6 +24,7 @@
 mod dir;
 mod entry;
 mod fsio;
+pub mod group;
 mod lock;
 mod recovery;
 mod status;

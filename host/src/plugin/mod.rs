@@ -102,6 +102,12 @@ impl Exports {
     }
 }
 
+/// A component's identity: the lower-case hex sha256 of its bytes (its
+/// name in a checkpoint's `plugins/`, in progress output and status).
+pub fn digest(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
 /// The engine shared by every plugin, with its epoch ticker thread.
 pub struct Runtime {
     engine: Engine,
@@ -198,7 +204,7 @@ impl Runtime {
     ) -> Result<Plugin, PluginError> {
         let path = path.to_path_buf();
         check_header(&path, bytes)?;
-        let digest = hex::encode(Sha256::digest(bytes));
+        let digest = digest(bytes);
         let component = Component::new(&self.engine, bytes).map_err(|e| PluginError::Invalid {
             path: path.clone(),
             reason: format!("{e:#}"),

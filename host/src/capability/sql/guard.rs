@@ -78,7 +78,13 @@ pub(super) const REFUSED: &[&str] = &[
 /// (triggers and views included); on PostgreSQL [`check_postgres`] refuses
 /// the names in the statement's text, and a plugin role
 /// (`--sink-plugin-role`) has no privilege on them.
-pub(super) const HOST_TABLES: &[&str] = &["sluice_progress", "sluice_dead_letters"];
+pub(super) const HOST_TABLES: &[&str] = &[
+    "sluice_progress",
+    "sluice_dead_letters",
+    "sluice_groups",
+    "sluice_group_plugins",
+    "sluice_partitions",
+];
 
 /// Names no plugin statement may hold anywhere in its text (checked on the
 /// lower-cased text, so quoting or case does not hide them): functions and
