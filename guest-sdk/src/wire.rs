@@ -609,13 +609,18 @@ mod tests {
             }
         }
 
-        fn encoded(records: &[Owned]) -> Vec<u8> {
-            let mut e = Encoder::default();
-            for (i, o) in records.iter().enumerate() {
-                e.push_record(&view(o));
-                e.push_output(i as u32, o.5.as_deref(), o.6.as_deref(), &view(o).headers);
+        /// The records packed as records, as outputs and as sink records:
+        /// one valid buffer for each decoder.
+        fn encoded(records: &[Owned]) -> [Vec<u8>; 3] {
+            let (mut r, mut o, mut s) =
+                (Encoder::default(), Encoder::default(), Encoder::default());
+            for (i, rec) in records.iter().enumerate() {
+                let v = view(rec);
+                r.push_record(&v);
+                o.push_output(i as u32, rec.5.as_deref(), rec.6.as_deref(), &v.headers);
+                s.push_sink_record(&idempotency_key(v.topic, v.partition, v.offset, 0), &v);
             }
-            e.finish()
+            [r.finish(), o.finish(), s.finish()]
         }
 
         proptest! {
@@ -665,17 +670,26 @@ mod tests {
                 edits in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..6),
                 cut in any::<usize>(),
             ) {
-                let mut buf = encoded(&records);
-                for (pos, byte) in edits {
-                    let i = pos % buf.len();
-                    buf[i] = byte;
-                }
-                let cut = cut % (buf.len() + 1);
-                for b in [&buf[..], &buf[..cut]] {
-                    let _ = decode_records(b);
-                    let _ = decode_outputs(b);
-                    let _ = decode_sink_records(b);
-                    let _ = count_outputs(b);
+                for mut buf in encoded(&records) {
+                    for (pos, byte) in &edits {
+                        let i = pos % buf.len();
+                        buf[i] = *byte;
+                    }
+                    let cut = cut % (buf.len() + 1);
+                    for b in [&buf[..], &buf[..cut]] {
+                        // Whatever decodes holds no more entries than the
+                        // buffer has bytes.
+                        if let Ok(v) = decode_records(b) {
+                            prop_assert!(v.len() <= b.len());
+                        }
+                        if let Ok(v) = decode_outputs(b) {
+                            prop_assert!(v.len() <= b.len());
+                        }
+                        if let Ok(v) = decode_sink_records(b) {
+                            prop_assert!(v.len() <= b.len());
+                        }
+                        let _ = count_outputs(b);
+                    }
                 }
             }
         }

@@ -535,7 +535,12 @@ fn a_plugin_role_applies_the_stream_without_reaching_the_host_tables() {
         "maxwell",
         &dir.path().join("ck2"),
         &db,
-        &["--until-caught-up", "--sink-plugin-role", &role],
+        &[
+            "--until-caught-up",
+            "--sink-plugin-role",
+            &role,
+            "--allow-shared-sink",
+        ],
     ));
     assert!(!out.status.success());
     assert!(
@@ -553,7 +558,7 @@ fn a_plugin_role_applies_the_stream_without_reaching_the_host_tables() {
 /// Found trying it as a new user: a second job with its own checkpoint on
 /// the same sink database and topic applied every record again, and
 /// `rm -rf ckpt` to "start over" did the same, with no word. Now the
-/// second start is refused (exit 3), naming the first pipeline's
+/// second start is refused (exit 1), naming the first pipeline's
 /// checkpoint and the SQL that forgets it; `--allow-shared-sink` runs it.
 #[test]
 fn a_second_pipeline_on_the_same_sink_and_topic_is_refused() {
@@ -579,7 +584,7 @@ fn a_second_pipeline_on_the_same_sink_and_topic_is_refused() {
         &db,
         &["--until-caught-up"],
     ));
-    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let err = stderr(&out);
     assert!(
         err.contains("already holds the progress of another pipeline"),

@@ -156,11 +156,7 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
             Ok(())
         }
         Err(e) => {
-            let code = if e.is_owned()
-                || matches!(
-                    e,
-                    engine::EngineError::Takeover(_) | engine::EngineError::SharedSink { .. }
-                ) {
+            let code = if e.is_owned() || matches!(e, engine::EngineError::Takeover(_)) {
                 ExitCode::Owned
             } else if matches!(e, engine::EngineError::Config(_))
                 // A SQLite file that cannot be opened or created is a path
@@ -216,7 +212,8 @@ plugins = ["p.wasm"]
             merged(&[], &file).unwrap().commit_offsets_to.as_deref(),
             Some("old")
         );
-        let cfg = merged(&["--commit-offsets-to", "new", "--group-id", "old"], BASE).unwrap();
+        assert!(merged(&["--commit-offsets-to", "new", "--group-id", "old"], BASE).is_err());
+        let cfg = merged(&["--commit-offsets-to", "new", "--group-id", "new"], BASE).unwrap();
         assert_eq!(cfg.commit_offsets_to.as_deref(), Some("new"));
         assert!(!merged(&[], BASE).unwrap().allow_shared_sink);
         assert!(

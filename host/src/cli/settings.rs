@@ -458,6 +458,13 @@ pub fn resolve(s: Settings, config: &[(String, String)]) -> Result<PipelineConfi
     cfg.on_error = s.on_error.unwrap_or(cfg.on_error);
     cfg.on_data_loss = s.on_data_loss.unwrap_or(cfg.on_data_loss);
     cfg.starting_offsets = s.starting_offsets.unwrap_or(cfg.starting_offsets);
+    if let (Some(old), Some(new)) = (&s.group_id, &s.commit_offsets_to)
+        && old != new
+    {
+        return Err(usage(format!(
+            "--group-id {old} and --commit-offsets-to {new} are the same setting (the old and the new name); give only --commit-offsets-to"
+        )));
+    }
     if let Some(old) = s.group_id {
         tracing::warn!(
             "--group-id (SLUICE_GROUP_ID, `group_id` in the file) is now --commit-offsets-to: it only mirrors committed offsets into a consumer group for lag dashboards, and two hosts with the same value both apply every record"

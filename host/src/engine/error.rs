@@ -45,7 +45,7 @@ pub enum EngineError {
     },
     /// The sink database holds another pipeline's progress on our topics.
     #[error(
-        "sink database {url} already holds the progress of another pipeline on these topics: {others}. Two pipelines that share a sink both apply every record. To go on with that pipeline, run with its checkpoint (the directory named above); to start over on purpose, delete its rows first ({delete}); if both pipelines really should apply every record, pass --allow-shared-sink"
+        "sink database {url} already holds the progress of another pipeline (another checkpoint) on these topics: {others}. If both write the same tables, each record is applied twice. To go on with that pipeline, run with its checkpoint; to start over on purpose, delete its rows first ({delete}); if both pipelines should apply every record (say, into different tables), pass --allow-shared-sink to each of them"
     )]
     SharedSink {
         /// The `--sink-db` URL, password redacted.

@@ -148,7 +148,7 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
     }
     let sink_identity = match cfg.sink_db.as_deref() {
         Some(url) => Some(
-            sql::sink_identity(url)
+            sql::sink_identity_in(url, cfg.sink_schema.as_deref())
                 .map_err(|e| EngineError::Config(format!("--sink-db {}: {e}", sql::redact(url))))?,
         ),
         None => None,
@@ -220,6 +220,18 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
         Recovery::Resume { plugins, .. } => (plugins.clone(), None),
         Recovery::Rerun { entry } => (entry.plugins.clone(), Some(entry.clone())),
     };
+    // A batch planned against one sink and re-run against another would
+    // be applied without the progress rows that show what of it was.
+    if let (Some(entry), Some(ours)) = (&pending_rerun, &sink_identity)
+        && let Some(planned) = &entry.sink_db
+        // A password given another way (the URL, a file) is the same sink.
+        && planned.replace(":***@", "@") != ours.replace(":***@", "@")
+    {
+        return Err(EngineError::Config(format!(
+            "batch {} was planned against sink database {planned} and is to be run again, but this run's sink is {ours} (`#schema=` is --sink-schema): re-running it there could apply records twice. Start with the same --sink-db and --sink-schema",
+            entry.batch_id
+        )));
+    }
     // Plugins preloaded before a takeover must still be the ones to use:
     // the old owner may have swapped one in meanwhile.
     let preloaded_ok = |l: &[(Plugin, Vec<u8>)]| {
@@ -354,7 +366,7 @@ fn refuse_shared_sink(
                 o.partitions,
                 crate::util::rfc3339_ms(o.updated_at_ms),
                 if o.owner.is_empty() {
-                    String::new()
+                    " by a host that did not record its checkpoint".to_string()
                 } else {
                     format!(" by {}", o.owner)
                 }
@@ -362,6 +374,7 @@ fn refuse_shared_sink(
         })
         .collect();
     let mut ids: Vec<&str> = others.iter().map(|o| o.query_id.as_str()).collect();
+    ids.sort_unstable();
     ids.dedup();
     Err(EngineError::SharedSink {
         url: url.unwrap_or_default().to_string(),

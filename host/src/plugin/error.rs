@@ -24,6 +24,8 @@ pub enum TrapKind {
         limit: Duration,
         /// The wait asked for.
         asked: Duration,
+        /// What was left of the deadline when it was asked for.
+        left: Duration,
     },
     /// The guest tried to grow its memory past the cap.
     OutOfMemory {
@@ -51,11 +53,12 @@ impl fmt::Display for TrapKind {
                 "deadline of {} ms exceeded (raise it with --plugin-timeout)",
                 limit.as_millis()
             ),
-            TrapKind::WaitPastDeadline { limit, asked } => write!(
+            TrapKind::WaitPastDeadline { limit, asked, left } => write!(
                 f,
-                "a WASI sleep of {} ms would pass the call's deadline of {} ms (sleep less, or raise the deadline with --plugin-timeout)",
+                "a WASI sleep of {} ms would pass the call's deadline of {} ms ({} ms were left; sleep less, or raise the deadline with --plugin-timeout)",
                 asked.as_millis(),
-                limit.as_millis()
+                limit.as_millis(),
+                left.as_millis()
             ),
             TrapKind::OutOfMemory { limit, requested } => write!(
                 f,

@@ -19,7 +19,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxBuilder};
 use super::bindings::exports::sluice::plugin::{mapper, sink};
 use super::bindings::sluice::plugin::types;
 use super::contract::{BadRecord, CallContext, MapResult, OpenAnswer, PartitionContext};
-use super::imports::LogBudget;
+use super::imports::{LogBudget, SharedLogBudget};
 use super::{EPOCH_TICK, Exports, Limits, PluginError, StageFailure, TrapKind, Trapped};
 use crate::capability::sql::SqlGrant;
 
@@ -38,8 +38,9 @@ pub(crate) struct State {
     pub(super) config: Arc<BTreeMap<String, String>>,
     pub(super) plugin: String,
     pub(super) sql: Option<SqlGrant>,
-    /// Log lines left in the current call.
-    pub(super) log: LogBudget,
+    /// What the instance may still log (shared with the instance, so a
+    /// fresh store after a trap does not start a fresh budget).
+    pub(super) log: SharedLogBudget,
     /// When the current call's deadline passes (`None`: never), for the
     /// waits WASI serves ([`super::imports::DeadlineClock`]).
     pub(super) deadline: Option<std::time::Instant>,
@@ -156,6 +157,8 @@ pub struct Instance {
     sql: Option<SqlGrant>,
     live: Option<Live>,
     instantiations: u64,
+    /// The log budget of every store this instance makes.
+    log: SharedLogBudget,
 }
 
 /// Describe the input of a call for error messages:
@@ -196,6 +199,7 @@ impl Instance {
         limits: Limits,
         sql: Option<SqlGrant>,
     ) -> Self {
+        let log = LogBudget::shared(template.digest.get(..12).unwrap_or(&template.digest));
         Instance {
             engine,
             template,
@@ -204,6 +208,7 @@ impl Instance {
             sql,
             live: None,
             instantiations: 0,
+            log,
         }
     }
 
@@ -270,7 +275,7 @@ impl Instance {
             config: self.config.clone(),
             plugin: t.digest.get(..12).unwrap_or(&t.digest).to_string(),
             sql: self.sql.clone(),
-            log: LogBudget::default(),
+            log: self.log.clone(),
             deadline: None,
         };
         let mut store = Store::new(&self.engine, state);
@@ -331,22 +336,24 @@ impl Instance {
         let err = live.stderr.contents();
         let new_out = out.get(live.stdout_seen..).unwrap_or_default();
         let new_err = err.get(live.stderr_seen..).unwrap_or_default();
-        let budget = &mut live.store.data_mut().log;
+        let now = std::time::Instant::now();
+        let mut budget = self.log.lock().unwrap_or_else(|p| p.into_inner());
         for line in String::from_utf8_lossy(new_out)
             .lines()
             .filter(|l| !l.trim().is_empty())
         {
-            if let Some(line) = budget.admit(line) {
+            if let Some(line) = budget.admit(line, now) {
                 tracing::info!(plugin = plugin.as_str(), stream = "stdout", "{line}");
             }
         }
         let err_text = String::from_utf8_lossy(new_err).into_owned();
         for line in err_text.lines().filter(|l| !l.trim().is_empty()) {
-            if let Some(line) = budget.admit(line) {
+            if let Some(line) = budget.admit(line, now) {
                 tracing::warn!(plugin = plugin.as_str(), stream = "stderr", "{line}");
             }
         }
-        budget.end_call(&plugin);
+        budget.end_call(now);
+        drop(budget);
         live.stdout_seen = out.len();
         live.stderr_seen = err.len();
         if out.len() > STDIO_CAP / 2 || err.len() > STDIO_CAP / 2 {
@@ -389,6 +396,7 @@ impl Instance {
                 _ if let Some(w) = wait => TrapKind::WaitPastDeadline {
                     limit: self.limits.call_timeout,
                     asked: w.asked,
+                    left: w.left,
                 },
                 Some(Trap::Interrupt) => TrapKind::Timeout {
                     limit: self.limits.call_timeout,

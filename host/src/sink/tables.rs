@@ -96,7 +96,17 @@ impl HostTables {
            error TEXT NOT NULL, plugin_digest TEXT NOT NULL, stage INTEGER NOT NULL, \
            batch_id BIGINT NOT NULL, epoch BIGINT NOT NULL, \
            PRIMARY KEY (query_id, topic, \"partition\", \"offset\"));"
-        ))?;
+        ))
+        .map_err(|e| match e.code.as_str() {
+            "3F000" => DbError {
+                message: format!(
+                    "{} (--sink-schema {schema}): create it (CREATE SCHEMA {schema}) or name an existing one; schema names are exact, upper and lower case differ",
+                    e.message
+                ),
+                code: e.code,
+            },
+            _ => e,
+        })?;
         // Tables made before holes (0.2.0) or owners were recorded get the
         // columns; their rows have no holes and no known owner.
         for (column, ddl) in [
@@ -106,7 +116,11 @@ impl HostTables {
             match b.query(&format!("SELECT {column} FROM {progress} WHERE 1 = 0"), &[]) {
                 Ok(_) => {}
                 Err(e) if e.code == "42703" || e.message.contains("no such column") => {
-                    b.batch(&format!("ALTER TABLE {progress} ADD COLUMN {ddl}"))?;
+                    match b.batch(&format!("ALTER TABLE {progress} ADD COLUMN {ddl}")) {
+                        // Another host upgrading at the same moment added it.
+                        Err(e) if e.code == "42701" || e.message.contains("duplicate column") => {}
+                        other => other?,
+                    }
                 }
                 Err(e) => return Err(e),
             }

@@ -63,8 +63,14 @@ impl Db {
              ALTER SCHEMA public OWNER TO {role}"
         ))
         .unwrap();
+        let url = format!("{}/{name}", base.replace("postgres@", &format!("{role}@")));
+        assert!(
+            url.contains(&format!("{role}@")),
+            "SLUICE_TEST_PG_URL must connect as `postgres@` for the plain-role databases: {}",
+            admin.url
+        );
         Db {
-            url: format!("{}/{name}", base.replace("postgres@", &format!("{role}@"))),
+            url,
             name: "postgres as a plain role",
             _dir: None,
         }

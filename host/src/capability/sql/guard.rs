@@ -86,36 +86,27 @@ pub(super) const HOST_TABLES: &[&str] = &[
     "sluice_partitions",
 ];
 
-/// Names no plugin statement may hold anywhere in its text (checked on the
-/// lower-cased text, so quoting or case does not hide them): functions and
-/// views that change the session's role or settings (`set_config`,
+/// Names no plugin statement may hold as a word anywhere in its text
+/// (checked on the lower-cased words of the raw text, string literals
+/// included, so that neither quoting, case nor a parser that reads the
+/// statement differently from PostgreSQL hides them): functions and views
+/// that change the session's role or settings (`set_config`,
 /// `pg_settings`), run SQL given as text where no check sees it
-/// (`query_to_xml` and the other `…_to_xml` functions, which also read
-/// tables named by a string, `ts_stat`, `ts_rewrite`, `dblink`), hold
-/// locks past the transaction (`pg_advisory_lock`, `pg_try_advisory_lock`
-/// …), signal other sessions (`pg_notify`), or reach the server's files,
-/// configuration, WAL and replication slots (most need a superuser).
+/// (`ts_stat`, `ts_rewrite`), signal other sessions (`pg_notify`), or reach
+/// the server's files, configuration and processes (most need a superuser).
 pub(super) const DENIED_NAMES: &[&str] = &[
     "set_config",
     "pg_settings",
-    "_to_xml",
     "ts_stat",
     "ts_rewrite",
-    "dblink",
-    "advisory_",
     "pg_notify",
-    "replication_slot",
-    "pg_ls_",
     "pg_file_settings",
     "pg_hba_file_rules",
     "pg_ident_file_mappings",
-    "pg_stat_reset",
     "pg_switch_wal",
     "pg_promote",
-    "pg_backup",
     "pg_read_file",
     "pg_read_binary_file",
-    "pg_ls_dir",
     "pg_stat_file",
     "lo_import",
     "lo_export",
@@ -124,6 +115,41 @@ pub(super) const DENIED_NAMES: &[&str] = &[
     "pg_reload_conf",
     "pg_rotate_logfile",
 ];
+
+/// Beginnings of words denied like [`DENIED_NAMES`]: other connections
+/// (`dblink…`), locks that outlive the transaction (`pg_advisory_lock`,
+/// `pg_try_advisory_lock` …), directory listings, statistics resets,
+/// backups, replication slots and logical decoding.
+pub(super) const DENIED_PREFIXES: &[&str] = &[
+    "dblink",
+    "pg_advisory",
+    "pg_try_advisory",
+    "pg_ls_",
+    "pg_stat_reset",
+    "pg_backup",
+    "pg_create_",
+    "pg_drop_replication",
+    "pg_replication_",
+    "pg_logical_",
+];
+
+/// The lower-cased words of `sql` (runs of letters, digits, `_` and `$`).
+fn words(lower: &str) -> impl Iterator<Item = &str> {
+    lower
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '$'))
+        .filter(|w| !w.is_empty())
+}
+
+/// The first word of `lower` that [`DENIED_NAMES`] or [`DENIED_PREFIXES`]
+/// deny, or that names one of the `…_to_xml` functions (which run SQL
+/// given as text or read tables named by a string).
+fn denied_word(lower: &str) -> Option<&str> {
+    words(lower).find(|w| {
+        DENIED_NAMES.contains(w)
+            || DENIED_PREFIXES.iter().any(|p| w.starts_with(p))
+            || w.contains("_to_xml")
+    })
+}
 
 /// A PostgreSQL statement that passed [`check_postgres`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -152,12 +178,12 @@ pub(super) fn check_postgres(sql: &str) -> Result<Approved, String> {
     if lower.contains("u&\"") {
         return Err("Unicode-escaped identifiers (U&\"…\") are not allowed: the host checks names by their text".into());
     }
-    if let Some(t) = HOST_TABLES.iter().find(|t| lower.contains(*t)) {
+    if let Some(t) = words(&lower).find(|w| HOST_TABLES.contains(w)) {
         return Err(format!(
             "table {t} belongs to the host; plugins may not use it"
         ));
     }
-    if let Some(n) = DENIED_NAMES.iter().find(|n| lower.contains(*n)) {
+    if let Some(n) = denied_word(&lower) {
         return Err(format!(
             "`{n}` is not allowed in plugin SQL: it reaches beyond the host's transaction (the role, settings, other sessions or the server's files)"
         ));
@@ -223,10 +249,7 @@ pub(super) fn check_postgres(sql: &str) -> Result<Approved, String> {
 /// The first word of `lower` that names a system catalog or view: one
 /// starting with `pg_`, or `information_schema`.
 fn catalog_name(lower: &str) -> Option<&str> {
-    let word = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '$';
-    lower
-        .split(|c: char| !word(c))
-        .find(|w| w.starts_with("pg_") || *w == "information_schema")
+    words(lower).find(|w| w.starts_with("pg_") || *w == "information_schema")
 }
 
 /// Finds whether a statement, or one nested in it (a data-modifying

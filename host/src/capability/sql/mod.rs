@@ -298,6 +298,21 @@ pub fn sink_identity(url: &str) -> std::io::Result<String> {
     }
 }
 
+/// [`sink_identity`] of a sink whose host tables are in `schema`
+/// (`--sink-schema`): `#schema=NAME` is appended unless it is the default
+/// (`public`), so identities recorded before the setting existed still
+/// match.
+///
+/// # Errors
+/// As [`sink_identity`].
+pub fn sink_identity_in(url: &str, schema: Option<&str>) -> std::io::Result<String> {
+    let id = sink_identity(url)?;
+    Ok(match schema {
+        Some(s) if s != "public" && !id.starts_with("sqlite:") => format!("{id}#schema={s}"),
+        _ => id,
+    })
+}
+
 /// Open a backend from a `--sink-db` URL: `sqlite:PATH` (also
 /// `sqlite://PATH`) or `postgres://…` / `postgresql://…`.
 ///
@@ -616,7 +631,7 @@ impl Session {
         let now = self.backend.transaction_mark()?;
         if now.as_deref() != Some(before.as_str()) {
             return Err(DbError::host(format!(
-                "a plugin statement changed the host's transaction or role (transaction {before}, now {}): the part is rolled back",
+                "a plugin statement changed the host's transaction, role or settings (was {before}; now {}): the part is rolled back",
                 now.unwrap_or_default()
             )));
         }

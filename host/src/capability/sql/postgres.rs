@@ -277,12 +277,19 @@ impl Backend for Postgres {
     }
 
     fn leave_plugin_window(&mut self) -> Result<(), DbError> {
-        self.batch("SET LOCAL statement_timeout = 0; SET LOCAL ROLE NONE")
+        // RESET, not NONE: back to the login's own default role, which may
+        // be configured (`ALTER ROLE login SET role = …`).
+        self.batch("SET LOCAL statement_timeout = 0; RESET ROLE")
     }
 
     fn transaction_mark(&mut self) -> Result<Option<String>, DbError> {
+        // The settings too: a function a plugin statement reaches (a
+        // trigger, a default) could lift the time bound or move the
+        // search path the host's own function names resolve through.
         let rows = self.query(
-            "SELECT txid_current()::text || ' as ' || current_user::text",
+            "SELECT 'transaction ' || txid_current()::text || ', role ' || current_user::text \
+               || ', statement_timeout ' || current_setting('statement_timeout') \
+               || ', search_path ' || current_setting('search_path')",
             &[],
         )?;
         match rows.rows.first().and_then(|r| r.first()) {

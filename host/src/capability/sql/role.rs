@@ -4,6 +4,7 @@
 //! (`SET ROLE` needs membership of the session user; a member role
 //! inherits its privileges; a superuser passes every check).
 
+use super::postgres::quote_ident;
 use super::{DbError, SqlGrant, SqlValue};
 
 impl SqlGrant {
@@ -19,15 +20,20 @@ impl SqlGrant {
         let mut s = self.lock();
         let b = s.backend();
         let refuse = |why: String| DbError::host(format!("--sink-plugin-role {role}: {why}"));
+        let q = quote_ident(role);
         let found = b.query(
-            "SELECT r.rolsuper, r.rolbypassrls, pg_has_role(session_user, r.oid, 'MEMBER'), \
+            // SET, not MEMBER, from PostgreSQL 16 (`GRANT … WITH SET FALSE`).
+            "SELECT r.rolsuper, r.rolbypassrls, \
+                    CASE WHEN current_setting('server_version_num')::int >= 160000 \
+                      THEN pg_has_role(session_user, r.oid, 'SET') \
+                      ELSE pg_has_role(session_user, r.oid, 'MEMBER') END, \
                     pg_has_role(r.oid, session_user, 'MEMBER'), session_user::text \
              FROM pg_roles r WHERE r.rolname = $1",
             &[SqlValue::Text(role.to_string())],
         )?;
         let Some(row) = found.rows.first() else {
             return Err(refuse(format!(
-                "no such role; create it with `CREATE ROLE \"{role}\" NOLOGIN`, grant it what the plugin's tables need and `GRANT \"{role}\" TO` the host's login role (see the README, \"Plugin SQL\")"
+                "no such role; create it with `CREATE ROLE {q} NOLOGIN`, grant it what the plugin's tables need and `GRANT {q} TO` the host's login role (README, \"Sink stages and the SQL capability\")"
             )));
         };
         let flag = |i: usize| matches!(row.get(i), Some(SqlValue::Integer(1)));
@@ -42,7 +48,8 @@ impl SqlGrant {
         }
         if !flag(2) {
             return Err(refuse(format!(
-                "the host's login role {login} cannot SET ROLE to it; run `GRANT \"{role}\" TO \"{login}\"`"
+                "the host's login role {login} cannot SET ROLE to it; run `GRANT {q} TO {}`",
+                quote_ident(&login)
             )));
         }
         if flag(3) && role != login {
@@ -71,7 +78,7 @@ impl SqlGrant {
                 Some(SqlValue::Integer(1))
             ) {
                 return Err(refuse(format!(
-                    "the role has privileges on the host's table {table}; run `REVOKE ALL ON {table} FROM \"{role}\", PUBLIC`"
+                    "the role has privileges on the host's table {table}; run `REVOKE ALL ON {table} FROM {q}, PUBLIC`"
                 )));
             }
         }

@@ -54,6 +54,23 @@ fn passwords_are_redacted_from_urls() {
 }
 
 #[test]
+fn a_sink_schema_other_than_public_is_part_of_the_identity() {
+    let url = "postgres://u:pw@h/db";
+    assert_eq!(
+        sink_identity_in(url, None).unwrap(),
+        "postgres://u:***@h/db"
+    );
+    assert_eq!(
+        sink_identity_in(url, Some("public")).unwrap(),
+        "postgres://u:***@h/db"
+    );
+    assert_eq!(
+        sink_identity_in(url, Some("ops")).unwrap(),
+        "postgres://u:***@h/db#schema=ops"
+    );
+}
+
+#[test]
 fn first_keywords() {
     assert_eq!(first_keyword("  -- hi\n /* x */ commit"), "COMMIT");
     assert_eq!(first_keyword("insert into t"), "INSERT");
@@ -170,6 +187,15 @@ fn postgres_guard_refuses_by_parse_not_by_first_word() {
     ] {
         let e = pg_verdict(sql).unwrap_err();
         assert!(e.contains(why), "{sql}: {e}");
+    }
+    // Words that only contain a denied name are not refused (found by a
+    // review: a column `advisory_fee` failed the range).
+    for sql in [
+        "INSERT INTO fees (advisory_fee, settings_json) VALUES ($1, $2)",
+        "UPDATE t SET my_set_config = $1",
+        "SELECT sluice_progress_copy FROM archive",
+    ] {
+        assert_eq!(pg_verdict(sql), Ok(false), "{sql}");
     }
     // Reading the catalogs stays allowed (a sink may look up its columns).
     assert_eq!(
@@ -526,7 +552,8 @@ fn a_plugin_role_keeps_plugin_sql_off_the_host_tables_by_privilege() {
         .plugin_query("SELECT public.sluice_test_sneaky()", &[])
         .unwrap_err();
     assert!(
-        e.message.contains("changed the host's transaction or role"),
+        e.message
+            .contains("changed the host's transaction, role or settings"),
         "{e}"
     );
     g.lock().end_plugin_window();

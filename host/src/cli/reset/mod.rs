@@ -138,7 +138,7 @@ pub fn run(a: ResetArgs) -> Result<(), CliError> {
     let after = targets(&target, broker.as_ref(), &moving, &recreated, &before)?;
 
     if let Some(url) = &a.sink_db {
-        check_sink_db(url, recorded_sink.as_deref())?;
+        check_sink_db(url, a.sink_schema.as_deref(), recorded_sink.as_deref())?;
     }
     let driver = match &a.sink_db {
         Some(url) if !a.keep_sink_progress => Some(
@@ -372,14 +372,14 @@ fn moving_topics(given: &[String], all: &[String]) -> Result<Vec<String>, CliErr
 
 /// `--sink-db` must be the database the pipeline keeps its progress in
 /// (`recorded`, redacted) and, for SQLite, an existing file.
-fn check_sink_db(url: &str, recorded: Option<&str>) -> Result<(), CliError> {
-    let given = crate::capability::sql::sink_identity(url)
+fn check_sink_db(url: &str, schema: Option<&str>, recorded: Option<&str>) -> Result<(), CliError> {
+    let given = crate::capability::sql::sink_identity_in(url, schema)
         .map_err(|e| anyhow!("--sink-db {}: {e}", redact(url)))?;
     if let Some(recorded) = recorded
         && given != recorded
     {
         return Err(anyhow!(
-            "--sink-db {given} is not the database this pipeline keeps its progress in ({recorded}, recorded in its newest offsets entry); nothing was changed. Pass that one: moving the rows of another database would make the pipeline skip or repeat records"
+            "--sink-db {given} is not the database this pipeline keeps its progress in ({recorded}, recorded in its newest offsets entry; `#schema=` is --sink-schema); nothing was changed. Pass that one: moving the rows of another database would make the pipeline skip or repeat records"
         ))
         .code(ExitCode::Usage);
     }
