@@ -14,6 +14,7 @@ mod checkpoint;
 mod crashes;
 mod demo;
 mod engine_mock;
+mod group_source;
 mod handover;
 mod kafka;
 mod maxwell;

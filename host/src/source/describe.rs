@@ -81,7 +81,7 @@ fn text(p: *const c_char) -> String {
 /// A message (librdkafka's error text) when the request fails or times
 /// out; the caller retries.
 pub fn describe(
-    client: &BaseConsumer,
+    client: &BaseConsumer<super::SourceContext>,
     broker: i32,
     topic: &str,
     timeout: Duration,

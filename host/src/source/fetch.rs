@@ -73,6 +73,9 @@ impl KafkaSource {
     /// continues where the previous one ended, add new partitions
     /// incrementally, and re-assign everything otherwise.
     fn position_for(&mut self, ranges: &[PartitionRange]) -> Result<(), SourceError> {
+        if self.context().is_member() {
+            return self.seek_for(ranges);
+        }
         let mut add = TopicPartitionList::new();
         let mut reassign = false;
         for r in ranges {
@@ -109,6 +112,37 @@ impl KafkaSource {
                     .entry((r.topic.clone(), r.partition))
                     .or_insert(r.start);
             }
+        }
+        Ok(())
+    }
+
+    /// [`KafkaSource::position_for`] for a group member, whose partitions
+    /// come from the coordinator: seek those whose range does not start
+    /// where the consumer stands; refuse a range of a partition not held.
+    fn seek_for(&mut self, ranges: &[PartitionRange]) -> Result<(), SourceError> {
+        self.sync_group();
+        let held = self.context().held();
+        for r in ranges {
+            let tp = (r.topic.clone(), r.partition);
+            if !held.contains(&tp) {
+                return Err(SourceError::Client(format!(
+                    "{}/{} is not assigned to this group member (a rebalance took it)",
+                    r.topic, r.partition
+                )));
+            }
+            if self.assigned.get(&tp) == Some(&r.start) {
+                continue;
+            }
+            self.pending.remove(&tp);
+            self.consumer
+                .seek(&r.topic, r.partition, Offset::Offset(r.start), self.timeout)
+                .map_err(|e| {
+                    SourceError::Client(format!(
+                        "seek {}/{} to {}: {e}",
+                        r.topic, r.partition, r.start
+                    ))
+                })?;
+            self.assigned.insert(tp, r.start);
         }
         Ok(())
     }
@@ -158,7 +192,11 @@ impl KafkaSource {
     /// fetch assigns from scratch.
     fn reset(&mut self) {
         let _ = self.resume();
-        let _ = self.consumer.unassign();
+        // A group member keeps its assignment (it is the coordinator's);
+        // its next fetch seeks instead.
+        if !self.context().is_member() {
+            let _ = self.consumer.unassign();
+        }
         self.assigned.clear();
         self.pending.clear();
     }

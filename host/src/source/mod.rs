@@ -2,9 +2,11 @@
 //! offset ranges (rdkafka with its bundled librdkafka).
 //!
 //! Invariants:
-//! - Partitions are assigned manually (`assign`), never through consumer
-//!   group balancing: the checkpoint owns the offsets. A `group.id` is set
-//!   only when the user asks for informational group commits.
+//! - Partitions are assigned manually (`assign`): the checkpoint owns the
+//!   offsets, and the `group.id` is used only for informational commits.
+//!   The exception is a pipeline group's member ([`KafkaSource::member`],
+//!   `group`): the group coordinator assigns, each partition is claimed
+//!   before it is read, and ranges are positioned with `seek`.
 //! - `isolation.level=read_committed`; `auto.offset.reset=error`, so a
 //!   planned offset that no longer exists is an error, never a silent jump.
 //! - [`KafkaSource::fetch`] delivers exactly the records of each planned
@@ -15,7 +17,8 @@
 //! Files: this one holds the vocabulary ([`SourceRecord`],
 //! [`PartitionRange`], [`SourceError`]) and the client's construction;
 //! `metadata` asks brokers for partitions, identities and watermarks,
-//! `fetch` reads ranges, `describe` is the FFI call behind topic ids.
+//! `fetch` reads ranges, `describe` is the FFI call behind topic ids,
+//! `group` answers the group coordinator's rebalances.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -29,9 +32,11 @@ use sluice_guest::wire::{OwnedHeaders, Record, TimestampType, header_views};
 
 mod describe;
 mod fetch;
+pub mod group;
 mod metadata;
 
 pub use fetch::Piece;
+pub use group::{AssignmentChanges, Membership, SourceContext};
 
 /// A (topic, partition) pair.
 pub type TopicPartition = (String, i32);
@@ -187,9 +192,9 @@ const UNKNOWN_TOPIC_PATIENCE: Duration = Duration::from_secs(5);
 
 /// A consumer that reads exact ranges.
 pub struct KafkaSource {
-    consumer: BaseConsumer,
+    consumer: BaseConsumer<SourceContext>,
     /// Client for metadata and ListOffsets only (see [`KafkaSource::new`]).
-    meta: Arc<BaseConsumer>,
+    meta: Arc<BaseConsumer<SourceContext>>,
     /// The metadata client's background connect was started.
     meta_warm: bool,
     brokers: String,
@@ -304,6 +309,94 @@ impl KafkaSource {
         commit_group: bool,
         timeout: Duration,
     ) -> Result<Self, SourceError> {
+        Self::with_context(
+            brokers,
+            properties,
+            group_id,
+            commit_group,
+            timeout,
+            SourceContext::default(),
+        )
+    }
+
+    /// A member of consumer group `group` subscribed to `topics`, whose
+    /// assignment changes go through `membership` ([`group`]): the
+    /// classic protocol with `partition.assignment.strategy` set to
+    /// `cooperative-sticky` (a `--config kafka.partition.assignment.strategy`
+    /// overrides it). Offsets are committed to the group only when
+    /// `commit_group`. Rebalances happen inside the reads.
+    ///
+    /// # Errors
+    /// [`SourceError::Client`] for an invalid property or a failed
+    /// subscription.
+    pub fn member(
+        brokers: &str,
+        properties: &BTreeMap<String, String>,
+        group: &str,
+        topics: &[String],
+        membership: Arc<dyn Membership>,
+        commit_group: bool,
+        timeout: Duration,
+    ) -> Result<Self, SourceError> {
+        let mut props = BTreeMap::from([(
+            "partition.assignment.strategy".to_string(),
+            "cooperative-sticky".to_string(),
+        )]);
+        props.extend(properties.iter().map(|(k, v)| (k.clone(), v.clone())));
+        let source = Self::with_context(
+            brokers,
+            &props,
+            group,
+            commit_group,
+            timeout,
+            SourceContext::member(membership),
+        )?;
+        let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+        rdkafka::consumer::Consumer::subscribe(&source.consumer, &names)
+            .map_err(|e| SourceError::Client(format!("subscribe to {}: {e}", topics.join(", "))))?;
+        Ok(source)
+    }
+
+    /// Take the group's assignment changes since the last call and apply
+    /// them to the read positions: a newly assigned partition reads from
+    /// its claimed start, a revoked one is forgotten with what was
+    /// buffered of it. Nothing for a source that is not a group member.
+    pub fn sync_group(&mut self) -> AssignmentChanges {
+        let changes = self.context().take_changes();
+        for tp in &changes.revoked {
+            self.assigned.remove(tp);
+            self.pending.remove(tp);
+        }
+        for (tp, start) in &changes.assigned {
+            self.assigned.insert(tp.clone(), *start);
+            self.pending.remove(tp);
+        }
+        changes
+    }
+
+    /// The consumer's context (the group assignment, for a member).
+    pub fn context(&self) -> &SourceContext {
+        rdkafka::consumer::Consumer::context(&self.consumer)
+    }
+
+    /// Serve the consumer for up to `timeout` without fetching a batch:
+    /// rebalances and group heartbeats happen here; records that arrive
+    /// are kept for the next fetch.
+    pub fn serve(&mut self, timeout: Duration) {
+        if let Some(Ok(m)) = self.consumer.poll(timeout) {
+            let tp = (m.topic().to_string(), m.partition());
+            self.pending.entry(tp).or_default().push_back(to_record(&m));
+        }
+    }
+
+    fn with_context(
+        brokers: &str,
+        properties: &BTreeMap<String, String>,
+        group_id: &str,
+        commit_group: bool,
+        timeout: Duration,
+        context: SourceContext,
+    ) -> Result<Self, SourceError> {
         let mut cfg = ClientConfig::new();
         cfg.set("bootstrap.servers", brokers)
             .set("client.id", "sluice")
@@ -335,17 +428,17 @@ impl KafkaSource {
         // read_committed answers; no group.id, so it never closes a group.
         let mut meta_cfg = cfg.clone();
         meta_cfg.set("client.id", "sluice-meta");
-        let meta: Arc<BaseConsumer> = Arc::new(
+        let meta: Arc<BaseConsumer<SourceContext>> = Arc::new(
             meta_cfg
-                .create()
+                .create_with_context(SourceContext::default())
                 .map_err(|e| SourceError::Client(hide_secrets(e.to_string(), properties)))?,
         );
 
         // librdkafka needs a group.id even for manual assignment; without
         // `subscribe` the consumer never joins the group.
         cfg.set("group.id", group_id);
-        let consumer: BaseConsumer = cfg
-            .create()
+        let consumer: BaseConsumer<SourceContext> = cfg
+            .create_with_context(context)
             .map_err(|e| SourceError::Client(hide_secrets(e.to_string(), properties)))?;
         // librdkafka's defaults (CONFIGURATION.md of librdkafka 2.12).
         let fetch_limits = [
@@ -388,7 +481,7 @@ impl KafkaSource {
     /// mock cluster: the first plan and fetch took ~50 ms and ~37 ms longer
     /// through the metadata client alone). Once it fetches, the metadata
     /// client answers, so requests do not queue behind Fetch requests.
-    fn admin(&self) -> &BaseConsumer {
+    fn admin(&self) -> &BaseConsumer<SourceContext> {
         if self.assigned.is_empty() {
             &self.consumer
         } else {

@@ -1,0 +1,193 @@
+//! Membership of a Kafka consumer group (DESIGN.md, "Scale beyond one
+//! machine: pipeline groups"): the group coordinator assigns partitions,
+//! detects dead members and hands out new partitions; Sluice only answers
+//! each rebalance.
+//!
+//! The consumer subscribes with the classic protocol and
+//! `partition.assignment.strategy=cooperative-sticky`, and overrides
+//! rust-rdkafka's `ConsumerContext::rebalance` itself (not the pre/post
+//! hooks) so that an assignment is taken only after its partitions were
+//! claimed, and starts at the offsets the claims returned:
+//! - **assign**: [`Membership::assigned`] claims the new partitions (in
+//!   the sink database, for a pipeline group) and says where each starts;
+//!   they are then added with `incremental_assign` at those offsets.
+//! - **revoke**: [`Membership::revoked`] is told first (the owner stops
+//!   writing those partitions), then they are removed with
+//!   `incremental_unassign`. A lost assignment (the session timed out) is
+//!   reported as such.
+//!
+//! The callbacks run inside `poll`, on the thread that fetches.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use rdkafka::client::ClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, RebalanceProtocol};
+use rdkafka::error::KafkaResult;
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::{Offset, TopicPartitionList};
+
+use super::TopicPartition;
+
+/// What a group member does when the coordinator changes its assignment.
+pub trait Membership: Send + Sync {
+    /// `partitions` were assigned to this member: claim them and return
+    /// where each starts (the first offset to read), or why it cannot be
+    /// taken (the member should then stop and leave the group).
+    fn assigned(&self, partitions: &[TopicPartition])
+    -> Vec<(TopicPartition, Result<i64, String>)>;
+    /// `partitions` are being taken away (`lost`: the session timed out
+    /// and another member may own them already). Stop writing them before
+    /// returning.
+    fn revoked(&self, partitions: &[TopicPartition], lost: bool);
+}
+
+/// What changed in the assignment since it was last taken, for the
+/// fetching side.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct AssignmentChanges {
+    /// Newly assigned partitions and the offset each starts at.
+    pub assigned: BTreeMap<TopicPartition, i64>,
+    /// Partitions taken away.
+    pub revoked: Vec<TopicPartition>,
+    /// Claims that failed: the member must stop.
+    pub failed: Vec<(TopicPartition, String)>,
+}
+
+/// The consumer's context: rust-rdkafka's default behaviour, or group
+/// membership when a [`Membership`] is set.
+#[derive(Default)]
+pub struct SourceContext {
+    membership: Option<Arc<dyn Membership>>,
+    /// The partitions held now, with their start offsets when assigned.
+    held: Mutex<BTreeMap<TopicPartition, i64>>,
+    changes: Mutex<AssignmentChanges>,
+}
+
+impl SourceContext {
+    /// A context for a group member answering rebalances with `m`.
+    pub fn member(m: Arc<dyn Membership>) -> Self {
+        SourceContext {
+            membership: Some(m),
+            ..SourceContext::default()
+        }
+    }
+
+    /// Whether this is a group member's context.
+    pub fn is_member(&self) -> bool {
+        self.membership.is_some()
+    }
+
+    /// The partitions this member holds now.
+    pub fn held(&self) -> Vec<TopicPartition> {
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .cloned()
+            .collect()
+    }
+
+    /// Take the changes since the last call.
+    pub fn take_changes(&self) -> AssignmentChanges {
+        std::mem::take(&mut *self.changes.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    fn assign(
+        &self,
+        m: &dyn Membership,
+        consumer: &BaseConsumer<Self>,
+        tpl: &TopicPartitionList,
+    ) -> KafkaResult<()> {
+        let parts: Vec<TopicPartition> = tpl
+            .elements()
+            .iter()
+            .map(|e| (e.topic().to_string(), e.partition()))
+            .collect();
+        let claims = m.assigned(&parts);
+        let mut take = TopicPartitionList::new();
+        let mut changes = self.changes.lock().unwrap_or_else(|p| p.into_inner());
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        for ((topic, partition), claim) in claims {
+            match claim {
+                Ok(start) => {
+                    take.add_partition_offset(&topic, partition, Offset::Offset(start))?;
+                    held.insert((topic.clone(), partition), start);
+                    changes
+                        .revoked
+                        .retain(|tp| *tp != (topic.clone(), partition));
+                    changes.assigned.insert((topic, partition), start);
+                }
+                Err(why) => changes.failed.push(((topic, partition), why)),
+            }
+        }
+        drop((changes, held));
+        match consumer.rebalance_protocol() {
+            RebalanceProtocol::Cooperative => consumer.incremental_assign(&take),
+            _ => consumer.assign(&take),
+        }
+    }
+
+    fn revoke(
+        &self,
+        m: &dyn Membership,
+        consumer: &BaseConsumer<Self>,
+        tpl: &TopicPartitionList,
+    ) -> KafkaResult<()> {
+        let parts: Vec<TopicPartition> = tpl
+            .elements()
+            .iter()
+            .map(|e| (e.topic().to_string(), e.partition()))
+            .collect();
+        m.revoked(&parts, consumer.assignment_lost());
+        {
+            let mut changes = self.changes.lock().unwrap_or_else(|p| p.into_inner());
+            let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+            for tp in &parts {
+                held.remove(tp);
+                changes.assigned.remove(tp);
+                changes.revoked.push(tp.clone());
+            }
+        }
+        match consumer.rebalance_protocol() {
+            RebalanceProtocol::Cooperative => consumer.incremental_unassign(tpl),
+            _ => consumer.unassign(),
+        }
+    }
+}
+
+impl ClientContext for SourceContext {}
+
+impl ConsumerContext for SourceContext {
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        tpl: &mut TopicPartitionList,
+    ) {
+        let Some(m) = self.membership.as_deref() else {
+            // Manual assignment never rebalances; should a group form
+            // anyway, do what rust-rdkafka would.
+            let r = match err {
+                RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => consumer.assign(tpl),
+                _ => consumer.unassign(),
+            };
+            if let Err(e) = r {
+                tracing::warn!("rebalance outside a group: {e}");
+            }
+            return;
+        };
+        let r = match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => self.assign(m, consumer, tpl),
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => self.revoke(m, consumer, tpl),
+            other => {
+                tracing::warn!("consumer group rebalance error: {other:?}");
+                // librdkafka's advice for an error: drop the assignment.
+                self.revoke(m, consumer, tpl)
+            }
+        };
+        if let Err(e) = r {
+            tracing::error!("consumer group rebalance could not be applied: {e}");
+        }
+    }
+}
