@@ -194,6 +194,10 @@ pub enum SinkError {
         /// Ours.
         ours: u64,
     },
+    /// A pipeline group's member lost the partition: another member
+    /// claimed it (a newer owner epoch) since this one did.
+    #[error("{0}; the part was rolled back and this member drops the partition")]
+    Group(crate::checkpoint::group::GroupError),
     /// The progress row changed between this range's read and its update:
     /// another process wrote the same query id's progress.
     #[error(
@@ -239,6 +243,10 @@ pub struct SinkDriver {
     /// Who writes the progress rows (pid, host, checkpoint), stored in
     /// them so another pipeline's host can name it.
     owner: String,
+    /// For a pipeline group's member: the group's tables and name; every
+    /// part's transaction then locks the partition's row and requires the
+    /// part's epoch to be its owner epoch ([`crate::checkpoint::group::fence`]).
+    group: Option<(crate::checkpoint::group::GroupTables, String)>,
 }
 
 /// `topic/partition [start, end)`.
@@ -274,7 +282,19 @@ impl SinkDriver {
             tables,
             reconnect_for: DEFAULT_RECONNECT_FOR,
             owner: String::new(),
+            group: None,
         })
+    }
+
+    /// Fence every part by the owner epoch of pipeline group `group`
+    /// (tables `tables`): the part's context carries the partition's epoch.
+    pub fn in_group(
+        mut self,
+        tables: crate::checkpoint::group::GroupTables,
+        group: impl Into<String>,
+    ) -> Self {
+        self.group = Some((tables, group.into()));
+        self
     }
 
     /// Record `owner` (who runs the pipeline: pid, host, checkpoint) in

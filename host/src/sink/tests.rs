@@ -213,3 +213,60 @@ fn another_pipelines_rows_on_the_same_topics_are_found() {
         assert_eq!(second.other_pipelines("q2", &["t".into()]).unwrap(), vec![]);
     }
 }
+
+/// In a pipeline group every part is fenced by the partition's owner
+/// epoch: after another member's claim, the old owner's part is refused
+/// and rolled back, the new owner's applies.
+#[test]
+fn a_group_members_part_is_fenced_after_another_members_claim() {
+    use crate::checkpoint::group::{GroupError, GroupStore};
+    let dir = tempfile::tempdir().unwrap();
+    for url in databases(dir.path()) {
+        let schema = if url.starts_with("sqlite:") {
+            "main"
+        } else {
+            "public"
+        };
+        let (a, b) = (
+            GroupStore::open(&url, None, schema, "g").unwrap(),
+            GroupStore::open(&url, None, schema, "g").unwrap(),
+        );
+        let mine = a.claim("t", 0, "a", "").unwrap().epoch;
+        let grant = SqlGrant::connect(&url).unwrap();
+        let driver = SinkDriver::new(Some(grant.clone()))
+            .unwrap()
+            .in_group(a.tables().clone(), "g");
+        let apply = |epoch: u64, start, end| {
+            let mut range = part(1, start, end);
+            range.batch.epoch = epoch;
+            driver.apply(
+                None,
+                &PartitionBatch {
+                    range,
+                    records: &[],
+                    dead_letters: &[],
+                },
+            )
+        };
+        apply(mine.get(), 0, 10).unwrap();
+        let theirs = b.claim("t", 0, "b", "").unwrap().epoch;
+        match apply(mine.get(), 10, 20) {
+            Err(SinkError::Group(GroupError::Fenced { holder, .. })) => assert_eq!(holder, "b"),
+            other => panic!("{url}: {other:?}"),
+        }
+        let rows = grant
+            .lock()
+            .backend()
+            .query(
+                "SELECT end_offset FROM sluice_progress WHERE query_id = 'q1'",
+                &[],
+            )
+            .unwrap();
+        assert_eq!(
+            rows.rows,
+            vec![vec![SqlValue::Integer(10)]],
+            "{url}: rolled back"
+        );
+        apply(theirs.get(), 10, 20).unwrap();
+    }
+}

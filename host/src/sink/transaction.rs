@@ -171,6 +171,17 @@ impl SinkDriver {
         batch: &PartitionBatch<'_>,
     ) -> Result<Outcome, SinkError> {
         let r = &batch.range;
+        if let Some((tables, group)) = &self.group {
+            crate::checkpoint::group::fence(
+                g.lock().backend(),
+                tables,
+                group,
+                &r.topic,
+                r.partition,
+                crate::checkpoint::Epoch::new(r.batch.epoch),
+            )
+            .map_err(SinkError::Group)?;
+        }
         // What the row shows applied, and the row as read (the update
         // below is conditional on it being unchanged).
         let (mut applied, row) = self.tables.read_progress(g.lock().backend(), r)?;
