@@ -15,6 +15,7 @@ mod crashes;
 mod demo;
 mod engine_mock;
 mod group_source;
+mod groups;
 mod handover;
 mod kafka;
 mod maxwell;

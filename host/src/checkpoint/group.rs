@@ -294,9 +294,16 @@ impl GroupStore {
         };
         let mut b = sql::connect_with(url, password_file).map_err(db_err("connecting"))?;
         let tables = GroupTables::in_schema(schema);
-        tables
-            .create(b.as_mut())
-            .map_err(db_err("creating the group tables"))?;
+        // Members starting together race on CREATE TABLE IF NOT EXISTS,
+        // which PostgreSQL can fail with a unique violation on its catalog
+        // (23505) or "already exists" (42P07): the other one made them.
+        let mut tries = 0;
+        loop {
+            match tables.create(b.as_mut()) {
+                Err(e) if matches!(e.code.as_str(), "23505" | "42P07") && tries < 3 => tries += 1,
+                r => break r.map_err(db_err("creating the group tables"))?,
+            }
+        }
         Ok(GroupStore {
             group: group.to_string(),
             tables,

@@ -11,7 +11,7 @@ use anyhow::Context;
 use clap::Args;
 
 use super::settings::{self, Settings};
-use super::{CliError, ExitCode, parse_duration, parse_kv};
+use super::{CliError, ExitCode, WithCode, parse_duration, parse_kv};
 use crate::engine::{self, PipelineConfig};
 
 /// Flags of `host run`: the [`Settings`] (also from the environment and
@@ -138,7 +138,18 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
         Some(t) => engine::Acquire::Takeover(t),
         None => engine::Acquire::Normal,
     };
-    match engine::run_with(&cfg, stop, acquire) {
+    let result = if cfg.group.is_some() {
+        if args.takeover.is_some() || args.wait.is_some() {
+            return Err::<(), _>(anyhow::anyhow!(
+                "--takeover and --wait are for a checkpoint directory; a group member hands partitions over through the consumer group (start the new member, stop the old)"
+            ))
+            .code(ExitCode::Usage);
+        }
+        engine::run_group(&cfg, stop)
+    } else {
+        engine::run_with(&cfg, stop, acquire)
+    };
+    match result {
         Ok(summary) if summary.handed_over => {
             tracing::info!(
                 batches = summary.batches,

@@ -99,6 +99,18 @@ pub struct Settings {
     )]
     #[serde(default)]
     pub topics: Vec<String>,
+    /// Run as a member of pipeline group NAME: the Kafka consumer group
+    /// that splits the partitions between the hosts running NAME, and the
+    /// key of the group's checkpoint in the sink database (--sink-db
+    /// required, --checkpoint not used). Each record is applied by one
+    /// member.
+    #[arg(
+        long,
+        value_name = "NAME",
+        env = "SLUICE_GROUP",
+        hide_env_values = true
+    )]
+    pub group: Option<String>,
     /// Checkpoint directory (created if missing). One process owns it.
     #[arg(
         long,
@@ -392,7 +404,23 @@ pub fn resolve(s: Settings, config: &[(String, String)]) -> Result<PipelineConfi
     if topics.is_empty() {
         return Err(missing("--topic"));
     }
-    let checkpoint = s.checkpoint.ok_or_else(|| missing("--checkpoint"))?;
+    let checkpoint = match (&s.group, s.checkpoint) {
+        (None, c) => c.ok_or_else(|| missing("--checkpoint"))?,
+        (Some(g), None) => {
+            if s.sink_db.is_none() {
+                return Err(usage(format!(
+                    "--group {g} needs --sink-db: a pipeline group keeps its checkpoint (owners, planned ranges, progress) in the sink database"
+                )));
+            }
+            PathBuf::new()
+        }
+        (Some(_), Some(c)) => {
+            return Err(usage(format!(
+                "--group and --checkpoint {} exclude each other: a group's checkpoint is in the sink database",
+                c.display()
+            )));
+        }
+    };
     topics.sort();
     topics.dedup();
     if topics.iter().any(|t| t.trim().is_empty()) || brokers.trim().is_empty() {
@@ -440,6 +468,7 @@ pub fn resolve(s: Settings, config: &[(String, String)]) -> Result<PipelineConfi
             "--sink-schema and --sink-plugin-role are for a PostgreSQL --sink-db (on SQLite the host's tables are in `main` and the authorizer guards them)",
         ));
     }
+    cfg.group = s.group;
     cfg.sink_schema = s.sink_schema;
     cfg.sink_plugin_role = s.sink_plugin_role;
     if let Some(d) = s.sink_retry_for {

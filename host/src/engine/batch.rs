@@ -17,7 +17,7 @@ use crate::plugin::chain::{
 };
 use crate::plugin::{CallContext, Instance, PluginError};
 use crate::sink::SinkDriver;
-use crate::source::{KafkaSource, Piece, SourceRecord};
+use crate::source::{KafkaSource, Piece, SourceRecord, TopicPartition};
 
 use super::policy::{Rejection, on_bad_record, on_data_loss, with_retries};
 use super::progress::ms;
@@ -123,6 +123,8 @@ pub(super) struct BatchRun<'a> {
     files: &'a BTreeMap<String, String>,
     entry: &'a OffsetsEntry,
     ctx: CallContext,
+    /// Per-partition owner epochs of a group member ([`BatchEnv::epochs`]).
+    epochs: Option<&'a BTreeMap<TopicPartition, Epoch>>,
     metrics: &'a Metrics,
     stop: &'a AtomicBool,
     states: Vec<RangeState>,
@@ -291,7 +293,16 @@ impl BatchRun<'_> {
         let job = SinkJob {
             range: i,
             part: crate::plugin::PartitionContext {
-                batch: ctx.clone(),
+                batch: match self
+                    .epochs
+                    .and_then(|e| e.get(&(range.topic.clone(), range.partition)))
+                {
+                    Some(owner) => CallContext {
+                        epoch: owner.get(),
+                        ..ctx.clone()
+                    },
+                    None => ctx.clone(),
+                },
                 topic: range.topic.clone(),
                 partition: range.partition,
                 start_offset: start,
@@ -324,6 +335,9 @@ pub(super) struct BatchEnv<'a> {
     /// Our epoch, also when re-running a batch planned by an older owner:
     /// sinks fence on it.
     pub(super) epoch: Epoch,
+    /// A pipeline group's member: each partition's own owner epoch, which
+    /// its parts carry instead of `epoch` (the sink fences on it).
+    pub(super) epochs: Option<&'a BTreeMap<TopicPartition, Epoch>>,
     pub(super) metrics: &'a Metrics,
     /// Set when the user asked to stop: map no further piece.
     pub(super) stop: &'a AtomicBool,
@@ -355,6 +369,7 @@ pub(super) fn run_batch(
         driver,
         query_id,
         epoch,
+        epochs,
         metrics,
         stop,
     } = env;
@@ -432,6 +447,7 @@ pub(super) fn run_batch(
             files,
             entry,
             ctx,
+            epochs,
             metrics,
             stop,
             states: entry.ranges.iter().map(|_| RangeState::default()).collect(),

@@ -81,6 +81,10 @@ pub struct PipelineConfig {
     /// How long to keep reconnecting to a lost sink database before the
     /// job stops.
     pub sink_retry_for: Duration,
+    /// The pipeline group this host is a member of (`--group`): the Kafka
+    /// consumer group and the key of the group's checkpoint in the sink
+    /// database. `None`: a pipeline of its own with a checkpoint directory.
+    pub group: Option<String>,
     /// PostgreSQL schema of the host's tables (`None`: `public`).
     pub sink_schema: Option<String>,
     /// PostgreSQL role plugin statements run as (`None`: the login role).
@@ -193,6 +197,7 @@ impl PipelineConfig {
             sink_db: None,
             sink_db_password_file: None,
             sink_retry_for: crate::sink::DEFAULT_RECONNECT_FOR,
+            group: None,
             sink_schema: None,
             sink_plugin_role: None,
             max_records_per_partition: 10_000,

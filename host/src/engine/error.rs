@@ -56,6 +56,10 @@ pub enum EngineError {
         /// The SQL that deletes their rows.
         delete: String,
     },
+    /// A pipeline group's checkpoint failed (the sink database, or the
+    /// group runs another pipeline).
+    #[error(transparent)]
+    Group(#[from] crate::checkpoint::group::GroupError),
     /// A bad record under `--on-error fail`.
     #[error(
         "bad record at {topic}/{partition} offset {offset}, rejected by plugin {plugin} (sha256:{digest}): {message}; batch {batch} not committed (--on-error fail). Fix the plugin or the data, or restart with --on-error dlq (dead-letter it into the --sink-db database) or --on-error skip"

@@ -41,6 +41,7 @@ mod batch;
 mod boundary;
 mod config;
 mod error;
+mod group;
 mod plan;
 mod policy;
 mod progress;
@@ -61,6 +62,7 @@ pub use config::{
     shell_word,
 };
 pub use error::EngineError;
+pub use group::run_group;
 pub use plan::ends;
 use progress::ms;
 pub use progress::{PartitionProgress, Progress};
@@ -202,6 +204,7 @@ pub fn run_with(
                 driver: &p.driver,
                 query_id: &p.query_id,
                 epoch: p.epoch,
+                epochs: None,
                 metrics: &p.metrics,
                 stop: &stop,
             },

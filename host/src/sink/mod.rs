@@ -327,6 +327,45 @@ impl SinkDriver {
             })
     }
 
+    /// The end offset `query_id`'s progress row shows applied on
+    /// `topic/partition` (`None`: no row).
+    ///
+    /// # Errors
+    /// [`SinkError::Sql`].
+    pub fn applied_end(
+        &self,
+        query_id: &str,
+        topic: &str,
+        partition: i32,
+    ) -> Result<Option<i64>, SinkError> {
+        let Some(g) = &self.sql else {
+            return Ok(None);
+        };
+        let rows = g
+            .lock()
+            .backend()
+            .query(
+                &format!(
+                    "SELECT end_offset FROM {} WHERE query_id = $1 AND topic = $2 AND \"partition\" = $3",
+                    self.tables.progress
+                ),
+                &[
+                    crate::capability::sql::SqlValue::Text(query_id.to_string()),
+                    crate::capability::sql::SqlValue::Text(topic.to_string()),
+                    crate::capability::sql::SqlValue::Integer(partition.into()),
+                ],
+            )
+            .map_err(|error| SinkError::Sql {
+                during: "reading sluice_progress",
+                site: format!("{topic}/{partition}"),
+                error,
+            })?;
+        Ok(match rows.rows.first().and_then(|r| r.first()) {
+            Some(crate::capability::sql::SqlValue::Integer(n)) => Some(*n),
+            _ => None,
+        })
+    }
+
     /// The statement that deletes the progress rows of `query_id`.
     pub fn delete_rows_sql(&self, query_id: &str) -> String {
         format!(

@@ -331,6 +331,22 @@ impl KafkaSource {
             since_clock += 1;
             if since_clock >= CLOCK_EVERY {
                 since_clock = 0;
+                // A group member's partition taken by a rebalance ends the
+                // fetch: its range cannot complete here.
+                if self.context().is_member() {
+                    self.absorb_group_changes();
+                    if let Some(tp) = self
+                        .group_changes
+                        .revoked
+                        .iter()
+                        .find(|tp| remaining.contains_key(*tp))
+                    {
+                        return Err(SourceError::Client(format!(
+                            "{}/{} was revoked from this group member during the fetch",
+                            tp.0, tp.1
+                        )));
+                    }
+                }
                 if progressed {
                     progressed = false;
                     started = Instant::now();
@@ -373,9 +389,13 @@ impl KafkaSource {
                         }
                     };
                     let Some(i) = i else {
-                        // Assigned but not planned this batch: keep for later.
+                        // Assigned but not planned this batch: keep for later
+                        // (a group member's partition assigned in this very
+                        // poll starts where its claim said: see first).
+                        let rec = to_record(&m);
                         let tp = (m.topic().to_string(), m.partition());
-                        self.pending.entry(tp).or_default().push_back(to_record(&m));
+                        self.absorb_group_changes();
+                        self.pending.entry(tp).or_default().push_back(rec);
                         continue;
                     };
                     let r = &ranges[i];

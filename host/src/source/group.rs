@@ -32,8 +32,9 @@ use super::TopicPartition;
 /// What a group member does when the coordinator changes its assignment.
 pub trait Membership: Send + Sync {
     /// `partitions` were assigned to this member: claim them and return
-    /// where each starts (the first offset to read), or why it cannot be
-    /// taken (the member should then stop and leave the group).
+    /// where each starts (the first offset to read; [`START_EARLIEST`] or
+    /// [`START_LATEST`] for a partition with no position yet), or why it
+    /// cannot be taken (the member should then stop and leave the group).
     fn assigned(&self, partitions: &[TopicPartition])
     -> Vec<(TopicPartition, Result<i64, String>)>;
     /// `partitions` are being taken away (`lost`: the session timed out
@@ -41,6 +42,12 @@ pub trait Membership: Send + Sync {
     /// returning.
     fn revoked(&self, partitions: &[TopicPartition], lost: bool);
 }
+
+/// A start "at the log start offset" from [`Membership::assigned`]
+/// (Kafka's `OFFSET_BEGINNING`).
+pub const START_EARLIEST: i64 = -2;
+/// A start "at the high watermark" (Kafka's `OFFSET_END`).
+pub const START_LATEST: i64 = -1;
 
 /// What changed in the assignment since it was last taken, for the
 /// fetching side.
@@ -111,7 +118,12 @@ impl SourceContext {
         for ((topic, partition), claim) in claims {
             match claim {
                 Ok(start) => {
-                    take.add_partition_offset(&topic, partition, Offset::Offset(start))?;
+                    let at = match start {
+                        START_EARLIEST => Offset::Beginning,
+                        START_LATEST => Offset::End,
+                        n => Offset::Offset(n),
+                    };
+                    take.add_partition_offset(&topic, partition, at)?;
                     held.insert((topic.clone(), partition), start);
                     changes
                         .revoked

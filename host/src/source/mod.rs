@@ -36,7 +36,7 @@ pub mod group;
 mod metadata;
 
 pub use fetch::Piece;
-pub use group::{AssignmentChanges, Membership, SourceContext};
+pub use group::{AssignmentChanges, Membership, START_EARLIEST, START_LATEST, SourceContext};
 
 /// A (topic, partition) pair.
 pub type TopicPartition = (String, i32);
@@ -211,6 +211,9 @@ pub struct KafkaSource {
     describe_via: AtomicI32,
     /// The assigned partitions are paused ([`KafkaSource::pause`]).
     paused: bool,
+    /// A group member's assignment changes not yet taken by
+    /// [`KafkaSource::sync_group`].
+    group_changes: AssignmentChanges,
 }
 
 /// [`KafkaSource::describe_via`] before a broker is known.
@@ -362,16 +365,31 @@ impl KafkaSource {
     /// its claimed start, a revoked one is forgotten with what was
     /// buffered of it. Nothing for a source that is not a group member.
     pub fn sync_group(&mut self) -> AssignmentChanges {
-        let changes = self.context().take_changes();
-        for tp in &changes.revoked {
+        self.absorb_group_changes();
+        std::mem::take(&mut self.group_changes)
+    }
+
+    /// Apply the rebalances that ran in the last poll to the read
+    /// positions (before a record that poll returned is kept: it belongs
+    /// to the new assignment), and keep them for [`KafkaSource::sync_group`].
+    fn absorb_group_changes(&mut self) {
+        let c = self.context().take_changes();
+        if c == AssignmentChanges::default() {
+            return;
+        }
+        for tp in &c.revoked {
             self.assigned.remove(tp);
             self.pending.remove(tp);
+            self.group_changes.assigned.remove(tp);
+            self.group_changes.revoked.push(tp.clone());
         }
-        for (tp, start) in &changes.assigned {
+        for (tp, start) in &c.assigned {
             self.assigned.insert(tp.clone(), *start);
             self.pending.remove(tp);
+            self.group_changes.revoked.retain(|r| r != tp);
+            self.group_changes.assigned.insert(tp.clone(), *start);
         }
-        changes
+        self.group_changes.failed.extend(c.failed);
     }
 
     /// The consumer's context (the group assignment, for a member).
@@ -383,9 +401,13 @@ impl KafkaSource {
     /// rebalances and group heartbeats happen here; records that arrive
     /// are kept for the next fetch.
     pub fn serve(&mut self, timeout: Duration) {
-        if let Some(Ok(m)) = self.consumer.poll(timeout) {
-            let tp = (m.topic().to_string(), m.partition());
-            self.pending.entry(tp).or_default().push_back(to_record(&m));
+        let polled = match self.consumer.poll(timeout) {
+            Some(Ok(m)) => Some(((m.topic().to_string(), m.partition()), to_record(&m))),
+            _ => None,
+        };
+        self.absorb_group_changes();
+        if let Some((tp, rec)) = polled {
+            self.pending.entry(tp).or_default().push_back(rec);
         }
     }
 
@@ -472,6 +494,7 @@ impl KafkaSource {
             fetch_limits,
             describe_via: AtomicI32::new(NO_BROKER),
             paused: false,
+            group_changes: AssignmentChanges::default(),
         })
     }
 

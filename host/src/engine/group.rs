@@ -1,0 +1,474 @@
+//! The micro-batch loop of a pipeline group's member (`host run --group`,
+//! DESIGN.md "Scale beyond one machine: pipeline groups").
+//!
+//! Kafka's group coordinator assigns the partitions; each is claimed in
+//! the sink database when it is assigned ([`Member::assigned`]: the
+//! owner epoch goes up, the previous owner is fenced). Each batch plans
+//! only the partitions held: a range planned and not finished (by this
+//! member or the previous owner) is run again with the same bounds, the
+//! others continue at the end their progress row shows applied. The
+//! write-ahead and the commit are the group store's `plan` and `finish`,
+//! each under the partition's owner epoch; every sink part checks it in
+//! its own transaction. A fenced partition is dropped, not retried.
+//!
+//! Limits of this first version: a revoke during a fetch ends that batch
+//! (its finished parts stay applied; the planned ranges are taken over);
+//! members must be given their plugins (`--plugin`).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::capability::sql::{self, SqlGrant};
+use crate::checkpoint::group::{GroupError, GroupStore, Planned};
+use crate::checkpoint::{Epoch, Fingerprint, OffsetsEntry};
+use crate::metrics::Metrics;
+use crate::plugin::Runtime;
+use crate::sink::{SinkDriver, SinkError};
+use crate::source::{
+    KafkaSource, Membership, PartitionRange, START_EARLIEST, START_LATEST, TopicPartition,
+};
+use crate::util::now_ms;
+
+use super::batch::{BatchEnv, run_batch};
+use super::config::StartingOffsets;
+use super::policy::on_data_loss;
+use super::progress::{Progress, ms};
+use super::stages::{assemble, load_plugins};
+use super::{EngineError, PipelineConfig, RunSummary};
+
+/// A partition this member holds.
+#[derive(Debug, Clone)]
+struct Held {
+    epoch: Epoch,
+    /// The next offset to plan ([`START_EARLIEST`]/[`START_LATEST`] until
+    /// resolved).
+    next: i64,
+    /// A range to run again with these bounds.
+    planned: Option<Planned>,
+}
+
+/// The member's answers to the coordinator, and what it holds.
+struct Member {
+    store: Arc<GroupStore>,
+    driver: Arc<SinkDriver>,
+    group: String,
+    owner: String,
+    starting: StartingOffsets,
+    held: Mutex<BTreeMap<TopicPartition, Held>>,
+}
+
+impl Member {
+    fn held(&self) -> BTreeMap<TopicPartition, Held> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn update(&self, tp: &TopicPartition, f: impl FnOnce(&mut Held)) {
+        if let Some(h) = self
+            .held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(tp)
+        {
+            f(h);
+        }
+    }
+
+    fn drop_partition(&self, tp: &TopicPartition, why: &dyn std::fmt::Display) {
+        tracing::warn!(topic = %tp.0, partition = tp.1, "{why}");
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(tp);
+    }
+
+    fn claim(&self, (topic, partition): &TopicPartition) -> Result<Held, String> {
+        let c = self
+            .store
+            .claim(topic, *partition, &self.owner, "")
+            .map_err(|e| e.to_string())?;
+        let next = match &c.planned {
+            Some(p) => p.start,
+            None => match self
+                .driver
+                .applied_end(&self.group, topic, *partition)
+                .map_err(|e| e.to_string())?
+            {
+                Some(end) => end,
+                None => match self.starting {
+                    StartingOffsets::Earliest => START_EARLIEST,
+                    StartingOffsets::Latest => START_LATEST,
+                },
+            },
+        };
+        tracing::info!(
+            topic,
+            partition,
+            epoch = c.epoch.get(),
+            previous_owner = c.previous_owner,
+            next,
+            rerun = c.planned.is_some(),
+            "claimed"
+        );
+        Ok(Held {
+            epoch: c.epoch,
+            next,
+            planned: c.planned,
+        })
+    }
+}
+
+impl Membership for Member {
+    fn assigned(
+        &self,
+        partitions: &[TopicPartition],
+    ) -> Vec<(TopicPartition, Result<i64, String>)> {
+        partitions
+            .iter()
+            .map(|tp| {
+                let claimed = self.claim(tp).map(|h| {
+                    let next = h.next;
+                    self.held
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(tp.clone(), h);
+                    next
+                });
+                (tp.clone(), claimed)
+            })
+            .collect()
+    }
+
+    fn revoked(&self, partitions: &[TopicPartition], lost: bool) {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        for tp in partitions {
+            held.remove(tp);
+            tracing::info!(topic = %tp.0, partition = tp.1, lost, "revoked");
+        }
+    }
+}
+
+/// Run as a member of pipeline group `cfg.group` until `stop` is set (or,
+/// with `until_caught_up`, until every partition held is read up to its
+/// high watermark); leaving the group hands the partitions to the others.
+///
+/// # Errors
+/// [`EngineError`]: the sink database (the group's checkpoint) down or
+/// refusing, a group running other topics, a plugin or Kafka failure.
+pub fn run_group(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSummary, EngineError> {
+    let Some(group) = cfg.group.clone() else {
+        return Err(EngineError::Config("run_group needs --group".into()));
+    };
+    let Some(url) = cfg.sink_db.clone() else {
+        return Err(EngineError::Config(format!(
+            "--group {group} needs --sink-db: a pipeline group keeps its checkpoint (owners, planned ranges, progress) in the sink database"
+        )));
+    };
+    let db_err = |error| EngineError::SinkDb {
+        url: sql::redact(&url),
+        error,
+    };
+    let runtime = Arc::new(Runtime::new(cfg.limits).map_err(EngineError::Config)?);
+    let grant =
+        SqlGrant::connect_with(&url, cfg.sink_db_password_file.as_deref()).map_err(db_err)?;
+    grant.limit_statements(cfg.limits.call_timeout);
+    grant
+        .set_host_schema(cfg.sink_schema.clone())
+        .and_then(|()| grant.set_plugin_role(cfg.sink_plugin_role.clone()))
+        .map_err(db_err)?;
+    let schema = grant.host_schema();
+    let store = Arc::new(GroupStore::open(
+        &url,
+        cfg.sink_db_password_file.as_deref(),
+        &schema,
+        &group,
+    )?);
+    if cfg.plugins.is_empty() {
+        return Err(EngineError::Config(format!(
+            "--group {group}: pass the plugins with --plugin FILE (a member does not take the group's plugins yet)"
+        )));
+    }
+    let loaded = load_plugins(cfg, &runtime, &[], &|_| unreachable_store())?;
+    let stages_refs: Vec<_> = loaded.iter().map(|(p, _)| p.digest().to_string()).collect();
+    for (_, bytes) in &loaded {
+        store.store_plugin(bytes)?;
+    }
+    let mut stages = assemble(cfg, &loaded, &[], Some(&grant))?;
+    drop(loaded);
+    let current = store.join(&Fingerprint::new(&cfg.topics), &stages.refs)?;
+    if current != stages.refs {
+        tracing::info!(
+            group,
+            "this member runs other plugins than the group's current ones (a rolling upgrade): {:?} vs {:?}",
+            stages_refs,
+            current.iter().map(|r| &r.digest).collect::<Vec<_>>()
+        );
+        store.set_plugins(&stages.refs)?;
+    }
+    let owner = format!("pid {} on {}", std::process::id(), crate::util::hostname());
+    let driver = Arc::new(
+        SinkDriver::new(Some(grant.clone()))
+            .map_err(db_err)?
+            .reconnect_for(cfg.sink_retry_for)
+            .owner(format!("{owner}, group {group}"))
+            .in_group(store.tables().clone(), group.clone()),
+    );
+    if let Some(role) = grant.plugin_role() {
+        grant
+            .check_plugin_role(&role, &store.tables().all())
+            .map_err(db_err)?;
+    }
+    let member = Arc::new(Member {
+        store: store.clone(),
+        driver: driver.clone(),
+        group: group.clone(),
+        owner,
+        starting: cfg.starting_offsets,
+        held: Mutex::new(BTreeMap::new()),
+    });
+    let mut source = KafkaSource::member(
+        &cfg.brokers,
+        &cfg.kafka,
+        &group,
+        &cfg.topics,
+        member.clone(),
+        false,
+        cfg.kafka_timeout,
+    )?;
+    tracing::info!(group, "joined the pipeline group");
+    let metrics = Metrics::new();
+    let mut summary = RunSummary::default();
+    let mut batch_id = 0u64;
+    let mut joined_at = Instant::now();
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            tracing::info!("stop requested: the last batch is committed, leaving the group");
+            break;
+        }
+        source.serve(Duration::from_millis(10));
+        let changes = source.sync_group();
+        if let Some((tp, why)) = changes.failed.first() {
+            return Err(EngineError::Config(format!(
+                "could not claim {}/{}: {why}",
+                tp.0, tp.1
+            )));
+        }
+        if !changes.assigned.is_empty() || !changes.revoked.is_empty() {
+            joined_at = Instant::now();
+        }
+
+        // Plan the partitions held.
+        let started = Instant::now();
+        let held = member.held();
+        let mut ranges = Vec::new();
+        let mut epochs = BTreeMap::new();
+        let mut gaps = Vec::new();
+        let mut rerun = false;
+        for (tp, h) in &held {
+            let (start, end) = match &h.planned {
+                Some(p) => {
+                    rerun = true;
+                    (p.start, p.end)
+                }
+                None => {
+                    let (low, high) = source.watermarks(&tp.0, tp.1)?;
+                    let next = match h.next {
+                        START_EARLIEST => low,
+                        START_LATEST => high,
+                        n if n < low => {
+                            gaps.push(on_data_loss(
+                                cfg.on_data_loss,
+                                &tp.0,
+                                tp.1,
+                                (n, low),
+                                "group member",
+                            )?);
+                            low
+                        }
+                        n => n,
+                    };
+                    if next != h.next {
+                        member.update(tp, |h| h.next = next);
+                    }
+                    let max = i64::try_from(cfg.max_records_per_partition).unwrap_or(i64::MAX);
+                    (next, high.min(next.saturating_add(max)))
+                }
+            };
+            if end > start {
+                ranges.push(PartitionRange {
+                    topic: tp.0.clone(),
+                    partition: tp.1,
+                    start,
+                    end,
+                });
+                epochs.insert(tp.clone(), h.epoch);
+            }
+        }
+        if ranges.is_empty() {
+            // Caught up: with --until-caught-up, once the assignment has
+            // been stable for a moment (a rebalance may still hand over
+            // partitions with work left).
+            if cfg.until_caught_up
+                && !held.is_empty()
+                && joined_at.elapsed() > Duration::from_secs(3)
+            {
+                tracing::info!("caught up on every partition held");
+                break;
+            }
+            let until = Instant::now() + cfg.trigger_interval;
+            while Instant::now() < until && !stop.load(Ordering::Relaxed) {
+                source.serve(Duration::from_millis(50));
+            }
+            continue;
+        }
+
+        // Write ahead, under each partition's owner epoch.
+        batch_id += 1;
+        let parts: Vec<(String, i32, Epoch, Planned)> = ranges
+            .iter()
+            .map(|r| {
+                let epoch = epochs[&(r.topic.clone(), r.partition)];
+                (
+                    r.topic.clone(),
+                    r.partition,
+                    epoch,
+                    Planned {
+                        batch: batch_id,
+                        start: r.start,
+                        end: r.end,
+                        plugins: stages.refs.clone(),
+                    },
+                )
+            })
+            .collect();
+        match store.plan(&parts) {
+            Ok(()) => {}
+            Err(e @ GroupError::Fenced { .. }) => {
+                if let GroupError::Fenced {
+                    topic, partition, ..
+                } = &e
+                {
+                    member.drop_partition(&(topic.clone(), *partition), &e);
+                }
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        }
+        for (topic, partition, _, planned) in &parts {
+            member.update(&(topic.clone(), *partition), |h| {
+                h.planned = Some(planned.clone())
+            });
+        }
+        let entry = OffsetsEntry {
+            batch_id,
+            epoch: epochs.values().copied().max().unwrap_or_default(),
+            planned_at_ms: now_ms(),
+            ranges: ranges.clone(),
+            plugins: stages.refs.clone(),
+            config_digest: String::new(),
+            note: None,
+            topics: BTreeMap::new(),
+            sink_db: None,
+        };
+        let plan_ms = ms(started.elapsed());
+
+        // Fetch, map and sink.
+        let done = run_batch(
+            BatchEnv {
+                cfg,
+                source: &mut source,
+                stages: &mut stages,
+                driver: &driver,
+                query_id: &group,
+                epoch: entry.epoch,
+                epochs: Some(&epochs),
+                metrics: &metrics,
+                stop: &stop,
+            },
+            &entry,
+            rerun,
+        );
+        let done = match done {
+            Ok(d) => d,
+            Err(EngineError::Sink(SinkError::Group(e @ GroupError::Fenced { .. }))) => {
+                if let GroupError::Fenced {
+                    topic, partition, ..
+                } = &e
+                {
+                    member.drop_partition(&(topic.clone(), *partition), &e);
+                }
+                continue;
+            }
+            Err(e) => {
+                // A rebalance that took a partition of this batch ends the
+                // batch; its planned ranges are run by whoever holds them.
+                let changes = source.sync_group();
+                let took = changes.revoked.iter().any(|tp| {
+                    ranges
+                        .iter()
+                        .any(|r| r.topic == tp.0 && r.partition == tp.1)
+                });
+                if took {
+                    tracing::info!("a rebalance took a partition of batch {batch_id}: {e}");
+                    continue;
+                }
+                return Err(e);
+            }
+        };
+
+        // Commit: clear the planned ranges, still under our epochs.
+        let commit_started = Instant::now();
+        let finished: Vec<(String, i32, Epoch)> = parts
+            .iter()
+            .map(|(t, p, e, _)| (t.clone(), *p, *e))
+            .collect();
+        if let Err(e) = store.finish(batch_id, &finished) {
+            match &e {
+                GroupError::Fenced {
+                    topic, partition, ..
+                } => member.drop_partition(&(topic.clone(), *partition), &e),
+                _ => return Err(e.into()),
+            }
+        }
+        for r in &ranges {
+            member.update(&(r.topic.clone(), r.partition), |h| {
+                h.planned = None;
+                h.next = r.end;
+            });
+        }
+        let mut timings = done.timings;
+        timings.plan = plan_ms;
+        timings.commit = ms(commit_started.elapsed());
+        gaps.extend(done.gaps);
+        summary.batches += 1;
+        summary.last_batch = Some(batch_id);
+        summary.counts.add(&done.counts);
+        summary
+            .plugins_per_batch
+            .push((batch_id, stages.refs.clone()));
+        metrics.batch(&done.counts, &timings, rerun, &BTreeMap::new());
+        Progress::new(
+            &entry,
+            entry.epoch,
+            rerun,
+            &done.counts,
+            &timings,
+            started.elapsed(),
+            BTreeMap::new(),
+            &gaps,
+        )
+        .emit(cfg.progress);
+    }
+    drop(source);
+    Ok(summary)
+}
+
+/// Members load their plugins from files, never from the store yet.
+fn unreachable_store() -> Result<(std::path::PathBuf, Vec<u8>), crate::checkpoint::CheckpointError>
+{
+    Err(crate::checkpoint::CheckpointError::Corrupt {
+        file: std::path::PathBuf::from("group plugin store"),
+        reason: "a group member loads its plugins with --plugin".into(),
+    })
+}

@@ -1,0 +1,153 @@
+//! Pipeline groups end to end: several `host run --group NAME` processes on
+//! one topic, a real broker's group coordinator splitting the partitions,
+//! the checkpoint and fencing in the sink database, and the deliberately
+//! non-idempotent `sql-counter` sink: every record counted exactly once.
+
+use std::time::{Duration, Instant};
+
+use crate::kafka::{Broker, Mock, producer};
+use crate::support::{Db, HostProcess, plugin};
+
+fn produce(b: &dyn Broker, topic: &str, from: usize, n: usize, partitions: i32) {
+    let p = producer(&b.bootstrap());
+    for i in from..from + n {
+        p.send(
+            topic,
+            (i as i32) % partitions,
+            Some(format!("k{i}").as_bytes()),
+            Some(format!("v{i}").as_bytes()),
+            &[],
+        );
+    }
+    p.flush();
+}
+
+/// `host run --group NAME` with the counting sink, small batches.
+fn member_args(b: &dyn Broker, db: &Db, group: &str, extra: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = [
+        "run",
+        "--brokers",
+        &b.bootstrap(),
+        "--topic",
+        "events",
+        "--group",
+        group,
+        "--sink-db",
+        &db.url,
+        "--max-records-per-partition",
+        "50",
+        "--trigger-interval",
+        "100ms",
+        "--config",
+        "kafka.session.timeout.ms=6000",
+        "--config",
+        "kafka.heartbeat.interval.ms=500",
+        "--plugin",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    v.push(plugin("sql_counter").display().to_string());
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
+/// Every record counted once and seen once.
+fn assert_exactly_once(db: &Db, n: i64) {
+    assert_eq!(db.counted(), n, "{}: counter", db.name);
+    assert_eq!(
+        db.scalar("SELECT count(DISTINCT idempotency_key) FROM seen"),
+        n,
+        "{}: distinct keys",
+        db.name
+    );
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM seen"),
+        n,
+        "{}: rows",
+        db.name
+    );
+}
+
+/// The counter, 0 before the sink made its tables.
+fn counted(db: &Db) -> i64 {
+    let rows = sluice_host::capability::sql::connect(&db.url)
+        .and_then(|mut b| b.query("SELECT n FROM counters WHERE name = 'records'", &[]));
+    match rows
+        .ok()
+        .and_then(|r| r.rows.into_iter().next())
+        .and_then(|r| r.into_iter().next())
+    {
+        Some(sluice_host::capability::sql::SqlValue::Integer(n)) => n,
+        _ => 0,
+    }
+}
+
+fn wait_until(what: &str, within: Duration, f: impl Fn() -> bool) {
+    let started = Instant::now();
+    while !f() {
+        assert!(started.elapsed() < within, "{what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Two members that start together on 6 partitions with
+/// `--until-caught-up`: each record is applied by exactly one of them,
+/// and both exit 0.
+#[test]
+fn two_members_apply_each_record_once() {
+    for db in Db::both() {
+        let mock = Mock::new();
+        mock.create_topic("events", 6);
+        produce(&mock, "events", 0, 600, 6);
+        let a = HostProcess::start(&member_args(&mock, &db, "g1", &["--until-caught-up"]));
+        let b = HostProcess::start(&member_args(&mock, &db, "g1", &["--until-caught-up"]));
+        let (ca, la) = a.finish();
+        let (cb, lb) = b.finish();
+        assert_eq!(ca, Some(0), "{}: a\n{la}", db.name);
+        assert_eq!(cb, Some(0), "{}: b\n{lb}", db.name);
+        assert_exactly_once(&db, 600);
+    }
+}
+
+/// A member joins a running one, then the first is stopped with SIGTERM
+/// while records keep arriving: its partitions move to the other member,
+/// and nothing is lost or counted twice.
+#[test]
+fn a_member_that_stops_hands_its_partitions_to_the_other() {
+    let db = Db::sqlite();
+    let mock = Mock::new();
+    mock.create_topic("events", 6);
+    produce(&mock, "events", 0, 300, 6);
+    let mut a = HostProcess::start(&member_args(&mock, &db, "g2", &[]));
+    wait_until(
+        "a applies the first records",
+        Duration::from_secs(60),
+        || counted(&db) == 300,
+    );
+    let mut b = HostProcess::start(&member_args(&mock, &db, "g2", &[]));
+    b.wait_for("claimed", Duration::from_secs(60));
+    produce(&mock, "events", 300, 300, 6);
+    let started = Instant::now();
+    while counted(&db) != 600 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "both apply the second records: {}\n--- a\n{}\n--- b\n{}",
+            counted(&db),
+            a.log(),
+            b.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(a.term(), Some(0), "{}", a.log());
+    produce(&mock, "events", 600, 300, 6);
+    wait_until(
+        "b takes over a's partitions",
+        Duration::from_secs(90),
+        || counted(&db) >= 900,
+    );
+    // Give any duplicate a moment to show.
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(b.term(), Some(0), "{}", b.log());
+    assert_exactly_once(&db, 900);
+}
