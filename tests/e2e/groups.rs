@@ -151,3 +151,56 @@ fn a_member_that_stops_hands_its_partitions_to_the_other() {
     assert_eq!(b.term(), Some(0), "{}", b.log());
     assert_exactly_once(&db, 900);
 }
+
+/// Three members on one group; one is killed with SIGKILL (no leave, no
+/// commit), another is frozen with SIGSTOP past the session timeout and
+/// thawed later (a zombie): the coordinator moves their partitions, the
+/// new owners' claims fence the old ones, and every record is counted
+/// once.
+#[test]
+fn a_killed_member_and_a_zombie_lose_and_double_nothing() {
+    let db = Db::postgres();
+    let mock = Mock::new();
+    mock.create_topic("events", 6);
+    produce(&mock, "events", 0, 300, 6);
+    let mut a = HostProcess::start(&member_args(&mock, &db, "g3", &[]));
+    let mut b = HostProcess::start(&member_args(&mock, &db, "g3", &[]));
+    let mut c = HostProcess::start(&member_args(&mock, &db, "g3", &[]));
+    let logs = |a: &HostProcess, b: &HostProcess, c: &HostProcess| {
+        format!("--- a\n{}\n--- b\n{}\n--- c\n{}", a.log(), b.log(), c.log())
+    };
+    let until = |n: i64, what: &str, a: &HostProcess, b: &HostProcess, c: &HostProcess| {
+        let started = Instant::now();
+        while counted(&db) != n {
+            assert!(
+                started.elapsed() < Duration::from_secs(90),
+                "{what}: {} of {n}\n{}",
+                counted(&db),
+                logs(a, b, c)
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    until(300, "three members apply the first records", &a, &b, &c);
+    a.kill();
+    produce(&mock, "events", 300, 300, 6);
+    until(
+        600,
+        "the others take over the killed member's partitions",
+        &a,
+        &b,
+        &c,
+    );
+    // b freezes past its session timeout (6 s); c takes everything.
+    b.signal("STOP");
+    std::thread::sleep(Duration::from_secs(9));
+    produce(&mock, "events", 600, 300, 6);
+    until(900, "c applies while b is frozen", &a, &b, &c);
+    b.signal("CONT");
+    produce(&mock, "events", 900, 300, 6);
+    until(1200, "b rejoins and the group goes on", &a, &b, &c);
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(c.term(), Some(0), "{}", logs(&a, &b, &c));
+    assert_eq!(b.term(), Some(0), "{}", logs(&a, &b, &c));
+    assert_exactly_once(&db, 1200);
+}

@@ -172,9 +172,9 @@ pub fn run_group(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSumma
     let runtime = Arc::new(Runtime::new(cfg.limits).map_err(EngineError::Config)?);
     let grant =
         SqlGrant::connect_with(&url, cfg.sink_db_password_file.as_deref()).map_err(db_err)?;
-    grant.limit_statements(cfg.limits.call_timeout);
     grant
-        .set_host_schema(cfg.sink_schema.clone())
+        .limit_statements(cfg.limits.call_timeout)
+        .and_then(|()| grant.set_host_schema(cfg.sink_schema.clone()))
         .and_then(|()| grant.set_plugin_role(cfg.sink_plugin_role.clone()))
         .map_err(db_err)?;
     let schema = grant.host_schema();

@@ -140,9 +140,9 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
         None => None,
     };
     if let Some(g) = &sql {
-        g.limit_statements(cfg.limits.call_timeout);
         let url = cfg.sink_db.as_deref().unwrap_or_default();
-        g.set_host_schema(cfg.sink_schema.clone())
+        g.limit_statements(cfg.limits.call_timeout)
+            .and_then(|()| g.set_host_schema(cfg.sink_schema.clone()))
             .and_then(|()| g.set_plugin_role(cfg.sink_plugin_role.clone()))
             .map_err(sink_db_error(url))?;
     }

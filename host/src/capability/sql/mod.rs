@@ -477,8 +477,19 @@ impl SqlGrant {
     /// Bound every plugin statement to `limit` (the plugin call deadline):
     /// PostgreSQL's `statement_timeout` (SQLSTATE 57014 when it fires),
     /// SQLite's progress handler (the statement is interrupted).
-    pub fn limit_statements(&self, limit: std::time::Duration) {
-        self.lock().statement_limit = Some(limit);
+    ///
+    /// On PostgreSQL it also ends a session that stays idle inside an open
+    /// transaction for `max(60 s, 3 × limit)` (`idle_in_transaction_session_timeout`):
+    /// a host frozen mid-part (SIGSTOP, a stalled VM) would otherwise hold
+    /// its row locks, and a pipeline group's next owner would wait on
+    /// them for as long.
+    ///
+    /// # Errors
+    /// The database's error setting it.
+    pub fn limit_statements(&self, limit: std::time::Duration) -> Result<(), DbError> {
+        let mut s = self.lock();
+        s.statement_limit = Some(limit);
+        s.apply_idle_limit()
     }
 
     /// Replace a lost connection with a new one to the same database
@@ -501,7 +512,7 @@ impl SqlGrant {
         s.backend = backend;
         s.open = false;
         s.failed = None;
-        Ok(())
+        s.apply_idle_limit()
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, Session> {
@@ -620,6 +631,21 @@ impl Session {
             )));
         }
         Ok(Approved { watch: false })
+    }
+
+    /// See [`SqlGrant::limit_statements`].
+    fn apply_idle_limit(&mut self) -> Result<(), DbError> {
+        let Some(limit) = self.statement_limit else {
+            return Ok(());
+        };
+        if self.backend.dialect() != Dialect::Postgres {
+            return Ok(());
+        }
+        let idle = (limit * 3).max(std::time::Duration::from_secs(60));
+        self.backend.batch(&format!(
+            "SET idle_in_transaction_session_timeout = {}",
+            idle.as_millis()
+        ))
     }
 
     /// The transaction and role are still those the plugin window opened

@@ -445,7 +445,20 @@ fn a_plugin_statement_stops_at_the_call_deadline() {
     // Found by an attack run: pg_sleep(20) ran 61 s under a 2 s deadline.
     let d = tempfile::tempdir().unwrap();
     for g in grants(d.path()) {
-        g.limit_statements(std::time::Duration::from_millis(300));
+        g.limit_statements(std::time::Duration::from_millis(300))
+            .unwrap();
+        if g.dialect() == Dialect::Postgres {
+            // A session idle inside a transaction is ended after 60 s.
+            let idle = g
+                .lock()
+                .backend()
+                .query(
+                    "SELECT current_setting('idle_in_transaction_session_timeout')",
+                    &[],
+                )
+                .unwrap();
+            assert_eq!(idle.rows, vec![vec![SqlValue::Text("1min".into())]]);
+        }
         window(&g);
         let slow = match g.dialect() {
             Dialect::Postgres => "SELECT pg_sleep(20)",
