@@ -107,6 +107,39 @@ fn two_members_apply_each_record_once() {
         assert_eq!(ca, Some(0), "{}: a\n{la}", db.name);
         assert_eq!(cb, Some(0), "{}: b\n{lb}", db.name);
         assert_exactly_once(&db, 600);
+        // The group's status names every partition, applied to its end,
+        // nothing in flight.
+        let out = std::process::Command::new(crate::support::host_bin())
+            .args([
+                "group",
+                "status",
+                "--sink-db",
+                &db.url,
+                "--group",
+                "g1",
+                "--json",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let parts = v["partitions"].as_array().unwrap();
+        assert_eq!(parts.len(), 6, "{v}");
+        assert!(
+            parts.iter().all(|p| p["applied_end"] == 100
+                && p["planned"].is_null()
+                && p["owner_epoch"].as_u64() >= Some(1)),
+            "{v}"
+        );
+        let none = std::process::Command::new(crate::support::host_bin())
+            .args(["group", "status", "--sink-db", &db.url, "--group", "nope"])
+            .output()
+            .unwrap();
+        assert_eq!(none.status.code(), Some(2));
     }
 }
 

@@ -22,6 +22,7 @@ macro_rules! outln {
 
 mod checkpoint_cmd;
 mod demo_cmd;
+mod group_cmd;
 mod plugin_cmd;
 mod reset;
 pub mod run_cmd;
@@ -127,6 +128,9 @@ pub enum Command {
     /// Inspect checkpoint directories, or move a stopped pipeline's offsets (reset).
     #[command(subcommand)]
     Checkpoint(checkpoint_cmd::CheckpointCommand),
+    /// Inspect a pipeline group (`host run --group`) in its sink database.
+    #[command(subcommand)]
+    Group(group_cmd::GroupCommand),
 }
 
 /// Sandbox limits shared by every command that runs plugins.
@@ -313,6 +317,7 @@ pub fn main() -> std::process::ExitCode {
         Command::Test(args) => test_cmd::run(args),
         Command::Plugin(cmd) => plugin_cmd::run(cmd),
         Command::Checkpoint(cmd) => checkpoint_cmd::run(cmd),
+        Command::Group(cmd) => group_cmd::run(cmd),
     };
     crate::status_line::clear();
     match result {

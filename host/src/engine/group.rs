@@ -219,12 +219,20 @@ pub fn run_group(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSumma
             .check_plugin_role(&role, &store.tables().all())
             .map_err(db_err)?;
     }
+    // --starting-offsets is for the partitions of a new group; a partition
+    // added to a running group's topics starts at its log start, as the
+    // design says of partitions discovered later.
+    let starting = if store.partitions()?.is_empty() {
+        cfg.starting_offsets
+    } else {
+        StartingOffsets::Earliest
+    };
     let member = Arc::new(Member {
         store: store.clone(),
         driver: driver.clone(),
         group: group.clone(),
         owner,
-        starting: cfg.starting_offsets,
+        starting,
         held: Mutex::new(BTreeMap::new()),
     });
     let mut source = KafkaSource::member(

@@ -1,0 +1,113 @@
+//! `host group …`: views of a pipeline group's checkpoint in the sink
+//! database.
+
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+use serde::Serialize;
+
+use super::{CliError, ExitCode, WithCode};
+use crate::capability::sql::{self, SqlGrant};
+use crate::checkpoint::group::{GroupStore, PartitionRow};
+use crate::sink::SinkDriver;
+use crate::util::rfc3339_ms;
+
+/// `host group …` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum GroupCommand {
+    /// Show each partition of a pipeline group: owner, owner epoch, when
+    /// it was claimed, the range in flight and the end applied. Read-only.
+    Status(GroupArgs),
+}
+
+/// Which group, in which database.
+#[derive(Debug, Args)]
+pub struct GroupArgs {
+    /// The group's sink database (`sqlite:PATH` or `postgres://…`).
+    #[arg(long, value_name = "URL")]
+    pub sink_db: String,
+    /// The pipeline group's name (`host run --group NAME`).
+    #[arg(long, value_name = "NAME")]
+    pub group: String,
+    /// File whose first line is the database's password (PostgreSQL).
+    #[arg(long, value_name = "FILE")]
+    pub sink_db_password_file: Option<PathBuf>,
+    /// PostgreSQL schema of the host's tables [default: public].
+    #[arg(long, value_name = "SCHEMA")]
+    pub sink_schema: Option<String>,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One partition as `host group status` shows it.
+#[derive(Debug, Serialize)]
+struct Shown {
+    #[serde(flatten)]
+    row: PartitionRow,
+    /// End offset the progress row shows applied.
+    applied_end: Option<i64>,
+}
+
+/// Run `host group …`.
+///
+/// # Errors
+/// Exit 1 when the database cannot be read; 2 for a group it does not
+/// hold.
+pub fn run(cmd: GroupCommand) -> Result<(), CliError> {
+    let GroupCommand::Status(a) = cmd;
+    let url = sql::redact(&a.sink_db);
+    let grant = SqlGrant::connect_with(&a.sink_db, a.sink_db_password_file.as_deref())
+        .and_then(|g| g.set_host_schema(a.sink_schema.clone()).map(|()| g))
+        .map_err(|e| anyhow::anyhow!("sink database {url}: {e}"))?;
+    let schema = grant.host_schema();
+    let store = GroupStore::open(
+        &a.sink_db,
+        a.sink_db_password_file.as_deref(),
+        &schema,
+        &a.group,
+    )?;
+    let rows = store.partitions()?;
+    if rows.is_empty() {
+        return Err(anyhow::anyhow!(
+            "sink database {url} holds no partitions of group {}: no member has claimed any (is the name right?)",
+            a.group
+        ))
+        .code(ExitCode::Usage);
+    }
+    let driver = SinkDriver::new(Some(grant)).map_err(|e| anyhow::anyhow!("{url}: {e}"))?;
+    let mut shown = Vec::new();
+    for row in rows {
+        let applied_end = driver.applied_end(&a.group, &row.topic, row.partition)?;
+        shown.push(Shown { row, applied_end });
+    }
+    if a.json {
+        outln!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "group": a.group,
+                "partitions": shown,
+            }))?
+        )?;
+        return Ok(());
+    }
+    outln!("group       {}", a.group)?;
+    for s in &shown {
+        let r = &s.row;
+        outln!(
+            "{}/{}  owner {} (epoch {}, since {})  applied to {}{}",
+            r.topic,
+            r.partition,
+            r.owner,
+            r.owner_epoch,
+            rfc3339_ms(r.claimed_at_ms),
+            s.applied_end
+                .map_or("nothing yet".to_string(), |e| e.to_string()),
+            match &r.planned {
+                Some(p) => format!("  in flight [{}, {}) batch {}", p.start, p.end, p.batch),
+                None => String::new(),
+            }
+        )?;
+    }
+    Ok(())
+}
