@@ -248,6 +248,7 @@ pub fn run_group(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSumma
     let metrics = Metrics::new();
     let mut summary = RunSummary::default();
     let mut batch_id = 0u64;
+    let started_at = Instant::now();
     let mut joined_at = Instant::now();
     loop {
         if stop.load(Ordering::Relaxed) {
@@ -317,9 +318,12 @@ pub fn run_group(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSumma
             // Caught up: with --until-caught-up, once the assignment has
             // been stable for a moment (a rebalance may still hand over
             // partitions with work left).
+            // A member that the coordinator gives nothing (more members
+            // than partitions) is done too, once the group had time to
+            // assign it something.
             if cfg.until_caught_up
-                && !held.is_empty()
                 && joined_at.elapsed() > Duration::from_secs(3)
+                && (!held.is_empty() || started_at.elapsed() > Duration::from_secs(15))
             {
                 tracing::info!("caught up on every partition held");
                 break;
