@@ -158,7 +158,16 @@ fn a_member_that_stops_hands_its_partitions_to_the_other() {
         Duration::from_secs(60),
         || counted(&db) == 300,
     );
-    let mut b = HostProcess::start(&member_args(&mock, &db, "g2", &[]));
+    // b brings no plugin: it runs the group's current one, from the
+    // group's store in the database.
+    let mut b_args = member_args(&mock, &db, "g2", &[]);
+    let at = b_args.iter().position(|a| a == "--plugin").unwrap();
+    b_args.drain(at..at + 2);
+    let mut b = HostProcess::start(&b_args);
+    b.wait_for(
+        "running the group's current plugins",
+        Duration::from_secs(60),
+    );
     b.wait_for("claimed", Duration::from_secs(60));
     produce(&mock, "events", 300, 300, 6);
     let started = Instant::now();

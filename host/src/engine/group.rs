@@ -12,8 +12,7 @@
 //! its own transaction. A fenced partition is dropped, not retried.
 //!
 //! Limits of this first version: a revoke during a fetch ends that batch
-//! (its finished parts stay applied; the planned ranges are taken over);
-//! members must be given their plugins (`--plugin`).
+//! (its finished parts stay applied; the planned ranges are taken over).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -184,27 +183,55 @@ pub fn run_group(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSumma
         &schema,
         &group,
     )?);
-    if cfg.plugins.is_empty() {
-        return Err(EngineError::Config(format!(
-            "--group {group}: pass the plugins with --plugin FILE (a member does not take the group's plugins yet)"
-        )));
-    }
-    let loaded = load_plugins(cfg, &runtime, &[], &|_| unreachable_store())?;
-    let stages_refs: Vec<_> = loaded.iter().map(|(p, _)| p.digest().to_string()).collect();
+    // Without --plugin a member runs the group's current plugins, read
+    // from the group's store; with --plugin it brings its own (a rolling
+    // upgrade when they differ), and the group records them for the
+    // members that come next.
+    let fingerprint = Fingerprint::new(&cfg.topics);
+    let recorded = if cfg.plugins.is_empty() {
+        let current = store.join(&fingerprint, &[])?;
+        if current.is_empty() {
+            return Err(EngineError::Config(format!(
+                "no plugins: pass --plugin FILE (group {group} records none for new members to take)"
+            )));
+        }
+        current
+    } else {
+        Vec::new()
+    };
+    let stored = |digest: &str| {
+        store
+            .load_plugin(digest)
+            .map(|bytes| {
+                (
+                    std::path::PathBuf::from(format!("group {group}: {digest}")),
+                    bytes,
+                )
+            })
+            .map_err(|e| crate::checkpoint::CheckpointError::Corrupt {
+                file: std::path::PathBuf::from(format!("sluice_group_plugins {digest}")),
+                reason: e.to_string(),
+            })
+    };
+    let loaded = load_plugins(cfg, &runtime, &recorded, &stored)?;
     for (_, bytes) in &loaded {
         store.store_plugin(bytes)?;
     }
-    let mut stages = assemble(cfg, &loaded, &[], Some(&grant))?;
+    let mut stages = assemble(cfg, &loaded, &recorded, Some(&grant))?;
     drop(loaded);
-    let current = store.join(&Fingerprint::new(&cfg.topics), &stages.refs)?;
-    if current != stages.refs {
-        tracing::info!(
-            group,
-            "this member runs other plugins than the group's current ones (a rolling upgrade): {:?} vs {:?}",
-            stages_refs,
-            current.iter().map(|r| &r.digest).collect::<Vec<_>>()
-        );
-        store.set_plugins(&stages.refs)?;
+    if !cfg.plugins.is_empty() {
+        let current = store.join(&fingerprint, &stages.refs)?;
+        if current != stages.refs {
+            tracing::info!(
+                group,
+                "this member brings other plugins than the group's current ones (a rolling upgrade): {:?} instead of {:?}; members that start without --plugin take these",
+                stages.refs.iter().map(|r| &r.digest).collect::<Vec<_>>(),
+                current.iter().map(|r| &r.digest).collect::<Vec<_>>()
+            );
+            store.set_plugins(&stages.refs)?;
+        }
+    } else {
+        tracing::info!(group, "running the group's current plugins");
     }
     let owner = format!("pid {} on {}", std::process::id(), crate::util::hostname());
     let driver = Arc::new(
@@ -474,13 +501,4 @@ pub fn run_group(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSumma
     }
     drop(source);
     Ok(summary)
-}
-
-/// Members load their plugins from files, never from the store yet.
-fn unreachable_store() -> Result<(std::path::PathBuf, Vec<u8>), crate::checkpoint::CheckpointError>
-{
-    Err(crate::checkpoint::CheckpointError::Corrupt {
-        file: std::path::PathBuf::from("group plugin store"),
-        reason: "a group member loads its plugins with --plugin".into(),
-    })
 }
