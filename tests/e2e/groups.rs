@@ -246,3 +246,65 @@ fn a_killed_member_and_a_zombie_lose_and_double_nothing() {
     assert_eq!(b.term(), Some(0), "{}", logs(&a, &b, &c));
     assert_exactly_once(&db, 1200);
 }
+
+/// Rolling upgrade in a group: a member with the map plugin `tag-v2`
+/// joins one running `tag-v1`, then the old member is stopped: every
+/// record is applied once, tagged by exactly one version, and what
+/// arrives after the old member left is all v2.
+#[test]
+fn a_rolling_upgrade_tags_each_record_with_exactly_one_version() {
+    let db = Db::sqlite();
+    let mock = Mock::new();
+    mock.create_topic("events", 6);
+    produce(&mock, "events", 0, 300, 6);
+    let tag = |v: &str| plugin(v).display().to_string();
+    let mut a = HostProcess::start(&member_args(
+        &mock,
+        &db,
+        "g4",
+        &["--plugin", &tag("tag_v1")],
+    ));
+    wait_until(
+        "v1 applies the first records",
+        Duration::from_secs(60),
+        || counted(&db) == 300,
+    );
+    let mut b = HostProcess::start(&member_args(
+        &mock,
+        &db,
+        "g4",
+        &["--plugin", &tag("tag_v2")],
+    ));
+    b.wait_for("claimed", Duration::from_secs(60));
+    produce(&mock, "events", 300, 300, 6);
+    wait_until(
+        "both apply the next records",
+        Duration::from_secs(60),
+        || counted(&db) == 600,
+    );
+    assert_eq!(a.term(), Some(0), "{}", a.log());
+    produce(&mock, "events", 600, 300, 6);
+    wait_until("v2 applies the rest", Duration::from_secs(90), || {
+        counted(&db) == 900
+    });
+    assert_eq!(b.term(), Some(0), "{}", b.log());
+    assert_exactly_once(&db, 900);
+    let values = db.sorted_texts("SELECT value FROM seen");
+    let mut untagged: Vec<String> = values
+        .iter()
+        .map(|v| {
+            let (tag, rest) = v.split_once(':').unwrap_or(("", v));
+            assert!(tag == "v1" || tag == "v2", "untagged or doubly tagged: {v}");
+            rest.to_string()
+        })
+        .collect();
+    untagged.sort();
+    untagged.dedup();
+    assert_eq!(untagged.len(), 900, "each record once, by one version");
+    for i in 600..900 {
+        assert!(
+            values.contains(&format!("v2:v{i}")),
+            "record {i} after the old member left is not v2"
+        );
+    }
+}
