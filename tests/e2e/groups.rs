@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::kafka::{Broker, Mock, producer};
+use crate::kafka::{Broker, Mock, Tansu, producer};
 use crate::support::{Db, HostProcess, plugin};
 
 fn produce(b: &dyn Broker, topic: &str, from: usize, n: usize, partitions: i32) {
@@ -307,4 +307,23 @@ fn a_rolling_upgrade_tags_each_record_with_exactly_one_version() {
             "record {i} after the old member left is not v2"
         );
     }
+}
+
+/// The two-member case on Tansu 0.6.0, whose consumer groups bump the
+/// generation on every join (fixed only after 0.6.0): the database's owner
+/// epoch, not Kafka's generation, is the fencing token, so each record is
+/// still applied once.
+#[test]
+fn two_members_apply_each_record_once_on_tansu() {
+    let db = Db::sqlite();
+    let tansu = Tansu::start();
+    tansu.create_topic("events", 6);
+    produce(&tansu, "events", 0, 600, 6);
+    let a = HostProcess::start(&member_args(&tansu, &db, "g5", &["--until-caught-up"]));
+    let b = HostProcess::start(&member_args(&tansu, &db, "g5", &["--until-caught-up"]));
+    let (ca, la) = a.finish();
+    let (cb, lb) = b.finish();
+    assert_eq!(ca, Some(0), "a\n{la}");
+    assert_eq!(cb, Some(0), "b\n{lb}");
+    assert_exactly_once(&db, 600);
 }
