@@ -127,6 +127,7 @@ fn two_members_apply_each_record_once() {
             String::from_utf8_lossy(&out.stderr)
         );
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["topics"], serde_json::json!(["events"]), "{v}");
         let parts = v["partitions"].as_array().unwrap();
         assert_eq!(parts.len(), 6, "{v}");
         assert!(
@@ -140,6 +141,21 @@ fn two_members_apply_each_record_once() {
             .output()
             .unwrap();
         assert_eq!(none.status.code(), Some(2));
+        // A member without the group's sink stage would record records as
+        // applied without writing them: refused before it joins.
+        let mut sinkless = member_args(&mock, &db, "g1", &["--until-caught-up"]);
+        let at = sinkless
+            .iter()
+            .position(|a| a.ends_with("sql_counter.wasm"))
+            .unwrap();
+        sinkless[at] = plugin("passthrough").display().to_string();
+        let (code, log) = HostProcess::start(&sinkless).finish();
+        assert_eq!(code, Some(2), "{log}");
+        assert!(
+            log.contains("runs a sink stage and this member's plugins have none"),
+            "{log}"
+        );
+        assert_exactly_once(&db, 600);
     }
 }
 
@@ -326,4 +342,15 @@ fn two_members_apply_each_record_once_on_tansu() {
     assert_eq!(ca, Some(0), "a\n{la}");
     assert_eq!(cb, Some(0), "b\n{lb}");
     assert_exactly_once(&db, 600);
+}
+
+#[test]
+fn blank_or_oversized_group_names_are_usage_errors() {
+    let db = Db::sqlite();
+    let mock = Mock::new();
+    for name in ["", "   ", " g", &"g".repeat(201)] {
+        let (code, log) = HostProcess::start(&member_args(&mock, &db, name, &[])).finish();
+        assert_eq!(code, Some(2), "{name:?}: {log}");
+        assert!(log.contains("a group name is 1 to 200 characters"), "{log}");
+    }
 }

@@ -311,6 +311,69 @@ impl GroupStore {
         })
     }
 
+    /// Open the store of `group` for reading only: nothing is created.
+    /// `None` when the database holds no group tables.
+    ///
+    /// # Errors
+    /// [`GroupError::Db`].
+    pub fn open_existing(
+        url: &str,
+        password_file: Option<&Path>,
+        schema: &str,
+        group: &str,
+    ) -> Result<Option<Self>, GroupError> {
+        let b = sql::connect_with(url, password_file).map_err(|error| GroupError::Db {
+            group: group.to_string(),
+            during: "connecting",
+            error,
+        })?;
+        let store = GroupStore {
+            group: group.to_string(),
+            tables: GroupTables::in_schema(schema),
+            db: Mutex::new(b),
+        };
+        let probe = store.db().query(
+            &format!("SELECT 1 FROM {} WHERE 1 = 0", store.tables.partitions),
+            &[],
+        );
+        match probe {
+            Ok(_) => Ok(Some(store)),
+            Err(e) if e.code == "42P01" || e.message.contains("no such table") => Ok(None),
+            Err(error) => Err(GroupError::Db {
+                group: group.to_string(),
+                during: "reading the group tables",
+                error,
+            }),
+        }
+    }
+
+    /// The group's fingerprint and current plugins (`None`: no such group).
+    ///
+    /// # Errors
+    /// [`GroupError::Db`]; [`GroupError::BadRow`].
+    pub fn info(&self) -> Result<Option<(Fingerprint, Vec<PluginRef>)>, GroupError> {
+        let rows = self
+            .db()
+            .query(
+                &format!(
+                    "SELECT fingerprint, plugins FROM {} WHERE group_name = $1",
+                    self.tables.groups
+                ),
+                &[SqlValue::Text(self.group.clone())],
+            )
+            .map_err(self.err("reading the group"))?;
+        let Some([SqlValue::Text(fp), SqlValue::Text(plugins)]) =
+            rows.rows.first().map(Vec::as_slice)
+        else {
+            return Ok(None);
+        };
+        let fp = serde_json::from_str(fp)
+            .map_err(|e| self.bad_row(&self.tables.groups, e.to_string()))?;
+        let plugins = serde_json::from_str(plugins)
+            .map_err(|e| self.bad_row(&self.tables.groups, e.to_string()))?;
+        Ok(Some((fp, plugins)))
+    }
+
     /// The table names (for [`fence`] on the sink's connection).
     pub fn tables(&self) -> &GroupTables {
         &self.tables

@@ -15,8 +15,9 @@ use crate::util::rfc3339_ms;
 /// `host group …` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum GroupCommand {
-    /// Show each partition of a pipeline group: owner, owner epoch, when
-    /// it was claimed, the range in flight and the end applied. Read-only.
+    /// Show a pipeline group: its topics and plugins, and each partition's
+    /// owner, owner epoch, when it was claimed, the range in flight and the
+    /// end applied. Read-only.
     Status(GroupArgs),
 }
 
@@ -57,24 +58,38 @@ struct Shown {
 pub fn run(cmd: GroupCommand) -> Result<(), CliError> {
     let GroupCommand::Status(a) = cmd;
     let url = sql::redact(&a.sink_db);
+    if let Some(path) = a
+        .sink_db
+        .strip_prefix("sqlite://")
+        .or_else(|| a.sink_db.strip_prefix("sqlite:"))
+        && !std::path::Path::new(path).exists()
+    {
+        return Err(anyhow::anyhow!("--sink-db {url}: no such file")).code(ExitCode::Usage);
+    }
     let grant = SqlGrant::connect_with(&a.sink_db, a.sink_db_password_file.as_deref())
         .and_then(|g| g.set_host_schema(a.sink_schema.clone()).map(|()| g))
         .map_err(|e| anyhow::anyhow!("sink database {url}: {e}"))?;
     let schema = grant.host_schema();
-    let store = GroupStore::open(
+    let no_group = || {
+        Err(anyhow::anyhow!(
+            "sink database {url} holds no pipeline group {} (is the name, the database or --sink-schema right?)",
+            a.group
+        ))
+        .code(ExitCode::Usage)
+    };
+    let Some(store) = GroupStore::open_existing(
         &a.sink_db,
         a.sink_db_password_file.as_deref(),
         &schema,
         &a.group,
-    )?;
+    )?
+    else {
+        return no_group();
+    };
+    let Some((fingerprint, plugins)) = store.info()? else {
+        return no_group();
+    };
     let rows = store.partitions()?;
-    if rows.is_empty() {
-        return Err(anyhow::anyhow!(
-            "sink database {url} holds no partitions of group {}: no member has claimed any (is the name right?)",
-            a.group
-        ))
-        .code(ExitCode::Usage);
-    }
     let driver = SinkDriver::new(Some(grant)).map_err(|e| anyhow::anyhow!("{url}: {e}"))?;
     let mut shown = Vec::new();
     for row in rows {
@@ -86,12 +101,26 @@ pub fn run(cmd: GroupCommand) -> Result<(), CliError> {
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({
                 "group": a.group,
+                "topics": fingerprint.topics,
+                "contract": fingerprint.contract,
+                "plugins": plugins,
                 "partitions": shown,
             }))?
         )?;
         return Ok(());
     }
     outln!("group       {}", a.group)?;
+    outln!(
+        "topics      {}  ({})",
+        fingerprint.topics.join(", "),
+        fingerprint.contract
+    )?;
+    for p in &plugins {
+        outln!("plugin      {:?} sha256:{}", p.stage, p.digest)?;
+    }
+    if shown.is_empty() {
+        outln!("partitions  none claimed yet (members still joining?)")?;
+    }
     for s in &shown {
         let r = &s.row;
         outln!(

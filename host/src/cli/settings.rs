@@ -404,6 +404,16 @@ pub fn resolve(s: Settings, config: &[(String, String)]) -> Result<PipelineConfi
     if topics.is_empty() {
         return Err(missing("--topic"));
     }
+    if let Some(g) = &s.group
+        && (g.trim().is_empty()
+            || g.trim() != g
+            || g.len() > 200
+            || g.chars().any(char::is_control))
+    {
+        return Err(usage(format!(
+            "--group {g:?}: a group name is 1 to 200 characters, without control characters or surrounding spaces (it is the Kafka consumer group id and a key in the sink database)"
+        )));
+    }
     let checkpoint = match (&s.group, s.checkpoint) {
         (None, c) => c.ok_or_else(|| missing("--checkpoint"))?,
         (Some(g), None) => {

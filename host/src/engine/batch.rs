@@ -534,7 +534,7 @@ pub(super) fn run_batch(
         if skipped.offsets == 0 {
             continue;
         }
-        if skipped.by_other_batch {
+        if skipped.by_other_batch && epochs.is_none() {
             tracing::warn!(topic = %range.topic, partition = range.partition, skipped = skipped.offsets, "{} of the {} offsets of [{}, {}) were skipped: the sink's progress rows (sluice_progress) show them applied by an earlier batch, so this is a reset back or a restored checkpoint. Nothing to do if that is what you meant; if the destination no longer holds them (its tables were emptied), stop the pipeline and `host checkpoint reset … --sink-db URL --reapply` to a position before them (on a destination that still holds them, that applies them twice)", skipped.offsets, range.end - range.start, range.start, range.end);
         } else {
             tracing::info!(topic = %range.topic, partition = range.partition, skipped = skipped.offsets, "{} of the {} offsets of [{}, {}) were applied by an earlier run of this batch; skipped", skipped.offsets, range.end - range.start, range.start, range.end);

@@ -101,14 +101,18 @@ impl Member {
                 },
             },
         };
+        let from = match next {
+            START_EARLIEST => "the log start (earliest)".to_string(),
+            START_LATEST => "the high watermark (latest)".to_string(),
+            n => format!("offset {n}"),
+        };
         tracing::info!(
             topic,
             partition,
             epoch = c.epoch.get(),
             previous_owner = c.previous_owner,
-            next,
             rerun = c.planned.is_some(),
-            "claimed"
+            "claimed; reading from {from}"
         );
         Ok(Held {
             epoch: c.epoch,
@@ -221,8 +225,17 @@ pub fn run_group(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSumma
     drop(loaded);
     if !cfg.plugins.is_empty() {
         let current = store.join(&fingerprint, &stages.refs)?;
+        let has_sink = |refs: &[crate::checkpoint::PluginRef]| {
+            refs.iter()
+                .any(|r| r.stage == crate::checkpoint::StageKind::Sink)
+        };
+        if has_sink(&current) && !has_sink(&stages.refs) {
+            return Err(EngineError::Config(format!(
+                "group {group} runs a sink stage and this member's plugins have none: it would record records as applied without writing them. Give it the group's sink plugin (or start it without --plugin to take the group's plugins)"
+            )));
+        }
         if current != stages.refs {
-            tracing::info!(
+            tracing::warn!(
                 group,
                 "this member brings other plugins than the group's current ones (a rolling upgrade): {:?} instead of {:?}; members that start without --plugin take these",
                 stages.refs.iter().map(|r| &r.digest).collect::<Vec<_>>(),
@@ -348,7 +361,17 @@ pub fn run_group(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSumma
             // A member that the coordinator gives nothing (more members
             // than partitions) is done too, once the group had time to
             // assign it something.
+            let joined = source.context().rebalanced();
+            if !joined && started_at.elapsed() > cfg.kafka_timeout.max(Duration::from_secs(60)) {
+                return Err(EngineError::Source(crate::source::SourceError::Client(
+                    format!(
+                        "no assignment from the consumer group {group} after {} s: the group coordinator did not let this member join (check the brokers, the group name and the broker's log)",
+                        started_at.elapsed().as_secs()
+                    ),
+                )));
+            }
             if cfg.until_caught_up
+                && joined
                 && joined_at.elapsed() > Duration::from_secs(3)
                 && (!held.is_empty() || started_at.elapsed() > Duration::from_secs(15))
             {

@@ -69,6 +69,9 @@ pub struct SourceContext {
     /// The partitions held now, with their start offsets when assigned.
     held: Mutex<BTreeMap<TopicPartition, i64>>,
     changes: Mutex<AssignmentChanges>,
+    /// A rebalance callback ran (an assignment, possibly empty): the
+    /// member is in the group.
+    rebalanced: std::sync::atomic::AtomicBool,
 }
 
 impl SourceContext {
@@ -78,6 +81,12 @@ impl SourceContext {
             membership: Some(m),
             ..SourceContext::default()
         }
+    }
+
+    /// Whether the coordinator has given this member an assignment yet
+    /// (possibly empty).
+    pub fn rebalanced(&self) -> bool {
+        self.rebalanced.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether this is a group member's context.
@@ -189,6 +198,8 @@ impl ConsumerContext for SourceContext {
             }
             return;
         };
+        self.rebalanced
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         let r = match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => self.assign(m, consumer, tpl),
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => self.revoke(m, consumer, tpl),

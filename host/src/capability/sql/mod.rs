@@ -58,9 +58,18 @@ impl DbError {
     /// A failure that may pass on its own, so the rolled-back part may be
     /// tried again: connection problems (SQLSTATE class 08),
     /// serialization failures and deadlocks (class 40), a busy SQLite
-    /// database.
+    /// database, and PostgreSQL's race between two sessions running the
+    /// same `CREATE TABLE IF NOT EXISTS` (42P07, or a unique violation on
+    /// its own catalog): members of a pipeline group run their sinks'
+    /// `init` at the same moment.
     pub fn is_transient(&self) -> bool {
-        self.is_connection_lost() || self.code.starts_with("40") || self.code == "SQLITE_BUSY"
+        self.is_connection_lost()
+            || self.code.starts_with("40")
+            || self.code == "SQLITE_BUSY"
+            || self.code == "42P07"
+            || (self.code == "23505"
+                && (self.message.contains("pg_type_typname_nsp_index")
+                    || self.message.contains("pg_class_relname_nsp_index")))
     }
 
     /// The connection is gone (SQLSTATE class 08, and 57P01–57P03: the

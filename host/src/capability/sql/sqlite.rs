@@ -155,7 +155,7 @@ impl Sqlite {
         // WAL with synchronous=FULL: a COMMIT is durable when it returns,
         // which the checkpoint's commit entry relies on.
         conn.execute_batch(
-            "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA busy_timeout = 10000;",
+            "PRAGMA busy_timeout = 10000; PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;",
         )
         .map_err(sqlite_err)?;
         conn.set_prepared_statement_cache_capacity(64);
