@@ -354,3 +354,29 @@ fn blank_or_oversized_group_names_are_usage_errors() {
         assert!(log.contains("a group name is 1 to 200 characters"), "{log}");
     }
 }
+
+/// A sink that holds the progress of a pipeline of its own (a checkpoint
+/// directory) on the same topic is not taken over by a group, whose
+/// progress rows are its own: it would apply every record again.
+#[test]
+fn a_group_refuses_a_sink_that_a_checkpointed_pipeline_writes() {
+    let db = Db::sqlite();
+    let mock = Mock::new();
+    mock.create_topic("events", 2);
+    produce(&mock, "events", 0, 20, 2);
+    let dir = tempfile::tempdir().unwrap();
+    let mut local = member_args(&mock, &db, "unused", &["--until-caught-up"]);
+    let at = local.iter().position(|a| a == "--group").unwrap();
+    local[at] = "--checkpoint".into();
+    local[at + 1] = dir.path().join("ck").display().to_string();
+    let (code, log) = HostProcess::start(&local).finish();
+    assert_eq!(code, Some(0), "{log}");
+    let (code, log) =
+        HostProcess::start(&member_args(&mock, &db, "g6", &["--until-caught-up"])).finish();
+    assert_eq!(code, Some(1), "{log}");
+    assert!(
+        log.contains("already holds the progress of another pipeline"),
+        "{log}"
+    );
+    assert_exactly_once(&db, 20);
+}

@@ -254,6 +254,12 @@ pub fn run_group(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSumma
             .owner(format!("{owner}, group {group}"))
             .in_group(store.tables().clone(), group.clone()),
     );
+    // A pipeline of its own (a checkpoint directory) on the same sink and
+    // topics would be applied again by the group, whose progress rows are
+    // its own.
+    if !cfg.allow_shared_sink {
+        super::startup::refuse_shared_sink(cfg, &driver, &group, Some(&sql::redact(&url)))?;
+    }
     if let Some(role) = grant.plugin_role() {
         grant
             .check_plugin_role(&role, &store.tables().all())

@@ -344,7 +344,7 @@ impl Pipeline {
 /// Refuse to start when the sink database holds another pipeline's
 /// progress on our topics ([`SinkDriver::other_pipelines`]): two
 /// checkpoints on one sink would both apply every record.
-fn refuse_shared_sink(
+pub(super) fn refuse_shared_sink(
     cfg: &PipelineConfig,
     driver: &SinkDriver,
     query_id: &str,

@@ -106,6 +106,10 @@ impl HostTables {
         let created = loop {
             match create(b) {
                 Err(e) if matches!(e.code.as_str(), "23505" | "42P07") && tries < 3 => tries += 1,
+                Err(e) if e.code == "SQLITE_BUSY" && tries < 50 => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
                 r => break r,
             }
         };

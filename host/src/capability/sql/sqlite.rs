@@ -154,10 +154,23 @@ impl Sqlite {
         let conn = rusqlite::Connection::open(path).map_err(sqlite_err)?;
         // WAL with synchronous=FULL: a COMMIT is durable when it returns,
         // which the checkpoint's commit entry relies on.
-        conn.execute_batch(
-            "PRAGMA busy_timeout = 10000; PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;",
-        )
-        .map_err(sqlite_err)?;
+        // Switching to WAL can be refused at once (SQLITE_BUSY, no busy
+        // handler) while another process opens the same new file: hosts of
+        // one pipeline group starting together. Try again for a while.
+        let mut tries = 0;
+        loop {
+            match conn.execute_batch(
+                "PRAGMA busy_timeout = 10000; PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;",
+            ) {
+                Err(rusqlite::Error::SqliteFailure(e, _))
+                    if e.code == rusqlite::ErrorCode::DatabaseBusy && tries < 50 =>
+                {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+                r => break r.map_err(sqlite_err)?,
+            }
+        }
         conn.set_prepared_statement_cache_capacity(64);
         // No writable schema, no shadow-table writes, no journal_mode=OFF
         // from plugin SQL (https://www.sqlite.org/c3ref/c_dbconfig_defensive.html).
