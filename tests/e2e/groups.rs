@@ -133,7 +133,8 @@ fn two_members_apply_each_record_once() {
         assert!(
             parts.iter().all(|p| p["applied_end"] == 100
                 && p["planned"].is_null()
-                && p["owner_epoch"].as_u64() >= Some(1)),
+                && p["owner_epoch"].as_u64() >= Some(1)
+                && p["last_write_ms"].as_i64() > Some(0)),
             "{v}"
         );
         let none = std::process::Command::new(crate::support::host_bin())

@@ -48,6 +48,10 @@ struct Shown {
     row: PartitionRow,
     /// End offset the progress row shows applied.
     applied_end: Option<i64>,
+    /// When that row was last written, ms since the Unix epoch: an owner
+    /// whose partitions have data but whose rows stop moving is stuck or
+    /// gone.
+    last_write_ms: Option<i64>,
 }
 
 /// Run `host group …`.
@@ -93,8 +97,12 @@ pub fn run(cmd: GroupCommand) -> Result<(), CliError> {
     let driver = SinkDriver::new(Some(grant)).map_err(|e| anyhow::anyhow!("{url}: {e}"))?;
     let mut shown = Vec::new();
     for row in rows {
-        let applied_end = driver.applied_end(&a.group, &row.topic, row.partition)?;
-        shown.push(Shown { row, applied_end });
+        let applied = driver.applied(&a.group, &row.topic, row.partition)?;
+        shown.push(Shown {
+            row,
+            applied_end: applied.map(|(end, _)| end),
+            last_write_ms: applied.map(|(_, at)| at),
+        });
     }
     if a.json {
         outln!(
@@ -124,7 +132,7 @@ pub fn run(cmd: GroupCommand) -> Result<(), CliError> {
     for s in &shown {
         let r = &s.row;
         outln!(
-            "{}/{}  owner {} (epoch {}, since {})  applied to {}{}",
+            "{}/{}  owner {} (epoch {}, since {})  applied to {}{}{}",
             r.topic,
             r.partition,
             r.owner,
@@ -132,6 +140,10 @@ pub fn run(cmd: GroupCommand) -> Result<(), CliError> {
             rfc3339_ms(r.claimed_at_ms),
             s.applied_end
                 .map_or("nothing yet".to_string(), |e| e.to_string()),
+            s.last_write_ms.map_or(String::new(), |t| format!(
+                " (last write {})",
+                rfc3339_ms(t)
+            )),
             match &r.planned {
                 Some(p) => format!("  in flight [{}, {}) batch {}", p.start, p.end, p.batch),
                 None => String::new(),

@@ -338,6 +338,22 @@ impl SinkDriver {
         topic: &str,
         partition: i32,
     ) -> Result<Option<i64>, SinkError> {
+        Ok(self
+            .applied(query_id, topic, partition)?
+            .map(|(end, _)| end))
+    }
+
+    /// The end offset applied and when the row was last written (ms since
+    /// the Unix epoch), for `query_id` on `topic/partition`.
+    ///
+    /// # Errors
+    /// [`SinkError::Sql`].
+    pub fn applied(
+        &self,
+        query_id: &str,
+        topic: &str,
+        partition: i32,
+    ) -> Result<Option<(i64, i64)>, SinkError> {
         let Some(g) = &self.sql else {
             return Ok(None);
         };
@@ -346,7 +362,7 @@ impl SinkDriver {
             .backend()
             .query(
                 &format!(
-                    "SELECT end_offset FROM {} WHERE query_id = $1 AND topic = $2 AND \"partition\" = $3",
+                    "SELECT end_offset, updated_at_ms FROM {} WHERE query_id = $1 AND topic = $2 AND \"partition\" = $3",
                     self.tables.progress
                 ),
                 &[
@@ -360,8 +376,9 @@ impl SinkDriver {
                 site: format!("{topic}/{partition}"),
                 error,
             })?;
-        Ok(match rows.rows.first().and_then(|r| r.first()) {
-            Some(crate::capability::sql::SqlValue::Integer(n)) => Some(*n),
+        use crate::capability::sql::SqlValue;
+        Ok(match rows.rows.first().map(Vec::as_slice) {
+            Some([SqlValue::Integer(end), SqlValue::Integer(at)]) => Some((*end, *at)),
             _ => None,
         })
     }
