@@ -4,24 +4,8 @@ use super::*;
 use crate::capability::sql::{self, SqlValue};
 use crate::plugin::CallContext;
 
-/// SQLite always; PostgreSQL too when the test suite's server is up
-/// (`SLUICE_TEST_PG_URL`, set by scripts/test.sh), in a new database.
 fn databases(dir: &std::path::Path) -> Vec<String> {
-    let mut urls = vec![format!("sqlite:{}", dir.join("sink.db").display())];
-    if let Ok(admin) = std::env::var("SLUICE_TEST_PG_URL") {
-        static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let name = format!(
-            "sluice_unit_{}_{}",
-            std::process::id(),
-            SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        );
-        let mut b = sql::connect(&admin).unwrap();
-        b.batch(&format!("DROP DATABASE IF EXISTS {name}")).unwrap();
-        b.batch(&format!("CREATE DATABASE {name}")).unwrap();
-        let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap();
-        urls.push(format!("{base}/{name}"));
-    }
-    urls
+    sql::test_databases(dir, "sink.db")
 }
 
 fn part(batch: u64, start: i64, end: i64) -> PartitionContext {

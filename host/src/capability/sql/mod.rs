@@ -737,5 +737,28 @@ impl Session {
     }
 }
 
+/// For unit tests of the modules above that run on real databases: a
+/// SQLite file `file` in `dir` always, and a fresh PostgreSQL database too
+/// when the suite's server is up (`SLUICE_TEST_PG_URL`, set by
+/// scripts/test.sh).
+#[cfg(test)]
+pub(crate) fn test_databases(dir: &Path, file: &str) -> Vec<String> {
+    let mut urls = vec![format!("sqlite:{}", dir.join(file).display())];
+    if let Ok(admin) = std::env::var("SLUICE_TEST_PG_URL") {
+        static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let name = format!(
+            "sluice_unit_{}_{}",
+            std::process::id(),
+            SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        let mut b = connect(&admin).unwrap();
+        b.batch(&format!("DROP DATABASE IF EXISTS {name}")).unwrap();
+        b.batch(&format!("CREATE DATABASE {name}")).unwrap();
+        let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap();
+        urls.push(format!("{base}/{name}"));
+    }
+    urls
+}
+
 #[cfg(test)]
 mod tests;

@@ -3,24 +3,8 @@
 use super::*;
 use crate::checkpoint::StageKind;
 
-/// A SQLite file always; a fresh PostgreSQL database too when the suite's
-/// server is up (`SLUICE_TEST_PG_URL`).
 fn urls(dir: &std::path::Path) -> Vec<String> {
-    let mut urls = vec![format!("sqlite:{}", dir.join("group.db").display())];
-    if let Ok(admin) = std::env::var("SLUICE_TEST_PG_URL") {
-        static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let name = format!(
-            "sluice_group_{}_{}",
-            std::process::id(),
-            SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        );
-        let mut b = sql::connect(&admin).unwrap();
-        b.batch(&format!("DROP DATABASE IF EXISTS {name}")).unwrap();
-        b.batch(&format!("CREATE DATABASE {name}")).unwrap();
-        let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap();
-        urls.push(format!("{base}/{name}"));
-    }
-    urls
+    sql::test_databases(dir, "group.db")
 }
 
 fn schema(url: &str) -> &'static str {
