@@ -156,8 +156,10 @@ impl GroupTables {
 
     fn create(&self, b: &mut dyn Backend) -> Result<(), DbError> {
         let blob = b.blob_type();
-        b.batch(&format!(
-            "CREATE TABLE IF NOT EXISTS {} (\
+        sql::create_tables(
+            b,
+            &format!(
+                "CREATE TABLE IF NOT EXISTS {} (\
                group_name TEXT PRIMARY KEY, fingerprint TEXT NOT NULL, \
                plugins TEXT NOT NULL DEFAULT '[]', \
                created_at_ms BIGINT NOT NULL, updated_at_ms BIGINT NOT NULL);\
@@ -168,8 +170,9 @@ impl GroupTables {
                owner_epoch BIGINT NOT NULL, owner TEXT NOT NULL, member_id TEXT NOT NULL DEFAULT '', \
                claimed_at_ms BIGINT NOT NULL, planned TEXT, \
                PRIMARY KEY (group_name, topic, \"partition\"));",
-            self.groups, self.plugins, self.partitions
-        ))
+                self.groups, self.plugins, self.partitions
+            ),
+        )
     }
 }
 
@@ -294,20 +297,9 @@ impl GroupStore {
         };
         let mut b = sql::connect_with(url, password_file).map_err(db_err("connecting"))?;
         let tables = GroupTables::in_schema(schema);
-        // Members starting together race on CREATE TABLE IF NOT EXISTS,
-        // which PostgreSQL can fail with a unique violation on its catalog
-        // (23505) or "already exists" (42P07): the other one made them.
-        let mut tries = 0;
-        loop {
-            match tables.create(b.as_mut()) {
-                Err(e) if matches!(e.code.as_str(), "23505" | "42P07") && tries < 3 => tries += 1,
-                Err(e) if e.code == "SQLITE_BUSY" && tries < 50 => {
-                    tries += 1;
-                    std::thread::sleep(std::time::Duration::from_millis(100));
-                }
-                r => break r.map_err(db_err("creating the group tables"))?,
-            }
-        }
+        tables
+            .create(b.as_mut())
+            .map_err(db_err("creating the group tables"))?;
         Ok(GroupStore {
             group: group.to_string(),
             tables,

@@ -82,11 +82,9 @@ impl HostTables {
             progress,
             dead_letters,
         } = &tables;
-        // Hosts starting together race on CREATE TABLE IF NOT EXISTS, which
-        // PostgreSQL can fail with a unique violation on its catalog
-        // (23505) or "already exists" (42P07): the other one made them.
-        let create = |b: &mut dyn sql::Backend| {
-            b.batch(&format!(
+        sql::create_tables(
+            b,
+            &format!(
                 "CREATE TABLE IF NOT EXISTS {progress} (\
            query_id TEXT NOT NULL, topic TEXT NOT NULL, \"partition\" INTEGER NOT NULL, \
            end_offset BIGINT NOT NULL, batch_id BIGINT NOT NULL, epoch BIGINT NOT NULL, \
@@ -100,20 +98,9 @@ impl HostTables {
            error TEXT NOT NULL, plugin_digest TEXT NOT NULL, stage INTEGER NOT NULL, \
            batch_id BIGINT NOT NULL, epoch BIGINT NOT NULL, \
            PRIMARY KEY (query_id, topic, \"partition\", \"offset\"));"
-            ))
-        };
-        let mut tries = 0;
-        let created = loop {
-            match create(b) {
-                Err(e) if matches!(e.code.as_str(), "23505" | "42P07") && tries < 3 => tries += 1,
-                Err(e) if e.code == "SQLITE_BUSY" && tries < 50 => {
-                    tries += 1;
-                    std::thread::sleep(std::time::Duration::from_millis(100));
-                }
-                r => break r,
-            }
-        };
-        created.map_err(|e| match e.code.as_str() {
+            ),
+        )
+        .map_err(|e| match e.code.as_str() {
             "3F000" => DbError {
                 message: format!(
                     "{} (--sink-schema {schema}): create it (CREATE SCHEMA {schema}) or name an existing one; schema names are exact, upper and lower case differ",

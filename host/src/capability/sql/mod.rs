@@ -66,7 +66,14 @@ impl DbError {
         self.is_connection_lost()
             || self.code.starts_with("40")
             || self.code == "SQLITE_BUSY"
-            || self.code == "42P07"
+            || self.is_concurrent_create()
+    }
+
+    /// PostgreSQL's answer to two sessions running the same `CREATE TABLE
+    /// IF NOT EXISTS` at once: "already exists" (42P07), or a unique
+    /// violation (23505) on its own catalog. The other session made it.
+    pub fn is_concurrent_create(&self) -> bool {
+        self.code == "42P07"
             || (self.code == "23505"
                 && (self.message.contains("pg_type_typname_nsp_index")
                     || self.message.contains("pg_class_relname_nsp_index")))
@@ -320,6 +327,27 @@ pub fn sink_identity_in(url: &str, schema: Option<&str>) -> std::io::Result<Stri
         Some(s) if s != "public" && !id.starts_with("sqlite:") => format!("{id}#schema={s}"),
         _ => id,
     })
+}
+
+/// Run `ddl` (`CREATE TABLE IF NOT EXISTS …` statements) on `b`, again
+/// when another host running the same at the same moment made it fail:
+/// [`DbError::is_concurrent_create`] (up to 3 more times), or SQLite busy
+/// (for up to 5 s). Hosts of one pipeline group start together.
+///
+/// # Errors
+/// The database's error.
+pub fn create_tables(b: &mut dyn Backend, ddl: &str) -> Result<(), DbError> {
+    let (mut raced, mut busy) = (0, 0);
+    loop {
+        match b.batch(ddl) {
+            Err(e) if e.is_concurrent_create() && raced < 3 => raced += 1,
+            Err(e) if e.code == "SQLITE_BUSY" && busy < 50 => {
+                busy += 1;
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            r => return r,
+        }
+    }
 }
 
 /// Open a backend from a `--sink-db` URL: `sqlite:PATH` (also
