@@ -115,11 +115,7 @@ impl SourceContext {
         consumer: &BaseConsumer<Self>,
         tpl: &TopicPartitionList,
     ) -> KafkaResult<()> {
-        let parts: Vec<TopicPartition> = tpl
-            .elements()
-            .iter()
-            .map(|e| (e.topic().to_string(), e.partition()))
-            .collect();
+        let parts = partitions(tpl);
         let claims = m.assigned(&parts);
         let mut take = TopicPartitionList::new();
         let mut changes = self.changes.lock().unwrap_or_else(|p| p.into_inner());
@@ -155,11 +151,7 @@ impl SourceContext {
         consumer: &BaseConsumer<Self>,
         tpl: &TopicPartitionList,
     ) -> KafkaResult<()> {
-        let parts: Vec<TopicPartition> = tpl
-            .elements()
-            .iter()
-            .map(|e| (e.topic().to_string(), e.partition()))
-            .collect();
+        let parts = partitions(tpl);
         m.revoked(&parts, consumer.assignment_lost());
         {
             let mut changes = self.changes.lock().unwrap_or_else(|p| p.into_inner());
@@ -175,6 +167,14 @@ impl SourceContext {
             _ => consumer.unassign(),
         }
     }
+}
+
+/// The (topic, partition) pairs of `tpl`.
+fn partitions(tpl: &TopicPartitionList) -> Vec<TopicPartition> {
+    tpl.elements()
+        .iter()
+        .map(|e| (e.topic().to_string(), e.partition()))
+        .collect()
 }
 
 impl ClientContext for SourceContext {}
