@@ -74,12 +74,21 @@ impl Member {
         }
     }
 
-    fn drop_partition(&self, tp: &TopicPartition, why: &dyn std::fmt::Display) {
-        tracing::warn!(topic = %tp.0, partition = tp.1, "{why}");
+    /// When `e` says another member holds one of our partitions now: drop
+    /// it (logged) and answer true.
+    fn drop_if_fenced(&self, e: &GroupError) -> bool {
+        let GroupError::Fenced {
+            topic, partition, ..
+        } = e
+        else {
+            return false;
+        };
+        tracing::warn!(topic, partition, "{e}");
         self.held
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(tp);
+            .remove(&(topic.clone(), *partition));
+        true
     }
 
     fn claim(&self, (topic, partition): &TopicPartition) -> Result<Held, String> {
@@ -410,18 +419,11 @@ pub fn run_group(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSumma
                 )
             })
             .collect();
-        match store.plan(&parts) {
-            Ok(()) => {}
-            Err(e @ GroupError::Fenced { .. }) => {
-                if let GroupError::Fenced {
-                    topic, partition, ..
-                } = &e
-                {
-                    member.drop_partition(&(topic.clone(), *partition), &e);
-                }
+        if let Err(e) = store.plan(&parts) {
+            if member.drop_if_fenced(&e) {
                 continue;
             }
-            Err(e) => return Err(e.into()),
+            return Err(e.into());
         }
         for (topic, partition, _, planned) in &parts {
             member.update(&(topic.clone(), *partition), |h| {
@@ -459,15 +461,7 @@ pub fn run_group(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSumma
         );
         let done = match done {
             Ok(d) => d,
-            Err(EngineError::Sink(SinkError::Group(e @ GroupError::Fenced { .. }))) => {
-                if let GroupError::Fenced {
-                    topic, partition, ..
-                } = &e
-                {
-                    member.drop_partition(&(topic.clone(), *partition), &e);
-                }
-                continue;
-            }
+            Err(EngineError::Sink(SinkError::Group(e))) if member.drop_if_fenced(&e) => continue,
             Err(e) => {
                 // A rebalance that took a partition of this batch ends the
                 // batch; its planned ranges are run by whoever holds them.
@@ -491,13 +485,10 @@ pub fn run_group(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSumma
             .iter()
             .map(|(t, p, e, _)| (t.clone(), *p, *e))
             .collect();
-        if let Err(e) = store.finish(batch_id, &finished) {
-            match &e {
-                GroupError::Fenced {
-                    topic, partition, ..
-                } => member.drop_partition(&(topic.clone(), *partition), &e),
-                _ => return Err(e.into()),
-            }
+        if let Err(e) = store.finish(batch_id, &finished)
+            && !member.drop_if_fenced(&e)
+        {
+            return Err(e.into());
         }
         for r in &ranges {
             member.update(&(r.topic.clone(), r.partition), |h| {
