@@ -217,6 +217,16 @@ fn for_update(b: &dyn Backend) -> &'static str {
     }
 }
 
+/// The parameters `$1 … $3` that name a partition's row in
+/// `sluice_partitions`.
+fn row_key(group: &str, topic: &str, partition: i32) -> Vec<SqlValue> {
+    vec![
+        SqlValue::Text(group.to_string()),
+        SqlValue::Text(topic.to_string()),
+        SqlValue::Integer(partition.into()),
+    ]
+}
+
 /// Inside a part's sink transaction (on the sink's connection): lock
 /// `topic/partition`'s row and require `owner_epoch = epoch`.
 ///
@@ -243,11 +253,7 @@ pub fn fence(
                 tables.partitions,
                 for_update(b)
             ),
-            &[
-                SqlValue::Text(group.to_string()),
-                SqlValue::Text(topic.to_string()),
-                SqlValue::Integer(partition.into()),
-            ],
+            &row_key(group, topic, partition),
         )
         .map_err(db)?;
     match rows.rows.first().map(Vec::as_slice) {
@@ -288,21 +294,29 @@ impl GroupStore {
         schema: &str,
         group: &str,
     ) -> Result<Self, GroupError> {
-        let db_err = |during| {
-            move |error| GroupError::Db {
-                group: group.to_string(),
-                during,
-                error,
-            }
-        };
-        let mut b = sql::connect_with(url, password_file).map_err(db_err("connecting"))?;
-        let tables = GroupTables::in_schema(schema);
-        tables
-            .create(b.as_mut())
-            .map_err(db_err("creating the group tables"))?;
+        let store = Self::connect(url, password_file, schema, group)?;
+        store
+            .tables
+            .create(store.db().as_mut())
+            .map_err(store.err("creating the group tables"))?;
+        Ok(store)
+    }
+
+    /// The store on a new connection, without touching the tables.
+    fn connect(
+        url: &str,
+        password_file: Option<&Path>,
+        schema: &str,
+        group: &str,
+    ) -> Result<Self, GroupError> {
+        let b = sql::connect_with(url, password_file).map_err(|error| GroupError::Db {
+            group: group.to_string(),
+            during: "connecting",
+            error,
+        })?;
         Ok(GroupStore {
             group: group.to_string(),
-            tables,
+            tables: GroupTables::in_schema(schema),
             db: Mutex::new(b),
         })
     }
@@ -318,16 +332,7 @@ impl GroupStore {
         schema: &str,
         group: &str,
     ) -> Result<Option<Self>, GroupError> {
-        let b = sql::connect_with(url, password_file).map_err(|error| GroupError::Db {
-            group: group.to_string(),
-            during: "connecting",
-            error,
-        })?;
-        let store = GroupStore {
-            group: group.to_string(),
-            tables: GroupTables::in_schema(schema),
-            db: Mutex::new(b),
-        };
+        let store = Self::connect(url, password_file, schema, group)?;
         let probe = store.db().query(
             &format!("SELECT 1 FROM {} WHERE 1 = 0", store.tables.partitions),
             &[],
@@ -335,11 +340,7 @@ impl GroupStore {
         match probe {
             Ok(_) => Ok(Some(store)),
             Err(e) if e.code == "42P01" || e.message.contains("no such table") => Ok(None),
-            Err(error) => Err(GroupError::Db {
-                group: group.to_string(),
-                during: "reading the group tables",
-                error,
-            }),
+            Err(error) => Err(store.err("reading the group tables")(error)),
         }
     }
 
@@ -543,11 +544,7 @@ impl GroupStore {
     ) -> Result<Claim, GroupError> {
         let mut b = self.db();
         in_tx(b.as_mut(), &self.group, |b| {
-            let key = [
-                SqlValue::Text(self.group.clone()),
-                SqlValue::Text(topic.to_string()),
-                SqlValue::Integer(partition.into()),
-            ];
+            let key = row_key(&self.group, topic, partition);
             let before = b
                 .query(
                     &format!(
@@ -578,7 +575,7 @@ impl GroupStore {
                     );
                 }
             };
-            let mut params = key.to_vec();
+            let mut params = key.clone();
             params.extend([
                 SqlValue::Integer(epoch.get() as i64),
                 SqlValue::Text(owner.to_string()),
@@ -652,11 +649,7 @@ impl GroupStore {
                     "SELECT planned FROM {} WHERE group_name = $1 AND topic = $2 AND \"partition\" = $3",
                     self.tables.partitions
                 ),
-                &[
-                    SqlValue::Text(self.group.clone()),
-                    SqlValue::Text(topic.to_string()),
-                    SqlValue::Integer(partition.into()),
-                ],
+                &row_key(&self.group, topic, partition),
             )
             .map_err(self.err("reading a planned range"))?;
         match rows.rows.first().and_then(|r| r.first()) {
@@ -674,21 +667,17 @@ impl GroupStore {
         partition: i32,
         planned: Option<&Planned>,
     ) -> Result<(), GroupError> {
-        let value = match planned {
+        let mut params = row_key(&self.group, topic, partition);
+        params.push(match planned {
             Some(p) => SqlValue::Text(serde_json::to_string(p).unwrap_or_default()),
             None => SqlValue::Null,
-        };
+        });
         b.execute(
             &format!(
                 "UPDATE {} SET planned = $4 WHERE group_name = $1 AND topic = $2 AND \"partition\" = $3",
                 self.tables.partitions
             ),
-            &[
-                SqlValue::Text(self.group.clone()),
-                SqlValue::Text(topic.to_string()),
-                SqlValue::Integer(partition.into()),
-                value,
-            ],
+            &params,
         )
         .map(drop)
         .map_err(self.err("writing a planned range"))
