@@ -83,10 +83,19 @@ fn counted(db: &Db) -> i64 {
     }
 }
 
-fn wait_until(what: &str, within: Duration, f: impl Fn() -> bool) {
+/// Wait (at most `within`) until the counter shows `n`; fail naming
+/// `what`, the count reached and each member's log.
+fn wait_for_count(db: &Db, n: i64, what: &str, within: Duration, members: &[&HostProcess]) {
     let started = Instant::now();
-    while !f() {
-        assert!(started.elapsed() < within, "{what}");
+    while counted(db) != n {
+        if started.elapsed() > within {
+            let logs: Vec<String> = members
+                .iter()
+                .enumerate()
+                .map(|(i, m)| format!("--- member {i}\n{}", m.log()))
+                .collect();
+            panic!("{what}: {} of {n}\n{}", counted(db), logs.join("\n"));
+        }
         std::thread::sleep(Duration::from_millis(200));
     }
 }
@@ -170,10 +179,12 @@ fn a_member_that_stops_hands_its_partitions_to_the_other() {
     mock.create_topic("events", 6);
     produce(&mock, "events", 0, 300, 6);
     let mut a = HostProcess::start(&member_args(&mock, &db, "g2", &[]));
-    wait_until(
+    wait_for_count(
+        &db,
+        300,
         "a applies the first records",
         Duration::from_secs(60),
-        || counted(&db) == 300,
+        &[&a],
     );
     // b brings no plugin: it runs the group's current one, from the
     // group's store in the database.
@@ -187,23 +198,21 @@ fn a_member_that_stops_hands_its_partitions_to_the_other() {
     );
     b.wait_for("claimed", Duration::from_secs(60));
     produce(&mock, "events", 300, 300, 6);
-    let started = Instant::now();
-    while counted(&db) != 600 {
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "both apply the second records: {}\n--- a\n{}\n--- b\n{}",
-            counted(&db),
-            a.log(),
-            b.log()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_for_count(
+        &db,
+        600,
+        "both apply the second records",
+        Duration::from_secs(60),
+        &[&a, &b],
+    );
     assert_eq!(a.term(), Some(0), "{}", a.log());
     produce(&mock, "events", 600, 300, 6);
-    wait_until(
+    wait_for_count(
+        &db,
+        900,
         "b takes over a's partitions",
         Duration::from_secs(90),
-        || counted(&db) >= 900,
+        &[&a, &b],
     );
     // Give any duplicate a moment to show.
     std::thread::sleep(Duration::from_secs(1));
@@ -228,36 +237,43 @@ fn a_killed_member_and_a_zombie_lose_and_double_nothing() {
     let logs = |a: &HostProcess, b: &HostProcess, c: &HostProcess| {
         format!("--- a\n{}\n--- b\n{}\n--- c\n{}", a.log(), b.log(), c.log())
     };
-    let until = |n: i64, what: &str, a: &HostProcess, b: &HostProcess, c: &HostProcess| {
-        let started = Instant::now();
-        while counted(&db) != n {
-            assert!(
-                started.elapsed() < Duration::from_secs(90),
-                "{what}: {} of {n}\n{}",
-                counted(&db),
-                logs(a, b, c)
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    };
-    until(300, "three members apply the first records", &a, &b, &c);
+    let within = Duration::from_secs(90);
+    wait_for_count(
+        &db,
+        300,
+        "three members apply the first records",
+        within,
+        &[&a, &b, &c],
+    );
     a.kill();
     produce(&mock, "events", 300, 300, 6);
-    until(
+    wait_for_count(
+        &db,
         600,
         "the others take over the killed member's partitions",
-        &a,
-        &b,
-        &c,
+        within,
+        &[&a, &b, &c],
     );
     // b freezes past its session timeout (6 s); c takes everything.
     b.signal("STOP");
     std::thread::sleep(Duration::from_secs(9));
     produce(&mock, "events", 600, 300, 6);
-    until(900, "c applies while b is frozen", &a, &b, &c);
+    wait_for_count(
+        &db,
+        900,
+        "c applies while b is frozen",
+        within,
+        &[&a, &b, &c],
+    );
     b.signal("CONT");
     produce(&mock, "events", 900, 300, 6);
-    until(1200, "b rejoins and the group goes on", &a, &b, &c);
+    wait_for_count(
+        &db,
+        1200,
+        "b rejoins and the group goes on",
+        within,
+        &[&a, &b, &c],
+    );
     std::thread::sleep(Duration::from_secs(1));
     assert_eq!(c.term(), Some(0), "{}", logs(&a, &b, &c));
     assert_eq!(b.term(), Some(0), "{}", logs(&a, &b, &c));
@@ -281,10 +297,12 @@ fn a_rolling_upgrade_tags_each_record_with_exactly_one_version() {
         "g4",
         &["--plugin", &tag("tag_v1")],
     ));
-    wait_until(
+    wait_for_count(
+        &db,
+        300,
         "v1 applies the first records",
         Duration::from_secs(60),
-        || counted(&db) == 300,
+        &[&a],
     );
     let mut b = HostProcess::start(&member_args(
         &mock,
@@ -294,16 +312,22 @@ fn a_rolling_upgrade_tags_each_record_with_exactly_one_version() {
     ));
     b.wait_for("claimed", Duration::from_secs(60));
     produce(&mock, "events", 300, 300, 6);
-    wait_until(
+    wait_for_count(
+        &db,
+        600,
         "both apply the next records",
         Duration::from_secs(60),
-        || counted(&db) == 600,
+        &[&a, &b],
     );
     assert_eq!(a.term(), Some(0), "{}", a.log());
     produce(&mock, "events", 600, 300, 6);
-    wait_until("v2 applies the rest", Duration::from_secs(90), || {
-        counted(&db) == 900
-    });
+    wait_for_count(
+        &db,
+        900,
+        "v2 applies the rest",
+        Duration::from_secs(90),
+        &[&a, &b],
+    );
     assert_eq!(b.term(), Some(0), "{}", b.log());
     assert_exactly_once(&db, 900);
     let values = db.sorted_texts("SELECT value FROM seen");
