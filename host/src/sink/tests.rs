@@ -22,6 +22,19 @@ fn part(batch: u64, start: i64, end: i64) -> PartitionContext {
     }
 }
 
+/// Apply `range` with no sink plugin and no records: only its progress
+/// row (and fencing) is written.
+fn apply_empty(driver: &SinkDriver, range: PartitionContext) -> Result<Applied, SinkError> {
+    driver.apply(
+        None,
+        &PartitionBatch {
+            range,
+            records: &[],
+            dead_letters: &[],
+        },
+    )
+}
+
 /// Both databases look up an unqualified table name in the session's
 /// temporary schema first. Should plugin SQL ever get a TEMP
 /// sluice_progress onto the connection (here the test puts it there,
@@ -33,16 +46,7 @@ fn a_temporary_table_named_like_a_host_table_does_not_fool_the_host() {
     for url in databases(dir.path()) {
         let grant = SqlGrant::connect(&url).unwrap();
         let driver = SinkDriver::new(Some(grant.clone())).unwrap();
-        let apply = |batch, start, end| {
-            driver.apply(
-                None,
-                &PartitionBatch {
-                    range: part(batch, start, end),
-                    records: &[],
-                    dead_letters: &[],
-                },
-            )
-        };
+        let apply = |batch, start, end| apply_empty(&driver, part(batch, start, end));
         apply(1, 0, 10).unwrap();
         grant
             .lock()
@@ -105,16 +109,8 @@ fn a_search_path_redirect_does_not_move_the_host_tables() {
         return;
     }
     let name = url.rsplit_once('/').map(|(_, n)| n.to_string()).unwrap();
-    let apply = |driver: &SinkDriver, batch, start, end| {
-        driver.apply(
-            None,
-            &PartitionBatch {
-                range: part(batch, start, end),
-                records: &[],
-                dead_letters: &[],
-            },
-        )
-    };
+    let apply =
+        |driver: &SinkDriver, batch, start, end| apply_empty(driver, part(batch, start, end));
     let first = SqlGrant::connect(&url).unwrap();
     apply(&SinkDriver::new(Some(first.clone())).unwrap(), 1, 0, 10).unwrap();
     first
@@ -170,16 +166,7 @@ fn another_pipelines_rows_on_the_same_topics_are_found() {
         let first = SinkDriver::new(Some(grant.clone()))
             .unwrap()
             .owner("pid 1 on a, checkpoint /ck1");
-        first
-            .apply(
-                None,
-                &PartitionBatch {
-                    range: part(1, 0, 10),
-                    records: &[],
-                    dead_letters: &[],
-                },
-            )
-            .unwrap();
+        apply_empty(&first, part(1, 0, 10)).unwrap();
         let second = SinkDriver::new(Some(grant.clone())).unwrap();
         assert_eq!(second.other_pipelines("q1", &["t".into()]).unwrap(), vec![]);
         assert_eq!(second.other_pipelines("q2", &["u".into()]).unwrap(), vec![]);
@@ -223,14 +210,7 @@ fn a_group_members_part_is_fenced_after_another_members_claim() {
         let apply = |epoch: u64, start, end| {
             let mut range = part(1, start, end);
             range.batch.epoch = epoch;
-            driver.apply(
-                None,
-                &PartitionBatch {
-                    range,
-                    records: &[],
-                    dead_letters: &[],
-                },
-            )
+            apply_empty(&driver, range)
         };
         apply(mine.get(), 0, 10).unwrap();
         let theirs = b.claim("t", 0, "b", "").unwrap().epoch;
