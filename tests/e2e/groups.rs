@@ -169,46 +169,27 @@ fn two_members_apply_each_record_once() {
     }
 }
 
-/// A member joins a running one, then the first is stopped with SIGTERM
-/// while records keep arriving: its partitions move to the other member,
-/// and nothing is lost or counted twice.
-#[test]
-fn a_member_that_stops_hands_its_partitions_to_the_other() {
-    let db = Db::sqlite();
-    let mock = Mock::new();
+/// The hand-over scenario: a member started with `a_args` applies 300
+/// records; one with `b_args` joins (and logs `b_says`, if given); 300 more
+/// arrive and both apply them; the first is stopped with SIGTERM and 300
+/// more arrive, which the second applies. Each record counted once.
+fn hand_over(mock: &Mock, db: &Db, a_args: &[String], b_args: &[String], b_says: Option<&str>) {
     mock.create_topic("events", 6);
-    produce(&mock, "events", 0, 300, 6);
-    let mut a = HostProcess::start(&member_args(&mock, &db, "g2", &[]));
-    wait_for_count(
-        &db,
-        300,
-        "a applies the first records",
-        Duration::from_secs(60),
-        &[&a],
-    );
-    // b brings no plugin: it runs the group's current one, from the
-    // group's store in the database.
-    let mut b_args = member_args(&mock, &db, "g2", &[]);
-    let at = b_args.iter().position(|a| a == "--plugin").unwrap();
-    b_args.drain(at..at + 2);
-    let mut b = HostProcess::start(&b_args);
-    b.wait_for(
-        "running the group's current plugins",
-        Duration::from_secs(60),
-    );
-    b.wait_for("claimed", Duration::from_secs(60));
-    produce(&mock, "events", 300, 300, 6);
-    wait_for_count(
-        &db,
-        600,
-        "both apply the second records",
-        Duration::from_secs(60),
-        &[&a, &b],
-    );
+    produce(mock, "events", 0, 300, 6);
+    let mut a = HostProcess::start(a_args);
+    let within = Duration::from_secs(60);
+    wait_for_count(db, 300, "a applies the first records", within, &[&a]);
+    let mut b = HostProcess::start(b_args);
+    if let Some(says) = b_says {
+        b.wait_for(says, within);
+    }
+    b.wait_for("claimed", within);
+    produce(mock, "events", 300, 300, 6);
+    wait_for_count(db, 600, "both apply the second records", within, &[&a, &b]);
     assert_eq!(a.term(), Some(0), "{}", a.log());
-    produce(&mock, "events", 600, 300, 6);
+    produce(mock, "events", 600, 300, 6);
     wait_for_count(
-        &db,
+        db,
         900,
         "b takes over a's partitions",
         Duration::from_secs(90),
@@ -217,7 +198,28 @@ fn a_member_that_stops_hands_its_partitions_to_the_other() {
     // Give any duplicate a moment to show.
     std::thread::sleep(Duration::from_secs(1));
     assert_eq!(b.term(), Some(0), "{}", b.log());
-    assert_exactly_once(&db, 900);
+    assert_exactly_once(db, 900);
+}
+
+/// A member joins a running one, then the first is stopped with SIGTERM
+/// while records keep arriving: its partitions move to the other member,
+/// and nothing is lost or counted twice.
+#[test]
+fn a_member_that_stops_hands_its_partitions_to_the_other() {
+    let db = Db::sqlite();
+    let mock = Mock::new();
+    // b brings no plugin: it runs the group's current one, from the
+    // group's store in the database.
+    let mut b_args = member_args(&mock, &db, "g2", &[]);
+    let at = b_args.iter().position(|a| a == "--plugin").unwrap();
+    b_args.drain(at..at + 2);
+    hand_over(
+        &mock,
+        &db,
+        &member_args(&mock, &db, "g2", &[]),
+        &b_args,
+        Some("running the group's current plugins"),
+    );
 }
 
 /// Three members on one group; one is killed with SIGKILL (no leave, no
@@ -288,48 +290,14 @@ fn a_killed_member_and_a_zombie_lose_and_double_nothing() {
 fn a_rolling_upgrade_tags_each_record_with_exactly_one_version() {
     let db = Db::sqlite();
     let mock = Mock::new();
-    mock.create_topic("events", 6);
-    produce(&mock, "events", 0, 300, 6);
     let tag = |v: &str| plugin(v).display().to_string();
-    let mut a = HostProcess::start(&member_args(
+    hand_over(
         &mock,
         &db,
-        "g4",
-        &["--plugin", &tag("tag_v1")],
-    ));
-    wait_for_count(
-        &db,
-        300,
-        "v1 applies the first records",
-        Duration::from_secs(60),
-        &[&a],
+        &member_args(&mock, &db, "g4", &["--plugin", &tag("tag_v1")]),
+        &member_args(&mock, &db, "g4", &["--plugin", &tag("tag_v2")]),
+        None,
     );
-    let mut b = HostProcess::start(&member_args(
-        &mock,
-        &db,
-        "g4",
-        &["--plugin", &tag("tag_v2")],
-    ));
-    b.wait_for("claimed", Duration::from_secs(60));
-    produce(&mock, "events", 300, 300, 6);
-    wait_for_count(
-        &db,
-        600,
-        "both apply the next records",
-        Duration::from_secs(60),
-        &[&a, &b],
-    );
-    assert_eq!(a.term(), Some(0), "{}", a.log());
-    produce(&mock, "events", 600, 300, 6);
-    wait_for_count(
-        &db,
-        900,
-        "v2 applies the rest",
-        Duration::from_secs(90),
-        &[&a, &b],
-    );
-    assert_eq!(b.term(), Some(0), "{}", b.log());
-    assert_exactly_once(&db, 900);
     let values = db.sorted_texts("SELECT value FROM seen");
     let mut untagged: Vec<String> = values
         .iter()
