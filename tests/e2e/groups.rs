@@ -282,6 +282,57 @@ fn a_killed_member_and_a_zombie_lose_and_double_nothing() {
     assert_exactly_once(&db, 1200);
 }
 
+/// A member frozen in the middle of a part, its transaction open and the
+/// shared counter row locked: the other member waits on that lock (and
+/// on the frozen member's partition rows) and retries instead of failing,
+/// takes the partitions over once PostgreSQL ends the idle session, and
+/// the frozen member, thawed, is fenced: every record counted once.
+#[test]
+fn a_member_frozen_mid_part_holds_the_group_up_only_until_its_session_ends() {
+    let db = Db::postgres();
+    let mock = Mock::new();
+    mock.create_topic("events", 6);
+    produce(&mock, "events", 0, 300, 6);
+    let dir = tempfile::tempdir().unwrap();
+    let resume = dir.path().join("resume");
+    let resume_s = resume.display().to_string();
+    let mut b = HostProcess::spawn(
+        &member_args(&mock, &db, "g6", &[]),
+        &[
+            ("SLUICE_FAILPOINT", "sink:before-db-commit@2"),
+            ("SLUICE_FAILPOINT_RESUME_FILE", &resume_s),
+        ],
+    );
+    b.wait_for("FAILPOINT sink:before-db-commit", Duration::from_secs(60));
+    b.signal("STOP");
+    std::fs::write(&resume, b"").unwrap();
+    let a = HostProcess::start(&member_args(&mock, &db, "g6", &[]));
+    produce(&mock, "events", 300, 300, 6);
+    wait_for_count(
+        &db,
+        600,
+        "a applies everything once the frozen member's session is ended",
+        Duration::from_secs(180),
+        &[&a, &b],
+    );
+    b.signal("CONT");
+    std::thread::sleep(Duration::from_secs(3));
+    let mut a = a;
+    let code_a = a.term();
+    let log_a = a.log();
+    assert_eq!(code_a, Some(0), "a\n{log_a}\n--- b\n{}", b.log());
+    for p in 0..6 {
+        assert!(
+            log_a.contains(&format!("partition={p} epoch=2")),
+            "a did not claim partition {p} from the frozen member:\n{log_a}"
+        );
+    }
+    b.term();
+    let log_b = b.log();
+    assert!(log_b.contains("fenced"), "b was not fenced:\n{log_b}");
+    assert_exactly_once(&db, 600);
+}
+
 /// Rolling upgrade in a group: a member with the map plugin `tag-v2`
 /// joins one running `tag-v1`, then the old member is stopped: every
 /// record is applied once, tagged by exactly one version, and what

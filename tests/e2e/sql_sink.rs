@@ -475,6 +475,63 @@ fn non_idempotent_sql_is_applied_once_and_a_replay_is_skipped() {
     }
 }
 
+/// A part whose statement waits on a row lock another session holds (say
+/// a frozen group member's open part) gives up the wait at
+/// `lock_timeout` (half the statement limit, SQLSTATE 55P03), is rolled
+/// back and applied again after a pause until the lock is free: applied
+/// once, nothing failed.
+#[test]
+fn a_part_waiting_on_another_sessions_lock_is_applied_again_until_it_is_free() {
+    let db = Db::postgres();
+    apply_counter(&db, 1, 0, 100, plain).unwrap();
+    let mut holder = sluice_host::capability::sql::connect(&db.url).unwrap();
+    holder
+        .batch("BEGIN; SELECT n FROM counters WHERE name = 'records' FOR UPDATE")
+        .unwrap();
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(3500));
+        holder.batch("COMMIT").unwrap();
+    });
+    let rt = runtime();
+    let p = rt.load(&plugin("sql_counter"), config(&[])).unwrap();
+    let grant = SqlGrant::connect(&db.url).unwrap();
+    grant
+        .limit_statements(std::time::Duration::from_secs(2))
+        .unwrap();
+    let driver = SinkDriver::new(Some(grant.clone())).unwrap();
+    let mut inst = p.instance_with_sql(Some(grant));
+    let recs = owned("t", 0, 100..130, plain);
+    let v = views("t", 0, &recs);
+    let started = std::time::Instant::now();
+    let applied = driver.apply(
+        Some(&mut inst),
+        &PartitionBatch {
+            range: range("q1", 1, 1, "t", 0, 100, 130),
+            records: &v,
+            dead_letters: &[],
+        },
+    );
+    release.join().unwrap();
+    assert_eq!(
+        applied.unwrap(),
+        Applied::Written {
+            records: 30,
+            dead_lettered: 0,
+            skipped: Skipped::default(),
+        }
+    );
+    assert!(
+        started.elapsed() >= std::time::Duration::from_secs(3),
+        "the part did not wait for the lock: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        db.scalar("SELECT n FROM counters WHERE name = 'records'"),
+        130
+    );
+    assert_eq!(db.scalar("SELECT COUNT(*) FROM seen"), 130);
+}
+
 /// Helper mode: apply t/0 [0, 100) and report; killed at a failpoint.
 #[test]
 #[ignore = "helper process for sink crash tests"]

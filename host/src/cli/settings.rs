@@ -156,8 +156,10 @@ pub struct Settings {
     )]
     pub sink_db_password_file: Option<PathBuf>,
     /// How long to keep reconnecting when the sink database's connection
-    /// is lost (a restart, a failover) before the job stops; the part in
-    /// flight is applied again from its progress row [default: 5m].
+    /// is lost (a restart, a failover), or retrying a part that waits on
+    /// another session's locks (a deadlock, a frozen group member), before
+    /// the job stops; the part in flight is applied again from its
+    /// progress row [default: 5m].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, env = "SLUICE_SINK_RETRY_FOR", hide_env_values = true)]
     #[serde(default, with = "duration_text")]
     pub sink_retry_for: Option<Duration>,

@@ -190,12 +190,10 @@ pub fn run_group(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSumma
         .and_then(|()| grant.set_plugin_role(cfg.sink_plugin_role.clone()))
         .map_err(db_err)?;
     let schema = grant.host_schema();
-    let store = Arc::new(GroupStore::open(
-        &url,
-        cfg.sink_db_password_file.as_deref(),
-        &schema,
-        &group,
-    )?);
+    let store = Arc::new(
+        GroupStore::open(&url, cfg.sink_db_password_file.as_deref(), &schema, &group)?
+            .retry_for(cfg.sink_retry_for),
+    );
     // Without --plugin a member runs the group's current plugins, read
     // from the group's store; with --plugin it brings its own (a rolling
     // upgrade when they differ), and the group records them for the

@@ -220,6 +220,12 @@ impl SinkError {
         matches!(self, SinkError::Sql { error, .. } if error.is_connection_lost())
     }
 
+    /// The part met another session's locks, a deadlock or a
+    /// serialization failure ([`DbError::is_contention`]).
+    pub fn is_contention(&self) -> bool {
+        matches!(self, SinkError::Sql { error, .. } if error.is_contention())
+    }
+
     /// Worth another attempt at the same part: a retryable plugin failure
     /// or trap, or a transient database error ([`DbError::is_transient`]);
     /// the part was rolled back either way.
@@ -464,17 +470,32 @@ impl SinkDriver {
                 // A part lost with the connection is applied again on a new
                 // one, from its progress row (so nothing twice), by a fresh
                 // plugin instance; for up to the reconnect time in all.
+                // A part that met contention (a lock another session
+                // holds, a deadlock) is applied again after a pause, for
+                // as long: a frozen group member's locks are released
+                // when PostgreSQL ends its idle session
+                // ([`SqlGrant::limit_statements`]).
                 let until = std::time::Instant::now() + self.reconnect_for;
                 let mut instance = instance;
+                let mut pause = std::time::Duration::from_millis(100);
                 loop {
                     match self.apply_transactional(g, instance.as_deref_mut(), batch) {
                         Err(e) if e.is_connection_lost() => {
                             self.reconnect(g, &e, until)?;
-                            if let Some(i) = instance.as_deref_mut() {
-                                i.discard();
-                            }
+                        }
+                        Err(e) if e.is_contention() && std::time::Instant::now() < until => {
+                            tracing::warn!(
+                                "{e}; applying the part again in {} ms (for up to {} s in all, see --sink-retry-for)",
+                                pause.as_millis(),
+                                self.reconnect_for.as_secs()
+                            );
+                            std::thread::sleep(pause);
+                            pause = (pause * 2).min(std::time::Duration::from_secs(5));
                         }
                         r => return r,
+                    }
+                    if let Some(i) = instance.as_deref_mut() {
+                        i.discard();
                     }
                 }
             }

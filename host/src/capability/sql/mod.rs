@@ -63,10 +63,17 @@ impl DbError {
     /// its own catalog): members of a pipeline group run their sinks'
     /// `init` at the same moment.
     pub fn is_transient(&self) -> bool {
-        self.is_connection_lost()
-            || self.code.starts_with("40")
-            || self.code == "SQLITE_BUSY"
-            || self.is_concurrent_create()
+        self.is_connection_lost() || self.is_contention() || self.is_concurrent_create()
+    }
+
+    /// Another session is in the way and will move on: a serialization
+    /// failure or deadlock (SQLSTATE class 40), a lock not granted within
+    /// `lock_timeout` (55P03: a row another pipeline group member's open
+    /// part holds, possibly a member frozen until PostgreSQL ends its
+    /// session), a busy SQLite database. Nothing was applied; the same
+    /// work may be done again after a pause.
+    pub fn is_contention(&self) -> bool {
+        self.code.starts_with("40") || self.code == "55P03" || self.code == "SQLITE_BUSY"
     }
 
     /// PostgreSQL's answer to two sessions running the same `CREATE TABLE
@@ -513,7 +520,10 @@ impl SqlGrant {
 
     /// Bound every plugin statement to `limit` (the plugin call deadline):
     /// PostgreSQL's `statement_timeout` (SQLSTATE 57014 when it fires),
-    /// SQLite's progress handler (the statement is interrupted).
+    /// SQLite's progress handler (the statement is interrupted). On
+    /// PostgreSQL a lock wait ends at half of it (`lock_timeout`, SQLSTATE
+    /// 55P03, [`DbError::is_contention`]), so a row held by someone else is
+    /// told apart from a slow statement.
     ///
     /// On PostgreSQL it also ends a session that stays idle inside an open
     /// transaction for `max(60 s, 3 × limit)` (`idle_in_transaction_session_timeout`):

@@ -267,9 +267,13 @@ impl Backend for Postgres {
         limit: Option<std::time::Duration>,
         role: Option<&str>,
     ) -> Result<(), DbError> {
-        // SET LOCAL: both end with the transaction in any case.
+        // SET LOCAL: both end with the transaction in any case. A lock
+        // wait gives up at half the statement limit with its own SQLSTATE
+        // (55P03, retried by the driver) instead of ending as a timeout.
         let ms = limit.map_or(0, |d| d.as_millis().max(1));
-        let mut sql = format!("SET LOCAL statement_timeout = {ms}");
+        let lock_ms = if ms == 0 { 0 } else { (ms / 2).max(1) };
+        let mut sql =
+            format!("SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {lock_ms}");
         if let Some(role) = role {
             sql.push_str(&format!("; SET LOCAL ROLE {}", quote_ident(role)));
         }
@@ -279,7 +283,7 @@ impl Backend for Postgres {
     fn leave_plugin_window(&mut self) -> Result<(), DbError> {
         // RESET, not NONE: back to the login's own default role, which may
         // be configured (`ALTER ROLE login SET role = …`).
-        self.batch("SET LOCAL statement_timeout = 0; RESET ROLE")
+        self.batch("SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 0; RESET ROLE")
     }
 
     fn transaction_mark(&mut self) -> Result<Option<String>, DbError> {

@@ -180,7 +180,7 @@ impl GroupTables {
 fn in_tx<T>(
     b: &mut dyn Backend,
     group: &str,
-    f: impl FnOnce(&mut dyn Backend) -> Result<T, GroupError>,
+    f: &mut dyn FnMut(&mut dyn Backend) -> Result<T, GroupError>,
 ) -> Result<T, GroupError> {
     let db = |during| {
         move |error| GroupError::Db {
@@ -280,6 +280,11 @@ pub struct GroupStore {
     group: String,
     tables: GroupTables,
     db: Mutex<Box<dyn Backend>>,
+    /// How to connect again: `--sink-db` and the password file.
+    origin: (String, Option<std::path::PathBuf>),
+    /// How long a lost connection or contention is retried
+    /// ([`GroupStore::retry_for`]).
+    retry_for: std::time::Duration,
 }
 
 impl GroupStore {
@@ -318,7 +323,57 @@ impl GroupStore {
             group: group.to_string(),
             tables: GroupTables::in_schema(schema),
             db: Mutex::new(b),
+            origin: (url.to_string(), password_file.map(Path::to_path_buf)),
+            retry_for: crate::sink::DEFAULT_RECONNECT_FOR,
         })
+    }
+
+    /// Retry a lost connection (reconnecting) or contention (a lock
+    /// another session holds, a deadlock) for up to `d` before an
+    /// operation fails (`--sink-retry-for`; default 5 minutes).
+    pub fn retry_for(mut self, d: std::time::Duration) -> Self {
+        self.retry_for = d;
+        self
+    }
+
+    /// Run `f` in one transaction on the store's connection; a lost
+    /// connection is replaced and contention waited out, and `f` run
+    /// again, for up to [`GroupStore::retry_for`].
+    fn tx<T>(
+        &self,
+        mut f: impl FnMut(&mut dyn Backend) -> Result<T, GroupError>,
+    ) -> Result<T, GroupError> {
+        let until = std::time::Instant::now() + self.retry_for;
+        let mut pause = std::time::Duration::from_millis(100);
+        let mut b = self.db();
+        loop {
+            let r = in_tx(b.as_mut(), &self.group, &mut f);
+            let error = match &r {
+                Err(GroupError::Db { error, .. })
+                    if (error.is_connection_lost() || error.is_contention())
+                        && std::time::Instant::now() < until =>
+                {
+                    error.clone()
+                }
+                _ => return r,
+            };
+            tracing::warn!(
+                group = self.group,
+                "group checkpoint: {error}; trying again in {} ms",
+                pause.as_millis()
+            );
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(std::time::Duration::from_secs(5));
+            if error.is_connection_lost() {
+                match sql::connect_with(&self.origin.0, self.origin.1.as_deref()) {
+                    Ok(new) => *b = new,
+                    Err(e) => tracing::warn!(
+                        group = self.group,
+                        "group checkpoint: reconnecting failed: {e}"
+                    ),
+                }
+            }
+        }
     }
 
     /// Open the store of `group` for reading only: nothing is created.
@@ -349,16 +404,16 @@ impl GroupStore {
     /// # Errors
     /// [`GroupError::Db`]; [`GroupError::BadRow`].
     pub fn info(&self) -> Result<Option<(Fingerprint, Vec<PluginRef>)>, GroupError> {
-        let rows = self
-            .db()
-            .query(
+        let rows = self.tx(|b| {
+            b.query(
                 &format!(
                     "SELECT fingerprint, plugins FROM {} WHERE group_name = $1",
                     self.tables.groups
                 ),
                 &[SqlValue::Text(self.group.clone())],
             )
-            .map_err(self.err("reading the group"))?;
+            .map_err(self.err("reading the group"))
+        })?;
         let Some([SqlValue::Text(fp), SqlValue::Text(plugins)]) =
             rows.rows.first().map(Vec::as_slice)
         else {
@@ -407,10 +462,9 @@ impl GroupStore {
         fingerprint: &Fingerprint,
         plugins: &[PluginRef],
     ) -> Result<Vec<PluginRef>, GroupError> {
-        let mut b = self.db();
         let fp = serde_json::to_string(fingerprint).unwrap_or_default();
         let mine = serde_json::to_string(plugins).unwrap_or_default();
-        in_tx(b.as_mut(), &self.group, |b| {
+        self.tx(|b| {
             let now = crate::util::now_ms();
             b.execute(
                 &format!(
@@ -461,20 +515,21 @@ impl GroupStore {
     /// # Errors
     /// [`GroupError::Db`].
     pub fn set_plugins(&self, plugins: &[PluginRef]) -> Result<(), GroupError> {
-        let mut b = self.db();
-        b.execute(
-            &format!(
-                "UPDATE {} SET plugins = $2, updated_at_ms = $3 WHERE group_name = $1",
-                self.tables.groups
-            ),
-            &[
-                SqlValue::Text(self.group.clone()),
-                SqlValue::Text(serde_json::to_string(plugins).unwrap_or_default()),
-                SqlValue::Integer(crate::util::now_ms()),
-            ],
-        )
-        .map(drop)
-        .map_err(self.err("storing the group's plugins"))
+        self.tx(|b| {
+            b.execute(
+                &format!(
+                    "UPDATE {} SET plugins = $2, updated_at_ms = $3 WHERE group_name = $1",
+                    self.tables.groups
+                ),
+                &[
+                    SqlValue::Text(self.group.clone()),
+                    SqlValue::Text(serde_json::to_string(plugins).unwrap_or_default()),
+                    SqlValue::Integer(crate::util::now_ms()),
+                ],
+            )
+            .map(drop)
+            .map_err(self.err("storing the group's plugins"))
+        })
     }
 
     /// Store a component by its sha256 (hex); returns the digest.
@@ -483,8 +538,8 @@ impl GroupStore {
     /// [`GroupError::Db`].
     pub fn store_plugin(&self, bytes: &[u8]) -> Result<String, GroupError> {
         let digest = crate::plugin::digest(bytes);
-        let mut b = self.db();
-        b.execute(
+        self.tx(|b| {
+            b.execute(
             &format!(
                 "INSERT INTO {} (digest, bytes, stored_at_ms) VALUES ($1, $2, $3) ON CONFLICT (digest) DO NOTHING",
                 self.tables.plugins
@@ -495,7 +550,8 @@ impl GroupStore {
                 SqlValue::Integer(crate::util::now_ms()),
             ],
         )
-        .map_err(self.err("storing a plugin"))?;
+        .map_err(self.err("storing a plugin"))
+        })?;
         Ok(digest)
     }
 
@@ -505,16 +561,16 @@ impl GroupStore {
     /// [`GroupError::BadRow`] when missing or not matching its digest;
     /// [`GroupError::Db`].
     pub fn load_plugin(&self, digest: &str) -> Result<Vec<u8>, GroupError> {
-        let rows = self
-            .db()
-            .query(
+        let rows = self.tx(|b| {
+            b.query(
                 &format!(
                     "SELECT bytes FROM {} WHERE digest = $1",
                     self.tables.plugins
                 ),
                 &[SqlValue::Text(digest.to_string())],
             )
-            .map_err(self.err("loading a plugin"))?;
+            .map_err(self.err("loading a plugin"))
+        })?;
         match rows
             .rows
             .into_iter()
@@ -542,8 +598,7 @@ impl GroupStore {
         owner: &str,
         member_id: &str,
     ) -> Result<Claim, GroupError> {
-        let mut b = self.db();
-        in_tx(b.as_mut(), &self.group, |b| {
+        self.tx(|b| {
             let key = row_key(&self.group, topic, partition);
             let before = b
                 .query(
@@ -608,8 +663,7 @@ impl GroupStore {
     /// [`GroupError::Fenced`] naming the first partition another member
     /// holds now; [`GroupError::Db`].
     pub fn plan(&self, parts: &[(String, i32, Epoch, Planned)]) -> Result<(), GroupError> {
-        let mut b = self.db();
-        in_tx(b.as_mut(), &self.group, |b| {
+        self.tx(|b| {
             for (topic, partition, epoch, planned) in parts {
                 fence(b, &self.tables, &self.group, topic, *partition, *epoch)?;
                 self.set_planned(b, topic, *partition, Some(planned))?;
@@ -624,8 +678,7 @@ impl GroupStore {
     /// # Errors
     /// [`GroupError::Fenced`]; [`GroupError::Db`].
     pub fn finish(&self, batch: u64, parts: &[(String, i32, Epoch)]) -> Result<(), GroupError> {
-        let mut b = self.db();
-        in_tx(b.as_mut(), &self.group, |b| {
+        self.tx(|b| {
             for (topic, partition, epoch) in parts {
                 fence(b, &self.tables, &self.group, topic, *partition, *epoch)?;
                 let planned = self.planned(b, topic, *partition)?;
@@ -688,8 +741,7 @@ impl GroupStore {
     /// # Errors
     /// [`GroupError::Db`]; [`GroupError::BadRow`].
     pub fn partitions(&self) -> Result<Vec<PartitionRow>, GroupError> {
-        let rows = self
-            .db()
+        let rows = self.tx(|b| b
             .query(
                 &format!(
                     "SELECT topic, \"partition\", owner_epoch, owner, member_id, claimed_at_ms, planned FROM {} \
@@ -698,7 +750,7 @@ impl GroupStore {
                 ),
                 &[SqlValue::Text(self.group.clone())],
             )
-            .map_err(self.err("reading the group's partitions"))?;
+            .map_err(self.err("reading the group's partitions")))?;
         let mut out = Vec::new();
         for row in rows.rows {
             let [
