@@ -297,7 +297,7 @@ fn a_member_frozen_mid_part_holds_the_group_up_only_until_its_session_ends() {
     let resume = dir.path().join("resume");
     let resume_s = resume.display().to_string();
     let mut b = HostProcess::spawn(
-        &member_args(&mock, &db, "g6", &[]),
+        &member_args(&mock, &db, "g7", &[]),
         &[
             ("SLUICE_FAILPOINT", "sink:before-db-commit@2"),
             ("SLUICE_FAILPOINT_RESUME_FILE", &resume_s),
@@ -306,7 +306,7 @@ fn a_member_frozen_mid_part_holds_the_group_up_only_until_its_session_ends() {
     b.wait_for("FAILPOINT sink:before-db-commit", Duration::from_secs(60));
     b.signal("STOP");
     std::fs::write(&resume, b"").unwrap();
-    let a = HostProcess::start(&member_args(&mock, &db, "g6", &[]));
+    let a = HostProcess::start(&member_args(&mock, &db, "g7", &[]));
     produce(&mock, "events", 300, 300, 6);
     wait_for_count(
         &db,
@@ -327,8 +327,9 @@ fn a_member_frozen_mid_part_holds_the_group_up_only_until_its_session_ends() {
             "a did not claim partition {p} from the frozen member:\n{log_a}"
         );
     }
-    b.term();
+    let code_b = b.term();
     let log_b = b.log();
+    assert_eq!(code_b, Some(0), "b, fenced, goes on:\n{log_b}");
     assert!(log_b.contains("fenced"), "b was not fenced:\n{log_b}");
     assert_exactly_once(&db, 600);
 }
@@ -367,6 +368,95 @@ fn a_rolling_upgrade_tags_each_record_with_exactly_one_version() {
             "record {i} after the old member left is not v2"
         );
     }
+}
+
+/// `host group swap` on a running group of two `tag-v1` members: both
+/// install `tag-v2` at a batch boundary and say so, every record is
+/// applied once by exactly one version, everything produced after the
+/// swap returned is v2, and `host group status` shows both members on
+/// v2. Components that cannot replace the group's map stage are refused
+/// before anything is stored.
+#[test]
+fn a_group_swap_reaches_every_member_at_a_batch_boundary() {
+    let db = Db::postgres();
+    let mock = Mock::new();
+    mock.create_topic("events", 6);
+    let tag = |v: &str| plugin(v).display().to_string();
+    let args = member_args(&mock, &db, "g8", &["--plugin", &tag("tag_v1")]);
+    let a = HostProcess::start(&args);
+    let b = HostProcess::start(&args);
+    produce(&mock, "events", 0, 300, 6);
+    let within = Duration::from_secs(60);
+    wait_for_count(&db, 300, "both apply the first records", within, &[&a, &b]);
+    let group = |args: &[&str]| {
+        let mut v = vec!["group", args[0], "--sink-db", &db.url, "--group", "g8"];
+        v.extend(&args[1..]);
+        let out = std::process::Command::new(crate::support::host_bin())
+            .args(&v)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    for (bad, says) in [
+        (plugin("wrong-world"), "exports no Sluice stage"),
+        (plugin("sql_counter"), "exports no map stage"),
+    ] {
+        let (code, out) = group(&["swap", "--plugin", bad.to_str().unwrap(), "--stage", "map"]);
+        assert_eq!(code, Some(2), "{}: {out}", bad.display());
+        assert!(out.contains(says), "{}: {out}", bad.display());
+    }
+    let (code, out) = group(&["swap", "--plugin", &tag("tag_v2"), "--stage", "map"]);
+    assert_eq!(
+        code,
+        Some(0),
+        "{out}\n--- a\n{}\n--- b\n{}",
+        a.log(),
+        b.log()
+    );
+    assert_eq!(out.matches(": installed").count(), 2, "{out}");
+    produce(&mock, "events", 300, 300, 6);
+    wait_for_count(&db, 600, "both apply after the swap", within, &[&a, &b]);
+    let (code, status) = group(&["status", "--json"]);
+    assert_eq!(code, Some(0), "{status}");
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    let v2 = sluice_host::plugin::digest(&std::fs::read(plugin("tag_v2")).unwrap());
+    let members = status["members"].as_array().unwrap();
+    assert_eq!(members.len(), 2, "{status}");
+    for m in members {
+        assert_eq!(m["swap_id"], 1, "{status}");
+        assert!(m["plugins"].to_string().contains(&v2), "{status}");
+    }
+    let (mut a, mut b) = (a, b);
+    assert_eq!(a.term(), Some(0), "{}", a.log());
+    assert_eq!(b.term(), Some(0), "{}", b.log());
+    assert!(a.log().contains("group swap 1 installed"), "{}", a.log());
+    assert_exactly_once(&db, 600);
+    let values = db.sorted_texts("SELECT value FROM seen");
+    for v in &values {
+        let tag = v.split_once(':').map_or("", |(t, _)| t);
+        assert!(tag == "v1" || tag == "v2", "untagged or doubly tagged: {v}");
+    }
+    for i in 300..600 {
+        assert!(
+            values.contains(&format!("v2:v{i}")),
+            "record {i}, produced after the swap, is not v2"
+        );
+    }
+    // Members that left are gone from the group's rows.
+    let (_, status) = group(&["status", "--json"]);
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(
+        status["members"].as_array().map(Vec::len),
+        Some(0),
+        "{status}"
+    );
 }
 
 /// The two-member case on Tansu 0.6.0, whose consumer groups bump the

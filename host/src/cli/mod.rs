@@ -27,7 +27,7 @@ mod plugin_cmd;
 mod reset;
 pub mod run_cmd;
 pub mod settings;
-mod swap_cmd;
+pub(crate) mod swap_cmd;
 mod test_cmd;
 
 use std::time::Duration;

@@ -66,6 +66,7 @@ pub use group::run_group;
 pub use plan::ends;
 use progress::ms;
 pub use progress::{PartitionProgress, Progress};
+pub use stages::{swap_targets, swapped_refs};
 pub use startup::Acquire;
 
 /// What a run did.

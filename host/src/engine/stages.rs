@@ -165,47 +165,43 @@ pub(super) fn config_digest(cfg: &PipelineConfig) -> String {
     hex::encode(Sha256::digest(v.to_string().as_bytes()))
 }
 
-/// Replace stage(s) with a validated plugin (at a batch boundary).
-pub(super) fn install_swap(
-    stages: &mut Stages,
-    cp: &dyn Checkpoint,
-    sql: Option<&SqlGrant>,
-    plugin: Plugin,
-    bytes: &[u8],
+/// Which stages a swap replaces in a pipeline running `refs`: the map
+/// stage's index (0-based, among the map stages) and whether the sink,
+/// for a plugin `plugin` (path, digest: for messages) exporting `offers`;
+/// `stage` and `index` as `host swap --stage/--index` give them (default:
+/// every stage the plugin exports).
+///
+/// # Errors
+/// A message saying why the plugin cannot replace what was asked.
+pub fn swap_targets(
+    refs: &[PluginRef],
+    plugin: (&std::path::Path, &str),
+    offers: crate::plugin::Exports,
     stage: Option<StageKind>,
     index: Option<usize>,
-) -> Result<(), String> {
-    let offers = plugin.stages();
+) -> Result<(Option<usize>, bool), String> {
+    let (path, digest) = plugin;
+    let lacks = |what: &str| {
+        format!(
+            "plugin {} (sha256:{digest}) exports no {what} stage",
+            path.display()
+        )
+    };
     let want_map = match stage {
-        Some(StageKind::Map) => {
-            if !offers.map {
-                return Err(format!(
-                    "plugin {} (sha256:{}) exports no map stage",
-                    plugin.path().display(),
-                    plugin.digest()
-                ));
-            }
-            true
-        }
+        Some(StageKind::Map) if !offers.map => return Err(lacks("map")),
+        Some(StageKind::Map) => true,
         Some(StageKind::Sink) => false,
         None => offers.map,
     };
     let want_sink = match stage {
-        Some(StageKind::Sink) => {
-            if !offers.sink {
-                return Err(format!(
-                    "plugin {} (sha256:{}) exports no sink stage",
-                    plugin.path().display(),
-                    plugin.digest()
-                ));
-            }
-            true
-        }
+        Some(StageKind::Sink) if !offers.sink => return Err(lacks("sink")),
+        Some(StageKind::Sink) => true,
         Some(StageKind::Map) => false,
         None => offers.sink,
     };
+    let maps = refs.iter().filter(|r| r.stage == StageKind::Map).count();
     let map_index = if want_map {
-        let i = match (index, stages.maps.len()) {
+        let i = match (index, maps) {
             (Some(i), n) if i < n => i,
             (Some(i), n) => return Err(format!("--index {i}: the pipeline has {n} map stage(s)")),
             (None, 1) => 0,
@@ -220,34 +216,60 @@ pub(super) fn install_swap(
     } else {
         None
     };
-    if want_sink && stages.sink.is_none() {
+    if want_sink && !refs.iter().any(|r| r.stage == StageKind::Sink) {
         return Err("the pipeline has no sink stage to replace".into());
     }
+    Ok((map_index, want_sink))
+}
+
+/// `refs` with the stages [`swap_targets`] chose now run by `digest`.
+pub fn swapped_refs(
+    refs: &[PluginRef],
+    digest: &str,
+    (map_index, want_sink): (Option<usize>, bool),
+) -> Vec<PluginRef> {
+    let mut out = refs.to_vec();
+    if let Some(i) = map_index
+        && let Some(r) = out.iter_mut().filter(|r| r.stage == StageKind::Map).nth(i)
+    {
+        r.digest = digest.to_string();
+    }
+    if want_sink {
+        for r in out.iter_mut().filter(|r| r.stage == StageKind::Sink) {
+            r.digest = digest.to_string();
+        }
+    }
+    out
+}
+
+/// Replace stage(s) with a validated plugin (at a batch boundary).
+pub(super) fn install_swap(
+    stages: &mut Stages,
+    cp: &dyn Checkpoint,
+    sql: Option<&SqlGrant>,
+    plugin: Plugin,
+    bytes: &[u8],
+    stage: Option<StageKind>,
+    index: Option<usize>,
+) -> Result<(), String> {
+    let (map_index, want_sink) = swap_targets(
+        &stages.refs,
+        (plugin.path(), plugin.digest()),
+        plugin.stages(),
+        stage,
+        index,
+    )?;
     cp.store_plugin(bytes).map_err(|e| e.to_string())?;
     stages.files.insert(
         plugin.digest().to_string(),
         plugin.path().display().to_string(),
     );
+    stages.refs = swapped_refs(&stages.refs, plugin.digest(), (map_index, want_sink));
     if let Some(i) = map_index {
         stages.maps[i] = plugin.instance();
-        if let Some(r) = stages
-            .refs
-            .iter_mut()
-            .filter(|r| r.stage == StageKind::Map)
-            .nth(i)
-        {
-            r.digest = plugin.digest().to_string();
-        }
     }
     if want_sink {
         stages.sink = Some(plugin.instance_with_sql(sql.cloned()));
-        for r in stages
-            .refs
-            .iter_mut()
-            .filter(|r| r.stage == StageKind::Sink)
-        {
-            r.digest = plugin.digest().to_string();
-        }
     }
     Ok(())
 }

@@ -84,6 +84,8 @@ pub(super) const HOST_TABLES: &[&str] = &[
     "sluice_groups",
     "sluice_group_plugins",
     "sluice_partitions",
+    "sluice_group_members",
+    "sluice_group_swaps",
 ];
 
 /// Names no plugin statement may hold as a word anywhere in its text

@@ -86,11 +86,23 @@ impl DbError {
                     || self.message.contains("pg_class_relname_nsp_index")))
     }
 
-    /// The connection is gone (SQLSTATE class 08, and 57P01–57P03: the
-    /// server shut down, crashed or is starting): only a new connection
-    /// helps ([`SqlGrant::reconnect`]).
+    /// The table does not exist (PostgreSQL 42P01, SQLite "no such
+    /// table"): a database an older host made, or none at all.
+    pub fn is_missing_table(&self) -> bool {
+        self.code == "42P01" || self.message.contains("no such table")
+    }
+
+    /// The connection is gone (SQLSTATE class 08; 57P01–57P03: the server
+    /// shut down, crashed or is starting; 25P03 and 57P05: the server
+    /// ended a session left idle, in a transaction or not, past its
+    /// timeout, say a host that was frozen): only a new connection helps
+    /// ([`SqlGrant::reconnect`]).
     pub fn is_connection_lost(&self) -> bool {
-        self.code.starts_with("08") || matches!(self.code.as_str(), "57P01" | "57P02" | "57P03")
+        self.code.starts_with("08")
+            || matches!(
+                self.code.as_str(),
+                "57P01" | "57P02" | "57P03" | "57P05" | "25P03"
+            )
     }
 
     fn host(message: impl Into<String>) -> Self {

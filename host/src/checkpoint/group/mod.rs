@@ -10,6 +10,12 @@
 //! sluice_partitions     (group, topic, partition) → owner epoch, owner,
 //!                       member id, claimed at, and the planned range of
 //!                       the batch in flight (write-ahead; NULL when none)
+//! sluice_group_members  (group, member) → the plugins it runs, the last
+//!                       swap it acted on and why it could not install
+//!                       it, when it was last seen (status only: Kafka's
+//!                       coordinator decides membership)
+//! sluice_group_swaps    (group, swap id) → the plugins asked for, when,
+//!                       by whom (`host group swap`; an audit trail)
 //! ```
 //!
 //! What was applied stays in the sink's `sluice_progress` rows (query id =
@@ -136,6 +142,8 @@ pub struct GroupTables {
     groups: String,
     plugins: String,
     partitions: String,
+    members: String,
+    swaps: String,
 }
 
 impl GroupTables {
@@ -146,12 +154,20 @@ impl GroupTables {
             groups: format!("{s}.sluice_groups"),
             plugins: format!("{s}.sluice_group_plugins"),
             partitions: format!("{s}.sluice_partitions"),
+            members: format!("{s}.sluice_group_members"),
+            swaps: format!("{s}.sluice_group_swaps"),
         }
     }
 
-    /// All three, for the plugin role's check.
-    pub fn all(&self) -> [&str; 3] {
-        [&self.groups, &self.plugins, &self.partitions]
+    /// All of them, for the plugin role's check.
+    pub fn all(&self) -> [&str; 5] {
+        [
+            &self.groups,
+            &self.plugins,
+            &self.partitions,
+            &self.members,
+            &self.swaps,
+        ]
     }
 
     fn create(&self, b: &mut dyn Backend) -> Result<(), DbError> {
@@ -169,8 +185,17 @@ impl GroupTables {
                group_name TEXT NOT NULL, topic TEXT NOT NULL, \"partition\" INTEGER NOT NULL, \
                owner_epoch BIGINT NOT NULL, owner TEXT NOT NULL, member_id TEXT NOT NULL DEFAULT '', \
                claimed_at_ms BIGINT NOT NULL, planned TEXT, \
-               PRIMARY KEY (group_name, topic, \"partition\"));",
-                self.groups, self.plugins, self.partitions
+               PRIMARY KEY (group_name, topic, \"partition\"));\
+             CREATE TABLE IF NOT EXISTS {} (\
+               group_name TEXT NOT NULL, member TEXT NOT NULL, plugins TEXT NOT NULL, \
+               swap_id BIGINT NOT NULL DEFAULT 0, swap_error TEXT, \
+               started_at_ms BIGINT NOT NULL, seen_at_ms BIGINT NOT NULL, \
+               PRIMARY KEY (group_name, member));\
+             CREATE TABLE IF NOT EXISTS {} (\
+               group_name TEXT NOT NULL, swap_id BIGINT NOT NULL, plugins TEXT NOT NULL, \
+               requested_at_ms BIGINT NOT NULL, requested_by TEXT NOT NULL, \
+               PRIMARY KEY (group_name, swap_id));",
+                self.groups, self.plugins, self.partitions, self.members, self.swaps
             ),
         )
     }
@@ -394,7 +419,7 @@ impl GroupStore {
         );
         match probe {
             Ok(_) => Ok(Some(store)),
-            Err(e) if e.code == "42P01" || e.message.contains("no such table") => Ok(None),
+            Err(e) if e.is_missing_table() => Ok(None),
             Err(error) => Err(store.err("reading the group tables")(error)),
         }
     }
@@ -798,6 +823,9 @@ impl GroupStore {
         Ok(by)
     }
 }
+
+mod members;
+pub use members::{MemberRow, Swap};
 
 #[cfg(test)]
 mod tests;

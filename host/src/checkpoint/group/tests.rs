@@ -207,3 +207,60 @@ fn plugins_are_stored_by_content_and_checked_when_loaded() {
         assert!(e.contains("do not have that digest"), "{url}: {e}");
     }
 }
+
+#[test]
+fn swaps_are_numbered_per_group_and_become_what_new_members_start_with() {
+    let dir = tempfile::tempdir().unwrap();
+    for url in urls(dir.path()) {
+        let g = store(&url, "g");
+        let fp = Fingerprint::new(&["orders".into()]);
+        let v = |d: &str| {
+            vec![PluginRef {
+                stage: StageKind::Map,
+                digest: d.into(),
+            }]
+        };
+        g.join(&fp, &v("v1")).unwrap();
+        assert_eq!(g.latest_swap().unwrap(), None, "{url}");
+        let first = g.request_swap(&v("v2"), "tester").unwrap();
+        let second = g.request_swap(&v("v3"), "tester").unwrap();
+        assert_eq!((first.id, second.id), (1, 2), "{url}");
+        // Another group's swaps are its own.
+        let h = store(&url, "h");
+        h.join(&fp, &v("v1")).unwrap();
+        assert_eq!(h.request_swap(&v("v9"), "tester").unwrap().id, 1, "{url}");
+        let last = g.latest_swap().unwrap().unwrap();
+        assert_eq!((last.id, last.plugins), (2, v("v3")), "{url}");
+        assert_eq!(last.requested_by, "tester", "{url}");
+        assert_eq!(g.info().unwrap().unwrap().1, v("v3"), "{url}");
+    }
+}
+
+#[test]
+fn members_report_what_they_run_and_leave_without_a_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    for url in urls(dir.path()) {
+        let g = store(&url, "g");
+        let v1 = vec![PluginRef {
+            stage: StageKind::Sink,
+            digest: "v1".into(),
+        }];
+        g.report("pid 1 on a", &v1, 0, None).unwrap();
+        g.report("pid 2 on b", &v1, 0, None).unwrap();
+        g.report("pid 2 on b", &v1, 3, Some("does not compile"))
+            .unwrap();
+        store(&url, "other")
+            .report("pid 9 on z", &v1, 0, None)
+            .unwrap();
+        let rows = g.members().unwrap();
+        assert_eq!(rows.len(), 2, "{url}: {rows:?}");
+        assert_eq!(rows[1].member, "pid 2 on b", "{url}");
+        assert_eq!(rows[1].swap_id, 3, "{url}");
+        assert_eq!(rows[1].swap_error.as_deref(), Some("does not compile"));
+        assert!(rows[1].seen_at_ms >= rows[1].started_at_ms, "{url}");
+        g.leave("pid 1 on a").unwrap();
+        let rows = g.members().unwrap();
+        assert_eq!(rows.len(), 1, "{url}: {rows:?}");
+        assert_eq!(rows[0].member, "pid 2 on b", "{url}");
+    }
+}

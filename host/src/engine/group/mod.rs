@@ -37,6 +37,8 @@ use super::progress::{Progress, ms};
 use super::stages::{assemble, load_plugins};
 use super::{EngineError, PipelineConfig, RunSummary};
 
+mod swap;
+
 /// A partition this member holds.
 #[derive(Debug, Clone)]
 struct Held {
@@ -298,6 +300,37 @@ pub fn run_group(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSumma
         cfg.kafka_timeout,
     )?;
     tracing::info!(group, "joined the pipeline group");
+    let mut swaps = swap::GroupSwaps::start(
+        store.clone(),
+        runtime.clone(),
+        member.owner.clone(),
+        &stages,
+    )?;
+    let r = run_member(
+        cfg,
+        &stop,
+        &mut source,
+        &mut stages,
+        &mut swaps,
+        &member,
+        &grant,
+    );
+    swaps.leave();
+    drop(source);
+    r
+}
+
+/// The batch loop of [`run_group`].
+fn run_member(
+    cfg: &PipelineConfig,
+    stop: &Arc<AtomicBool>,
+    source: &mut KafkaSource,
+    stages: &mut super::stages::Stages,
+    swaps: &mut swap::GroupSwaps,
+    member: &Member,
+    grant: &SqlGrant,
+) -> Result<RunSummary, EngineError> {
+    let (store, driver, group) = (&member.store, &member.driver, &member.group);
     let metrics = Metrics::new();
     let mut summary = RunSummary::default();
     let mut batch_id = 0u64;
@@ -319,6 +352,7 @@ pub fn run_group(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSumma
         if !changes.assigned.is_empty() || !changes.revoked.is_empty() {
             joined_at = Instant::now();
         }
+        swaps.at_boundary(cfg, stages, grant, batch_id + 1);
 
         // Plan the partitions held.
         let started = Instant::now();
@@ -445,14 +479,14 @@ pub fn run_group(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSumma
         let done = run_batch(
             BatchEnv {
                 cfg,
-                source: &mut source,
-                stages: &mut stages,
-                driver: &driver,
-                query_id: &group,
+                source,
+                stages,
+                driver,
+                query_id: group,
                 epoch: entry.epoch,
                 epochs: Some(&epochs),
                 metrics: &metrics,
-                stop: &stop,
+                stop,
             },
             &entry,
             rerun,
@@ -517,6 +551,5 @@ pub fn run_group(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSumma
         )
         .emit(cfg.progress);
     }
-    drop(source);
     Ok(summary)
 }

@@ -1,0 +1,115 @@
+//! `host group …`: a pipeline group's checkpoint in the sink database,
+//! looked at (`status`) and acted on (`swap`).
+
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+
+use super::{CliError, ExitCode, WithCode};
+use crate::capability::sql::{self, SqlGrant};
+use crate::checkpoint::group::GroupStore;
+use crate::checkpoint::{Fingerprint, PluginRef};
+
+mod status;
+mod swap;
+
+/// `host group …` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum GroupCommand {
+    /// Show a pipeline group: its topics and plugins, its members (what
+    /// each runs, when it was last seen), and each partition's owner, owner
+    /// epoch, when it was claimed, the range in flight and the end
+    /// applied. Read-only.
+    Status(status::StatusArgs),
+    /// Give every member of a running group a new plugin: it is stored in
+    /// the group's tables, each member compiles it off its batch path and
+    /// installs it at its next batch boundary (the parts' write-ahead
+    /// records the new digest); members that join later start with it.
+    /// Waits for the live members' answers.
+    Swap(swap::SwapArgs),
+}
+
+/// Which group, in which database.
+#[derive(Debug, Args)]
+pub struct GroupDb {
+    /// The group's sink database (`sqlite:PATH` or `postgres://…`).
+    #[arg(long, value_name = "URL")]
+    pub sink_db: String,
+    /// The pipeline group's name (`host run --group NAME`).
+    #[arg(long, value_name = "NAME")]
+    pub group: String,
+    /// File whose first line is the database's password (PostgreSQL).
+    #[arg(long, value_name = "FILE")]
+    pub sink_db_password_file: Option<PathBuf>,
+    /// PostgreSQL schema of the host's tables [default: public].
+    #[arg(long, value_name = "SCHEMA")]
+    pub sink_schema: Option<String>,
+}
+
+/// An open group: the sink's session, the group's store, its fingerprint
+/// and current plugins.
+struct Opened {
+    grant: SqlGrant,
+    store: GroupStore,
+    fingerprint: Fingerprint,
+    plugins: Vec<PluginRef>,
+}
+
+impl GroupDb {
+    /// The database URL with any password hidden.
+    fn shown(&self) -> String {
+        sql::redact(&self.sink_db)
+    }
+
+    /// Open the group, creating nothing.
+    ///
+    /// # Errors
+    /// Exit 2 for a database file that does not exist or a group the
+    /// database does not hold; 1 when it cannot be read.
+    fn open(&self) -> Result<Opened, CliError> {
+        let url = self.shown();
+        if let Some(path) = self
+            .sink_db
+            .strip_prefix("sqlite://")
+            .or_else(|| self.sink_db.strip_prefix("sqlite:"))
+            && !std::path::Path::new(path).exists()
+        {
+            return Err(anyhow::anyhow!("--sink-db {url}: no such file")).code(ExitCode::Usage);
+        }
+        let grant = SqlGrant::connect_with(&self.sink_db, self.sink_db_password_file.as_deref())
+            .and_then(|g| g.set_host_schema(self.sink_schema.clone()).map(|()| g))
+            .map_err(|e| anyhow::anyhow!("sink database {url}: {e}"))?;
+        let no_group = || {
+            anyhow::anyhow!(
+                "sink database {url} holds no pipeline group {} (is the name, the database or --sink-schema right?)",
+                self.group
+            )
+        };
+        let store = GroupStore::open_existing(
+            &self.sink_db,
+            self.sink_db_password_file.as_deref(),
+            &grant.host_schema(),
+            &self.group,
+        )?
+        .ok_or_else(no_group)
+        .code(ExitCode::Usage)?;
+        let (fingerprint, plugins) = store.info()?.ok_or_else(no_group).code(ExitCode::Usage)?;
+        Ok(Opened {
+            grant,
+            store,
+            fingerprint,
+            plugins,
+        })
+    }
+}
+
+/// Run `host group …`.
+///
+/// # Errors
+/// As each subcommand says.
+pub fn run(cmd: GroupCommand) -> Result<(), CliError> {
+    match cmd {
+        GroupCommand::Status(a) => status::status(a),
+        GroupCommand::Swap(a) => swap::swap(a),
+    }
+}

@@ -1,0 +1,147 @@
+//! `host group status`: a pipeline group as its tables in the sink
+//! database show it. Read-only.
+
+use clap::Args;
+use serde::Serialize;
+
+use super::{CliError, GroupDb};
+use crate::checkpoint::group::{MemberRow, PartitionRow};
+use crate::sink::SinkDriver;
+use crate::util::{now_ms, rfc3339_ms};
+
+/// Flags of `host group status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    db: GroupDb,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A member not seen for this long (ms) is shown as gone: live members
+/// report every few seconds.
+pub(super) const GONE_AFTER_MS: i64 = 30_000;
+
+/// One partition as `host group status` shows it.
+#[derive(Debug, Serialize)]
+struct Shown {
+    #[serde(flatten)]
+    row: PartitionRow,
+    /// End offset the progress row shows applied.
+    applied_end: Option<i64>,
+    /// When that row was last written, ms since the Unix epoch: an owner
+    /// whose partitions have data but whose rows stop moving is stuck or
+    /// gone.
+    last_write_ms: Option<i64>,
+}
+
+/// Run `host group status`.
+///
+/// # Errors
+/// Exit 1 when the database cannot be read; 2 for a group it does not
+/// hold.
+pub(super) fn status(a: StatusArgs) -> Result<(), CliError> {
+    let url = a.db.shown();
+    let group = &a.db.group;
+    let o = a.db.open()?;
+    let (store, fingerprint, plugins) = (o.store, o.fingerprint, o.plugins);
+    let members = store.members()?;
+    let rows = store.partitions()?;
+    let driver = SinkDriver::new(Some(o.grant)).map_err(|e| anyhow::anyhow!("{url}: {e}"))?;
+    let mut shown = Vec::new();
+    for row in rows {
+        let applied = driver.applied(group, &row.topic, row.partition)?;
+        shown.push(Shown {
+            row,
+            applied_end: applied.map(|(end, _)| end),
+            last_write_ms: applied.map(|(_, at)| at),
+        });
+    }
+    if a.json {
+        outln!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "group": group,
+                "topics": fingerprint.topics,
+                "contract": fingerprint.contract,
+                "plugins": plugins,
+                "members": members,
+                "partitions": shown,
+            }))?
+        )?;
+        return Ok(());
+    }
+    outln!("group       {group}")?;
+    outln!(
+        "topics      {}  ({})",
+        fingerprint.topics.join(", "),
+        fingerprint.contract
+    )?;
+    for p in &plugins {
+        outln!("plugin      {:?} sha256:{}", p.stage, p.digest)?;
+    }
+    for m in &members {
+        outln!("member      {}", show_member(m))?;
+    }
+    if shown.is_empty() {
+        outln!("partitions  none claimed yet (members still joining?)")?;
+    }
+    for s in &shown {
+        let r = &s.row;
+        outln!(
+            "{}/{}  owner {} (epoch {}, since {})  applied to {}{}{}",
+            r.topic,
+            r.partition,
+            r.owner,
+            r.owner_epoch,
+            rfc3339_ms(r.claimed_at_ms),
+            s.applied_end
+                .map_or("nothing yet".to_string(), |e| e.to_string()),
+            s.last_write_ms.map_or(String::new(), |t| format!(
+                " (last write {})",
+                rfc3339_ms(t)
+            )),
+            match &r.planned {
+                Some(p) => format!("  in flight [{}, {}) batch {}", p.start, p.end, p.batch),
+                None => String::new(),
+            }
+        )?;
+    }
+    Ok(())
+}
+
+/// One member's line: what it runs, its last swap, when it was seen.
+fn show_member(m: &MemberRow) -> String {
+    let age = now_ms().saturating_sub(m.seen_at_ms);
+    let plugins: Vec<String> = m
+        .plugins
+        .iter()
+        .map(|p| {
+            format!(
+                "{:?} sha256:{}",
+                p.stage,
+                &p.digest[..12.min(p.digest.len())]
+            )
+        })
+        .collect();
+    let mut line = format!(
+        "{}  runs [{}]  last seen {} ({} s ago{})",
+        m.member,
+        plugins.join(", "),
+        rfc3339_ms(m.seen_at_ms),
+        age / 1000,
+        if age > GONE_AFTER_MS {
+            ": gone, or stopped without leaving"
+        } else {
+            ""
+        }
+    );
+    if m.swap_id > 0 {
+        line.push_str(&format!("  swap {}", m.swap_id));
+    }
+    if let Some(e) = &m.swap_error {
+        line.push_str(&format!(" NOT installed: {e}"));
+    }
+    line
+}

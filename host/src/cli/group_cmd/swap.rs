@@ -1,0 +1,146 @@
+//! `host group swap`: ask every member of a running pipeline group to run
+//! a new plugin, and wait for their answers.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+
+use super::status::GONE_AFTER_MS;
+use super::{CliError, ExitCode, GroupDb, WithCode};
+use crate::checkpoint::StageKind;
+use crate::cli::parse_duration;
+use crate::cli::swap_cmd::SwapStage;
+use crate::engine::{swap_targets, swapped_refs};
+use crate::plugin::{Limits, Runtime};
+use crate::util::now_ms;
+
+/// Flags of `host group swap`.
+#[derive(Debug, Args)]
+pub struct SwapArgs {
+    #[command(flatten)]
+    db: GroupDb,
+    /// The new plugin component.
+    #[arg(long, value_name = "FILE")]
+    plugin: PathBuf,
+    /// Which stage to replace (default: every stage the new plugin exports).
+    #[arg(long, value_enum)]
+    stage: Option<SwapStage>,
+    /// Which map stage (0-based) when the pipeline has several.
+    #[arg(long, value_name = "N")]
+    index: Option<usize>,
+    /// How long to wait for every live member's answer (each answers at
+    /// its next batch boundary after the plugin compiled).
+    #[arg(long, value_name = "DURATION", default_value = "120s", value_parser = parse_duration)]
+    timeout: Duration,
+    /// Store the swap and return without waiting for the members.
+    #[arg(long)]
+    no_wait: bool,
+}
+
+/// Run `host group swap`.
+///
+/// # Errors
+/// Exit 2 for a plugin that cannot be read, compiled, or cannot replace
+/// the group's stages; 1 when a live member could not install it (it keeps
+/// its plugins) or did not answer within `--timeout` (the swap stays
+/// asked: members install it when they get to it).
+pub(super) fn swap(a: SwapArgs) -> Result<(), CliError> {
+    let group = a.db.group.clone();
+    let o = a.db.open()?;
+    let bytes = std::fs::read(&a.plugin)
+        .map_err(|e| anyhow::anyhow!("plugin {}: {e}", a.plugin.display()))
+        .code(ExitCode::Usage)?;
+    // Compile it here first: a component that does not load is refused
+    // before any member sees it.
+    let runtime = Runtime::new(Limits::default()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let plugin = runtime
+        .load_bytes(&a.plugin, &bytes, Default::default())
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .code(ExitCode::Usage)?;
+    let stage = a.stage.map(|s| match s {
+        SwapStage::Map => StageKind::Map,
+        SwapStage::Sink => StageKind::Sink,
+    });
+    let targets = swap_targets(
+        &o.plugins,
+        (&a.plugin, plugin.digest()),
+        plugin.stages(),
+        stage,
+        a.index,
+    )
+    .map_err(|e| anyhow::anyhow!("group {group}: {e}"))
+    .code(ExitCode::Usage)?;
+    let refs = swapped_refs(&o.plugins, plugin.digest(), targets);
+    if refs == o.plugins {
+        outln!(
+            "group {group} runs sha256:{} already; nothing to swap",
+            plugin.digest()
+        )?;
+        return Ok(());
+    }
+    o.store.store_plugin(&bytes)?;
+    let by = format!(
+        "host group swap, pid {} on {}",
+        std::process::id(),
+        crate::util::hostname()
+    );
+    let asked = o.store.request_swap(&refs, &by)?;
+    outln!(
+        "swap {} asked of group {group}: sha256:{} ({}); members install it at their next batch boundary, members that join later start with it",
+        asked.id,
+        plugin.digest(),
+        a.plugin.display()
+    )?;
+    if a.no_wait {
+        return Ok(());
+    }
+    let until = Instant::now() + a.timeout;
+    loop {
+        let live: Vec<_> = o
+            .store
+            .members()?
+            .into_iter()
+            .filter(|m| now_ms().saturating_sub(m.seen_at_ms) <= GONE_AFTER_MS)
+            .collect();
+        let waiting: Vec<&str> = live
+            .iter()
+            .filter(|m| m.swap_id < asked.id)
+            .map(|m| m.member.as_str())
+            .collect();
+        if waiting.is_empty() || Instant::now() >= until {
+            let mut refused = Vec::new();
+            for m in live.iter().filter(|m| m.swap_id >= asked.id) {
+                match &m.swap_error {
+                    Some(e) if m.swap_id == asked.id => {
+                        outln!("{}: NOT installed, keeps its plugins: {e}", m.member)?;
+                        refused.push(m.member.clone());
+                    }
+                    _ => outln!("{}: installed", m.member)?,
+                }
+            }
+            if live.is_empty() {
+                outln!("no member is running now; the next to join starts with it")?;
+            }
+            if !waiting.is_empty() {
+                return Err(anyhow::anyhow!(
+                    "no answer within {} s from {}; the swap stays asked (see host group status)",
+                    a.timeout.as_secs(),
+                    waiting.join(", ")
+                ))
+                .code(ExitCode::Failed);
+            }
+            if !refused.is_empty() {
+                return Err(anyhow::anyhow!(
+                    "{} of {} live member(s) could not install swap {}: fix the plugin and swap again",
+                    refused.len(),
+                    live.len(),
+                    asked.id
+                ))
+                .code(ExitCode::Failed);
+            }
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}

@@ -1,0 +1,216 @@
+//! A group member's side of `host group swap` (DESIGN.md, "Scale beyond
+//! one machine: pipeline groups"): at each batch boundary the member asks
+//! the group's store for a newer swap; a new one is read and compiled on a
+//! thread of its own, off the batch path, and installed at the first batch
+//! boundary after it compiled. The next batch's write-ahead records the
+//! new digests. A swap that cannot be loaded leaves the member on its old
+//! plugins, and the member's row says why (`host group status`).
+
+use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver, TryRecvError};
+use std::time::{Duration, Instant};
+
+use crate::capability::sql::SqlGrant;
+use crate::checkpoint::group::{GroupStore, Swap};
+use crate::plugin::{Plugin, Runtime};
+
+use super::super::PipelineConfig;
+use super::super::stages::{Stages, assemble, show_refs};
+
+/// How often the store is asked for a new swap.
+const CHECK_EVERY: Duration = Duration::from_secs(1);
+/// How often the member's row is refreshed when nothing changed.
+const REPORT_EVERY: Duration = Duration::from_secs(5);
+
+/// Compiled components of a swap, or why they could not be.
+type Compiled = Result<Vec<(Plugin, Vec<u8>)>, String>;
+
+/// Watches the group's swaps for one member and reports what it runs.
+pub(super) struct GroupSwaps {
+    store: Arc<GroupStore>,
+    runtime: Arc<Runtime>,
+    member: String,
+    /// The last swap acted on (installed or refused).
+    seen: u64,
+    /// Why that swap was not installed.
+    error: Option<String>,
+    /// A swap being compiled.
+    pending: Option<(Swap, Receiver<Compiled>)>,
+    last_check: Instant,
+    last_report: Instant,
+}
+
+impl GroupSwaps {
+    /// Start watching after the member joined with `stages`: swaps asked
+    /// before now are not acted on (the member started with the group's
+    /// current plugins, or brought its own).
+    ///
+    /// # Errors
+    /// The group store's.
+    pub(super) fn start(
+        store: Arc<GroupStore>,
+        runtime: Arc<Runtime>,
+        member: String,
+        stages: &Stages,
+    ) -> Result<Self, crate::checkpoint::group::GroupError> {
+        let seen = store.latest_swap()?.map_or(0, |s| s.id);
+        store.report(&member, &stages.refs, seen, None)?;
+        Ok(GroupSwaps {
+            store,
+            runtime,
+            member,
+            seen,
+            error: None,
+            pending: None,
+            last_check: Instant::now(),
+            last_report: Instant::now(),
+        })
+    }
+
+    /// At a batch boundary: install a swap that compiled (the batch
+    /// `next_batch` is the first to run it), start compiling a newer one,
+    /// and refresh the member's row now and then. Store errors are logged,
+    /// not returned: the pipeline goes on with the plugins it has.
+    pub(super) fn at_boundary(
+        &mut self,
+        cfg: &PipelineConfig,
+        stages: &mut Stages,
+        grant: &SqlGrant,
+        next_batch: u64,
+    ) {
+        let mut changed = false;
+        if let Some((swap, rx)) = &self.pending {
+            let compiled = match rx.try_recv() {
+                Ok(c) => Some(c),
+                Err(TryRecvError::Empty) => None,
+                Err(TryRecvError::Disconnected) => {
+                    Some(Err("the thread compiling it stopped".to_string()))
+                }
+            };
+            if let Some(compiled) = compiled {
+                let swap = swap.clone();
+                self.pending = None;
+                self.install(cfg, stages, grant, &swap, compiled, next_batch);
+                changed = true;
+            }
+        }
+        if self.pending.is_none() && self.last_check.elapsed() >= CHECK_EVERY {
+            self.last_check = Instant::now();
+            match self.store.latest_swap() {
+                Ok(Some(swap)) if swap.id > self.seen => {
+                    if swap.plugins == stages.refs {
+                        self.seen = swap.id;
+                        self.error = None;
+                        changed = true;
+                    } else {
+                        tracing::info!(
+                            swap = swap.id,
+                            "group swap {} asked by {}: compiling [{}]",
+                            swap.id,
+                            swap.requested_by,
+                            show_refs(&swap.plugins)
+                        );
+                        let rx = self.compile(cfg, &swap);
+                        self.pending = Some((swap, rx));
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!("could not read the group's swaps: {e}"),
+            }
+        }
+        if changed || self.last_report.elapsed() >= REPORT_EVERY {
+            self.last_report = Instant::now();
+            if let Err(e) =
+                self.store
+                    .report(&self.member, &stages.refs, self.seen, self.error.as_deref())
+            {
+                tracing::warn!("could not record this member's state in the group: {e}");
+            }
+        }
+    }
+
+    /// Read and compile `swap`'s components on a thread of their own.
+    fn compile(&self, cfg: &PipelineConfig, swap: &Swap) -> Receiver<Compiled> {
+        let (tx, rx) = mpsc::channel();
+        let store = self.store.clone();
+        let runtime = self.runtime.clone();
+        let config = Arc::new(cfg.plugin_config.clone());
+        // In the order the stages name them (the map chain's order).
+        let mut digests: Vec<String> = Vec::new();
+        for r in &swap.plugins {
+            if !digests.contains(&r.digest) {
+                digests.push(r.digest.clone());
+            }
+        }
+        let group = cfg.group.clone().unwrap_or_default();
+        std::thread::spawn(move || {
+            let compiled = digests
+                .iter()
+                .map(|d| {
+                    let bytes = store.load_plugin(d).map_err(|e| e.to_string())?;
+                    let path = std::path::PathBuf::from(format!("group {group}: {d}"));
+                    let plugin = runtime
+                        .load_bytes(&path, &bytes, config.clone())
+                        .map_err(|e| e.to_string())?;
+                    Ok((plugin, bytes))
+                })
+                .collect();
+            let _ = tx.send(compiled);
+        });
+        rx
+    }
+
+    fn install(
+        &mut self,
+        cfg: &PipelineConfig,
+        stages: &mut Stages,
+        grant: &SqlGrant,
+        swap: &Swap,
+        compiled: Compiled,
+        next_batch: u64,
+    ) {
+        self.seen = swap.id;
+        let mut from_store = cfg.clone();
+        from_store.plugins.clear();
+        let assembled = compiled.and_then(|loaded| {
+            assemble(&from_store, &loaded, &swap.plugins, Some(grant)).map_err(|e| e.to_string())
+        });
+        match assembled {
+            Ok(new) if new.refs == swap.plugins => {
+                *stages = new;
+                self.error = None;
+                tracing::info!(
+                    swap = swap.id,
+                    batch = next_batch,
+                    "group swap {} installed: [{}] from batch {next_batch}",
+                    swap.id,
+                    show_refs(&stages.refs)
+                );
+            }
+            Ok(new) => self.refuse(
+                swap,
+                format!(
+                    "the components make [{}], not the stages asked for",
+                    show_refs(&new.refs)
+                ),
+            ),
+            Err(e) => self.refuse(swap, e),
+        }
+    }
+
+    fn refuse(&mut self, swap: &Swap, why: String) {
+        tracing::error!(
+            swap = swap.id,
+            "group swap {} not installed, this member keeps its plugins: {why}",
+            swap.id
+        );
+        self.error = Some(why);
+    }
+
+    /// The member leaves the group: its row goes.
+    pub(super) fn leave(&self) {
+        if let Err(e) = self.store.leave(&self.member) {
+            tracing::warn!("could not remove this member's row from the group: {e}");
+        }
+    }
+}
