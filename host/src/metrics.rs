@@ -35,6 +35,15 @@ pub struct PartitionLabel {
     pub partition: String,
 }
 
+/// Labels of `sluice_group_member_info`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MemberLabel {
+    /// The pipeline group (`--group`).
+    pub group: String,
+    /// This member (pid, host), as the group's tables name it.
+    pub member: String,
+}
+
 fn phase_histogram() -> Histogram {
     // 1 ms … ~65 s.
     Histogram::new(exponential_buckets(0.001, 2.0, 17))
@@ -142,6 +151,33 @@ impl Metrics {
             m.lag.clone(),
         );
         Metrics { registry, ..m }
+    }
+
+    /// [`Metrics::new`] for a member of pipeline group `group`: also
+    /// `sluice_group_member_info{group, member} 1`, so every series of the
+    /// process can be joined to the group and member.
+    pub fn in_group(group: &str, member: &str) -> Self {
+        let mut m = Self::new();
+        let info: Family<MemberLabel, Gauge> = Family::default();
+        info.get_or_create(&MemberLabel {
+            group: group.to_string(),
+            member: member.to_string(),
+        })
+        .set(1);
+        m.registry.register(
+            "group_member_info",
+            "The pipeline group this process is a member of",
+            info,
+        );
+        m
+    }
+
+    /// Drop the lag series of a partition this member no longer holds.
+    pub fn forget_partition(&self, (topic, partition): &TopicPartition) {
+        self.lag.remove(&PartitionLabel {
+            topic: topic.clone(),
+            partition: partition.to_string(),
+        });
     }
 
     /// Record a committed batch.

@@ -127,6 +127,8 @@ fn two_members_apply_each_record_once() {
                 "--group",
                 "g1",
                 "--json",
+                "--brokers",
+                &mock.bootstrap(),
             ])
             .output()
             .unwrap();
@@ -143,9 +145,14 @@ fn two_members_apply_each_record_once() {
             parts.iter().all(|p| p["applied_end"] == 100
                 && p["planned"].is_null()
                 && p["owner_epoch"].as_u64() >= Some(1)
-                && p["last_write_ms"].as_i64() > Some(0)),
+                && p["last_write_ms"].as_i64() > Some(0)
+                && p["high_watermark"] == 100
+                && p["lag"] == 0),
             "{v}"
         );
+        // Both left the group: no member rows, nothing unclaimed.
+        assert_eq!(v["members"], serde_json::json!([]), "{v}");
+        assert_eq!(v["unclaimed"], serde_json::json!([]), "{v}");
         let none = std::process::Command::new(crate::support::host_bin())
             .args(["group", "status", "--sink-db", &db.url, "--group", "nope"])
             .output()

@@ -56,6 +56,12 @@ pub struct Progress {
     /// Skipped (deleted) ranges.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub data_loss: Vec<DataLossGap>,
+    /// The pipeline group (`--group`), for a group member.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// This member (pid, host), for a group member.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub member: Option<String>,
 }
 
 impl Progress {
@@ -97,7 +103,16 @@ impl Progress {
                 })
                 .collect(),
             data_loss: gaps.to_vec(),
+            group: None,
+            member: None,
         }
+    }
+
+    /// The event of a member of pipeline group `group`.
+    pub fn in_group(mut self, group: &str, member: &str) -> Self {
+        self.group = Some(group.to_string());
+        self.member = Some(member.to_string());
+        self
     }
 
     /// Report the batch: JSON line on stdout, live status line on stderr,
@@ -119,7 +134,11 @@ impl Progress {
                 }
             }
             ProgressMode::Line => status_line::set(format!(
-                "batch {} | epoch {} | {} in, {} out | {:.0} rows/s | lag {} | {:.0} ms",
+                "{}batch {} | epoch {} | {} in, {} out | {:.0} rows/s | lag {} | {:.0} ms",
+                match (&self.group, &self.member) {
+                    (Some(g), Some(m)) => format!("group {g} ({m}) | "),
+                    _ => String::new(),
+                },
                 self.batch_id,
                 self.epoch,
                 self.counts.input,
@@ -149,4 +168,47 @@ impl Progress {
 /// progress event and the commit entry).
 pub(super) fn ms(d: Duration) -> f64 {
     (d.as_secs_f64() * 1_000_000.0).round() / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_group_members_event_names_the_group_and_member_and_others_do_not() {
+        let entry = OffsetsEntry {
+            batch_id: 7,
+            ranges: vec![crate::source::PartitionRange {
+                topic: "t".into(),
+                partition: 0,
+                start: 0,
+                end: 10,
+            }],
+            epoch: Epoch::new(1),
+            planned_at_ms: 0,
+            plugins: Vec::new(),
+            config_digest: String::new(),
+            note: None,
+            topics: BTreeMap::new(),
+            sink_db: None,
+        };
+        let lag = BTreeMap::from([(("t".to_string(), 0), 5)]);
+        let plain = Progress::new(
+            &entry,
+            Epoch::new(1),
+            false,
+            &Counts::default(),
+            &Timings::default(),
+            Duration::from_millis(1),
+            lag.clone(),
+            &[],
+        );
+        let json = serde_json::to_value(&plain).unwrap();
+        assert!(json.get("group").is_none(), "{json}");
+        assert_eq!(json["partitions"][0]["lag"], 5, "{json}");
+        let member = plain.in_group("orders-sync", "pid 1 on a");
+        let json = serde_json::to_value(&member).unwrap();
+        assert_eq!(json["group"], "orders-sync", "{json}");
+        assert_eq!(json["member"], "pid 1 on a", "{json}");
+    }
 }

@@ -14,6 +14,11 @@ use crate::util::{now_ms, rfc3339_ms};
 pub struct StatusArgs {
     #[command(flatten)]
     db: GroupDb,
+    /// Kafka bootstrap servers: also show each partition's high watermark
+    /// and lag (records not applied yet), and partitions no member has
+    /// claimed.
+    #[arg(long, value_name = "SERVERS")]
+    brokers: Option<String>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -34,6 +39,13 @@ struct Shown {
     /// whose partitions have data but whose rows stop moving is stuck or
     /// gone.
     last_write_ms: Option<i64>,
+    /// The partition's high watermark (with `--brokers`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    high_watermark: Option<i64>,
+    /// Records between what was applied (or the log start) and the high
+    /// watermark (with `--brokers`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lag: Option<i64>,
 }
 
 /// Run `host group status`.
@@ -49,15 +61,39 @@ pub(super) fn status(a: StatusArgs) -> Result<(), CliError> {
     let members = store.members()?;
     let rows = store.partitions()?;
     let driver = SinkDriver::new(Some(o.grant)).map_err(|e| anyhow::anyhow!("{url}: {e}"))?;
+    // (log start, high watermark) of every partition of the group's
+    // topics, from the broker.
+    let mut marks = std::collections::BTreeMap::new();
+    if let Some(brokers) = &a.brokers {
+        let source = crate::source::KafkaSource::new(
+            brokers,
+            &Default::default(),
+            "sluice-group-status",
+            false,
+            std::time::Duration::from_secs(30),
+        )?;
+        for topic in &fingerprint.topics {
+            for p in source.describe(topic)?.partitions {
+                marks.insert((topic.clone(), p), source.watermarks(topic, p)?);
+            }
+        }
+    }
     let mut shown = Vec::new();
     for row in rows {
         let applied = driver.applied(group, &row.topic, row.partition)?;
+        let mark = marks.remove(&(row.topic.clone(), row.partition));
+        let applied_end = applied.map(|(end, _)| end);
         shown.push(Shown {
+            high_watermark: mark.map(|(_, high)| high),
+            lag: mark.map(|(low, high)| (high - applied_end.unwrap_or(low).max(low)).max(0)),
             row,
-            applied_end: applied.map(|(end, _)| end),
+            applied_end,
             last_write_ms: applied.map(|(_, at)| at),
         });
     }
+    // What is left: partitions of the topics no member claimed yet (added
+    // since, or the group is still joining).
+    let unclaimed: Vec<String> = marks.keys().map(|(t, p)| format!("{t}/{p}")).collect();
     if a.json {
         outln!(
             "{}",
@@ -68,6 +104,7 @@ pub(super) fn status(a: StatusArgs) -> Result<(), CliError> {
                 "plugins": plugins,
                 "members": members,
                 "partitions": shown,
+                "unclaimed": unclaimed,
             }))?
         )?;
         return Ok(());
@@ -90,7 +127,7 @@ pub(super) fn status(a: StatusArgs) -> Result<(), CliError> {
     for s in &shown {
         let r = &s.row;
         outln!(
-            "{}/{}  owner {} (epoch {}, since {})  applied to {}{}{}",
+            "{}/{}  owner {} (epoch {}, since {})  applied to {}{}{}{}",
             r.topic,
             r.partition,
             r.owner,
@@ -105,8 +142,15 @@ pub(super) fn status(a: StatusArgs) -> Result<(), CliError> {
             match &r.planned {
                 Some(p) => format!("  in flight [{}, {}) batch {}", p.start, p.end, p.batch),
                 None => String::new(),
+            },
+            match (s.high_watermark, s.lag) {
+                (Some(h), Some(l)) => format!("  high watermark {h}, lag {l}"),
+                _ => String::new(),
             }
         )?;
+    }
+    if !unclaimed.is_empty() {
+        outln!("unclaimed   {}", unclaimed.join(", "))?;
     }
     Ok(())
 }

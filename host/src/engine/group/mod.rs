@@ -300,6 +300,14 @@ pub fn run_group(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSumma
         cfg.kafka_timeout,
     )?;
     tracing::info!(group, "joined the pipeline group");
+    let metrics = Arc::new(Metrics::in_group(&group, &member.owner));
+    let _metrics_server = match cfg.metrics_addr {
+        Some(addr) => Some(
+            crate::metrics::MetricsServer::start(addr, metrics.clone())
+                .map_err(EngineError::Config)?,
+        ),
+        None => None,
+    };
     let mut swaps = swap::GroupSwaps::start(
         store.clone(),
         runtime.clone(),
@@ -314,6 +322,7 @@ pub fn run_group(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSumma
         &mut swaps,
         &member,
         &grant,
+        &metrics,
     );
     swaps.leave();
     drop(source);
@@ -321,6 +330,7 @@ pub fn run_group(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSumma
 }
 
 /// The batch loop of [`run_group`].
+#[allow(clippy::too_many_arguments)]
 fn run_member(
     cfg: &PipelineConfig,
     stop: &Arc<AtomicBool>,
@@ -329,9 +339,9 @@ fn run_member(
     swaps: &mut swap::GroupSwaps,
     member: &Member,
     grant: &SqlGrant,
+    metrics: &Metrics,
 ) -> Result<RunSummary, EngineError> {
     let (store, driver, group) = (&member.store, &member.driver, &member.group);
-    let metrics = Metrics::new();
     let mut summary = RunSummary::default();
     let mut batch_id = 0u64;
     let started_at = Instant::now();
@@ -352,7 +362,12 @@ fn run_member(
         if !changes.assigned.is_empty() || !changes.revoked.is_empty() {
             joined_at = Instant::now();
         }
-        swaps.at_boundary(cfg, stages, grant, batch_id + 1);
+        for tp in &changes.revoked {
+            metrics.forget_partition(tp);
+        }
+        if swaps.at_boundary(cfg, stages, grant, batch_id + 1) {
+            metrics.swap();
+        }
 
         // Plan the partitions held.
         let started = Instant::now();
@@ -360,6 +375,7 @@ fn run_member(
         let mut ranges = Vec::new();
         let mut epochs = BTreeMap::new();
         let mut gaps = Vec::new();
+        let mut lag = BTreeMap::new();
         let mut rerun = false;
         for (tp, h) in &held {
             let (start, end) = match &h.planned {
@@ -388,7 +404,9 @@ fn run_member(
                         member.update(tp, |h| h.next = next);
                     }
                     let max = i64::try_from(cfg.max_records_per_partition).unwrap_or(i64::MAX);
-                    (next, high.min(next.saturating_add(max)))
+                    let end = high.min(next.saturating_add(max));
+                    lag.insert(tp.clone(), high - end);
+                    (next, end)
                 }
             };
             if end > start {
@@ -485,7 +503,7 @@ fn run_member(
                 query_id: group,
                 epoch: entry.epoch,
                 epochs: Some(&epochs),
-                metrics: &metrics,
+                metrics,
                 stop,
             },
             &entry,
@@ -538,7 +556,7 @@ fn run_member(
         summary
             .plugins_per_batch
             .push((batch_id, stages.refs.clone()));
-        metrics.batch(&done.counts, &timings, rerun, &BTreeMap::new());
+        metrics.batch(&done.counts, &timings, rerun, &lag);
         Progress::new(
             &entry,
             entry.epoch,
@@ -546,9 +564,10 @@ fn run_member(
             &done.counts,
             &timings,
             started.elapsed(),
-            BTreeMap::new(),
+            lag,
             &gaps,
         )
+        .in_group(group, &member.owner)
         .emit(cfg.progress);
     }
     Ok(summary)

@@ -70,15 +70,17 @@ impl GroupSwaps {
     /// At a batch boundary: install a swap that compiled (the batch
     /// `next_batch` is the first to run it), start compiling a newer one,
     /// and refresh the member's row now and then. Store errors are logged,
-    /// not returned: the pipeline goes on with the plugins it has.
+    /// not returned: the pipeline goes on with the plugins it has. True
+    /// when a swap was installed.
     pub(super) fn at_boundary(
         &mut self,
         cfg: &PipelineConfig,
         stages: &mut Stages,
         grant: &SqlGrant,
         next_batch: u64,
-    ) {
+    ) -> bool {
         let mut changed = false;
+        let mut installed = false;
         if let Some((swap, rx)) = &self.pending {
             let compiled = match rx.try_recv() {
                 Ok(c) => Some(c),
@@ -90,7 +92,7 @@ impl GroupSwaps {
             if let Some(compiled) = compiled {
                 let swap = swap.clone();
                 self.pending = None;
-                self.install(cfg, stages, grant, &swap, compiled, next_batch);
+                installed = self.install(cfg, stages, grant, &swap, compiled, next_batch);
                 changed = true;
             }
         }
@@ -127,6 +129,7 @@ impl GroupSwaps {
                 tracing::warn!("could not record this member's state in the group: {e}");
             }
         }
+        installed
     }
 
     /// Read and compile `swap`'s components on a thread of their own.
@@ -168,7 +171,7 @@ impl GroupSwaps {
         swap: &Swap,
         compiled: Compiled,
         next_batch: u64,
-    ) {
+    ) -> bool {
         self.seen = swap.id;
         let mut from_store = cfg.clone();
         from_store.plugins.clear();
@@ -186,6 +189,7 @@ impl GroupSwaps {
                     swap.id,
                     show_refs(&stages.refs)
                 );
+                return true;
             }
             Ok(new) => self.refuse(
                 swap,
@@ -196,6 +200,7 @@ impl GroupSwaps {
             ),
             Err(e) => self.refuse(swap, e),
         }
+        false
     }
 
     fn refuse(&mut self, swap: &Swap, why: String) {
