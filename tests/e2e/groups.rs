@@ -466,6 +466,94 @@ fn a_group_swap_reaches_every_member_at_a_batch_boundary() {
     );
 }
 
+/// `host group reset`: refused while a member is live; with --force and
+/// --reapply a running member is fenced, claims again and applies from the
+/// new position; forward, the records jumped over are recorded as never
+/// applied and skipped; back over them without --reapply is refused; a
+/// dry run changes nothing; every reset is in sluice_group_resets.
+#[test]
+fn a_group_reset_moves_the_group_and_a_running_member_follows() {
+    let db = Db::sqlite();
+    let mock = Mock::new();
+    mock.create_topic("events", 2);
+    produce(&mock, "events", 0, 100, 2);
+    let reset = |args: &[&str]| {
+        let mut v = vec!["group", "reset", "--sink-db", &db.url, "--group", "g9"];
+        v.extend(args);
+        let out = std::process::Command::new(crate::support::host_bin())
+            .args(&v)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    let mut a = HostProcess::start(&member_args(&mock, &db, "g9", &[]));
+    let within = Duration::from_secs(60);
+    wait_for_count(&db, 100, "a applies the first records", within, &[&a]);
+    // Let a report itself (every 5 s at most).
+    std::thread::sleep(Duration::from_secs(1));
+    let back = r#"offsets:{"events":{"0":20}}"#;
+    let (code, out) = reset(&["--to", back, "--reapply"]);
+    assert_eq!(code, Some(3), "{out}");
+    assert!(out.contains("live members"), "{out}");
+    let (code, out) = reset(&["--to", back, "--reapply", "--force"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("events/0: applied to 50 -> reads from 20 next; [20, 50) applied again"),
+        "{out}"
+    );
+    produce(&mock, "events", 100, 10, 2);
+    wait_for_count(
+        &db,
+        140,
+        "a claims again and applies [20, 50) of partition 0 again, then the new records",
+        within,
+        &[&a],
+    );
+    assert!(a.log().contains("the group was reset"), "{}", a.log());
+    assert_eq!(a.term(), Some(0), "{}", a.log());
+
+    // Forward: the 20 new records are skipped and recorded as a hole.
+    produce(&mock, "events", 110, 20, 2);
+    let (code, out) = reset(&["--to", "latest", "--brokers", &mock.bootstrap()]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("events/1: applied to 55 -> reads from 65 next; [55, 65) skipped, recorded as never applied"),
+        "{out}"
+    );
+    let (code, log) =
+        HostProcess::start(&member_args(&mock, &db, "g9", &["--until-caught-up"])).finish();
+    assert_eq!(code, Some(0), "{log}");
+    assert_eq!(db.counted(), 140);
+    // Back over the hole without --reapply: refused, nothing changed.
+    let (code, out) = reset(&["--to", "earliest", "--brokers", &mock.bootstrap()]);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(out.contains("never applied [55, 65)"), "{out}");
+    let (code, out) = reset(&[
+        "--to",
+        "earliest",
+        "--reapply",
+        "--brokers",
+        &mock.bootstrap(),
+        "--dry-run",
+    ]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("dry run: nothing was changed"), "{out}");
+    assert_eq!(db.scalar("SELECT count(*) FROM sluice_group_resets"), 2);
+    assert_eq!(
+        db.scalar(
+            "SELECT end_offset FROM sluice_progress WHERE query_id = 'g9' AND \"partition\" = 1"
+        ),
+        65
+    );
+}
+
 /// The two-member case on Tansu 0.6.0, whose consumer groups bump the
 /// generation on every join (fixed only after 0.6.0): the database's owner
 /// epoch, not Kafka's generation, is the fencing token, so each record is

@@ -195,7 +195,155 @@ impl SinkDriver {
     }
 }
 
+/// One partition of a `host group reset`: the progress row the reset
+/// computed from, and the row to write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupMove {
+    /// The row as read when the reset was computed (`None`: no row).
+    pub before: Option<AppliedSet>,
+    /// The row after (`None`: no row).
+    pub after: Option<AppliedSet>,
+}
+
+impl SinkDriver {
+    /// Move a pipeline group's partitions (`host group reset`), in one
+    /// transaction: each partition of `moves` is claimed by the reset
+    /// (its owner epoch goes up, fencing any member still writing it, and
+    /// the batch in flight is abandoned), its progress row (query id =
+    /// `group`) becomes `after`, written with that epoch, and the reset is
+    /// recorded in `sluice_group_resets` with `target` and `audit`. With
+    /// `dry_run` everything is rolled back. Returns the owner epoch each
+    /// partition was given.
+    ///
+    /// # Errors
+    /// [`SinkError::ProgressChanged`] when a row is no longer what the
+    /// reset was computed from (a member wrote it since: stop the members
+    /// first); [`SinkError::Group`]; [`SinkError::Sql`]. Nothing changes
+    /// then.
+    #[allow(clippy::too_many_arguments)]
+    pub fn reset_group(
+        &self,
+        tables: &crate::checkpoint::group::GroupTables,
+        group: &str,
+        moves: &BTreeMap<(String, i32), GroupMove>,
+        by: &str,
+        target: &str,
+        audit: &str,
+        dry_run: bool,
+    ) -> Result<BTreeMap<(String, i32), crate::checkpoint::Epoch>, SinkError> {
+        use crate::checkpoint::group::{RESET_OWNER, abandon_planned, claim_on, record_reset};
+        let Some(g) = &self.sql else {
+            return Ok(BTreeMap::new());
+        };
+        let err = |error: DbError| SinkError::Sql {
+            during: "moving a pipeline group's partitions",
+            site: format!("group {group}"),
+            error,
+        };
+        let owner = format!("{RESET_OWNER} ({by})");
+        let mut s = g.lock();
+        s.begin().map_err(err)?;
+        let result = (|| {
+            let rows = self.read_rows(s.backend(), group)?;
+            let mut epochs = BTreeMap::new();
+            for ((topic, partition), m) in moves {
+                let b = s.backend();
+                let claim = claim_on(b, tables, group, (topic, *partition), (&owner, ""))
+                    .map_err(SinkError::Group)?;
+                abandon_planned(b, tables, group, (topic, *partition)).map_err(SinkError::Group)?;
+                let now = rows.get(&(topic.clone(), *partition));
+                if now != m.before.as_ref() {
+                    return Err(SinkError::ProgressChanged {
+                        site: format!("{topic}/{partition}"),
+                        now: now.map_or("no row".into(), |r| {
+                            format!("end_offset {:?}, holes {}", r.end(), r.holes_text())
+                        }),
+                    });
+                }
+                let key = [
+                    SqlValue::Text(group.to_string()),
+                    SqlValue::Text(topic.clone()),
+                    SqlValue::Integer((*partition).into()),
+                ];
+                match &m.after {
+                    None => {
+                        b.execute(
+                            &format!(
+                                "DELETE FROM {} WHERE query_id = $1 AND topic = $2 AND \"partition\" = $3",
+                                self.tables.progress
+                            ),
+                            &key,
+                        )
+                        .map_err(err)?;
+                    }
+                    Some(a) if m.before.as_ref() != Some(a) => {
+                        let mut params = key.to_vec();
+                        params.extend([
+                            SqlValue::Integer(a.end().unwrap_or(0)),
+                            SqlValue::Integer(claim.epoch.get() as i64),
+                            SqlValue::Integer(crate::util::now_ms()),
+                            SqlValue::Text(a.holes_text()),
+                            SqlValue::Text(owner.clone()),
+                        ]);
+                        b.execute(
+                            &format!(
+                                "INSERT INTO {} AS p (query_id, topic, \"partition\", end_offset, batch_id, epoch, updated_at_ms, holes, owner) \
+                                 VALUES ($1, $2, $3, $4, 0, $5, $6, $7, $8) \
+                                 ON CONFLICT (query_id, topic, \"partition\") DO UPDATE SET \
+                                   end_offset = excluded.end_offset, batch_id = 0, epoch = excluded.epoch, \
+                                   updated_at_ms = excluded.updated_at_ms, holes = excluded.holes, owner = excluded.owner",
+                                self.tables.progress
+                            ),
+                            &params,
+                        )
+                        .map_err(err)?;
+                    }
+                    Some(_) => {}
+                }
+                epochs.insert((topic.clone(), *partition), claim.epoch);
+            }
+            record_reset(s.backend(), tables, group, by, target, audit)
+                .map_err(SinkError::Group)?;
+            Ok(epochs)
+        })();
+        match result {
+            Ok(out) if !dry_run => {
+                s.commit().map_err(err)?;
+                Ok(out)
+            }
+            Ok(out) => {
+                s.rollback();
+                Ok(out)
+            }
+            Err(e) => {
+                s.rollback();
+                Err(e)
+            }
+        }
+    }
+}
+
 impl AppliedSet {
+    /// This row moved forward to `at`: what lies between its end and `at`
+    /// becomes a hole (never applied; a later move back reaches it). A row
+    /// that ends at or past `at` is returned as it is. No row becomes one
+    /// whose offsets below `at` are all a hole.
+    pub fn skip_to(&self, at: i64) -> Option<AppliedSet> {
+        match self.end() {
+            None if at <= 0 => None,
+            None => Some(AppliedSet::from_parts(at, vec![0..at])),
+            Some(end) if end >= at => Some(self.clone()),
+            Some(end) => {
+                let mut holes = self.holes().to_vec();
+                match holes.last_mut() {
+                    Some(last) if last.end == end => last.end = at,
+                    _ => holes.push(end..at),
+                }
+                Some(AppliedSet::from_parts(at, holes))
+            }
+        }
+    }
+
     /// What this row shows applied below `at` (`None`: nothing, the row
     /// can go).
     pub fn below(&self, at: i64) -> Option<AppliedSet> {
@@ -222,6 +370,28 @@ impl AppliedSet {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_row_moved_forward_records_what_it_jumps_over_as_a_hole() {
+        let s = AppliedSet::from_row(100, "[[10,20]]").unwrap();
+        assert_eq!(
+            s.skip_to(150),
+            Some(AppliedSet::from_row(150, "[[10,20],[100,150]]").unwrap())
+        );
+        assert_eq!(s.skip_to(100), Some(s.clone()));
+        assert_eq!(s.skip_to(50), Some(s.clone()));
+        // A hole that ends at the end grows.
+        let h = AppliedSet::from_row(100, "[[90,100]]").unwrap();
+        assert_eq!(
+            h.skip_to(120),
+            Some(AppliedSet::from_row(120, "[[90,120]]").unwrap())
+        );
+        assert_eq!(
+            AppliedSet::empty().skip_to(30),
+            Some(AppliedSet::from_row(30, "[[0,30]]").unwrap())
+        );
+        assert_eq!(AppliedSet::empty().skip_to(0), None);
+    }
 
     #[test]
     fn a_row_cut_at_an_offset_keeps_what_lies_below() {

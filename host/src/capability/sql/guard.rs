@@ -86,6 +86,7 @@ pub(super) const HOST_TABLES: &[&str] = &[
     "sluice_partitions",
     "sluice_group_members",
     "sluice_group_swaps",
+    "sluice_group_resets",
 ];
 
 /// Names no plugin statement may hold as a word anywhere in its text

@@ -16,6 +16,8 @@
 //!                       coordinator decides membership)
 //! sluice_group_swaps    (group, swap id) → the plugins asked for, when,
 //!                       by whom (`host group swap`; an audit trail)
+//! sluice_group_resets   one row per `host group reset`: when, by whom,
+//!                       `--to`, each partition's move (an audit trail)
 //! ```
 //!
 //! What was applied stays in the sink's `sluice_progress` rows (query id =
@@ -144,6 +146,7 @@ pub struct GroupTables {
     partitions: String,
     members: String,
     swaps: String,
+    resets: String,
 }
 
 impl GroupTables {
@@ -156,17 +159,19 @@ impl GroupTables {
             partitions: format!("{s}.sluice_partitions"),
             members: format!("{s}.sluice_group_members"),
             swaps: format!("{s}.sluice_group_swaps"),
+            resets: format!("{s}.sluice_group_resets"),
         }
     }
 
     /// All of them, for the plugin role's check.
-    pub fn all(&self) -> [&str; 5] {
+    pub fn all(&self) -> [&str; 6] {
         [
             &self.groups,
             &self.plugins,
             &self.partitions,
             &self.members,
             &self.swaps,
+            &self.resets,
         ]
     }
 
@@ -194,8 +199,11 @@ impl GroupTables {
              CREATE TABLE IF NOT EXISTS {} (\
                group_name TEXT NOT NULL, swap_id BIGINT NOT NULL, plugins TEXT NOT NULL, \
                requested_at_ms BIGINT NOT NULL, requested_by TEXT NOT NULL, \
-               PRIMARY KEY (group_name, swap_id));",
-                self.groups, self.plugins, self.partitions, self.members, self.swaps
+               PRIMARY KEY (group_name, swap_id));\
+             CREATE TABLE IF NOT EXISTS {} (\
+               group_name TEXT NOT NULL, reset_at_ms BIGINT NOT NULL, requested_by TEXT NOT NULL, \
+               target TEXT NOT NULL, moves TEXT NOT NULL);",
+                self.groups, self.plugins, self.partitions, self.members, self.swaps, self.resets
             ),
         )
     }
@@ -299,6 +307,146 @@ pub fn fence(
         }),
     }
 }
+
+/// [`GroupStore::claim`] inside a transaction open on `b` (the caller's):
+/// raise the partition's owner epoch, record `(owner, member_id)`, and
+/// return the planned range the previous owner left.
+///
+/// # Errors
+/// [`GroupError::Db`]; [`GroupError::BadRow`].
+pub fn claim_on(
+    b: &mut dyn Backend,
+    tables: &GroupTables,
+    group: &str,
+    (topic, partition): (&str, i32),
+    (owner, member_id): (&str, &str),
+) -> Result<Claim, GroupError> {
+    let db = |error| GroupError::Db {
+        group: group.to_string(),
+        during: "claiming a partition",
+        error,
+    };
+    let bad_row = |why: String| GroupError::BadRow {
+        group: group.to_string(),
+        table: tables.partitions.clone(),
+        why,
+    };
+    let key = row_key(group, topic, partition);
+    let before = b
+        .query(
+            &format!(
+                "SELECT owner_epoch, owner, planned FROM {} WHERE group_name = $1 AND topic = $2 AND \"partition\" = $3{}",
+                tables.partitions,
+                for_update(b)
+            ),
+            &key,
+        )
+        .map_err(db)?;
+    let (epoch, previous_owner, planned) = match before.rows.first().map(Vec::as_slice) {
+        None => (Epoch::new(1), String::new(), None),
+        Some([SqlValue::Integer(e), SqlValue::Text(o), planned]) => (
+            Epoch::new(*e as u64).next(),
+            o.clone(),
+            match planned {
+                SqlValue::Text(p) => {
+                    Some(serde_json::from_str::<Planned>(p).map_err(|e| bad_row(e.to_string()))?)
+                }
+                _ => None,
+            },
+        ),
+        Some(other) => return Err(bad_row(format!("unexpected row {other:?}"))),
+    };
+    let mut params = key;
+    params.extend([
+        SqlValue::Integer(epoch.get() as i64),
+        SqlValue::Text(owner.to_string()),
+        SqlValue::Text(member_id.to_string()),
+        SqlValue::Integer(crate::util::now_ms()),
+    ]);
+    b.execute(
+        &format!(
+            "INSERT INTO {} (group_name, topic, \"partition\", owner_epoch, owner, member_id, claimed_at_ms) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (group_name, topic, \"partition\") DO UPDATE SET \
+               owner_epoch = excluded.owner_epoch, owner = excluded.owner, \
+               member_id = excluded.member_id, claimed_at_ms = excluded.claimed_at_ms",
+            tables.partitions
+        ),
+        &params,
+    )
+    .map_err(db)?;
+    Ok(Claim {
+        epoch,
+        previous_owner,
+        planned,
+    })
+}
+
+/// Clear the planned range of `topic/partition`, inside the caller's
+/// transaction on `b` (a `host group reset` abandons the batch in flight:
+/// what it applied is in the progress row).
+///
+/// # Errors
+/// [`GroupError::Db`].
+pub fn abandon_planned(
+    b: &mut dyn Backend,
+    tables: &GroupTables,
+    group: &str,
+    (topic, partition): (&str, i32),
+) -> Result<(), GroupError> {
+    b.execute(
+        &format!(
+            "UPDATE {} SET planned = NULL WHERE group_name = $1 AND topic = $2 AND \"partition\" = $3",
+            tables.partitions
+        ),
+        &row_key(group, topic, partition),
+    )
+    .map(drop)
+    .map_err(|error| GroupError::Db {
+        group: group.to_string(),
+        during: "abandoning a planned range",
+        error,
+    })
+}
+
+/// Record a `host group reset` in `sluice_group_resets` (the audit
+/// trail), inside the caller's transaction on `b`: who, when, `--to`, and
+/// `moves` (JSON: each partition's position before and after).
+///
+/// # Errors
+/// [`GroupError::Db`].
+pub fn record_reset(
+    b: &mut dyn Backend,
+    tables: &GroupTables,
+    group: &str,
+    by: &str,
+    target: &str,
+    moves: &str,
+) -> Result<(), GroupError> {
+    b.execute(
+        &format!(
+            "INSERT INTO {} (group_name, reset_at_ms, requested_by, target, moves) VALUES ($1, $2, $3, $4, $5)",
+            tables.resets
+        ),
+        &[
+            SqlValue::Text(group.to_string()),
+            SqlValue::Integer(crate::util::now_ms()),
+            SqlValue::Text(by.to_string()),
+            SqlValue::Text(target.to_string()),
+            SqlValue::Text(moves.to_string()),
+        ],
+    )
+    .map(drop)
+    .map_err(|error| GroupError::Db {
+        group: group.to_string(),
+        during: "recording the reset",
+        error,
+    })
+}
+
+/// The owner a `host group reset` records in the partitions it moves; a
+/// member fenced by it claims the partition again (it is still assigned
+/// to it).
+pub const RESET_OWNER: &str = "host group reset";
 
 /// A group's checkpoint, on a connection of its own.
 pub struct GroupStore {
@@ -624,60 +772,13 @@ impl GroupStore {
         member_id: &str,
     ) -> Result<Claim, GroupError> {
         self.tx(|b| {
-            let key = row_key(&self.group, topic, partition);
-            let before = b
-                .query(
-                    &format!(
-                        "SELECT owner_epoch, owner, planned FROM {} WHERE group_name = $1 AND topic = $2 AND \"partition\" = $3{}",
-                        self.tables.partitions,
-                        for_update(b)
-                    ),
-                    &key,
-                )
-                .map_err(self.err("claiming a partition"))?;
-            let (epoch, previous_owner, planned) = match before.rows.first().map(Vec::as_slice) {
-                None => (Epoch::new(1), String::new(), None),
-                Some([SqlValue::Integer(e), SqlValue::Text(o), planned]) => (
-                    Epoch::new(*e as u64).next(),
-                    o.clone(),
-                    match planned {
-                        SqlValue::Text(p) => {
-                            Some(serde_json::from_str::<Planned>(p).map_err(|e| {
-                                self.bad_row(&self.tables.partitions, e.to_string())
-                            })?)
-                        }
-                        _ => None,
-                    },
-                ),
-                Some(other) => {
-                    return Err(
-                        self.bad_row(&self.tables.partitions, format!("unexpected row {other:?}"))
-                    );
-                }
-            };
-            let mut params = key.clone();
-            params.extend([
-                SqlValue::Integer(epoch.get() as i64),
-                SqlValue::Text(owner.to_string()),
-                SqlValue::Text(member_id.to_string()),
-                SqlValue::Integer(crate::util::now_ms()),
-            ]);
-            b.execute(
-                &format!(
-                    "INSERT INTO {} (group_name, topic, \"partition\", owner_epoch, owner, member_id, claimed_at_ms) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (group_name, topic, \"partition\") DO UPDATE SET \
-                       owner_epoch = excluded.owner_epoch, owner = excluded.owner, \
-                       member_id = excluded.member_id, claimed_at_ms = excluded.claimed_at_ms",
-                    self.tables.partitions
-                ),
-                &params,
+            claim_on(
+                b,
+                &self.tables,
+                &self.group,
+                (topic, partition),
+                (owner, member_id),
             )
-            .map_err(self.err("claiming a partition"))?;
-            Ok(Claim {
-                epoch,
-                previous_owner,
-                planned,
-            })
         })
     }
 

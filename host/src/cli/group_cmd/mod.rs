@@ -13,6 +13,10 @@ use crate::checkpoint::{Fingerprint, PluginRef};
 mod status;
 mod swap;
 
+/// A member not seen for this long (ms) is shown as gone: live members
+/// report every few seconds.
+pub(super) const GONE_AFTER_MS: i64 = 30_000;
+
 /// `host group …` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum GroupCommand {
@@ -27,6 +31,12 @@ pub enum GroupCommand {
     /// records the new digest); members that join later start with it.
     /// Waits for the live members' answers.
     Swap(swap::SwapArgs),
+    /// Move a stopped pipeline group to other offsets: its partitions'
+    /// progress rows move in one transaction, the batches in flight are
+    /// abandoned, each partition's owner epoch goes up, and the reset is
+    /// recorded in `sluice_group_resets`. Refused while members are live
+    /// (unless --force).
+    Reset(super::reset::group::GroupResetArgs),
 }
 
 /// Which group, in which database.
@@ -48,16 +58,16 @@ pub struct GroupDb {
 
 /// An open group: the sink's session, the group's store, its fingerprint
 /// and current plugins.
-struct Opened {
-    grant: SqlGrant,
-    store: GroupStore,
-    fingerprint: Fingerprint,
-    plugins: Vec<PluginRef>,
+pub(super) struct Opened {
+    pub(super) grant: SqlGrant,
+    pub(super) store: GroupStore,
+    pub(super) fingerprint: Fingerprint,
+    pub(super) plugins: Vec<PluginRef>,
 }
 
 impl GroupDb {
     /// The database URL with any password hidden.
-    fn shown(&self) -> String {
+    pub(super) fn shown(&self) -> String {
         sql::redact(&self.sink_db)
     }
 
@@ -66,7 +76,7 @@ impl GroupDb {
     /// # Errors
     /// Exit 2 for a database file that does not exist or a group the
     /// database does not hold; 1 when it cannot be read.
-    fn open(&self) -> Result<Opened, CliError> {
+    pub(super) fn open(&self) -> Result<Opened, CliError> {
         let url = self.shown();
         if let Some(path) = self
             .sink_db
@@ -111,5 +121,6 @@ pub fn run(cmd: GroupCommand) -> Result<(), CliError> {
     match cmd {
         GroupCommand::Status(a) => status::status(a),
         GroupCommand::Swap(a) => swap::swap(a),
+        GroupCommand::Reset(a) => super::reset::group::run(a),
     }
 }

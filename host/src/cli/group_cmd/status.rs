@@ -4,7 +4,7 @@
 use clap::Args;
 use serde::Serialize;
 
-use super::{CliError, GroupDb};
+use super::{CliError, GONE_AFTER_MS, GroupDb};
 use crate::checkpoint::group::{MemberRow, PartitionRow};
 use crate::sink::SinkDriver;
 use crate::util::{now_ms, rfc3339_ms};
@@ -23,10 +23,6 @@ pub struct StatusArgs {
     #[arg(long)]
     json: bool,
 }
-
-/// A member not seen for this long (ms) is shown as gone: live members
-/// report every few seconds.
-pub(super) const GONE_AFTER_MS: i64 = 30_000;
 
 /// One partition as `host group status` shows it.
 #[derive(Debug, Serialize)]

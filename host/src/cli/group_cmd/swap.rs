@@ -6,8 +6,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 
-use super::status::GONE_AFTER_MS;
-use super::{CliError, ExitCode, GroupDb, WithCode};
+use super::{CliError, ExitCode, GONE_AFTER_MS, GroupDb, WithCode};
 use crate::checkpoint::StageKind;
 use crate::cli::parse_duration;
 use crate::cli::swap_cmd::SwapStage;

@@ -15,6 +15,7 @@
 //! was recreated (its re-run would be refused): the reset then abandons
 //! it with an empty, noted commit entry.
 
+pub(super) mod group;
 mod rows;
 mod targets;
 

@@ -77,19 +77,47 @@ impl Member {
     }
 
     /// When `e` says another member holds one of our partitions now: drop
-    /// it (logged) and answer true.
+    /// it (logged) and answer true. When it was `host group reset` that
+    /// took it (the partition is still assigned to this member), claim it
+    /// again: the claim reads the position the reset left.
     fn drop_if_fenced(&self, e: &GroupError) -> bool {
         let GroupError::Fenced {
-            topic, partition, ..
+            topic,
+            partition,
+            holder,
+            ..
         } = e
         else {
             return false;
         };
-        tracing::warn!(topic, partition, "{e}");
+        let tp = (topic.clone(), *partition);
+        if holder.starts_with(crate::checkpoint::group::RESET_OWNER) {
+            tracing::warn!(
+                topic,
+                partition,
+                "the group was reset ({holder}): claiming the partition again"
+            );
+            match self.claim(&tp) {
+                Ok(h) => {
+                    self.held
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(tp, h);
+                    return true;
+                }
+                Err(why) => tracing::warn!(
+                    topic,
+                    partition,
+                    "could not claim it again, dropping it: {why}"
+                ),
+            }
+        } else {
+            tracing::warn!(topic, partition, "{e}");
+        }
         self.held
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(&(topic.clone(), *partition));
+            .remove(&tp);
         true
     }
 
