@@ -232,7 +232,11 @@ impl SinkError {
     pub fn is_retryable(&self) -> bool {
         match self {
             SinkError::Plugin(p) => p.is_retryable(),
-            SinkError::Sql { error, .. } => error.is_transient(),
+            // Contention and a lost connection were retried by
+            // [`SinkDriver::apply`] for its whole budget already.
+            SinkError::Sql { error, .. } => {
+                error.is_transient() && !error.is_contention() && !error.is_connection_lost()
+            }
             _ => false,
         }
     }
@@ -481,6 +485,9 @@ impl SinkDriver {
                 loop {
                     match self.apply_transactional(g, instance.as_deref_mut(), batch) {
                         Err(e) if e.is_connection_lost() => {
+                            if std::time::Instant::now() >= until {
+                                return Err(e);
+                            }
                             self.reconnect(g, &e, until)?;
                         }
                         Err(e) if e.is_contention() && std::time::Instant::now() < until => {

@@ -331,7 +331,10 @@ impl AppliedSet {
     pub fn skip_to(&self, at: i64) -> Option<AppliedSet> {
         match self.end() {
             None if at <= 0 => None,
-            None => Some(AppliedSet::from_parts(at, vec![Range { start: 0, end: at }])),
+            None => Some(AppliedSet::from_parts(
+                at,
+                vec![Range { start: 0, end: at }],
+            )),
             Some(end) if end >= at => Some(self.clone()),
             Some(end) => {
                 let mut holes = self.holes().to_vec();

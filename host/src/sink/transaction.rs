@@ -92,10 +92,18 @@ fn write_pieces(
         }
     }
     let window = g.lock().end_plugin_window();
-    // A rejection wins over an SQL error the sink met on the way (say, the
-    // constraint violation it rejects the record for): the whole part is
-    // rolled back and written again without the record, so any other error
-    // recurs.
+    // Contention or a lost connection wins over anything the plugin made
+    // of it (a sink that rejects a record on any SQL error): the part is
+    // applied again, nobody's record is dead-lettered for a lock wait.
+    if let Some(e) = &window
+        && (e.is_contention() || e.is_connection_lost())
+    {
+        return Err(sql_error(r, "the plugin's SQL")(e.clone()));
+    }
+    // A rejection wins over another SQL error the sink met on the way
+    // (say, the constraint violation it rejects the record for): the whole
+    // part is rolled back and written again without the record, so any
+    // other error recurs.
     if let Err(e @ SinkError::Rejected { .. }) = out {
         return Err(e);
     }

@@ -283,7 +283,7 @@ impl Backend for Postgres {
     fn leave_plugin_window(&mut self) -> Result<(), DbError> {
         // RESET, not NONE: back to the login's own default role, which may
         // be configured (`ALTER ROLE login SET role = …`).
-        self.batch("SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 0; RESET ROLE")
+        self.batch("SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout TO DEFAULT; RESET ROLE")
     }
 
     fn transaction_mark(&mut self) -> Result<Option<String>, DbError> {
@@ -293,6 +293,7 @@ impl Backend for Postgres {
         let rows = self.query(
             "SELECT 'transaction ' || txid_current()::text || ', role ' || current_user::text \
                || ', statement_timeout ' || current_setting('statement_timeout') \
+               || ', lock_timeout ' || current_setting('lock_timeout') \
                || ', search_path ' || current_setting('search_path')",
             &[],
         )?;

@@ -78,6 +78,29 @@ impl GroupStore {
         })
     }
 
+    /// `member` is alive: its `seen_at_ms` becomes now (a heartbeat; no
+    /// effect before its first [`GroupStore::report`]).
+    ///
+    /// # Errors
+    /// [`GroupError::Db`].
+    pub fn touch(&self, member: &str) -> Result<(), GroupError> {
+        self.tx(|b| {
+            b.execute(
+                &format!(
+                    "UPDATE {} SET seen_at_ms = $3 WHERE group_name = $1 AND member = $2",
+                    self.tables.members
+                ),
+                &[
+                    SqlValue::Text(self.group.clone()),
+                    SqlValue::Text(member.to_string()),
+                    SqlValue::Integer(crate::util::now_ms()),
+                ],
+            )
+            .map(drop)
+            .map_err(self.err("recording this member"))
+        })
+    }
+
     /// `member` left the group: its row goes.
     ///
     /// # Errors
@@ -150,15 +173,45 @@ impl GroupStore {
     }
 
     /// Ask every member to run `plugins` (stored already with
-    /// [`GroupStore::store_plugin`]): a new swap, numbered after the last,
-    /// and the group's current plugins, in one transaction. Returns it.
+    /// [`GroupStore::store_plugin`]) in place of `base`, the group's
+    /// plugins the swap was computed from: a new swap, numbered after the
+    /// last, and the group's current plugins, in one transaction that
+    /// locks the group's row (two swaps at once are serialized). Returns
+    /// it.
     ///
     /// # Errors
-    /// [`GroupError::Db`].
-    pub fn request_swap(&self, plugins: &[PluginRef], by: &str) -> Result<Swap, GroupError> {
+    /// [`GroupError::SwapRace`] when the group's plugins are no longer
+    /// `base`; [`GroupError::Db`].
+    pub fn request_swap(
+        &self,
+        base: &[PluginRef],
+        plugins: &[PluginRef],
+        by: &str,
+    ) -> Result<Swap, GroupError> {
         let json = serde_json::to_string(plugins).unwrap_or_default();
         self.tx(|b| {
             let now = crate::util::now_ms();
+            let current = b
+                .query(
+                    &format!(
+                        "SELECT plugins FROM {} WHERE group_name = $1{}",
+                        self.tables.groups,
+                        super::for_update(b)
+                    ),
+                    &[SqlValue::Text(self.group.clone())],
+                )
+                .map_err(self.err("reading the group's plugins"))?;
+            let current: Vec<PluginRef> = match current.rows.first().and_then(|r| r.first()) {
+                Some(SqlValue::Text(p)) => serde_json::from_str(p)
+                    .map_err(|e| self.bad_row(&self.tables.groups, e.to_string()))?,
+                _ => return Err(self.bad_row(&self.tables.groups, "no group row")),
+            };
+            if current != base {
+                return Err(GroupError::SwapRace {
+                    group: self.group.clone(),
+                    now: serde_json::to_string(&current).unwrap_or_default(),
+                });
+            }
             let last = b
                 .query(
                     &format!(

@@ -83,6 +83,16 @@ pub enum GroupError {
         /// What differs.
         diff: String,
     },
+    /// The group's plugins changed while a swap was prepared from them.
+    #[error(
+        "group {group}: its plugins changed while this swap was prepared (another host group swap, or a member that joined with its own --plugin); they are now {now}: run the swap again"
+    )]
+    SwapRace {
+        /// The group.
+        group: String,
+        /// The plugins now (JSON).
+        now: String,
+    },
     /// A stored row cannot be read.
     #[error("group {group}: unreadable row in {table}: {why}; was it changed by hand?")]
     BadRow {
@@ -487,7 +497,7 @@ impl GroupStore {
         schema: &str,
         group: &str,
     ) -> Result<Self, GroupError> {
-        let b = sql::connect_with(url, password_file).map_err(|error| GroupError::Db {
+        let b = Self::backend(url, password_file).map_err(|error| GroupError::Db {
             group: group.to_string(),
             during: "connecting",
             error,
@@ -499,6 +509,18 @@ impl GroupStore {
             origin: (url.to_string(), password_file.map(Path::to_path_buf)),
             retry_for: crate::sink::DEFAULT_RECONNECT_FOR,
         })
+    }
+
+    /// A connection for the store. On PostgreSQL a lock wait ends after
+    /// 10 s (55P03, retried by [`GroupStore::tx`]) and a statement after
+    /// 60 s, so a claim made from the consumer's rebalance callback never
+    /// blocks it for longer than one attempt.
+    fn backend(url: &str, password_file: Option<&Path>) -> Result<Box<dyn Backend>, DbError> {
+        let mut b = sql::connect_with(url, password_file)?;
+        if b.dialect() == Dialect::Postgres {
+            b.batch("SET lock_timeout = 10000; SET statement_timeout = 60000")?;
+        }
+        Ok(b)
     }
 
     /// Retry a lost connection (reconnecting) or contention (a lock
@@ -518,9 +540,11 @@ impl GroupStore {
     ) -> Result<T, GroupError> {
         let until = std::time::Instant::now() + self.retry_for;
         let mut pause = std::time::Duration::from_millis(100);
-        let mut b = self.db();
         loop {
-            let r = in_tx(b.as_mut(), &self.group, &mut f);
+            // The connection is locked per attempt, not across the pauses:
+            // a claim from the rebalance callback waits for one attempt of
+            // another thread at most.
+            let r = in_tx(self.db().as_mut(), &self.group, &mut f);
             let error = match &r {
                 Err(GroupError::Db { error, .. })
                     if (error.is_connection_lost() || error.is_contention())
@@ -538,8 +562,8 @@ impl GroupStore {
             std::thread::sleep(pause);
             pause = (pause * 2).min(std::time::Duration::from_secs(5));
             if error.is_connection_lost() {
-                match sql::connect_with(&self.origin.0, self.origin.1.as_deref()) {
-                    Ok(new) => *b = new,
+                match Self::backend(&self.origin.0, self.origin.1.as_deref()) {
+                    Ok(new) => *self.db() = new,
                     Err(e) => tracing::warn!(
                         group = self.group,
                         "group checkpoint: reconnecting failed: {e}"

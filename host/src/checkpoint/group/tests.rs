@@ -222,13 +222,24 @@ fn swaps_are_numbered_per_group_and_become_what_new_members_start_with() {
         };
         g.join(&fp, &v("v1")).unwrap();
         assert_eq!(g.latest_swap().unwrap(), None, "{url}");
-        let first = g.request_swap(&v("v2"), "tester").unwrap();
-        let second = g.request_swap(&v("v3"), "tester").unwrap();
+        let first = g.request_swap(&v("v1"), &v("v2"), "tester").unwrap();
+        let second = g.request_swap(&v("v2"), &v("v3"), "tester").unwrap();
         assert_eq!((first.id, second.id), (1, 2), "{url}");
+        // A swap computed from plugins the group no longer runs (another
+        // swap came first) is refused, and nothing is recorded.
+        let raced = g.request_swap(&v("v2"), &v("v4"), "tester").unwrap_err();
+        assert!(
+            matches!(raced, GroupError::SwapRace { .. }),
+            "{url}: {raced}"
+        );
         // Another group's swaps are its own.
         let h = store(&url, "h");
         h.join(&fp, &v("v1")).unwrap();
-        assert_eq!(h.request_swap(&v("v9"), "tester").unwrap().id, 1, "{url}");
+        assert_eq!(
+            h.request_swap(&v("v1"), &v("v9"), "tester").unwrap().id,
+            1,
+            "{url}"
+        );
         let last = g.latest_swap().unwrap().unwrap();
         assert_eq!((last.id, last.plugins), (2, v("v3")), "{url}");
         assert_eq!(last.requested_by, "tester", "{url}");

@@ -84,7 +84,7 @@ pub(super) fn swap(a: SwapArgs) -> Result<(), CliError> {
         std::process::id(),
         crate::util::hostname()
     );
-    let asked = o.store.request_swap(&refs, &by)?;
+    let asked = o.store.request_swap(&o.plugins, &refs, &by)?;
     outln!(
         "swap {} asked of group {group}: sha256:{} ({}); members install it at their next batch boundary, members that join later start with it",
         asked.id,
@@ -108,18 +108,35 @@ pub(super) fn swap(a: SwapArgs) -> Result<(), CliError> {
             .map(|m| m.member.as_str())
             .collect();
         if waiting.is_empty() || Instant::now() >= until {
-            let mut refused = Vec::new();
+            let (mut installed, mut refused, mut other) = (0, 0, 0);
             for m in live.iter().filter(|m| m.swap_id >= asked.id) {
-                match &m.swap_error {
-                    Some(e) if m.swap_id == asked.id => {
-                        outln!("{}: NOT installed, keeps its plugins: {e}", m.member)?;
-                        refused.push(m.member.clone());
-                    }
-                    _ => outln!("{}: installed", m.member)?,
+                if m.plugins == refs {
+                    outln!("{}: installed", m.member)?;
+                    installed += 1;
+                } else if m.swap_id == asked.id
+                    && let Some(e) = &m.swap_error
+                {
+                    outln!("{}: NOT installed, keeps its plugins: {e}", m.member)?;
+                    refused += 1;
+                } else {
+                    outln!(
+                        "{}: runs other plugins ({:?}): a later swap, or it joined with a --plugin of its own",
+                        m.member,
+                        m.plugins.iter().map(|p| &p.digest).collect::<Vec<_>>()
+                    )?;
+                    other += 1;
                 }
             }
             if live.is_empty() {
                 outln!("no member is running now; the next to join starts with it")?;
+            }
+            if refused > 0 && installed == 0 {
+                // Nobody runs it: members that start later would fail on
+                // it too, so they start with the previous plugins again.
+                o.store.set_plugins(&o.plugins)?;
+                outln!(
+                    "no member installed it: members that join later start with the previous plugins again"
+                )?;
             }
             if !waiting.is_empty() {
                 return Err(anyhow::anyhow!(
@@ -129,10 +146,10 @@ pub(super) fn swap(a: SwapArgs) -> Result<(), CliError> {
                 ))
                 .code(ExitCode::Failed);
             }
-            if !refused.is_empty() {
+            if refused + other > 0 {
                 return Err(anyhow::anyhow!(
-                    "{} of {} live member(s) could not install swap {}: fix the plugin and swap again",
-                    refused.len(),
+                    "{} of {} live member(s) do not run swap {}: fix the plugin (see each member's reason above) and swap again",
+                    refused + other,
                     live.len(),
                     asked.id
                 ))

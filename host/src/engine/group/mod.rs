@@ -224,6 +224,9 @@ pub fn run_group(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSumma
         GroupStore::open(&url, cfg.sink_db_password_file.as_deref(), &schema, &group)?
             .retry_for(cfg.sink_retry_for),
     );
+    // The last swap asked before this member reads the group's plugins:
+    // one asked while it starts is installed at its first batch boundary.
+    let swaps_before = store.latest_swap()?.map_or(0, |s| s.id);
     // Without --plugin a member runs the group's current plugins, read
     // from the group's store; with --plugin it brings its own (a rolling
     // upgrade when they differ), and the group records them for the
@@ -341,6 +344,7 @@ pub fn run_group(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSumma
         runtime.clone(),
         member.owner.clone(),
         &stages,
+        swaps_before,
     )?;
     let r = run_member(
         cfg,

@@ -7,6 +7,7 @@
 //! plugins, and the member's row says why (`host group status`).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, TryRecvError};
 use std::time::{Duration, Instant};
 
@@ -19,11 +20,19 @@ use super::super::stages::{Stages, assemble, show_refs};
 
 /// How often the store is asked for a new swap.
 const CHECK_EVERY: Duration = Duration::from_secs(1);
-/// How often the member's row is refreshed when nothing changed.
-const REPORT_EVERY: Duration = Duration::from_secs(5);
+/// How often the member's row says it is alive (from a thread of its
+/// own, so a long batch does not make it look gone).
+const HEARTBEAT_EVERY: Duration = Duration::from_secs(5);
+
+/// Why a swap's components could not be compiled.
+struct NotCompiled {
+    /// The components could not be read (the database): try again later.
+    retry: bool,
+    why: String,
+}
 
 /// Compiled components of a swap, or why they could not be.
-type Compiled = Result<Vec<(Plugin, Vec<u8>)>, String>;
+type Compiled = Result<Vec<(Plugin, Vec<u8>)>, NotCompiled>;
 
 /// Watches the group's swaps for one member and reports what it runs.
 pub(super) struct GroupSwaps {
@@ -37,13 +46,15 @@ pub(super) struct GroupSwaps {
     /// A swap being compiled.
     pending: Option<(Swap, Receiver<Compiled>)>,
     last_check: Instant,
-    last_report: Instant,
+    /// Stops the heartbeat thread.
+    alive: Arc<AtomicBool>,
 }
 
 impl GroupSwaps {
-    /// Start watching after the member joined with `stages`: swaps asked
-    /// before now are not acted on (the member started with the group's
-    /// current plugins, or brought its own).
+    /// Start watching after the member joined with `stages`. `seen` is
+    /// the last swap asked *before* the member read the group's plugins
+    /// (so a swap asked while it started is still acted on); later ones
+    /// are installed as they come.
     ///
     /// # Errors
     /// The group store's.
@@ -52,9 +63,23 @@ impl GroupSwaps {
         runtime: Arc<Runtime>,
         member: String,
         stages: &Stages,
+        seen: u64,
     ) -> Result<Self, crate::checkpoint::group::GroupError> {
-        let seen = store.latest_swap()?.map_or(0, |s| s.id);
         store.report(&member, &stages.refs, seen, None)?;
+        let alive = Arc::new(AtomicBool::new(true));
+        let (beat, who, running) = (store.clone(), member.clone(), alive.clone());
+        std::thread::spawn(move || {
+            let mut last = Instant::now();
+            while running.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(200));
+                if last.elapsed() >= HEARTBEAT_EVERY && running.load(Ordering::Relaxed) {
+                    last = Instant::now();
+                    if let Err(e) = beat.touch(&who) {
+                        tracing::warn!("could not record that this member is alive: {e}");
+                    }
+                }
+            }
+        });
         Ok(GroupSwaps {
             store,
             runtime,
@@ -63,7 +88,7 @@ impl GroupSwaps {
             error: None,
             pending: None,
             last_check: Instant::now(),
-            last_report: Instant::now(),
+            alive,
         })
     }
 
@@ -85,15 +110,28 @@ impl GroupSwaps {
             let compiled = match rx.try_recv() {
                 Ok(c) => Some(c),
                 Err(TryRecvError::Empty) => None,
-                Err(TryRecvError::Disconnected) => {
-                    Some(Err("the thread compiling it stopped".to_string()))
-                }
+                Err(TryRecvError::Disconnected) => Some(Err(NotCompiled {
+                    retry: true,
+                    why: "the thread compiling it stopped".to_string(),
+                })),
             };
-            if let Some(compiled) = compiled {
-                let swap = swap.clone();
-                self.pending = None;
-                installed = self.install(cfg, stages, grant, &swap, compiled, next_batch);
-                changed = true;
+            match compiled {
+                Some(Err(NotCompiled { retry: true, why })) => {
+                    // Asked again at the next check.
+                    tracing::warn!(
+                        swap = swap.id,
+                        "could not read group swap {}: {why}; trying again",
+                        swap.id
+                    );
+                    self.pending = None;
+                }
+                Some(compiled) => {
+                    let swap = swap.clone();
+                    self.pending = None;
+                    installed = self.install(cfg, stages, grant, &swap, compiled, next_batch);
+                    changed = true;
+                }
+                None => {}
             }
         }
         if self.pending.is_none() && self.last_check.elapsed() >= CHECK_EVERY {
@@ -120,14 +158,12 @@ impl GroupSwaps {
                 Err(e) => tracing::warn!("could not read the group's swaps: {e}"),
             }
         }
-        if changed || self.last_report.elapsed() >= REPORT_EVERY {
-            self.last_report = Instant::now();
-            if let Err(e) =
+        if changed
+            && let Err(e) =
                 self.store
                     .report(&self.member, &stages.refs, self.seen, self.error.as_deref())
-            {
-                tracing::warn!("could not record this member's state in the group: {e}");
-            }
+        {
+            tracing::warn!("could not record this member's state in the group: {e}");
         }
         installed
     }
@@ -150,11 +186,18 @@ impl GroupSwaps {
             let compiled = digests
                 .iter()
                 .map(|d| {
-                    let bytes = store.load_plugin(d).map_err(|e| e.to_string())?;
+                    let bytes = store.load_plugin(d).map_err(|e| NotCompiled {
+                        retry: matches!(e, crate::checkpoint::group::GroupError::Db { .. }),
+                        why: e.to_string(),
+                    })?;
                     let path = std::path::PathBuf::from(format!("group {group}: {d}"));
-                    let plugin = runtime
-                        .load_bytes(&path, &bytes, config.clone())
-                        .map_err(|e| e.to_string())?;
+                    let plugin =
+                        runtime
+                            .load_bytes(&path, &bytes, config.clone())
+                            .map_err(|e| NotCompiled {
+                                retry: false,
+                                why: e.to_string(),
+                            })?;
                     Ok((plugin, bytes))
                 })
                 .collect();
@@ -175,7 +218,7 @@ impl GroupSwaps {
         self.seen = swap.id;
         let mut from_store = cfg.clone();
         from_store.plugins.clear();
-        let assembled = compiled.and_then(|loaded| {
+        let assembled = compiled.map_err(|e| e.why).and_then(|loaded| {
             assemble(&from_store, &loaded, &swap.plugins, Some(grant)).map_err(|e| e.to_string())
         });
         match assembled {
@@ -212,8 +255,9 @@ impl GroupSwaps {
         self.error = Some(why);
     }
 
-    /// The member leaves the group: its row goes.
+    /// The member leaves the group: its heartbeat stops, its row goes.
     pub(super) fn leave(&self) {
+        self.alive.store(false, Ordering::Relaxed);
         if let Err(e) = self.store.leave(&self.member) {
             tracing::warn!("could not remove this member's row from the group: {e}");
         }
