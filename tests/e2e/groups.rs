@@ -554,6 +554,71 @@ fn a_group_reset_moves_the_group_and_a_running_member_follows() {
     );
 }
 
+/// `--starting-offsets latest` holds for the partitions of a new group,
+/// and where it started is recorded: a member that takes the partitions
+/// over later starts there too, not at the log start. Partitions that
+/// appear while the group runs are read from offset 0 (the records
+/// produced to them before the claim are not skipped): the coordinator
+/// assigns them after the member's next metadata refresh. Neither broker
+/// here can add partitions to a topic (Tansu 0.6.0 answers
+/// CreatePartitions with UnsupportedFeature, the mock cluster does not
+/// answer it), so the new partitions are those of a second topic of the
+/// group, created while it runs: the same path (a partition with no row,
+/// claimed by a running group).
+#[test]
+fn latest_holds_for_a_new_group_and_partitions_that_appear_later_are_read_from_0() {
+    let mock = Mock::new();
+    let db = Db::sqlite();
+    mock.create_topic("events", 2);
+    produce(&mock, "events", 0, 20, 2);
+    let member = |extra: &[&str]| {
+        let mut v = vec![
+            "--topic",
+            "later",
+            "--config",
+            "kafka.topic.metadata.refresh.interval.ms=1000",
+        ];
+        v.extend(extra);
+        HostProcess::start(&member_args(&mock, &db, "g10", &v))
+    };
+    let mut a = member(&["--starting-offsets", "latest"]);
+    a.wait_for("claimed", Duration::from_secs(60));
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(a.term(), Some(0), "{}", a.log());
+    assert_eq!(counted(&db), 0, "{}", a.log());
+    produce(&mock, "events", 20, 20, 2);
+    let b = member(&[]);
+    let within = Duration::from_secs(60);
+    wait_for_count(
+        &db,
+        20,
+        "b starts where a started (latest)",
+        within,
+        &[&a, &b],
+    );
+    mock.create_topic("later", 2);
+    produce(&mock, "later", 0, 10, 2);
+    wait_for_count(
+        &db,
+        30,
+        "the new partitions are claimed and read from offset 0",
+        Duration::from_secs(90),
+        &[&b],
+    );
+    let mut b = b;
+    assert_eq!(b.term(), Some(0), "{}", b.log());
+    let log = b.log();
+    assert!(
+        log.contains("reading from offset 10 topic=\"events\""),
+        "{log}"
+    );
+    assert!(
+        log.contains("reading from the log start (earliest) topic=\"later\""),
+        "{log}"
+    );
+    assert_exactly_once(&db, 30);
+}
+
 /// The two-member case on Tansu 0.6.0, whose consumer groups bump the
 /// generation on every join (fixed only after 0.6.0): the database's owner
 /// epoch, not Kafka's generation, is the fencing token, so each record is

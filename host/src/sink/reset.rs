@@ -323,6 +323,74 @@ impl SinkDriver {
     }
 }
 
+impl SinkDriver {
+    /// A pipeline group's member starts `topic/partition`, which has no
+    /// progress row, at `at` (`--starting-offsets latest`): record that
+    /// the offsets below were never applied, under the member's owner
+    /// `epoch`, so that whoever holds the partition next starts there too.
+    /// Nothing happens when a row exists already.
+    ///
+    /// # Errors
+    /// [`SinkError::Group`] (fenced); [`SinkError::Sql`].
+    pub fn start_at(
+        &self,
+        group: &str,
+        topic: &str,
+        partition: i32,
+        epoch: crate::checkpoint::Epoch,
+        at: i64,
+    ) -> Result<(), SinkError> {
+        let (Some(g), Some((tables, _))) = (&self.sql, &self.group) else {
+            return Ok(());
+        };
+        let err = |error: DbError| SinkError::Sql {
+            during: "recording where a partition starts",
+            site: format!("{topic}/{partition}"),
+            error,
+        };
+        let mut s = g.lock();
+        s.begin().map_err(err)?;
+        let result = (|| {
+            let b = s.backend();
+            crate::checkpoint::group::fence(b, tables, group, topic, partition, epoch)
+                .map_err(SinkError::Group)?;
+            let rows = self.read_rows(b, group)?;
+            let Some(row) = AppliedSet::empty().skip_to(at) else {
+                return Ok(());
+            };
+            if rows.contains_key(&(topic.to_string(), partition)) {
+                return Ok(());
+            }
+            b.execute(
+                &format!(
+                    "INSERT INTO {} (query_id, topic, \"partition\", end_offset, batch_id, epoch, updated_at_ms, holes, owner) \
+                     VALUES ($1, $2, $3, $4, 0, $5, $6, $7, $8) ON CONFLICT (query_id, topic, \"partition\") DO NOTHING",
+                    self.tables.progress
+                ),
+                &[
+                    SqlValue::Text(group.to_string()),
+                    SqlValue::Text(topic.to_string()),
+                    SqlValue::Integer(partition.into()),
+                    SqlValue::Integer(at),
+                    SqlValue::Integer(epoch.get() as i64),
+                    SqlValue::Integer(crate::util::now_ms()),
+                    SqlValue::Text(row.holes_text()),
+                    SqlValue::Text(self.owner.clone()),
+                ],
+            )
+            .map_err(err)?;
+            Ok(())
+        })();
+        match result {
+            Ok(()) => s.commit().map_err(err),
+            Err(e) => {
+                s.rollback();
+                Err(e)
+            }
+        }
+    }
+}
+
 impl AppliedSet {
     /// This row moved forward to `at`: what lies between its end and `at`
     /// becomes a hole (never applied; a later move back reaches it). A row

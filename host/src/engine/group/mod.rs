@@ -56,7 +56,11 @@ struct Member {
     driver: Arc<SinkDriver>,
     group: String,
     owner: String,
-    starting: StartingOffsets,
+    /// Where a partition with no progress row starts: `--starting-offsets`
+    /// during the first assignment of a new group, the log start after
+    /// that (partitions that appear later, as the design says); the flag
+    /// says the first assignment is over.
+    starting: Mutex<(StartingOffsets, bool)>,
     held: Mutex<BTreeMap<TopicPartition, Held>>,
 }
 
@@ -134,7 +138,7 @@ impl Member {
                 .map_err(|e| e.to_string())?
             {
                 Some(end) => end,
-                None => match self.starting {
+                None => match self.starting.lock().unwrap_or_else(|p| p.into_inner()).0 {
                     StartingOffsets::Earliest => START_EARLIEST,
                     StartingOffsets::Latest => START_LATEST,
                 },
@@ -166,7 +170,7 @@ impl Membership for Member {
         &self,
         partitions: &[TopicPartition],
     ) -> Vec<(TopicPartition, Result<i64, String>)> {
-        partitions
+        let claims = partitions
             .iter()
             .map(|tp| {
                 let claimed = self.claim(tp).map(|h| {
@@ -179,7 +183,14 @@ impl Membership for Member {
                 });
                 (tp.clone(), claimed)
             })
-            .collect()
+            .collect();
+        if !partitions.is_empty() {
+            let mut s = self.starting.lock().unwrap_or_else(|p| p.into_inner());
+            if !s.1 {
+                *s = (StartingOffsets::Earliest, true);
+            }
+        }
+        claims
     }
 
     fn revoked(&self, partitions: &[TopicPartition], lost: bool) {
@@ -318,7 +329,7 @@ pub fn run_group(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSumma
         driver: driver.clone(),
         group: group.clone(),
         owner,
-        starting,
+        starting: Mutex::new((starting, false)),
         held: Mutex::new(BTreeMap::new()),
     });
     let mut source = KafkaSource::member(
@@ -419,7 +430,15 @@ fn run_member(
                     let (low, high) = source.watermarks(&tp.0, tp.1)?;
                     let next = match h.next {
                         START_EARLIEST => low,
-                        START_LATEST => high,
+                        START_LATEST => {
+                            // Recorded, so that whoever holds the partition
+                            // next starts there too, not at its log start.
+                            match driver.start_at(group, &tp.0, tp.1, h.epoch, high) {
+                                Err(SinkError::Group(e)) if member.drop_if_fenced(&e) => continue,
+                                r => r?,
+                            }
+                            high
+                        }
                         n if n < low => {
                             gaps.push(on_data_loss(
                                 cfg.on_data_loss,
