@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rustup target add wasm32-wasip2 >/dev/null
-cargo build --release --target wasm32-wasip2 -p sql-counter
+cargo build --release --target wasm32-wasip2 -p sql-counter -p company
 cargo build --release -p host -p sluice-bench
 # shellcheck source=scripts/pg.sh
 source scripts/pg.sh

@@ -83,6 +83,30 @@ fn counted(db: &Db) -> i64 {
     }
 }
 
+/// The offsets consumer group `group` has committed for `events`' 6
+/// partitions (-1: none).
+fn kafka_committed(b: &dyn Broker, group: &str) -> Vec<i64> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let c: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", b.bootstrap())
+        .set("group.id", group)
+        .create()
+        .unwrap();
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for p in 0..6 {
+        tpl.add_partition("events", p);
+    }
+    let got = c.committed_offsets(tpl, Duration::from_secs(10)).unwrap();
+    (0..6)
+        .map(
+            |p| match got.find_partition("events", p).map(|e| e.offset()) {
+                Some(rdkafka::Offset::Offset(o)) => o,
+                _ => -1,
+            },
+        )
+        .collect()
+}
+
 /// Wait (at most `within`) until the counter shows `n`; fail naming
 /// `what`, the count reached and each member's log.
 fn wait_for_count(db: &Db, n: i64, what: &str, within: Duration, members: &[&HostProcess]) {
@@ -153,6 +177,8 @@ fn two_members_apply_each_record_once() {
         // Both left the group: no member rows, nothing unclaimed.
         assert_eq!(v["members"], serde_json::json!([]), "{v}");
         assert_eq!(v["unclaimed"], serde_json::json!([]), "{v}");
+        // The ends applied are in the Kafka group too (for dashboards).
+        assert_eq!(kafka_committed(&mock, "g1"), vec![100; 6], "{}", db.name);
         let none = std::process::Command::new(crate::support::host_bin())
             .args(["group", "status", "--sink-db", &db.url, "--group", "nope"])
             .output()

@@ -59,16 +59,15 @@ fn main() {
     let mut seen: BTreeSet<i32> = BTreeSet::new();
     while !stop.load(Ordering::Relaxed) {
         match c.poll(Duration::from_millis(50)) {
-            Some(Ok(m)) => {
-                if seen.insert(m.partition()) {
-                    println!(
-                        "{{\"partition\":{},\"first_ms\":{}}}",
-                        m.partition(),
-                        now_ms()
-                    );
-                    let _ = std::io::stdout().flush();
-                }
+            Some(Ok(m)) if seen.insert(m.partition()) => {
+                println!(
+                    "{{\"partition\":{},\"first_ms\":{}}}",
+                    m.partition(),
+                    now_ms()
+                );
+                let _ = std::io::stdout().flush();
             }
+            Some(Ok(_)) => {}
             Some(Err(e)) => eprintln!("poll: {e}"),
             None => {}
         }

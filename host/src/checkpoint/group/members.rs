@@ -127,7 +127,7 @@ impl GroupStore {
     /// # Errors
     /// [`GroupError::Db`]; [`GroupError::BadRow`].
     pub fn members(&self) -> Result<Vec<MemberRow>, GroupError> {
-        let rows = match self.tx(|b| {
+        let rows = match self.read(|b| {
             b.query(
                 &format!(
                     "SELECT member, plugins, swap_id, swap_error, started_at_ms, seen_at_ms FROM {} \
@@ -266,7 +266,7 @@ impl GroupStore {
     /// # Errors
     /// [`GroupError::Db`]; [`GroupError::BadRow`].
     pub fn latest_swap(&self) -> Result<Option<Swap>, GroupError> {
-        let rows = self.tx(|b| {
+        let rows = self.read(|b| {
             b.query(
                 &format!(
                     "SELECT swap_id, plugins, requested_at_ms, requested_by FROM {} \

@@ -219,10 +219,13 @@ impl GroupTables {
     }
 }
 
-/// Run `f` in one transaction of `b` (the write lock at once on SQLite).
+/// Run `f` in one transaction of `b`: one that only reads (`write`
+/// false) takes no lock up front; one that writes takes SQLite's write
+/// lock at once (so it never fails half-way on a busy database).
 fn in_tx<T>(
     b: &mut dyn Backend,
     group: &str,
+    write: bool,
     f: &mut dyn FnMut(&mut dyn Backend) -> Result<T, GroupError>,
 ) -> Result<T, GroupError> {
     let db = |during| {
@@ -232,9 +235,10 @@ fn in_tx<T>(
             error,
         }
     };
-    b.batch(match b.dialect() {
-        Dialect::Sqlite => "BEGIN IMMEDIATE",
-        Dialect::Postgres => "BEGIN ISOLATION LEVEL READ COMMITTED",
+    b.batch(match (b.dialect(), write) {
+        (Dialect::Sqlite, true) => "BEGIN IMMEDIATE",
+        (Dialect::Sqlite, false) => "BEGIN",
+        (Dialect::Postgres, _) => "BEGIN ISOLATION LEVEL READ COMMITTED",
     })
     .map_err(db("beginning a transaction"))?;
     match f(b) {
@@ -536,6 +540,22 @@ impl GroupStore {
     /// again, for up to [`GroupStore::retry_for`].
     fn tx<T>(
         &self,
+        f: impl FnMut(&mut dyn Backend) -> Result<T, GroupError>,
+    ) -> Result<T, GroupError> {
+        self.retrying(true, f)
+    }
+
+    /// [`GroupStore::tx`] for a transaction that only reads.
+    fn read<T>(
+        &self,
+        f: impl FnMut(&mut dyn Backend) -> Result<T, GroupError>,
+    ) -> Result<T, GroupError> {
+        self.retrying(false, f)
+    }
+
+    fn retrying<T>(
+        &self,
+        write: bool,
         mut f: impl FnMut(&mut dyn Backend) -> Result<T, GroupError>,
     ) -> Result<T, GroupError> {
         let until = std::time::Instant::now() + self.retry_for;
@@ -544,7 +564,7 @@ impl GroupStore {
             // The connection is locked per attempt, not across the pauses:
             // a claim from the rebalance callback waits for one attempt of
             // another thread at most.
-            let r = in_tx(self.db().as_mut(), &self.group, &mut f);
+            let r = in_tx(self.db().as_mut(), &self.group, write, &mut f);
             let error = match &r {
                 Err(GroupError::Db { error, .. })
                     if (error.is_connection_lost() || error.is_contention())
@@ -601,7 +621,7 @@ impl GroupStore {
     /// # Errors
     /// [`GroupError::Db`]; [`GroupError::BadRow`].
     pub fn info(&self) -> Result<Option<(Fingerprint, Vec<PluginRef>)>, GroupError> {
-        let rows = self.tx(|b| {
+        let rows = self.read(|b| {
             b.query(
                 &format!(
                     "SELECT fingerprint, plugins FROM {} WHERE group_name = $1",
@@ -758,7 +778,7 @@ impl GroupStore {
     /// [`GroupError::BadRow`] when missing or not matching its digest;
     /// [`GroupError::Db`].
     pub fn load_plugin(&self, digest: &str) -> Result<Vec<u8>, GroupError> {
-        let rows = self.tx(|b| {
+        let rows = self.read(|b| {
             b.query(
                 &format!(
                     "SELECT bytes FROM {} WHERE digest = $1",
@@ -891,7 +911,7 @@ impl GroupStore {
     /// # Errors
     /// [`GroupError::Db`]; [`GroupError::BadRow`].
     pub fn partitions(&self) -> Result<Vec<PartitionRow>, GroupError> {
-        let rows = self.tx(|b| b
+        let rows = self.read(|b| b
             .query(
                 &format!(
                     "SELECT topic, \"partition\", owner_epoch, owner, member_id, claimed_at_ms, planned FROM {} \

@@ -338,7 +338,9 @@ pub fn run_group(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSumma
         &group,
         &cfg.topics,
         member.clone(),
-        false,
+        // Offsets are committed to the Kafka group too, for lag dashboards
+        // and tools that read them (the database stays the checkpoint).
+        true,
         cfg.kafka_timeout,
     )?;
     tracing::info!(group, "joined the pipeline group");
@@ -597,6 +599,14 @@ fn run_member(
                 h.next = r.end;
             });
         }
+        // The ends applied, of the partitions still held, to the Kafka
+        // group (informational: never read back).
+        let still = member.held();
+        let applied: BTreeMap<TopicPartition, i64> = super::ends(&ranges)
+            .into_iter()
+            .filter(|(tp, _)| still.contains_key(tp))
+            .collect();
+        source.commit_group(&applied);
         let mut timings = done.timings;
         timings.plan = plan_ms;
         timings.commit = ms(commit_started.elapsed());
