@@ -29,7 +29,6 @@ directory (named on failure).
 """
 import json
 import os
-import socket
 import sqlite3
 import statistics
 import subprocess
@@ -37,6 +36,9 @@ import sys
 import tempfile
 import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import run  # noqa: E402  (the side-by-side benchmark: its brokers)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REL = os.path.join(ROOT, "target", "release")
@@ -54,64 +56,20 @@ RUNS = int(os.environ.get("RUNS", "3"))
 EVENTS = int(os.environ.get("EVENTS", "120000"))
 RATE = int(os.environ.get("RATE", "2000"))
 PARTS = int(os.environ.get("PARTITIONS", "12"))
-TANSU = os.environ.get("TANSU", os.path.expanduser("~/.cache/sluice-tools/bin/tansu"))
 SESSION = "6000"
 LOGS = tempfile.mkdtemp(prefix="bench-groups-logs-")
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-class Mock:
-    name = "mock cluster"
-
+class Mock(run.Mock):
     def __init__(self, topic):
-        self.topic = topic
-
-    def __enter__(self):
-        self.p = subprocess.Popen([os.path.join(REL, "mock-broker"), self.topic, str(PARTS)],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.bootstrap = self.p.stdout.readline().strip()
-        return self
-
-    def __exit__(self, *a):
-        self.p.stdin.close()
-        self.p.wait()
+        super().__init__(topic, PARTS)
 
 
-class Tansu:
+class Tansu(run.Tansu):
     name = "Tansu 0.6.0 (sqlite)"
 
     def __init__(self, topic):
-        self.topic = topic
-
-    def __enter__(self):
-        self.dir = tempfile.mkdtemp(prefix="bench-groups-tansu-")
-        port = free_port()
-        url = f"tcp://127.0.0.1:{port}"
-        self.p = subprocess.Popen([TANSU, "broker", "--listener-url", url, "--advertised-listener-url", url,
-                                   "--storage-engine", "sqlite://tansu.db"], cwd=self.dir,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                  env=dict(os.environ, RUST_LOG="warn"))
-        for _ in range(300):
-            try:
-                socket.create_connection(("127.0.0.1", port), 0.2).close()
-                break
-            except OSError:
-                time.sleep(0.1)
-        subprocess.run([TANSU, "topic", "create", self.topic, "--broker", url, "--partitions", str(PARTS)],
-                       check=True, cwd=self.dir, capture_output=True)
-        self.bootstrap = f"127.0.0.1:{port}"
-        return self
-
-    def __exit__(self, *a):
-        self.p.kill()
-        self.p.wait()
+        super().__init__(topic, PARTS)
 
 
 def counted(db):

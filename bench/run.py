@@ -68,8 +68,12 @@ def table_of(db, pk="pk", row="row_json"):
 class Mock:
     name = "mock cluster"
 
+    def __init__(self, topic="maxwell", partitions=None):
+        self.topic = topic
+        self.partitions = partitions or PARTS
+
     def __enter__(self):
-        self.p = subprocess.Popen([os.path.join(REL, "mock-broker"), "maxwell", str(PARTS)],
+        self.p = subprocess.Popen([os.path.join(REL, "mock-broker"), self.topic, str(self.partitions)],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.bootstrap = self.p.stdout.readline().strip()
         return self
@@ -81,6 +85,10 @@ class Mock:
 
 class Tansu:
     name = "Tansu (sqlite)"
+
+    def __init__(self, topic="maxwell", partitions=None):
+        self.topic = topic
+        self.partitions = partitions or PARTS
 
     def __enter__(self):
         self.dir = tempfile.mkdtemp(prefix="bench-tansu-")
@@ -96,7 +104,7 @@ class Tansu:
                 break
             except OSError:
                 time.sleep(0.1)
-        subprocess.run([TANSU, "topic", "create", "maxwell", "--broker", url, "--partitions", str(PARTS)],
+        subprocess.run([TANSU, "topic", "create", self.topic, "--broker", url, "--partitions", str(self.partitions)],
                        check=True, cwd=self.dir, capture_output=True)
         self.bootstrap = f"127.0.0.1:{port}"
         return self

@@ -83,6 +83,25 @@ fn counted(db: &Db) -> i64 {
     }
 }
 
+/// `host group SUB --sink-db DB --group GROUP ARGS…`: its exit code and
+/// its stdout and stderr.
+fn group_cmd(sub: &str, db: &Db, group: &str, args: &[&str]) -> (Option<i32>, String) {
+    let mut v = vec!["group", sub, "--sink-db", &db.url, "--group", group];
+    v.extend(args);
+    let out = std::process::Command::new(crate::support::host_bin())
+        .args(&v)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
 /// The offsets consumer group `group` has committed for `events`' 6
 /// partitions (-1: none).
 fn kafka_committed(b: &dyn Broker, group: &str) -> Vec<i64> {
@@ -421,22 +440,7 @@ fn a_group_swap_reaches_every_member_at_a_batch_boundary() {
     produce(&mock, "events", 0, 300, 6);
     let within = Duration::from_secs(60);
     wait_for_count(&db, 300, "both apply the first records", within, &[&a, &b]);
-    let group = |args: &[&str]| {
-        let mut v = vec!["group", args[0], "--sink-db", &db.url, "--group", "g8"];
-        v.extend(&args[1..]);
-        let out = std::process::Command::new(crate::support::host_bin())
-            .args(&v)
-            .output()
-            .unwrap();
-        (
-            out.status.code(),
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ),
-        )
-    };
+    let group = |args: &[&str]| group_cmd(args[0], &db, "g8", &args[1..]);
     for (bad, says) in [
         (plugin("wrong-world"), "exports no Sluice stage"),
         (plugin("sql_counter"), "exports no map stage"),
@@ -503,22 +507,7 @@ fn a_group_reset_moves_the_group_and_a_running_member_follows() {
     let mock = Mock::new();
     mock.create_topic("events", 2);
     produce(&mock, "events", 0, 100, 2);
-    let reset = |args: &[&str]| {
-        let mut v = vec!["group", "reset", "--sink-db", &db.url, "--group", "g9"];
-        v.extend(args);
-        let out = std::process::Command::new(crate::support::host_bin())
-            .args(&v)
-            .output()
-            .unwrap();
-        (
-            out.status.code(),
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ),
-        )
-    };
+    let reset = |args: &[&str]| group_cmd("reset", &db, "g9", args);
     let mut a = HostProcess::start(&member_args(&mock, &db, "g9", &[]));
     let within = Duration::from_secs(60);
     wait_for_count(&db, 100, "a applies the first records", within, &[&a]);

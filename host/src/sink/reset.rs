@@ -41,6 +41,99 @@ pub struct RowReport {
     pub after: Option<AppliedSet>,
 }
 
+/// A progress row as a reset or a recorded start writes it.
+struct RowWrite<'a> {
+    query_id: &'a str,
+    topic: &'a str,
+    partition: i32,
+    epoch: u64,
+    batch_id: u64,
+    /// Recorded as the row's writer; `None` keeps an existing row's.
+    owner: Option<&'a str>,
+}
+
+impl SinkDriver {
+    /// Make `w`'s progress row `after` (`None`: delete it), inside the
+    /// transaction open on `b`.
+    fn write_row(
+        &self,
+        b: &mut dyn Backend,
+        w: &RowWrite<'_>,
+        after: Option<&AppliedSet>,
+    ) -> Result<(), DbError> {
+        let key = [
+            SqlValue::Text(w.query_id.to_string()),
+            SqlValue::Text(w.topic.to_string()),
+            SqlValue::Integer(w.partition.into()),
+        ];
+        let Some(a) = after else {
+            return b
+                .execute(
+                    &format!(
+                        "DELETE FROM {} WHERE query_id = $1 AND topic = $2 AND \"partition\" = $3",
+                        self.tables.progress
+                    ),
+                    &key,
+                )
+                .map(drop);
+        };
+        let mut params = key.to_vec();
+        params.extend([
+            SqlValue::Integer(a.end().unwrap_or(0)),
+            SqlValue::Text(a.holes_text()),
+            SqlValue::Integer(i64::try_from(w.epoch).unwrap_or(i64::MAX)),
+            SqlValue::Integer(i64::try_from(w.batch_id).unwrap_or(i64::MAX)),
+            SqlValue::Integer(crate::util::now_ms()),
+            SqlValue::Text(w.owner.unwrap_or_default().to_string()),
+        ]);
+        let owner = if w.owner.is_some() {
+            ", owner = excluded.owner"
+        } else {
+            ""
+        };
+        b.execute(
+            &format!(
+                "INSERT INTO {} (query_id, topic, \"partition\", end_offset, holes, epoch, batch_id, updated_at_ms, owner) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (query_id, topic, \"partition\") DO UPDATE SET \
+                   end_offset = excluded.end_offset, holes = excluded.holes, epoch = excluded.epoch, \
+                   batch_id = excluded.batch_id, updated_at_ms = excluded.updated_at_ms{owner}",
+                self.tables.progress
+            ),
+            &params,
+        )
+        .map(drop)
+    }
+
+    /// Run `f` in one transaction on the sink's session: committed when it
+    /// succeeds (rolled back instead with `dry_run`), rolled back when it
+    /// fails. `err` turns a database error of begin/commit into the
+    /// caller's.
+    fn in_own_transaction<T>(
+        &self,
+        g: &crate::capability::sql::SqlGrant,
+        err: impl Fn(DbError) -> SinkError,
+        dry_run: bool,
+        f: impl FnOnce(&mut dyn Backend) -> Result<T, SinkError>,
+    ) -> Result<T, SinkError> {
+        let mut s = g.lock();
+        s.begin().map_err(&err)?;
+        match f(s.backend()) {
+            Ok(v) if !dry_run => {
+                s.commit().map_err(&err)?;
+                Ok(v)
+            }
+            Ok(v) => {
+                s.rollback();
+                Ok(v)
+            }
+            Err(e) => {
+                s.rollback();
+                Err(e)
+            }
+        }
+    }
+}
+
 impl SinkDriver {
     /// The progress rows of `query_id`, per (topic, partition).
     ///
@@ -127,11 +220,9 @@ impl SinkDriver {
             site: format!("query id {query_id}"),
             error,
         };
-        let mut s = g.lock();
-        s.begin().map_err(err)?;
-        let result = (|| {
+        self.in_own_transaction(g, err, false, |b| {
             // Read inside the transaction that changes them.
-            let rows = self.read_rows(s.backend(), query_id)?;
+            let rows = self.read_rows(b, query_id)?;
             let mut out = BTreeMap::new();
             for ((topic, partition), change) in changes {
                 let before = rows.get(&(topic.clone(), *partition)).cloned();
@@ -140,58 +231,20 @@ impl SinkDriver {
                     (Some(b), RowChange::ReapplyFrom(at)) => b.below(*at),
                 };
                 if after != before {
-                    let key = [
-                        SqlValue::Text(query_id.to_string()),
-                        SqlValue::Text(topic.clone()),
-                        SqlValue::Integer((*partition).into()),
-                    ];
-                    let b = s.backend();
-                    match &after {
-                        None => {
-                            b.execute(
-                                &format!(
-                                    "DELETE FROM {} WHERE query_id = $1 AND topic = $2 AND \"partition\" = $3",
-                                    self.tables.progress
-                                ),
-                                &key,
-                            )
-                            .map_err(err)?;
-                        }
-                        Some(a) => {
-                            let mut params = key.to_vec();
-                            params.extend([
-                                SqlValue::Integer(a.end().unwrap_or(0)),
-                                SqlValue::Text(a.holes_text()),
-                                SqlValue::Integer(i64::try_from(epoch).unwrap_or(i64::MAX)),
-                                SqlValue::Integer(i64::try_from(batch_id).unwrap_or(i64::MAX)),
-                                SqlValue::Integer(crate::util::now_ms()),
-                            ]);
-                            b.execute(
-                                &format!(
-                                    "UPDATE {} SET end_offset = $4, holes = $5, epoch = $6, batch_id = $7, updated_at_ms = $8 \
-                                     WHERE query_id = $1 AND topic = $2 AND \"partition\" = $3",
-                                    self.tables.progress
-                                ),
-                                &params,
-                            )
-                            .map_err(err)?;
-                        }
-                    }
+                    let w = RowWrite {
+                        query_id,
+                        topic,
+                        partition: *partition,
+                        epoch,
+                        batch_id,
+                        owner: None,
+                    };
+                    self.write_row(b, &w, after.as_ref()).map_err(err)?;
                 }
                 out.insert((topic.clone(), *partition), RowReport { before, after });
             }
             Ok(out)
-        })();
-        match result {
-            Ok(out) => {
-                s.commit().map_err(err)?;
-                Ok(out)
-            }
-            Err(e) => {
-                s.rollback();
-                Err(e)
-            }
-        }
+        })
     }
 }
 
@@ -241,13 +294,10 @@ impl SinkDriver {
             error,
         };
         let owner = format!("{RESET_OWNER} ({by})");
-        let mut s = g.lock();
-        s.begin().map_err(err)?;
-        let result = (|| {
-            let rows = self.read_rows(s.backend(), group)?;
+        self.in_own_transaction(g, err, dry_run, |b| {
+            let rows = self.read_rows(b, group)?;
             let mut epochs = BTreeMap::new();
             for ((topic, partition), m) in moves {
-                let b = s.backend();
                 let claim = claim_on(b, tables, group, (topic, *partition), (&owner, ""))
                     .map_err(SinkError::Group)?;
                 abandon_planned(b, tables, group, (topic, *partition)).map_err(SinkError::Group)?;
@@ -260,66 +310,22 @@ impl SinkDriver {
                         }),
                     });
                 }
-                let key = [
-                    SqlValue::Text(group.to_string()),
-                    SqlValue::Text(topic.clone()),
-                    SqlValue::Integer((*partition).into()),
-                ];
-                match &m.after {
-                    None => {
-                        b.execute(
-                            &format!(
-                                "DELETE FROM {} WHERE query_id = $1 AND topic = $2 AND \"partition\" = $3",
-                                self.tables.progress
-                            ),
-                            &key,
-                        )
-                        .map_err(err)?;
-                    }
-                    Some(a) if m.before.as_ref() != Some(a) => {
-                        let mut params = key.to_vec();
-                        params.extend([
-                            SqlValue::Integer(a.end().unwrap_or(0)),
-                            SqlValue::Integer(claim.epoch.get() as i64),
-                            SqlValue::Integer(crate::util::now_ms()),
-                            SqlValue::Text(a.holes_text()),
-                            SqlValue::Text(owner.clone()),
-                        ]);
-                        b.execute(
-                            &format!(
-                                "INSERT INTO {} AS p (query_id, topic, \"partition\", end_offset, batch_id, epoch, updated_at_ms, holes, owner) \
-                                 VALUES ($1, $2, $3, $4, 0, $5, $6, $7, $8) \
-                                 ON CONFLICT (query_id, topic, \"partition\") DO UPDATE SET \
-                                   end_offset = excluded.end_offset, batch_id = 0, epoch = excluded.epoch, \
-                                   updated_at_ms = excluded.updated_at_ms, holes = excluded.holes, owner = excluded.owner",
-                                self.tables.progress
-                            ),
-                            &params,
-                        )
-                        .map_err(err)?;
-                    }
-                    Some(_) => {}
+                if m.after != m.before || m.after.is_none() {
+                    let w = RowWrite {
+                        query_id: group,
+                        topic,
+                        partition: *partition,
+                        epoch: claim.epoch.get(),
+                        batch_id: 0,
+                        owner: Some(&owner),
+                    };
+                    self.write_row(b, &w, m.after.as_ref()).map_err(err)?;
                 }
                 epochs.insert((topic.clone(), *partition), claim.epoch);
             }
-            record_reset(s.backend(), tables, group, by, target, audit)
-                .map_err(SinkError::Group)?;
+            record_reset(b, tables, group, by, target, audit).map_err(SinkError::Group)?;
             Ok(epochs)
-        })();
-        match result {
-            Ok(out) if !dry_run => {
-                s.commit().map_err(err)?;
-                Ok(out)
-            }
-            Ok(out) => {
-                s.rollback();
-                Ok(out)
-            }
-            Err(e) => {
-                s.rollback();
-                Err(e)
-            }
-        }
+        })
     }
 }
 
@@ -348,46 +354,26 @@ impl SinkDriver {
             site: format!("{topic}/{partition}"),
             error,
         };
-        let mut s = g.lock();
-        s.begin().map_err(err)?;
-        let result = (|| {
-            let b = s.backend();
+        self.in_own_transaction(g, err, false, |b| {
             crate::checkpoint::group::fence(b, tables, group, topic, partition, epoch)
                 .map_err(SinkError::Group)?;
             let rows = self.read_rows(b, group)?;
-            let Some(row) = AppliedSet::empty().skip_to(at) else {
-                return Ok(());
-            };
             if rows.contains_key(&(topic.to_string(), partition)) {
                 return Ok(());
             }
-            b.execute(
-                &format!(
-                    "INSERT INTO {} (query_id, topic, \"partition\", end_offset, batch_id, epoch, updated_at_ms, holes, owner) \
-                     VALUES ($1, $2, $3, $4, 0, $5, $6, $7, $8) ON CONFLICT (query_id, topic, \"partition\") DO NOTHING",
-                    self.tables.progress
-                ),
-                &[
-                    SqlValue::Text(group.to_string()),
-                    SqlValue::Text(topic.to_string()),
-                    SqlValue::Integer(partition.into()),
-                    SqlValue::Integer(at),
-                    SqlValue::Integer(epoch.get() as i64),
-                    SqlValue::Integer(crate::util::now_ms()),
-                    SqlValue::Text(row.holes_text()),
-                    SqlValue::Text(self.owner.clone()),
-                ],
-            )
-            .map_err(err)?;
-            Ok(())
-        })();
-        match result {
-            Ok(()) => s.commit().map_err(err),
-            Err(e) => {
-                s.rollback();
-                Err(e)
+            let w = RowWrite {
+                query_id: group,
+                topic,
+                partition,
+                epoch: epoch.get(),
+                batch_id: 0,
+                owner: Some(&self.owner),
+            };
+            match AppliedSet::empty().skip_to(at) {
+                Some(row) => self.write_row(b, &w, Some(&row)).map_err(err),
+                None => Ok(()),
             }
-        }
+        })
     }
 }
 
