@@ -634,6 +634,42 @@ fn latest_holds_for_a_new_group_and_partitions_that_appear_later_are_read_from_0
     assert_exactly_once(&db, 30);
 }
 
+/// `host group swap` on a group with two map stages: it must say which
+/// (`--index`), within range, and may not make one component two of them.
+#[test]
+fn a_group_swap_of_one_of_two_map_stages_needs_a_valid_index() {
+    let db = Db::sqlite();
+    let mock = Mock::new();
+    mock.create_topic("events", 2);
+    produce(&mock, "events", 0, 10, 2);
+    let tag = |v: &str| plugin(v).display().to_string();
+    let (code, log) = HostProcess::start(&member_args(
+        &mock,
+        &db,
+        "g11",
+        &[
+            "--plugin",
+            &tag("tag_v1"),
+            "--plugin",
+            &tag("tag_v2"),
+            "--until-caught-up",
+        ],
+    ))
+    .finish();
+    assert_eq!(code, Some(0), "{log}");
+    let v2 = tag("tag_v2");
+    for (args, says) in [
+        (vec!["--plugin", &v2], "say which with --index"),
+        (vec!["--plugin", &v2, "--index", "5"], "has 2 map stage(s)"),
+        (vec!["--plugin", &v2, "--index", "0"], "as two map stages"),
+    ] {
+        let (code, out) = group_cmd("swap", &db, "g11", &args);
+        assert_eq!(code, Some(2), "{args:?}: {out}");
+        assert!(out.contains(says), "{args:?}: {out}");
+    }
+    assert_eq!(db.scalar("SELECT count(*) FROM sluice_group_swaps"), 0);
+}
+
 /// The two-member case on Tansu 0.6.0, whose consumer groups bump the
 /// generation on every join (fixed only after 0.6.0): the database's owner
 /// epoch, not Kafka's generation, is the fencing token, so each record is

@@ -71,6 +71,18 @@ pub(super) fn swap(a: SwapArgs) -> Result<(), CliError> {
     .map_err(|e| anyhow::anyhow!("group {group}: {e}"))
     .code(ExitCode::Usage)?;
     let refs = swapped_refs(&o.plugins, plugin.digest(), targets);
+    let maps: Vec<&str> = refs
+        .iter()
+        .filter(|r| r.stage == StageKind::Map)
+        .map(|r| r.digest.as_str())
+        .collect();
+    if maps.iter().enumerate().any(|(i, d)| maps[..i].contains(d)) {
+        return Err(anyhow::anyhow!(
+            "group {group}: the swap would run sha256:{} as two map stages; one component is one map stage in a pipeline (swap the other --index, or build a second component)",
+            plugin.digest()
+        ))
+        .code(ExitCode::Usage);
+    }
     if refs == o.plugins {
         outln!(
             "group {group} runs sha256:{} already; nothing to swap",
