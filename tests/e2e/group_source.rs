@@ -27,7 +27,12 @@ impl Membership for Recorder {
     fn assigned(
         &self,
         partitions: &[TopicPartition],
+        member_id: &str,
     ) -> Vec<(TopicPartition, Result<i64, String>)> {
+        assert!(
+            !member_id.is_empty(),
+            "assigned before the member had an id"
+        );
         self.assigned.lock().unwrap().extend_from_slice(partitions);
         partitions
             .iter()

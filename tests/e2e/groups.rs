@@ -190,7 +190,8 @@ fn two_members_apply_each_record_once() {
                 && p["owner_epoch"].as_u64() >= Some(1)
                 && p["last_write_ms"].as_i64() > Some(0)
                 && p["high_watermark"] == 100
-                && p["lag"] == 0),
+                && p["lag"] == 0
+                && p["member_id"].as_str().is_some_and(|m| !m.is_empty())),
             "{v}"
         );
         // Both left the group: no member rows, nothing unclaimed.

@@ -31,12 +31,16 @@ use super::TopicPartition;
 
 /// What a group member does when the coordinator changes its assignment.
 pub trait Membership: Send + Sync {
-    /// `partitions` were assigned to this member: claim them and return
-    /// where each starts (the first offset to read; [`START_EARLIEST`] or
+    /// `partitions` were assigned to this member, whose member id the
+    /// coordinator made `member_id`: claim them and return where each
+    /// starts (the first offset to read; [`START_EARLIEST`] or
     /// [`START_LATEST`] for a partition with no position yet), or why it
     /// cannot be taken (the member should then stop and leave the group).
-    fn assigned(&self, partitions: &[TopicPartition])
-    -> Vec<(TopicPartition, Result<i64, String>)>;
+    fn assigned(
+        &self,
+        partitions: &[TopicPartition],
+        member_id: &str,
+    ) -> Vec<(TopicPartition, Result<i64, String>)>;
     /// `partitions` are being taken away (`lost`: the session timed out
     /// and another member may own them already). Stop writing them before
     /// returning.
@@ -116,7 +120,7 @@ impl SourceContext {
         tpl: &TopicPartitionList,
     ) -> KafkaResult<()> {
         let parts = partitions(tpl);
-        let claims = m.assigned(&parts);
+        let claims = m.assigned(&parts, &member_id(consumer));
         let mut take = TopicPartitionList::new();
         let mut changes = self.changes.lock().unwrap_or_else(|p| p.into_inner());
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
@@ -166,6 +170,26 @@ impl SourceContext {
             RebalanceProtocol::Cooperative => consumer.incremental_unassign(tpl),
             _ => consumer.unassign(),
         }
+    }
+}
+
+/// The member id the group coordinator gave `consumer` (KIP-394: the
+/// coordinator assigns it at the first JoinGroup), empty before it joined.
+/// rust-rdkafka 0.39 has no safe wrapper for `rd_kafka_memberid`.
+#[allow(unsafe_code)]
+fn member_id(consumer: &BaseConsumer<SourceContext>) -> String {
+    let rk = consumer.client().native_ptr();
+    // SAFETY: `rk` is the live handle of `consumer`, borrowed for the call.
+    // `rd_kafka_memberid` returns NULL or a NUL-terminated copy that the
+    // caller owns and frees with `rd_kafka_mem_free`, once, here.
+    unsafe {
+        let p = rdkafka::bindings::rd_kafka_memberid(rk);
+        if p.is_null() {
+            return String::new();
+        }
+        let id = std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned();
+        rdkafka::bindings::rd_kafka_mem_free(rk, p.cast());
+        id
     }
 }
 

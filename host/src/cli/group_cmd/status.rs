@@ -123,10 +123,15 @@ pub(super) fn status(a: StatusArgs) -> Result<(), CliError> {
     for s in &shown {
         let r = &s.row;
         outln!(
-            "{}/{}  owner {} (epoch {}, since {})  applied to {}{}{}{}",
+            "{}/{}  owner {}{} (epoch {}, since {})  applied to {}{}{}{}",
             r.topic,
             r.partition,
             r.owner,
+            if r.member_id.is_empty() {
+                String::new()
+            } else {
+                format!(", member id {}", r.member_id)
+            },
             r.owner_epoch,
             rfc3339_ms(r.claimed_at_ms),
             s.applied_end

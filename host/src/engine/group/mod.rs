@@ -62,6 +62,9 @@ struct Member {
     /// says the first assignment is over.
     starting: Mutex<(StartingOffsets, bool)>,
     held: Mutex<BTreeMap<TopicPartition, Held>>,
+    /// The Kafka member id the coordinator gave this member (recorded
+    /// with each claim).
+    member_id: Mutex<String>,
 }
 
 impl Member {
@@ -126,9 +129,14 @@ impl Member {
     }
 
     fn claim(&self, (topic, partition): &TopicPartition) -> Result<Held, String> {
+        let member_id = self
+            .member_id
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         let c = self
             .store
-            .claim(topic, *partition, &self.owner, "")
+            .claim(topic, *partition, &self.owner, &member_id)
             .map_err(|e| e.to_string())?;
         let next = match &c.planned {
             Some(p) => p.start,
@@ -169,7 +177,9 @@ impl Membership for Member {
     fn assigned(
         &self,
         partitions: &[TopicPartition],
+        member_id: &str,
     ) -> Vec<(TopicPartition, Result<i64, String>)> {
+        *self.member_id.lock().unwrap_or_else(|p| p.into_inner()) = member_id.to_string();
         let claims = partitions
             .iter()
             .map(|tp| {
@@ -331,6 +341,7 @@ pub fn run_group(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSumma
         owner,
         starting: Mutex::new((starting, false)),
         held: Mutex::new(BTreeMap::new()),
+        member_id: Mutex::new(String::new()),
     });
     let mut source = KafkaSource::member(
         &cfg.brokers,
