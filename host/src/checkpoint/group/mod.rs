@@ -843,20 +843,34 @@ impl GroupStore {
     }
 
     /// The batch of these parts was applied: clear their planned ranges
-    /// (only those still ours and still planned for `batch`).
+    /// (only those still ours and still planned for `batch`), in one
+    /// transaction. A partition another member holds now is left as it
+    /// is and returned ([`GroupError::Fenced`], one per partition); the
+    /// others are finished all the same.
     ///
     /// # Errors
-    /// [`GroupError::Fenced`]; [`GroupError::Db`].
-    pub fn finish(&self, batch: u64, parts: &[(String, i32, Epoch)]) -> Result<(), GroupError> {
+    /// [`GroupError::Db`]; nothing is finished then.
+    pub fn finish(
+        &self,
+        batch: u64,
+        parts: &[(String, i32, Epoch)],
+    ) -> Result<Vec<GroupError>, GroupError> {
         self.tx(|b| {
+            let mut fenced = Vec::new();
             for (topic, partition, epoch) in parts {
-                fence(b, &self.tables, &self.group, topic, *partition, *epoch)?;
+                match fence(b, &self.tables, &self.group, topic, *partition, *epoch) {
+                    Err(e @ GroupError::Fenced { .. }) => {
+                        fenced.push(e);
+                        continue;
+                    }
+                    r => r?,
+                }
                 let planned = self.planned(b, topic, *partition)?;
                 if planned.is_some_and(|p| p.batch == batch) {
                     self.set_planned(b, topic, *partition, None)?;
                 }
             }
-            Ok(())
+            Ok(fenced)
         })
     }
 

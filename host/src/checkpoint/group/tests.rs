@@ -85,7 +85,9 @@ fn a_claim_fences_the_previous_owner_and_hands_over_its_planned_range() {
         for e in [
             a.plan(&[("t".into(), 0, first.epoch, planned(8, 200, 300))])
                 .unwrap_err(),
-            a.finish(7, &[("t".into(), 0, first.epoch)]).unwrap_err(),
+            a.finish(7, &[("t".into(), 0, first.epoch)])
+                .unwrap()
+                .remove(0),
         ] {
             match e {
                 GroupError::Fenced {
@@ -109,9 +111,17 @@ fn a_claim_fences_the_previous_owner_and_hands_over_its_planned_range() {
         ));
 
         // A finish of another batch leaves the range; of its own clears it.
-        b.finish(6, &[("t".into(), 0, second.epoch)]).unwrap();
+        assert!(
+            b.finish(6, &[("t".into(), 0, second.epoch)])
+                .unwrap()
+                .is_empty()
+        );
         assert!(b.partitions().unwrap()[0].planned.is_some());
-        b.finish(7, &[("t".into(), 0, second.epoch)]).unwrap();
+        assert!(
+            b.finish(7, &[("t".into(), 0, second.epoch)])
+                .unwrap()
+                .is_empty()
+        );
         let rows = b.partitions().unwrap();
         assert_eq!(rows.len(), 1);
         assert_eq!(rows[0].planned, None);

@@ -599,10 +599,10 @@ fn run_member(
             .iter()
             .map(|(t, p, e, _)| (t.clone(), *p, *e))
             .collect();
-        if let Err(e) = store.finish(batch_id, &finished)
-            && !member.drop_if_fenced(&e)
-        {
-            return Err(e.into());
+        // A partition another member took meanwhile is dropped; the others
+        // are finished all the same.
+        for e in store.finish(batch_id, &finished)? {
+            member.drop_if_fenced(&e);
         }
         for r in &ranges {
             member.update(&(r.topic.clone(), r.partition), |h| {
