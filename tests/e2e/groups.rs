@@ -508,7 +508,12 @@ fn a_group_reset_moves_the_group_and_a_running_member_follows() {
     let mock = Mock::new();
     mock.create_topic("events", 2);
     produce(&mock, "events", 0, 100, 2);
-    let reset = |args: &[&str]| group_cmd("reset", &db, "g9", args);
+    let bootstrap = mock.bootstrap();
+    let reset = |args: &[&str]| {
+        let mut v = args.to_vec();
+        v.extend(["--brokers", bootstrap.as_str()]);
+        group_cmd("reset", &db, "g9", &v)
+    };
     let mut a = HostProcess::start(&member_args(&mock, &db, "g9", &[]));
     let within = Duration::from_secs(60);
     wait_for_count(&db, 100, "a applies the first records", within, &[&a]);
@@ -537,7 +542,7 @@ fn a_group_reset_moves_the_group_and_a_running_member_follows() {
 
     // Forward: the 20 new records are skipped and recorded as a hole.
     produce(&mock, "events", 110, 20, 2);
-    let (code, out) = reset(&["--to", "latest", "--brokers", &mock.bootstrap()]);
+    let (code, out) = reset(&["--to", "latest"]);
     assert_eq!(code, Some(0), "{out}");
     assert!(
         out.contains("events/1: applied to 55 -> reads from 65 next; [55, 65) skipped, recorded as never applied"),
@@ -548,19 +553,16 @@ fn a_group_reset_moves_the_group_and_a_running_member_follows() {
     assert_eq!(code, Some(0), "{log}");
     assert_eq!(db.counted(), 140);
     // Back over the hole without --reapply: refused, nothing changed.
-    let (code, out) = reset(&["--to", "earliest", "--brokers", &mock.bootstrap()]);
+    let (code, out) = reset(&["--to", "earliest"]);
     assert_eq!(code, Some(2), "{out}");
     assert!(out.contains("never applied [55, 65)"), "{out}");
-    let (code, out) = reset(&[
-        "--to",
-        "earliest",
-        "--reapply",
-        "--brokers",
-        &mock.bootstrap(),
-        "--dry-run",
-    ]);
+    let (code, out) = reset(&["--to", "earliest", "--reapply", "--dry-run"]);
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("dry run: nothing was changed"), "{out}");
+    // Past the log: refused (the partition would never be read again).
+    let (code, out) = reset(&["--to", r#"offsets:{"events":{"1":999999}}"#]);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(out.contains("past its high watermark"), "{out}");
     assert_eq!(db.scalar("SELECT count(*) FROM sluice_group_resets"), 2);
     assert_eq!(
         db.scalar(

@@ -409,7 +409,7 @@ pub fn resolve(s: Settings, config: &[(String, String)]) -> Result<PipelineConfi
     if let Some(g) = &s.group
         && (g.trim().is_empty()
             || g.trim() != g
-            || g.len() > 200
+            || g.chars().count() > 200
             || g.chars().any(char::is_control))
     {
         return Err(usage(format!(

@@ -158,12 +158,22 @@ impl PipelineConfig {
     pub fn reset_command(&self, topic: &str) -> String {
         // Absolute paths: the command must work from any directory.
         let dir = std::path::absolute(&self.checkpoint).unwrap_or_else(|_| self.checkpoint.clone());
-        let mut cmd = format!(
-            "host checkpoint reset {} --topic {} --to earliest --brokers {}",
-            shell_word(&dir.display().to_string()),
-            shell_word(topic),
-            shell_word(&self.brokers)
-        );
+        let mut cmd = match &self.group {
+            // A group's position is its progress rows: only --reapply
+            // moves them back to a log that starts again.
+            Some(group) => format!(
+                "host group reset --group {} --topic {} --to earliest --reapply --brokers {}",
+                shell_word(group),
+                shell_word(topic),
+                shell_word(&self.brokers)
+            ),
+            None => format!(
+                "host checkpoint reset {} --topic {} --to earliest --brokers {}",
+                shell_word(&dir.display().to_string()),
+                shell_word(topic),
+                shell_word(&self.brokers)
+            ),
+        };
         for (k, v) in &self.kafka {
             cmd.push_str(" --config ");
             cmd.push_str(&shell_word(&format!("kafka.{k}={}", redact_property(k, v))));

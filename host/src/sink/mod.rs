@@ -393,6 +393,46 @@ impl SinkDriver {
         })
     }
 
+    /// The epoch `query_id`'s progress row on `topic/partition` was last
+    /// written with (0: no row). A pipeline group claims above it.
+    ///
+    /// # Errors
+    /// [`SinkError::Sql`].
+    pub fn written_epoch(
+        &self,
+        query_id: &str,
+        topic: &str,
+        partition: i32,
+    ) -> Result<crate::checkpoint::Epoch, SinkError> {
+        use crate::capability::sql::SqlValue;
+        let Some(g) = &self.sql else {
+            return Ok(crate::checkpoint::Epoch::default());
+        };
+        let rows = g
+            .lock()
+            .backend()
+            .query(
+                &format!(
+                    "SELECT epoch FROM {} WHERE query_id = $1 AND topic = $2 AND \"partition\" = $3",
+                    self.tables.progress
+                ),
+                &[
+                    SqlValue::Text(query_id.to_string()),
+                    SqlValue::Text(topic.to_string()),
+                    SqlValue::Integer(partition.into()),
+                ],
+            )
+            .map_err(|error| SinkError::Sql {
+                during: "reading sluice_progress",
+                site: format!("{topic}/{partition}"),
+                error,
+            })?;
+        Ok(match rows.rows.first().map(Vec::as_slice) {
+            Some([SqlValue::Integer(e)]) => crate::checkpoint::Epoch::new(*e as u64),
+            _ => crate::checkpoint::Epoch::default(),
+        })
+    }
+
     /// The statement that deletes the progress rows of `query_id`.
     pub fn delete_rows_sql(&self, query_id: &str) -> String {
         format!(

@@ -298,8 +298,15 @@ impl SinkDriver {
             let rows = self.read_rows(b, group)?;
             let mut epochs = BTreeMap::new();
             for ((topic, partition), m) in moves {
-                let claim = claim_on(b, tables, group, (topic, *partition), (&owner, ""))
-                    .map_err(SinkError::Group)?;
+                let claim = claim_on(
+                    b,
+                    tables,
+                    group,
+                    (topic, *partition),
+                    (&owner, ""),
+                    crate::checkpoint::Epoch::default(),
+                )
+                .map_err(SinkError::Group)?;
                 abandon_planned(b, tables, group, (topic, *partition)).map_err(SinkError::Group)?;
                 let now = rows.get(&(topic.clone(), *partition));
                 if now != m.before.as_ref() {

@@ -202,7 +202,10 @@ fn a_group_members_part_is_fenced_after_another_members_claim() {
             GroupStore::open(&url, None, schema, "g").unwrap(),
             GroupStore::open(&url, None, schema, "g").unwrap(),
         );
-        let mine = a.claim("t", 0, "a", "").unwrap().epoch;
+        let mine = a
+            .claim("t", 0, ("a", ""), crate::checkpoint::Epoch::default())
+            .unwrap()
+            .epoch;
         let grant = SqlGrant::connect(&url).unwrap();
         let driver = SinkDriver::new(Some(grant.clone()))
             .unwrap()
@@ -213,7 +216,10 @@ fn a_group_members_part_is_fenced_after_another_members_claim() {
             apply_empty(&driver, range)
         };
         apply(mine.get(), 0, 10).unwrap();
-        let theirs = b.claim("t", 0, "b", "").unwrap().epoch;
+        let theirs = b
+            .claim("t", 0, ("b", ""), crate::checkpoint::Epoch::default())
+            .unwrap()
+            .epoch;
         match apply(mine.get(), 10, 20) {
             Err(SinkError::Group(GroupError::Fenced { holder, .. })) => assert_eq!(holder, "b"),
             other => panic!("{url}: {other:?}"),

@@ -324,7 +324,10 @@ pub fn fence(
 
 /// [`GroupStore::claim`] inside a transaction open on `b` (the caller's):
 /// raise the partition's owner epoch, record `(owner, member_id)`, and
-/// return the planned range the previous owner left.
+/// return the planned range the previous owner left. The new epoch is
+/// above `floor` too: the epoch the partition's progress row was written
+/// with, so that a partition row deleted by hand (or lost) does not start
+/// the epochs again below it (that row would refuse every write).
 ///
 /// # Errors
 /// [`GroupError::Db`]; [`GroupError::BadRow`].
@@ -334,6 +337,7 @@ pub fn claim_on(
     group: &str,
     (topic, partition): (&str, i32),
     (owner, member_id): (&str, &str),
+    floor: Epoch,
 ) -> Result<Claim, GroupError> {
     let db = |error| GroupError::Db {
         group: group.to_string(),
@@ -357,9 +361,9 @@ pub fn claim_on(
         )
         .map_err(db)?;
     let (epoch, previous_owner, planned) = match before.rows.first().map(Vec::as_slice) {
-        None => (Epoch::new(1), String::new(), None),
+        None => (floor.next(), String::new(), None),
         Some([SqlValue::Integer(e), SqlValue::Text(o), planned]) => (
-            Epoch::new(*e as u64).next(),
+            Epoch::new(*e as u64).max(floor).next(),
             o.clone(),
             match planned {
                 SqlValue::Text(p) => {
@@ -812,8 +816,8 @@ impl GroupStore {
         &self,
         topic: &str,
         partition: i32,
-        owner: &str,
-        member_id: &str,
+        (owner, member_id): (&str, &str),
+        floor: Epoch,
     ) -> Result<Claim, GroupError> {
         self.tx(|b| {
             claim_on(
@@ -822,6 +826,7 @@ impl GroupStore {
                 &self.group,
                 (topic, partition),
                 (owner, member_id),
+                floor,
             )
         })
     }

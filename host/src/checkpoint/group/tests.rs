@@ -68,7 +68,9 @@ fn a_claim_fences_the_previous_owner_and_hands_over_its_planned_range() {
     let dir = tempfile::tempdir().unwrap();
     for url in urls(dir.path()) {
         let (a, b) = (store(&url, "g"), store(&url, "g"));
-        let first = a.claim("t", 0, "pid 1 on a", "m-a").unwrap();
+        let first = a
+            .claim("t", 0, ("pid 1 on a", "m-a"), Epoch::default())
+            .unwrap();
         assert_eq!(first.epoch, Epoch::new(1), "{url}");
         assert_eq!(first.previous_owner, "");
         assert_eq!(first.planned, None);
@@ -76,7 +78,9 @@ fn a_claim_fences_the_previous_owner_and_hands_over_its_planned_range() {
             .unwrap();
 
         // b takes it over (a paused past its session timeout, say).
-        let second = b.claim("t", 0, "pid 2 on b", "m-b").unwrap();
+        let second = b
+            .claim("t", 0, ("pid 2 on b", "m-b"), Epoch::default())
+            .unwrap();
         assert_eq!(second.epoch, Epoch::new(2), "{url}");
         assert_eq!(second.previous_owner, "pid 1 on a");
         assert_eq!(second.planned, Some(planned(7, 100, 200)), "same bounds");
@@ -138,9 +142,9 @@ fn a_plan_over_several_partitions_records_nothing_when_one_is_fenced() {
     let dir = tempfile::tempdir().unwrap();
     for url in urls(dir.path()) {
         let (a, b) = (store(&url, "g"), store(&url, "g"));
-        let e0 = a.claim("t", 0, "a", "").unwrap().epoch;
-        let e1 = a.claim("t", 1, "a", "").unwrap().epoch;
-        b.claim("t", 1, "b", "").unwrap();
+        let e0 = a.claim("t", 0, ("a", ""), Epoch::default()).unwrap().epoch;
+        let e1 = a.claim("t", 1, ("a", ""), Epoch::default()).unwrap().epoch;
+        b.claim("t", 1, ("b", ""), Epoch::default()).unwrap();
         assert!(
             a.plan(&[
                 ("t".into(), 0, e0, planned(1, 0, 10)),
@@ -163,7 +167,7 @@ fn a_claim_waits_for_a_part_in_flight_and_fences_the_next() {
     let dir = tempfile::tempdir().unwrap();
     for url in urls(dir.path()) {
         let a = store(&url, "g");
-        let epoch = a.claim("t", 0, "a", "").unwrap().epoch;
+        let epoch = a.claim("t", 0, ("a", ""), Epoch::default()).unwrap().epoch;
         let mut sink = sql::connect(&url).unwrap();
         sink.batch(match sink.dialect() {
             Dialect::Sqlite => "BEGIN IMMEDIATE",
@@ -175,7 +179,10 @@ fn a_claim_waits_for_a_part_in_flight_and_fences_the_next() {
         let started = std::time::Instant::now();
         let claimer = std::thread::spawn(move || {
             let b = store(&url2, "g");
-            (b.claim("t", 0, "b", "").unwrap().epoch, started.elapsed())
+            (
+                b.claim("t", 0, ("b", ""), Epoch::default()).unwrap().epoch,
+                started.elapsed(),
+            )
         });
         std::thread::sleep(std::time::Duration::from_millis(300));
         sink.batch("COMMIT").unwrap();
@@ -283,5 +290,20 @@ fn members_report_what_they_run_and_leave_without_a_trace() {
         let rows = g.members().unwrap();
         assert_eq!(rows.len(), 1, "{url}: {rows:?}");
         assert_eq!(rows[0].member, "pid 2 on b", "{url}");
+    }
+}
+
+#[test]
+fn a_claim_goes_above_the_epoch_the_progress_row_was_written_with() {
+    let dir = tempfile::tempdir().unwrap();
+    for url in urls(dir.path()) {
+        let g = store(&url, "g");
+        // No partition row (deleted by hand, say) but progress written at
+        // epoch 15: the claim takes 16, not 1.
+        let c = g.claim("t", 0, ("a", ""), Epoch::new(15)).unwrap();
+        assert_eq!(c.epoch, Epoch::new(16), "{url}");
+        // A row above the floor keeps counting from itself.
+        let c = g.claim("t", 0, ("b", ""), Epoch::new(3)).unwrap();
+        assert_eq!(c.epoch, Epoch::new(17), "{url}");
     }
 }

@@ -115,7 +115,12 @@ pub(super) fn status(a: StatusArgs) -> Result<(), CliError> {
         outln!("plugin      {:?} sha256:{}", p.stage, p.digest)?;
     }
     for m in &members {
-        outln!("member      {}", show_member(m))?;
+        let other = if m.plugins == plugins {
+            ""
+        } else {
+            "  (not the group's current plugins)"
+        };
+        outln!("member      {}{other}", show_member(m))?;
     }
     if shown.is_empty() {
         outln!("partitions  none claimed yet (members still joining?)")?;

@@ -44,10 +44,11 @@ pub struct GroupResetArgs {
     /// position).
     #[arg(long, value_name = "TARGET")]
     to: String,
-    /// Kafka bootstrap servers (needed for earliest, latest and
-    /// timestamp).
+    /// Kafka bootstrap servers: the targets are looked up there, and
+    /// every offset is checked against its partition's log (a position
+    /// past the high watermark would leave the partition unread).
     #[arg(long, value_name = "SERVERS")]
-    brokers: Option<String>,
+    brokers: String,
     /// Apply the records from the new positions again even where the
     /// progress rows show them applied (say, after emptying the
     /// destination tables).
@@ -122,10 +123,7 @@ pub fn run(a: GroupResetArgs) -> Result<(), CliError> {
     for (tp, (start, _)) in &in_flight {
         current.insert(tp.clone(), *start);
     }
-    let broker = match &a.brokers {
-        Some(b) => Some(ask_broker(b, &kafka, &moving)?),
-        None => None,
-    };
+    let broker = Some(ask_broker(&a.brokers, &kafka, &moving)?);
     let after = targets(
         &target,
         broker.as_ref(),

@@ -98,11 +98,17 @@ impl Member {
             return false;
         };
         let tp = (topic.clone(), *partition);
-        if holder.starts_with(crate::checkpoint::group::RESET_OWNER) {
+        let gone = matches!(e, GroupError::Fenced { now, .. } if now.get() == 0);
+        if gone || holder.starts_with(crate::checkpoint::group::RESET_OWNER) {
             tracing::warn!(
                 topic,
                 partition,
-                "the group was reset ({holder}): claiming the partition again"
+                "{}: claiming the partition again",
+                if gone {
+                    "its row in sluice_partitions is gone".to_string()
+                } else {
+                    format!("the group was reset ({holder})")
+                }
             );
             match self.claim(&tp) {
                 Ok(h) => {
@@ -134,9 +140,13 @@ impl Member {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
+        let floor = self
+            .driver
+            .written_epoch(&self.group, topic, *partition)
+            .map_err(|e| e.to_string())?;
         let c = self
             .store
-            .claim(topic, *partition, &self.owner, &member_id)
+            .claim(topic, *partition, (&self.owner, &member_id), floor)
             .map_err(|e| e.to_string())?;
         let next = match &c.planned {
             Some(p) => p.start,
@@ -298,7 +308,7 @@ pub fn run_group(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSumma
         if current != stages.refs {
             tracing::warn!(
                 group,
-                "this member brings other plugins than the group's current ones (a rolling upgrade): {:?} instead of {:?}; members that start without --plugin take these",
+                "this member brings other plugins than the group's current ones (a rolling upgrade): {:?} instead of {:?}; members that start without --plugin take these from now on, and running members keep theirs. If the group's plugins came from `host group swap`, this undoes that swap for new members: start members without --plugin to run the group's current plugins",
                 stages.refs.iter().map(|r| &r.digest).collect::<Vec<_>>(),
                 current.iter().map(|r| &r.digest).collect::<Vec<_>>()
             );
@@ -462,6 +472,17 @@ fn run_member(
                             )?);
                             low
                         }
+                        n if n > high => {
+                            // Nothing can be read there: a reset past the
+                            // log, or a topic deleted and created again.
+                            return Err(EngineError::BeyondEnd {
+                                topic: tp.0.clone(),
+                                partition: tp.1,
+                                position: n,
+                                high,
+                                reset: cfg.reset_command(&tp.0),
+                            });
+                        }
                         n => n,
                     };
                     if next != h.next {
@@ -491,7 +512,19 @@ fn run_member(
             // than partitions) is done too, once the group had time to
             // assign it something.
             let joined = source.context().rebalanced();
-            if !joined && started_at.elapsed() > cfg.kafka_timeout.max(Duration::from_secs(60)) {
+            // A join can wait out a rebalance that waits out a departed
+            // member's session timeout (librdkafka's mock cluster does so
+            // even after a LeaveGroup), twice in a row.
+            let session = cfg
+                .kafka
+                .get("session.timeout.ms")
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(45_000);
+            let join_wait = cfg
+                .kafka_timeout
+                .max(Duration::from_secs(60))
+                .max(Duration::from_millis(2 * session) + Duration::from_secs(10));
+            if !joined && started_at.elapsed() > join_wait {
                 return Err(EngineError::Source(crate::source::SourceError::Client(
                     format!(
                         "no assignment from the consumer group {group} after {} s: the group coordinator did not let this member join (check the brokers, the group name and the broker's log)",
