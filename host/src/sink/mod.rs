@@ -364,30 +364,9 @@ impl SinkDriver {
         topic: &str,
         partition: i32,
     ) -> Result<Option<(i64, i64)>, SinkError> {
-        let Some(g) = &self.sql else {
-            return Ok(None);
-        };
-        let rows = g
-            .lock()
-            .backend()
-            .query(
-                &format!(
-                    "SELECT end_offset, updated_at_ms FROM {} WHERE query_id = $1 AND topic = $2 AND \"partition\" = $3",
-                    self.tables.progress
-                ),
-                &[
-                    crate::capability::sql::SqlValue::Text(query_id.to_string()),
-                    crate::capability::sql::SqlValue::Text(topic.to_string()),
-                    crate::capability::sql::SqlValue::Integer(partition.into()),
-                ],
-            )
-            .map_err(|error| SinkError::Sql {
-                during: "reading sluice_progress",
-                site: format!("{topic}/{partition}"),
-                error,
-            })?;
         use crate::capability::sql::SqlValue;
-        Ok(match rows.rows.first().map(Vec::as_slice) {
+        let row = self.progress_columns("end_offset, updated_at_ms", query_id, topic, partition)?;
+        Ok(match row.as_deref() {
             Some([SqlValue::Integer(end), SqlValue::Integer(at)]) => Some((*end, *at)),
             _ => None,
         })
@@ -405,15 +384,32 @@ impl SinkDriver {
         partition: i32,
     ) -> Result<crate::checkpoint::Epoch, SinkError> {
         use crate::capability::sql::SqlValue;
+        let row = self.progress_columns("epoch", query_id, topic, partition)?;
+        Ok(match row.as_deref() {
+            Some([SqlValue::Integer(e)]) => crate::checkpoint::Epoch::new(*e as u64),
+            _ => crate::checkpoint::Epoch::default(),
+        })
+    }
+
+    /// `columns` of `query_id`'s progress row on `topic/partition` (`None`:
+    /// no row, or no SQL capability).
+    fn progress_columns(
+        &self,
+        columns: &str,
+        query_id: &str,
+        topic: &str,
+        partition: i32,
+    ) -> Result<Option<Vec<crate::capability::sql::SqlValue>>, SinkError> {
+        use crate::capability::sql::SqlValue;
         let Some(g) = &self.sql else {
-            return Ok(crate::checkpoint::Epoch::default());
+            return Ok(None);
         };
         let rows = g
             .lock()
             .backend()
             .query(
                 &format!(
-                    "SELECT epoch FROM {} WHERE query_id = $1 AND topic = $2 AND \"partition\" = $3",
+                    "SELECT {columns} FROM {} WHERE query_id = $1 AND topic = $2 AND \"partition\" = $3",
                     self.tables.progress
                 ),
                 &[
@@ -427,10 +423,7 @@ impl SinkDriver {
                 site: format!("{topic}/{partition}"),
                 error,
             })?;
-        Ok(match rows.rows.first().map(Vec::as_slice) {
-            Some([SqlValue::Integer(e)]) => crate::checkpoint::Epoch::new(*e as u64),
-            _ => crate::checkpoint::Epoch::default(),
-        })
+        Ok(rows.rows.into_iter().next())
     }
 
     /// The statement that deletes the progress rows of `query_id`.
