@@ -523,10 +523,13 @@ fn a_group_reset_moves_the_group_and_a_running_member_follows() {
     let (code, out) = reset(&["--to", back, "--reapply"]);
     assert_eq!(code, Some(3), "{out}");
     assert!(out.contains("live members"), "{out}");
+    let (code, out) = reset(&["--to", back, "--reapply", "--dry-run"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("would be refused (exit 3)"), "{out}");
     let (code, out) = reset(&["--to", back, "--reapply", "--force"]);
     assert_eq!(code, Some(0), "{out}");
     assert!(
-        out.contains("events/0: applied to 50 -> reads from 20 next; [20, 50) applied again"),
+        out.contains("events/0: applied to 50 -> reads from 20 next; [20, 50) applied (again"),
         "{out}"
     );
     produce(&mock, "events", 100, 10, 2);

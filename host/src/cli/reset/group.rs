@@ -166,7 +166,9 @@ pub fn run(a: GroupResetArgs) -> Result<(), CliError> {
             format!(" (in flight [{s}, {e}), abandoned)")
         });
         let why = match (end, from) {
-            (Some(e), Some(f)) if f < e => format!("; [{f}, {e}) applied again"),
+            (Some(e), Some(f)) if f < e => {
+                format!("; [{f}, {e}) applied (again, where it was applied before)")
+            }
             (Some(e), Some(f)) if f == e && *to < e => {
                 format!(
                     "; [{to}, {e}) is applied already and stays so (--reapply applies it again)"
@@ -194,6 +196,12 @@ pub fn run(a: GroupResetArgs) -> Result<(), CliError> {
     }
     if a.dry_run {
         outln!("dry run: nothing was changed")?;
+        if !live.is_empty() && !a.force {
+            outln!(
+                "members are live ({}): the reset itself would be refused (exit 3) until they stop, or with --force",
+                live.join(", ")
+            )?;
+        }
         return Ok(());
     }
     let by = format!("pid {} on {}", std::process::id(), crate::util::hostname());
