@@ -78,12 +78,13 @@ impl GroupStore {
         })
     }
 
-    /// `member` is alive: its `seen_at_ms` becomes now (a heartbeat; no
-    /// effect before its first [`GroupStore::report`]).
+    /// `member` is alive: its `seen_at_ms` becomes now (a heartbeat).
+    /// False when it has no row (never reported, or deleted by hand): the
+    /// caller reports again.
     ///
     /// # Errors
     /// [`GroupError::Db`].
-    pub fn touch(&self, member: &str) -> Result<(), GroupError> {
+    pub fn touch(&self, member: &str) -> Result<bool, GroupError> {
         self.tx(|b| {
             b.execute(
                 &format!(
@@ -96,7 +97,7 @@ impl GroupStore {
                     SqlValue::Integer(crate::util::now_ms()),
                 ],
             )
-            .map(drop)
+            .map(|n| n > 0)
             .map_err(self.err("recording this member"))
         })
     }

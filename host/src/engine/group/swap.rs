@@ -6,9 +6,9 @@
 //! new digests. A swap that cannot be loaded leaves the member on its old
 //! plugins, and the member's row says why (`host group status`).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, TryRecvError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::capability::sql::SqlGrant;
@@ -48,7 +48,13 @@ pub(super) struct GroupSwaps {
     last_check: Instant,
     /// Stops the heartbeat thread.
     alive: Arc<AtomicBool>,
+    /// What was last reported, for the heartbeat to write again.
+    reported: Arc<Mutex<Reported>>,
 }
+
+/// A member's report: its plugins, the last swap acted on, why that swap
+/// was not installed.
+type Reported = (Vec<crate::checkpoint::PluginRef>, u64, Option<String>);
 
 impl GroupSwaps {
     /// Start watching after the member joined with `stages`. `seen` is
@@ -67,14 +73,29 @@ impl GroupSwaps {
     ) -> Result<Self, crate::checkpoint::group::GroupError> {
         store.report(&member, &stages.refs, seen, None)?;
         let alive = Arc::new(AtomicBool::new(true));
-        let (beat, who, running) = (store.clone(), member.clone(), alive.clone());
+        let reported = Arc::new(Mutex::new((stages.refs.clone(), seen, None)));
+        let (beat, who, running, state) = (
+            store.clone(),
+            member.clone(),
+            alive.clone(),
+            reported.clone(),
+        );
         std::thread::spawn(move || {
             let mut last = Instant::now();
             while running.load(Ordering::Relaxed) {
                 std::thread::sleep(Duration::from_millis(200));
                 if last.elapsed() >= HEARTBEAT_EVERY && running.load(Ordering::Relaxed) {
                     last = Instant::now();
-                    if let Err(e) = beat.touch(&who) {
+                    // A row that is gone (deleted by hand) is written again.
+                    let r = beat.touch(&who).and_then(|found| {
+                        if found {
+                            return Ok(());
+                        }
+                        let (refs, seen, error): Reported =
+                            state.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                        beat.report(&who, &refs, seen, error.as_deref())
+                    });
+                    if let Err(e) = r {
                         tracing::warn!("could not record that this member is alive: {e}");
                     }
                 }
@@ -89,6 +110,7 @@ impl GroupSwaps {
             pending: None,
             last_check: Instant::now(),
             alive,
+            reported,
         })
     }
 
@@ -158,12 +180,15 @@ impl GroupSwaps {
                 Err(e) => tracing::warn!("could not read the group's swaps: {e}"),
             }
         }
-        if changed
-            && let Err(e) =
+        if changed {
+            *self.reported.lock().unwrap_or_else(|p| p.into_inner()) =
+                (stages.refs.clone(), self.seen, self.error.clone());
+            if let Err(e) =
                 self.store
                     .report(&self.member, &stages.refs, self.seen, self.error.as_deref())
-        {
-            tracing::warn!("could not record this member's state in the group: {e}");
+            {
+                tracing::warn!("could not record this member's state in the group: {e}");
+            }
         }
         installed
     }
