@@ -337,22 +337,6 @@ impl SinkDriver {
             })
     }
 
-    /// The end offset `query_id`'s progress row shows applied on
-    /// `topic/partition` (`None`: no row).
-    ///
-    /// # Errors
-    /// [`SinkError::Sql`].
-    pub fn applied_end(
-        &self,
-        query_id: &str,
-        topic: &str,
-        partition: i32,
-    ) -> Result<Option<i64>, SinkError> {
-        Ok(self
-            .applied(query_id, topic, partition)?
-            .map(|(end, _)| end))
-    }
-
     /// The end offset applied and when the row was last written (ms since
     /// the Unix epoch), for `query_id` on `topic/partition`.
     ///
@@ -372,22 +356,26 @@ impl SinkDriver {
         })
     }
 
-    /// The epoch `query_id`'s progress row on `topic/partition` was last
-    /// written with (0: no row). A pipeline group claims above it.
+    /// The end offset `query_id`'s progress row on `topic/partition` shows
+    /// applied, and the epoch it was last written with (`None`: no row):
+    /// a pipeline group's claim reads on from that end, and takes an epoch
+    /// above that one.
     ///
     /// # Errors
     /// [`SinkError::Sql`].
-    pub fn written_epoch(
+    pub fn applied_end_and_epoch(
         &self,
         query_id: &str,
         topic: &str,
         partition: i32,
-    ) -> Result<crate::checkpoint::Epoch, SinkError> {
+    ) -> Result<Option<(i64, crate::checkpoint::Epoch)>, SinkError> {
         use crate::capability::sql::SqlValue;
-        let row = self.progress_columns("epoch", query_id, topic, partition)?;
+        let row = self.progress_columns("end_offset, epoch", query_id, topic, partition)?;
         Ok(match row.as_deref() {
-            Some([SqlValue::Integer(e)]) => crate::checkpoint::Epoch::new(*e as u64),
-            _ => crate::checkpoint::Epoch::default(),
+            Some([SqlValue::Integer(end), SqlValue::Integer(e)]) => {
+                Some((*end, crate::checkpoint::Epoch::new(*e as u64)))
+            }
+            _ => None,
         })
     }
 

@@ -27,6 +27,22 @@ pub struct MemberRow {
     pub seen_at_ms: i64,
 }
 
+/// A member not seen for this long (ms) counts as gone: a live member's
+/// heartbeat writes its row every 5 s.
+pub const GONE_AFTER_MS: i64 = 30_000;
+
+impl MemberRow {
+    /// How long ago (ms) the member last reported, as of `now_ms`.
+    pub fn seen_ago_ms(&self, now_ms: i64) -> i64 {
+        now_ms.saturating_sub(self.seen_at_ms)
+    }
+
+    /// Whether the member reported within [`GONE_AFTER_MS`] of `now_ms`.
+    pub fn live(&self, now_ms: i64) -> bool {
+        self.seen_ago_ms(now_ms) <= GONE_AFTER_MS
+    }
+}
+
 /// A swap asked of the group.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Swap {

@@ -989,7 +989,7 @@ impl GroupStore {
 }
 
 mod members;
-pub use members::{MemberRow, Swap};
+pub use members::{GONE_AFTER_MS, MemberRow, Swap};
 
 #[cfg(test)]
 mod tests;

@@ -13,10 +13,6 @@ use crate::checkpoint::{Fingerprint, PluginRef};
 mod status;
 mod swap;
 
-/// A member not seen for this long (ms) is shown as gone: live members
-/// report every few seconds.
-pub(super) const GONE_AFTER_MS: i64 = 30_000;
-
 /// `host group …` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum GroupCommand {

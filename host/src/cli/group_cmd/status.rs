@@ -4,7 +4,7 @@
 use clap::Args;
 use serde::Serialize;
 
-use super::{CliError, GONE_AFTER_MS, GroupDb};
+use super::{CliError, GroupDb};
 use crate::checkpoint::group::{MemberRow, PartitionRow};
 use crate::sink::SinkDriver;
 use crate::util::{now_ms, rfc3339_ms};
@@ -163,7 +163,8 @@ pub(super) fn status(a: StatusArgs) -> Result<(), CliError> {
 
 /// One member's line: what it runs, its last swap, when it was seen.
 fn show_member(m: &MemberRow) -> String {
-    let age = now_ms().saturating_sub(m.seen_at_ms);
+    let now = now_ms();
+    let age = m.seen_ago_ms(now);
     let plugins: Vec<String> = m
         .plugins
         .iter()
@@ -181,7 +182,7 @@ fn show_member(m: &MemberRow) -> String {
         plugins.join(", "),
         rfc3339_ms(m.seen_at_ms),
         age / 1000,
-        if age > GONE_AFTER_MS {
+        if !m.live(now) {
             ": gone, or stopped without leaving"
         } else {
             ""

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 
-use super::{CliError, ExitCode, GONE_AFTER_MS, GroupDb, WithCode};
+use super::{CliError, ExitCode, GroupDb, WithCode};
 use crate::checkpoint::StageKind;
 use crate::cli::parse_duration;
 use crate::cli::swap_cmd::SwapStage;
@@ -112,7 +112,7 @@ pub(super) fn swap(a: SwapArgs) -> Result<(), CliError> {
             .store
             .members()?
             .into_iter()
-            .filter(|m| now_ms().saturating_sub(m.seen_at_ms) <= GONE_AFTER_MS)
+            .filter(|m| m.live(now_ms()))
             .collect();
         let waiting: Vec<&str> = live
             .iter()

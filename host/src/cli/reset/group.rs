@@ -26,7 +26,7 @@ use clap::Args;
 
 use super::targets::{Target, ask_broker, targets};
 use super::{kafka_properties, moving_topics};
-use crate::cli::group_cmd::{GONE_AFTER_MS, GroupDb};
+use crate::cli::group_cmd::GroupDb;
 use crate::cli::{CliError, ExitCode, WithCode};
 use crate::sink::SinkDriver;
 use crate::sink::applied::AppliedSet;
@@ -84,18 +84,13 @@ pub fn run(a: GroupResetArgs) -> Result<(), CliError> {
     let group = a.db.group.clone();
     let o = a.db.open()?;
     let moving = moving_topics(&a.topics, &o.fingerprint.topics)?;
+    let now = now_ms();
     let live: Vec<String> = o
         .store
         .members()?
         .into_iter()
-        .filter(|m| now_ms().saturating_sub(m.seen_at_ms) <= GONE_AFTER_MS)
-        .map(|m| {
-            format!(
-                "{} (seen {} s ago)",
-                m.member,
-                now_ms().saturating_sub(m.seen_at_ms) / 1000
-            )
-        })
+        .filter(|m| m.live(now))
+        .map(|m| format!("{} (seen {} s ago)", m.member, m.seen_ago_ms(now) / 1000))
         .collect();
     if !live.is_empty() && !a.force && !a.dry_run {
         return Err(anyhow!(

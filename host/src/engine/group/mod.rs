@@ -58,9 +58,8 @@ struct Member {
     owner: String,
     /// Where a partition with no progress row starts: `--starting-offsets`
     /// during the first assignment of a new group, the log start after
-    /// that (partitions that appear later, as the design says); the flag
-    /// says the first assignment is over.
-    starting: Mutex<(StartingOffsets, bool)>,
+    /// that (partitions that appear later, as the design says).
+    starting: Mutex<StartingOffsets>,
     held: Mutex<BTreeMap<TopicPartition, Held>>,
     /// The Kafka member id the coordinator gave this member (recorded
     /// with each claim).
@@ -92,13 +91,14 @@ impl Member {
             topic,
             partition,
             holder,
+            now,
             ..
         } = e
         else {
             return false;
         };
         let tp = (topic.clone(), *partition);
-        let gone = matches!(e, GroupError::Fenced { now, .. } if now.get() == 0);
+        let gone = now.get() == 0;
         if gone || holder.starts_with(crate::checkpoint::group::RESET_OWNER) {
             tracing::warn!(
                 topic,
@@ -140,26 +140,21 @@ impl Member {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        let floor = self
+        let applied = self
             .driver
-            .written_epoch(&self.group, topic, *partition)
+            .applied_end_and_epoch(&self.group, topic, *partition)
             .map_err(|e| e.to_string())?;
+        let floor = applied.map(|(_, epoch)| epoch).unwrap_or_default();
         let c = self
             .store
             .claim(topic, *partition, (&self.owner, &member_id), floor)
             .map_err(|e| e.to_string())?;
-        let next = match &c.planned {
-            Some(p) => p.start,
-            None => match self
-                .driver
-                .applied_end(&self.group, topic, *partition)
-                .map_err(|e| e.to_string())?
-            {
-                Some(end) => end,
-                None => match self.starting.lock().unwrap_or_else(|p| p.into_inner()).0 {
-                    StartingOffsets::Earliest => START_EARLIEST,
-                    StartingOffsets::Latest => START_LATEST,
-                },
+        let next = match (&c.planned, applied) {
+            (Some(p), _) => p.start,
+            (None, Some((end, _))) => end,
+            (None, None) => match *self.starting.lock().unwrap_or_else(|p| p.into_inner()) {
+                StartingOffsets::Earliest => START_EARLIEST,
+                StartingOffsets::Latest => START_LATEST,
             },
         };
         let from = match next {
@@ -205,10 +200,7 @@ impl Membership for Member {
             })
             .collect();
         if !partitions.is_empty() {
-            let mut s = self.starting.lock().unwrap_or_else(|p| p.into_inner());
-            if !s.1 {
-                *s = (StartingOffsets::Earliest, true);
-            }
+            *self.starting.lock().unwrap_or_else(|p| p.into_inner()) = StartingOffsets::Earliest;
         }
         claims
     }
@@ -349,7 +341,7 @@ pub fn run_group(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSumma
         driver: driver.clone(),
         group: group.clone(),
         owner,
-        starting: Mutex::new((starting, false)),
+        starting: Mutex::new(starting),
         held: Mutex::new(BTreeMap::new()),
         member_id: Mutex::new(String::new()),
     });
@@ -412,6 +404,18 @@ fn run_member(
     let mut batch_id = 0u64;
     let started_at = Instant::now();
     let mut joined_at = Instant::now();
+    // A join can wait out a rebalance that waits out a departed member's
+    // session timeout (librdkafka's mock cluster does so even after a
+    // LeaveGroup), twice in a row.
+    let session = cfg
+        .kafka
+        .get("session.timeout.ms")
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(45_000);
+    let join_wait = cfg
+        .kafka_timeout
+        .max(Duration::from_secs(60))
+        .max(Duration::from_millis(2 * session) + Duration::from_secs(10));
     loop {
         if stop.load(Ordering::Relaxed) {
             tracing::info!("stop requested: the last batch is committed, leaving the group");
@@ -512,18 +516,6 @@ fn run_member(
             // than partitions) is done too, once the group had time to
             // assign it something.
             let joined = source.context().rebalanced();
-            // A join can wait out a rebalance that waits out a departed
-            // member's session timeout (librdkafka's mock cluster does so
-            // even after a LeaveGroup), twice in a row.
-            let session = cfg
-                .kafka
-                .get("session.timeout.ms")
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(45_000);
-            let join_wait = cfg
-                .kafka_timeout
-                .max(Duration::from_secs(60))
-                .max(Duration::from_millis(2 * session) + Duration::from_secs(10));
             if !joined && started_at.elapsed() > join_wait {
                 return Err(EngineError::Source(crate::source::SourceError::Client(
                     format!(

@@ -116,7 +116,8 @@ impl GroupSwaps {
 
     /// At a batch boundary: install a swap that compiled (the batch
     /// `next_batch` is the first to run it), start compiling a newer one,
-    /// and refresh the member's row now and then. Store errors are logged,
+    /// and record the member's row when any of that changed (the heartbeat
+    /// thread keeps it fresh otherwise). Store errors are logged,
     /// not returned: the pipeline goes on with the plugins it has. True
     /// when a swap was installed.
     pub(super) fn at_boundary(
