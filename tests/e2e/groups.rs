@@ -198,7 +198,12 @@ fn two_members_apply_each_record_once() {
         assert_eq!(v["members"], serde_json::json!([]), "{v}");
         assert_eq!(v["unclaimed"], serde_json::json!([]), "{v}");
         // The ends applied are in the Kafka group too (for dashboards).
-        assert_eq!(kafka_committed(&mock, "g1"), vec![100; 6], "{}", db.name);
+        assert_eq!(
+            kafka_committed(&mock, "g1"),
+            vec![100; 6],
+            "{}\n--- a\n{la}\n--- b\n{lb}",
+            db.name
+        );
         let none = std::process::Command::new(crate::support::host_bin())
             .args(["group", "status", "--sink-db", &db.url, "--group", "nope"])
             .output()
@@ -384,6 +389,87 @@ fn a_member_frozen_mid_part_holds_the_group_up_only_until_its_session_ends() {
     let log_b = b.log();
     assert_eq!(code_b, Some(0), "b, fenced, goes on:\n{log_b}");
     assert!(log_b.contains("fenced"), "b was not fenced:\n{log_b}");
+    assert_exactly_once(&db, 600);
+}
+
+/// Revoke = drain, then release. A member alone on 6 partitions is in the
+/// middle of a part (paused before its commit) when a second member
+/// joins and the coordinator revokes half of its partitions. The member
+/// answers the revoke during its batch, without waiting for the batch to
+/// end: if the part in flight is of a revoked partition, the revoke is
+/// acknowledged only once that part has ended (the newcomer claims
+/// nothing before), else at once (the newcomer claims its partitions
+/// while the part is still paused). Either way the batch goes on with the
+/// partitions kept and commits them, and every record is counted once.
+#[test]
+fn a_revoke_mid_batch_drains_the_part_in_flight_and_commits_the_rest() {
+    let db = Db::postgres();
+    let mock = Mock::new();
+    mock.create_topic("events", 6);
+    produce(&mock, "events", 0, 600, 6);
+    let dir = tempfile::tempdir().unwrap();
+    let resume = dir.path().join("resume");
+    let resume_s = resume.display().to_string();
+    let mut a = HostProcess::spawn(
+        &member_args(&mock, &db, "g-drain", &[]),
+        &[
+            ("SLUICE_FAILPOINT", "sink:before-db-commit"),
+            ("SLUICE_FAILPOINT_RESUME_FILE", &resume_s),
+        ],
+    );
+    let within = Duration::from_secs(60);
+    a.wait_for("FAILPOINT sink:before-db-commit", within);
+    let mut b = HostProcess::start(&member_args(&mock, &db, "g-drain", &[]));
+    let logs = |a: &HostProcess, b: &HostProcess| format!("--- a\n{}\n--- b\n{}", a.log(), b.log());
+    let waiting = "revoked while a part of it is being applied";
+    let started = Instant::now();
+    let drained = loop {
+        if a.logged(waiting, Duration::ZERO).is_some() {
+            break true;
+        }
+        if b.logged("claimed", Duration::ZERO).is_some() {
+            break false;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(90),
+            "no rebalance reached the paused member\n{}",
+            logs(&a, &b)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    eprintln!(
+        "the part in flight is of a {} partition",
+        if drained { "revoked" } else { "kept" }
+    );
+    if drained {
+        // The revoke waits for the part: the newcomer gets nothing yet.
+        std::thread::sleep(Duration::from_secs(3));
+        assert!(
+            b.logged("claimed", Duration::ZERO).is_none(),
+            "the revoke was acknowledged while a part of a revoked partition was in flight\n{}",
+            logs(&a, &b)
+        );
+    } else {
+        // Released at once: the part in flight is of a partition kept.
+        assert!(!resume.exists());
+        assert!(
+            a.logged(waiting, Duration::ZERO).is_none(),
+            "{}",
+            logs(&a, &b)
+        );
+    }
+    std::fs::write(&resume, b"").unwrap();
+    b.wait_for("claimed", within);
+    wait_for_count(&db, 600, "both members apply everything", within, &[&a, &b]);
+    a.wait_for("committing batch 1 without", within);
+    std::thread::sleep(Duration::from_secs(1));
+    let log_a = a.log();
+    assert!(
+        !log_a.contains("a rebalance took a partition"),
+        "the batch was given up instead of committed for the partitions kept\n{log_a}"
+    );
+    assert_eq!(a.term(), Some(0), "{}", logs(&a, &b));
+    assert_eq!(b.term(), Some(0), "{}", logs(&a, &b));
     assert_exactly_once(&db, 600);
 }
 

@@ -21,6 +21,7 @@ use crate::source::{KafkaSource, Piece, SourceRecord, TopicPartition};
 
 use super::policy::{Rejection, on_bad_record, on_data_loss, with_retries};
 use super::progress::ms;
+use super::revoke::Revocations;
 use super::sink_thread::{SINK_QUEUE, SinkJob, SinkPolicy, run_sink};
 use super::stages::Stages;
 use super::{EngineError, ErrorPolicy, PipelineConfig};
@@ -125,6 +126,9 @@ pub(super) struct BatchRun<'a> {
     ctx: CallContext,
     /// Per-partition owner epochs of a group member ([`BatchEnv::epochs`]).
     epochs: Option<&'a BTreeMap<TopicPartition, Epoch>>,
+    /// A group member's partitions dropped during the batch
+    /// ([`BatchEnv::revocations`]).
+    revocations: Option<&'a Revocations>,
     metrics: &'a Metrics,
     stop: &'a AtomicBool,
     states: Vec<RangeState>,
@@ -139,6 +143,14 @@ pub(super) struct BatchRun<'a> {
 pub(super) const PIECE_QUEUE: usize = 4;
 
 impl BatchRun<'_> {
+    /// Whether range `i`'s partition was taken from this group member
+    /// during the batch: its records are no longer mapped or sunk.
+    fn dropped(&self, i: usize) -> bool {
+        let r = &self.entry.ranges[i];
+        self.revocations
+            .is_some_and(|rv| rv.is_dropped(&(r.topic.clone(), r.partition)))
+    }
+
     /// Map the next piece of range `i` and sink it as a part of the range,
     /// unless it is the range's last piece (`done`: [`BatchRun::finish`]
     /// sinks it, up to the planned end).
@@ -148,7 +160,7 @@ impl BatchRun<'_> {
         records: Vec<SourceRecord>,
         done: bool,
     ) -> Result<(), EngineError> {
-        if records.is_empty() {
+        if records.is_empty() || self.dropped(i) {
             return Ok(());
         }
         let range = &self.entry.ranges[i];
@@ -214,6 +226,9 @@ impl BatchRun<'_> {
 
     /// Range `i` is read and mapped: sink the rest of it.
     fn finish(&mut self, i: usize) -> Result<(), EngineError> {
+        if self.dropped(i) {
+            return Ok(());
+        }
         let range = &self.entry.ranges[i];
         let st = &mut self.states[i];
         if st.finished {
@@ -324,6 +339,15 @@ impl BatchRun<'_> {
     }
 }
 
+/// Sets its flag when dropped.
+struct SetOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for SetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
 /// What a batch runs with: the pipeline's parts, borrowed for one batch.
 pub(super) struct BatchEnv<'a> {
     pub(super) cfg: &'a PipelineConfig,
@@ -338,6 +362,11 @@ pub(super) struct BatchEnv<'a> {
     /// A pipeline group's member: each partition's own owner epoch, which
     /// its parts carry instead of `epoch` (the sink fences on it).
     pub(super) epochs: Option<&'a BTreeMap<TopicPartition, Epoch>>,
+    /// A pipeline group's member: the partitions a rebalance or the
+    /// database's fencing takes during the batch. Their parts not started
+    /// are abandoned, the batch goes on with the others, and the fetch
+    /// thread answers rebalances until the sink has finished.
+    pub(super) revocations: Option<&'a Revocations>,
     pub(super) metrics: &'a Metrics,
     /// Set when the user asked to stop: map no further piece.
     pub(super) stop: &'a AtomicBool,
@@ -370,6 +399,7 @@ pub(super) fn run_batch(
         query_id,
         epoch,
         epochs,
+        revocations,
         metrics,
         stop,
     } = env;
@@ -428,6 +458,8 @@ pub(super) fn run_batch(
     // of its range while the next is read and mapped.
     let mut fetch_time = Duration::ZERO;
     let cancel = AtomicBool::new(false);
+    // Set once the sink thread has ended: the fetch thread stops serving.
+    let sunk = AtomicBool::new(false);
     let (mut counts, map_time, report) = std::thread::scope(|s| {
         let sinker = s.spawn(|| {
             run_sink(
@@ -437,8 +469,12 @@ pub(super) fn run_batch(
                 &sink_policy,
                 metrics,
                 entry.ranges.len(),
+                revocations,
             )
         });
+        // Ends the fetch thread's serving even if this closure panics (the
+        // scope then joins the threads).
+        let _sunk_on_unwind = SetOnDrop(&sunk);
         // Owned by this closure, so that even a panic here drops the sink
         // queue's sender and the sink thread ends (the scope joins it).
         let mut run = BatchRun {
@@ -448,6 +484,7 @@ pub(super) fn run_batch(
             entry,
             ctx,
             epochs,
+            revocations,
             metrics,
             stop,
             states: entry.ranges.iter().map(|_| RangeState::default()).collect(),
@@ -460,12 +497,25 @@ pub(super) fn run_batch(
         let (tx, rx) = std::sync::mpsc::sync_channel::<Piece>(PIECE_QUEUE);
         let fetch_ranges = &ranges;
         let cancel_ref = &cancel;
+        let sunk_ref = &sunk;
         let fetcher = s.spawn(move || {
             let t = Instant::now();
             let r = source.fetch(fetch_ranges, MAP_PIECE_RECORDS, cancel_ref, &mut |p| {
                 tx.send(p).is_ok()
             });
-            (r, t.elapsed())
+            let took = t.elapsed();
+            drop(tx);
+            // A group member goes on answering the coordinator until the
+            // sink has applied the batch: a rebalance meanwhile is drained
+            // and released at once (see `revoke`), instead of waiting for
+            // the whole batch, and the other partitions keep running.
+            if r.is_ok() && revocations.is_some() {
+                source.pause();
+                while !sunk_ref.load(Ordering::Relaxed) {
+                    source.serve(Duration::from_millis(20));
+                }
+            }
+            (r, took)
         });
         let processed = (|| -> Result<(), EngineError> {
             // Planned ranges that a re-run found wholly deleted: nothing to
@@ -491,12 +541,14 @@ pub(super) fn run_batch(
         // Closes the sink queue: the sink thread applies what is queued and
         // ends.
         run.sink = None;
+        let report = sinker.join();
+        sunk.store(true, Ordering::Relaxed);
         let (fetched, took) = match fetcher.join() {
             Ok(v) => v,
             Err(panic) => std::panic::resume_unwind(panic),
         };
         fetch_time = took;
-        let report = match sinker.join() {
+        let report = match report {
             Ok(v) => v,
             Err(panic) => std::panic::resume_unwind(panic),
         };
@@ -519,8 +571,8 @@ pub(super) fn run_batch(
         // Every planned non-empty range must have been read, mapped and
         // handed to the sink (which applied every part) before the batch
         // may commit.
-        for (planned, state) in entry.ranges.iter().zip(&run.states) {
-            if planned.start != planned.end && !state.finished {
+        for (i, (planned, state)) in entry.ranges.iter().zip(&run.states).enumerate() {
+            if planned.start != planned.end && !state.finished && !run.dropped(i) {
                 return Err(EngineError::Internal(format!(
                     "the fetch ended without finishing {}/{} [{}, {})",
                     planned.topic, planned.partition, planned.start, planned.end
@@ -542,6 +594,8 @@ pub(super) fn run_batch(
     }
     counts.add(&report.counts);
     counts.output = counts.output.saturating_sub(report.rejected_outputs);
+    counts.input = counts.input.saturating_sub(report.abandoned.0);
+    counts.output = counts.output.saturating_sub(report.abandoned.1);
     timings.map = ms(map_time);
     timings.sink = ms(report.time);
     Ok(BatchDone {

@@ -24,7 +24,8 @@
 //! `sink_thread` applying the parts), `stages` loads, assembles and swaps
 //! the plugins, `error` holds [`EngineError`], `config` the settings,
 //! `policy` the error policy (bad records, lost data, retries),
-//! `progress` the per-batch report.
+//! `progress` the per-batch report, `revoke` what a group member's batch
+//! does when a rebalance takes some of its partitions.
 //!
 //! Invariants:
 //! - `offsets/N` is durable before any record of batch N is read; `commits/N`
@@ -45,6 +46,7 @@ mod group;
 mod plan;
 mod policy;
 mod progress;
+mod revoke;
 mod sink_thread;
 mod stages;
 mod startup;
@@ -206,6 +208,7 @@ pub fn run_with(
                 query_id: &p.query_id,
                 epoch: p.epoch,
                 epochs: None,
+                revocations: None,
                 metrics: &p.metrics,
                 stop: &stop,
             },

@@ -12,6 +12,7 @@ use crate::sink::{Applied, DeadLetter, PartitionBatch, SinkDriver, SinkError, Sk
 use crate::source::SourceRecord;
 
 use super::policy::{Rejection, on_bad_record, with_retries};
+use super::revoke::Revocations;
 use super::{EngineError, ErrorPolicy};
 use crate::checkpoint::Counts;
 
@@ -41,6 +42,10 @@ pub(super) struct SinkReport {
     pub(super) rejected_outputs: u64,
     /// Per range: the offsets found applied already and skipped.
     pub(super) already_applied: Vec<Skipped>,
+    /// Source records and outputs of parts abandoned because their
+    /// partition was taken from this group member (counted by the map
+    /// side when it handed them over).
+    pub(super) abandoned: (u64, u64),
     pub(super) time: Duration,
 }
 
@@ -63,6 +68,10 @@ pub(super) struct SinkPolicy {
 /// the error policy: under `dlq`/`skip` the part is applied again without
 /// it (and with its dead letter); under `fail` the batch stops. Stops at
 /// the first part that fails (the batch is then not committed).
+///
+/// For a group member (`revocations`), a part of a partition taken from
+/// it is not started, and a part the database fences drops its partition
+/// only; the other partitions' parts go on.
 pub(super) fn run_sink(
     jobs: std::sync::mpsc::Receiver<SinkJob>,
     mut sink: Option<&mut Instance>,
@@ -70,14 +79,29 @@ pub(super) fn run_sink(
     policy: &SinkPolicy,
     metrics: &Metrics,
     ranges: usize,
+    revocations: Option<&Revocations>,
 ) -> Result<SinkReport, EngineError> {
     let mut report = SinkReport {
         counts: Counts::default(),
         rejected_outputs: 0,
         already_applied: vec![Skipped::default(); ranges],
+        abandoned: (0, 0),
         time: Duration::ZERO,
     };
     for job in jobs {
+        let tp = (job.part.topic.clone(), job.part.partition);
+        // Held while the part is applied: a revoke of its partition waits
+        // for it (drain, then release).
+        let _in_flight = match revocations.map(|r| r.begin(&tp)) {
+            Some(None) => {
+                tracing::debug!(topic = %tp.0, partition = tp.1, "[{}, {}) abandoned: the partition was taken from this member", job.part.start_offset, job.part.end_offset);
+                report.abandoned.0 += job.records.len() as u64;
+                report.abandoned.1 += job.outputs.len() as u64;
+                continue;
+            }
+            Some(Some(guard)) => Some(guard),
+            None => None,
+        };
         // Source records the sink rejected in this part, and their dead
         // letters (policy `dlq`).
         let mut rejected: Vec<usize> = Vec::new();
@@ -128,7 +152,7 @@ pub(super) fn run_sink(
                     message,
                     error,
                 }) => (offset, message, error),
-                other => break other?,
+                other => break other,
             };
             let (path, digest) = match error.as_ref() {
                 PluginError::Stage { path, digest, .. } => {
@@ -166,6 +190,17 @@ pub(super) fn run_sink(
             rejected.push(src);
         };
         report.time += t.elapsed();
+        let applied = match (applied, revocations) {
+            (Err(SinkError::Group(e)), Some(r)) if e.is_fenced() => {
+                // Another member holds the partition: nothing of this part
+                // was applied, and no later part of it starts.
+                report.abandoned.0 += job.records.len() as u64;
+                report.abandoned.1 += job.outputs.len() as u64;
+                r.fenced(&tp, e);
+                continue;
+            }
+            (other, _) => other?,
+        };
         let skipped = match applied {
             Applied::Written {
                 dead_lettered,

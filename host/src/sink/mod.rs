@@ -357,26 +357,38 @@ impl SinkDriver {
     }
 
     /// The end offset `query_id`'s progress row on `topic/partition` shows
-    /// applied, and the epoch it was last written with (`None`: no row):
-    /// a pipeline group's claim reads on from that end, and takes an epoch
-    /// above that one.
+    /// applied, and the epoch it was last written with (`None`: no row),
+    /// read on `b` (a pipeline group's claim reads it on the group
+    /// store's connection, inside the claim's transaction: it reads on
+    /// from that end, and takes an epoch above that one).
     ///
     /// # Errors
-    /// [`SinkError::Sql`].
-    pub fn applied_end_and_epoch(
+    /// [`DbError`].
+    pub fn applied_end_and_epoch_on(
         &self,
+        b: &mut dyn crate::capability::sql::Backend,
         query_id: &str,
         topic: &str,
         partition: i32,
-    ) -> Result<Option<(i64, crate::checkpoint::Epoch)>, SinkError> {
+    ) -> Result<Option<(i64, crate::checkpoint::Epoch)>, DbError> {
         use crate::capability::sql::SqlValue;
-        let row = self.progress_columns("end_offset, epoch", query_id, topic, partition)?;
-        Ok(match row.as_deref() {
+        let rows = b.query(
+            &self.progress_select("end_offset, epoch"),
+            &progress_key(query_id, topic, partition),
+        )?;
+        Ok(match rows.rows.first().map(Vec::as_slice) {
             Some([SqlValue::Integer(end), SqlValue::Integer(e)]) => {
                 Some((*end, crate::checkpoint::Epoch::new(*e as u64)))
             }
             _ => None,
         })
+    }
+
+    fn progress_select(&self, columns: &str) -> String {
+        format!(
+            "SELECT {columns} FROM {} WHERE query_id = $1 AND topic = $2 AND \"partition\" = $3",
+            self.tables.progress
+        )
     }
 
     /// `columns` of `query_id`'s progress row on `topic/partition` (`None`:
@@ -388,7 +400,6 @@ impl SinkDriver {
         topic: &str,
         partition: i32,
     ) -> Result<Option<Vec<crate::capability::sql::SqlValue>>, SinkError> {
-        use crate::capability::sql::SqlValue;
         let Some(g) = &self.sql else {
             return Ok(None);
         };
@@ -396,15 +407,8 @@ impl SinkDriver {
             .lock()
             .backend()
             .query(
-                &format!(
-                    "SELECT {columns} FROM {} WHERE query_id = $1 AND topic = $2 AND \"partition\" = $3",
-                    self.tables.progress
-                ),
-                &[
-                    SqlValue::Text(query_id.to_string()),
-                    SqlValue::Text(topic.to_string()),
-                    SqlValue::Integer(partition.into()),
-                ],
+                &self.progress_select(columns),
+                &progress_key(query_id, topic, partition),
             )
             .map_err(|error| SinkError::Sql {
                 during: "reading sluice_progress",
@@ -542,6 +546,20 @@ impl SinkDriver {
             }
         }
     }
+}
+
+/// The parameters `$1 … $3` that name a progress row.
+fn progress_key(
+    query_id: &str,
+    topic: &str,
+    partition: i32,
+) -> [crate::capability::sql::SqlValue; 3] {
+    use crate::capability::sql::SqlValue;
+    [
+        SqlValue::Text(query_id.to_string()),
+        SqlValue::Text(topic.to_string()),
+        SqlValue::Integer(partition.into()),
+    ]
 }
 
 /// `open`, `write` in chunks, `close`.

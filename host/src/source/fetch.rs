@@ -118,19 +118,15 @@ impl KafkaSource {
 
     /// [`KafkaSource::position_for`] for a group member, whose partitions
     /// come from the coordinator: seek those whose range does not start
-    /// where the consumer stands; refuse a range of a partition not held.
+    /// where the consumer stands. A range of a partition no longer held
+    /// (a rebalance took it) is left alone: the caller drops it.
     fn seek_for(&mut self, ranges: &[PartitionRange]) -> Result<(), SourceError> {
-        self.sync_group();
+        // The changes stay for `sync_group`: the batch loop acts on them.
+        self.absorb_group_changes();
         let held = self.context().held();
         for r in ranges {
             let tp = (r.topic.clone(), r.partition);
-            if !held.contains(&tp) {
-                return Err(SourceError::Client(format!(
-                    "{}/{} is not assigned to this group member (a rebalance took it)",
-                    r.topic, r.partition
-                )));
-            }
-            if self.assigned.get(&tp) == Some(&r.start) {
+            if !held.contains(&tp) || self.assigned.get(&tp) == Some(&r.start) {
                 continue;
             }
             self.pending.remove(&tp);
@@ -207,7 +203,10 @@ impl KafkaSource {
     /// read. Pieces of one range come in offset order; the last piece of
     /// each non-empty range has `done` set (it may hold no records, e.g.
     /// when the range ends on a control record). Pieces of different ranges
-    /// interleave.
+    /// interleave. A group member reads only the partitions it holds: a
+    /// range of a partition it does not hold, or that a rebalance revokes
+    /// during the fetch, is not read further and gets no last piece (the
+    /// batch drops it; see [`super::group`]).
     ///
     /// # Errors
     /// [`SourceError::OutOfRange`] when a range was deleted from the log;
@@ -249,8 +248,15 @@ impl KafkaSource {
         let result = self.fetch_into(ranges, &active, &mut pieces);
         match result {
             Ok(()) => {
+                // A group member's partition revoked during the fetch has
+                // no position here any more.
+                let held = self.context().held();
+                let member = self.context().is_member();
                 for r in &active {
-                    self.assigned.insert((r.topic.clone(), r.partition), r.end);
+                    let tp = (r.topic.clone(), r.partition);
+                    if !member || held.contains(&tp) {
+                        self.assigned.insert(tp, r.end);
+                    }
                 }
                 Ok(())
             }
@@ -269,6 +275,21 @@ impl KafkaSource {
     ) -> Result<(), SourceError> {
         self.resume()?;
         self.position_for(active)?;
+        // A group member reads only the partitions it still holds; the
+        // ranges of the others are dropped from the batch (see
+        // `KafkaSource::member`).
+        let still: Vec<PartitionRange>;
+        let active = if self.context().is_member() {
+            let held = self.context().held();
+            still = active
+                .iter()
+                .filter(|r| held.contains(&(r.topic.clone(), r.partition)))
+                .cloned()
+                .collect();
+            &still[..]
+        } else {
+            active
+        };
         let index: HashMap<TopicPartition, usize> = ranges
             .iter()
             .enumerate()
@@ -331,20 +352,15 @@ impl KafkaSource {
             since_clock += 1;
             if since_clock >= CLOCK_EVERY {
                 since_clock = 0;
-                // A group member's partition taken by a rebalance ends the
-                // fetch: its range cannot complete here.
+                // A group member's partition taken by a rebalance is no
+                // longer read: its range is dropped from the batch, the
+                // others go on.
                 if self.context().is_member() {
                     self.absorb_group_changes();
-                    if let Some(tp) = self
-                        .group_changes
-                        .revoked
-                        .iter()
-                        .find(|tp| remaining.contains_key(*tp))
-                    {
-                        return Err(SourceError::Client(format!(
-                            "{}/{} was revoked from this group member during the fetch",
-                            tp.0, tp.1
-                        )));
+                    for tp in &self.group_changes.revoked {
+                        if remaining.remove(tp).is_some() {
+                            tracing::debug!(topic = %tp.0, partition = tp.1, "revoked during the fetch: no longer read");
+                        }
                     }
                 }
                 if progressed {

@@ -154,19 +154,42 @@ impl KafkaSource {
     }
 
     /// Commit `positions` to the consumer group given at creation (for lag
-    /// dashboards only; never read back). Does nothing without a group.
+    /// dashboards only; never read back), without waiting for the answer.
+    /// Does nothing without a group.
     pub fn commit_group(&self, positions: &BTreeMap<TopicPartition, i64>) {
-        if !self.commit_group {
-            return;
+        if let Err(e) = self.commit_group_with(positions, CommitMode::Async) {
+            tracing::warn!("informational consumer-group commit failed: {e}");
+        }
+    }
+
+    /// [`KafkaSource::commit_group`], waiting for the coordinator's answer
+    /// (before leaving the group: a commit made during a rebalance is
+    /// refused, and one still in flight when the consumer closes can be
+    /// lost).
+    ///
+    /// # Errors
+    /// The coordinator's refusal (`RebalanceInProgress`,
+    /// `IllegalGeneration`, …) or a client error, as text.
+    pub fn commit_group_sync(
+        &self,
+        positions: &BTreeMap<TopicPartition, i64>,
+    ) -> Result<(), String> {
+        self.commit_group_with(positions, CommitMode::Sync)
+    }
+
+    fn commit_group_with(
+        &self,
+        positions: &BTreeMap<TopicPartition, i64>,
+        mode: CommitMode,
+    ) -> Result<(), String> {
+        if !self.commit_group || positions.is_empty() {
+            return Ok(());
         }
         let mut tpl = TopicPartitionList::new();
         for ((t, p), o) in positions {
-            if tpl.add_partition_offset(t, *p, Offset::Offset(*o)).is_err() {
-                return;
-            }
+            tpl.add_partition_offset(t, *p, Offset::Offset(*o))
+                .map_err(|e| e.to_string())?;
         }
-        if let Err(e) = self.consumer.commit(&tpl, CommitMode::Async) {
-            tracing::warn!("informational consumer-group commit failed: {e}");
-        }
+        self.consumer.commit(&tpl, mode).map_err(|e| e.to_string())
     }
 }

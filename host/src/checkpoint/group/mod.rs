@@ -105,6 +105,13 @@ pub enum GroupError {
     },
 }
 
+impl GroupError {
+    /// Whether another member holds the partition now ([`GroupError::Fenced`]).
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, GroupError::Fenced { .. })
+    }
+}
+
 /// A planned range (the write-ahead of one partition's share of a batch).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Planned {
@@ -805,6 +812,46 @@ impl GroupStore {
             )),
             None => Err(self.bad_row(&self.tables.plugins, format!("no plugin {digest}"))),
         }
+    }
+
+    /// Claim `topic/partition` like [`GroupStore::claim`], and read the
+    /// partition's progress in the same transaction, after its row is
+    /// locked: `progress` reads, on the store's own connection, what was
+    /// applied and the epoch it was written with, which becomes the
+    /// claim's floor. Nobody can apply a part of the partition between
+    /// that read and the claim (a part locks the same row first), and the
+    /// read never runs inside a transaction the sink has open.
+    ///
+    /// # Errors
+    /// [`GroupError::Db`]; [`GroupError::BadRow`]; what `progress` returns.
+    pub fn claim_reading<T>(
+        &self,
+        topic: &str,
+        partition: i32,
+        (owner, member_id): (&str, &str),
+        progress: impl Fn(&mut dyn Backend) -> Result<(T, Epoch), GroupError>,
+    ) -> Result<(Claim, T), GroupError> {
+        self.tx(|b| {
+            b.query(
+                &format!(
+                    "SELECT owner_epoch FROM {} WHERE group_name = $1 AND topic = $2 AND \"partition\" = $3{}",
+                    self.tables.partitions,
+                    for_update(b)
+                ),
+                &row_key(&self.group, topic, partition),
+            )
+            .map_err(self.err("locking a partition's row"))?;
+            let (read, floor) = progress(b)?;
+            let claim = claim_on(
+                b,
+                &self.tables,
+                &self.group,
+                (topic, partition),
+                (owner, member_id),
+                floor,
+            )?;
+            Ok((claim, read))
+        })
     }
 
     /// Claim `topic/partition` for `owner` (pid, host) as Kafka member

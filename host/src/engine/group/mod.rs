@@ -11,8 +11,10 @@
 //! each under the partition's owner epoch; every sink part checks it in
 //! its own transaction. A fenced partition is dropped, not retried.
 //!
-//! Limits of this first version: a revoke during a fetch ends that batch
-//! (its finished parts stay applied; the planned ranges are taken over).
+//! A rebalance during a batch takes only the partitions it revokes: their
+//! part in flight ends before the revoke is acknowledged, the rest of
+//! their planned ranges is left to the next owner, and the batch goes on
+//! with the other partitions and commits them (`engine::revoke`).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -34,6 +36,7 @@ use super::batch::{BatchEnv, run_batch};
 use super::config::StartingOffsets;
 use super::policy::on_data_loss;
 use super::progress::{Progress, ms};
+use super::revoke::{DRAIN_WAIT, Revocations};
 use super::stages::{assemble, load_plugins};
 use super::{EngineError, PipelineConfig, RunSummary};
 
@@ -64,6 +67,9 @@ struct Member {
     /// The Kafka member id the coordinator gave this member (recorded
     /// with each claim).
     member_id: Mutex<String>,
+    /// The partitions a rebalance takes during a batch, and the part in
+    /// flight a revoke waits for.
+    revocations: Revocations,
 }
 
 impl Member {
@@ -140,14 +146,22 @@ impl Member {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        let applied = self
-            .driver
-            .applied_end_and_epoch(&self.group, topic, *partition)
-            .map_err(|e| e.to_string())?;
-        let floor = applied.map(|(_, epoch)| epoch).unwrap_or_default();
-        let c = self
+        // The progress is read in the claim's transaction, on the group
+        // store's connection: the sink's may have a part's transaction
+        // open (a claim comes from a rebalance during a batch).
+        let (c, applied) = self
             .store
-            .claim(topic, *partition, (&self.owner, &member_id), floor)
+            .claim_reading(topic, *partition, (&self.owner, &member_id), |b| {
+                let applied = self
+                    .driver
+                    .applied_end_and_epoch_on(b, &self.group, topic, *partition)
+                    .map_err(|error| GroupError::Db {
+                        group: self.group.clone(),
+                        during: "reading the partition's progress (sluice_progress)",
+                        error,
+                    })?;
+                Ok((applied, applied.map(|(_, e)| e).unwrap_or_default()))
+            })
             .map_err(|e| e.to_string())?;
         let next = match (&c.planned, applied) {
             (Some(p), _) => p.start,
@@ -206,6 +220,9 @@ impl Membership for Member {
     }
 
     fn revoked(&self, partitions: &[TopicPartition], lost: bool) {
+        // Drain, then release: no part of them starts from now on, and the
+        // one in flight ends before the revoke is acknowledged.
+        self.revocations.revoke(partitions, lost, DRAIN_WAIT);
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
         for tp in partitions {
             held.remove(tp);
@@ -344,6 +361,7 @@ pub fn run_group(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSumma
         starting: Mutex::new(starting),
         held: Mutex::new(BTreeMap::new()),
         member_id: Mutex::new(String::new()),
+        revocations: Revocations::default(),
     });
     let mut source = KafkaSource::member(
         &cfg.brokers,
@@ -382,9 +400,52 @@ pub fn run_group(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSumma
         &grant,
         &metrics,
     );
+    if r.is_ok() {
+        commit_before_leaving(&mut source, &member);
+    }
     swaps.leave();
     drop(source);
     r
+}
+
+/// How long a member that leaves tries to commit its applied ends to the
+/// Kafka group (informational offsets; the database is the checkpoint).
+const LEAVING_COMMIT_FOR: Duration = Duration::from_secs(15);
+
+/// Commit the ends applied of the partitions held to the Kafka group and
+/// wait for the answer, before the member leaves. A coordinator in the
+/// middle of a rebalance refuses commits (`RebalanceInProgress`,
+/// `IllegalGeneration`: another member just left or joined), so the
+/// member serves the group and tries again, for up to
+/// [`LEAVING_COMMIT_FOR`]; after that it leaves without (logged).
+fn commit_before_leaving(source: &mut KafkaSource, member: &Member) {
+    let until = Instant::now() + LEAVING_COMMIT_FOR;
+    loop {
+        let ends: BTreeMap<TopicPartition, i64> = member
+            .held()
+            .into_iter()
+            .filter(|(_, h)| h.planned.is_none() && h.next >= 0)
+            .map(|(tp, h)| (tp, h.next))
+            .collect();
+        match source.commit_group_sync(&ends) {
+            Ok(()) => return,
+            Err(e) if Instant::now() < until => {
+                tracing::debug!(
+                    "committing the applied ends to the Kafka group: {e}; trying again"
+                );
+                let pause = Instant::now() + Duration::from_millis(250);
+                while Instant::now() < pause {
+                    source.serve(Duration::from_millis(50));
+                }
+            }
+            Err(e) => {
+                tracing::info!(
+                    "the applied ends were not committed to the Kafka group ({e}); they are informational only, the sink database holds the checkpoint"
+                );
+                return;
+            }
+        }
+    }
 }
 
 /// The batch loop of [`run_group`].
@@ -439,7 +500,9 @@ fn run_member(
             metrics.swap();
         }
 
-        // Plan the partitions held.
+        // Plan the partitions held. Revokes answered between batches are
+        // in `held` already.
+        member.revocations.take();
         let started = Instant::now();
         let held = member.held();
         let mut ranges = Vec::new();
@@ -592,12 +655,19 @@ fn run_member(
                 query_id: group,
                 epoch: entry.epoch,
                 epochs: Some(&epochs),
+                revocations: Some(&member.revocations),
                 metrics,
                 stop,
             },
             &entry,
             rerun,
         );
+        // Partitions taken during the batch: revoked (drained and
+        // released already) or fenced by the database.
+        let (dropped, fenced) = member.revocations.take();
+        for e in &fenced {
+            member.drop_if_fenced(e);
+        }
         let done = match done {
             Ok(d) => d,
             Err(EngineError::Sink(SinkError::Group(e))) if member.drop_if_fenced(&e) => continue,
@@ -618,12 +688,33 @@ fn run_member(
             }
         };
 
-        // Commit: clear the planned ranges, still under our epochs.
+        // Commit the partitions still ours: clear their planned ranges,
+        // still under our epochs. A dropped partition's planned range is
+        // left to its next owner.
         let commit_started = Instant::now();
+        if !dropped.is_empty() {
+            let names: Vec<String> = dropped.iter().map(|(t, p)| format!("{t}/{p}")).collect();
+            tracing::info!(
+                batch = batch_id,
+                "committing batch {batch_id} without {}: taken from this member during the batch; its next owner runs the rest of the planned range",
+                names.join(", ")
+            );
+        }
+        let kept = |t: &String, p: &i32| !dropped.contains(&(t.clone(), *p));
         let finished: Vec<(String, i32, Epoch)> = parts
             .iter()
+            .filter(|(t, p, _, _)| kept(t, p))
             .map(|(t, p, e, _)| (t.clone(), *p, *e))
             .collect();
+        let ranges: Vec<PartitionRange> = ranges
+            .into_iter()
+            .filter(|r| kept(&r.topic, &r.partition))
+            .collect();
+        lag.retain(|(t, p), _| kept(t, p));
+        let entry = OffsetsEntry {
+            ranges: ranges.clone(),
+            ..entry
+        };
         // A partition another member took meanwhile is dropped; the others
         // are finished all the same.
         for e in store.finish(batch_id, &finished)? {

@@ -1,0 +1,250 @@
+//! Revoke = drain, then release (DESIGN.md, "Scale beyond one machine:
+//! pipeline groups"): what a group member's batch does when the group
+//! coordinator takes some of its partitions while the batch runs.
+//!
+//! [`Revocations`] is shared by the rebalance callback (which runs inside
+//! the consumer's poll, on the thread that fetches) and the batch's map
+//! and sink threads:
+//! - a **revoke** marks the partitions dropped, then waits until the part
+//!   of them the sink is applying now (if any) has finished, committed or
+//!   rolled back, before the callback acknowledges the revoke. The parts
+//!   of them not started yet are abandoned: their offsets stay in the
+//!   planned range in the database, which the next owner runs again with
+//!   the same bounds. So the next owner's claim never waits on this
+//!   member's open transaction, and a sink's side effects for one
+//!   partition never come from two members at once.
+//! - a **lost** assignment (the session timed out: another member may
+//!   own the partitions already) marks them dropped without waiting: no
+//!   part of them starts from then on.
+//! - a part **fenced** by the database (another member claimed the
+//!   partition) drops that partition only.
+//!
+//! Partitions not dropped keep running: the batch finishes them and
+//! commits them. Invariant: once a partition is dropped, no part of it
+//! starts in this batch ([`Revocations::begin`] refuses it).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::checkpoint::group::GroupError;
+use crate::source::TopicPartition;
+
+/// How long a revoke waits at most for a part in flight. A part is
+/// bounded by the plugin's call timeout, but one that meets lock
+/// contention is retried for up to `--sink-retry-for`; the consumer does
+/// not poll meanwhile, and librdkafka leaves the group after
+/// `max.poll.interval.ms` (5 min by default). After this wait the revoke
+/// is acknowledged anyway: the database's fencing still refuses the part
+/// if the next owner claims first.
+pub const DRAIN_WAIT: Duration = Duration::from_secs(60);
+
+/// Why a partition was dropped from the batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dropped {
+    /// A cooperative revoke: drained, then released.
+    Revoked,
+    /// The assignment was lost (session timeout).
+    Lost,
+    /// The database refused a part: another member holds the partition.
+    Fenced,
+}
+
+#[derive(Default)]
+struct State {
+    dropped: BTreeMap<TopicPartition, Dropped>,
+    /// The partition of the part the sink is applying now.
+    in_flight: Option<TopicPartition>,
+    /// The refusals behind [`Dropped::Fenced`], for the member to act on
+    /// after the batch.
+    fenced: Vec<GroupError>,
+}
+
+/// The partitions a running batch must no longer write, and the part in
+/// flight (see the module doc).
+#[derive(Default)]
+pub struct Revocations {
+    state: Mutex<State>,
+    /// Signalled when a part ends.
+    part_ended: Condvar,
+}
+
+/// A part being applied; ends it (and wakes a waiting revoke) on drop.
+pub struct InFlight<'a> {
+    of: &'a Revocations,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.of.lock().in_flight = None;
+        self.of.part_ended.notify_all();
+    }
+}
+
+impl Revocations {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The coordinator takes `partitions` (`lost`: the session timed out).
+    /// Marks them dropped; for a revoke, waits until no part of them is in
+    /// flight (at most `wait`), so that the caller acknowledges the revoke
+    /// only then. Returns whether a part had to be waited for.
+    pub fn revoke(&self, partitions: &[TopicPartition], lost: bool, wait: Duration) -> bool {
+        let mut st = self.lock();
+        for tp in partitions {
+            st.dropped.insert(
+                tp.clone(),
+                if lost {
+                    Dropped::Lost
+                } else {
+                    Dropped::Revoked
+                },
+            );
+        }
+        let busy = |st: &State| {
+            st.in_flight
+                .as_ref()
+                .is_some_and(|tp| partitions.contains(tp))
+        };
+        if lost || !busy(&st) {
+            return false;
+        }
+        let until = Instant::now() + wait;
+        if let Some((topic, partition)) = &st.in_flight {
+            tracing::info!(
+                topic,
+                partition,
+                "revoked while a part of it is being applied: acknowledging the revoke once that part has ended"
+            );
+        }
+        while busy(&st) {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                tracing::warn!(
+                    "a part of a revoked partition is still being applied after {} s: acknowledging the revoke anyway (the database refuses that part if the next owner claims the partition first)",
+                    wait.as_secs()
+                );
+                break;
+            }
+            st = self
+                .part_ended
+                .wait_timeout(st, left)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
+        true
+    }
+
+    /// The sink starts a part of `tp`: `None` when `tp` was dropped (the
+    /// part is abandoned), else a guard that ends the part when dropped.
+    pub fn begin(&self, tp: &TopicPartition) -> Option<InFlight<'_>> {
+        let mut st = self.lock();
+        if st.dropped.contains_key(tp) {
+            return None;
+        }
+        st.in_flight = Some(tp.clone());
+        Some(InFlight { of: self })
+    }
+
+    /// Whether `tp` was dropped from the batch.
+    pub fn is_dropped(&self, tp: &TopicPartition) -> bool {
+        self.lock().dropped.contains_key(tp)
+    }
+
+    /// A part of `tp` was refused: another member holds it (`why`).
+    pub fn fenced(&self, tp: &TopicPartition, why: GroupError) {
+        let mut st = self.lock();
+        st.dropped.entry(tp.clone()).or_insert(Dropped::Fenced);
+        st.fenced.push(why);
+    }
+
+    /// At a batch's end: the partitions dropped during it and the fencing
+    /// refusals, cleared for the next batch.
+    pub fn take(&self) -> (BTreeSet<TopicPartition>, Vec<GroupError>) {
+        let mut st = self.lock();
+        let dropped = std::mem::take(&mut st.dropped).into_keys().collect();
+        (dropped, std::mem::take(&mut st.fenced))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn tp(p: i32) -> TopicPartition {
+        ("t".to_string(), p)
+    }
+
+    #[test]
+    fn a_revoke_waits_for_the_part_in_flight_of_its_partitions_only() {
+        let r = Arc::new(Revocations::default());
+        // A part of another partition does not hold the revoke up.
+        let other = r.begin(&tp(1)).unwrap();
+        assert!(!r.revoke(&[tp(0)], false, Duration::from_secs(5)));
+        assert!(
+            r.begin(&tp(0)).is_none(),
+            "a dropped partition starts no part"
+        );
+        drop(other);
+
+        let part = r.begin(&tp(2)).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let r2 = r.clone();
+        let waiter = std::thread::spawn(move || {
+            let waited = r2.revoke(&[tp(2)], false, Duration::from_secs(30));
+            tx.send(Instant::now()).unwrap();
+            waited
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(
+            rx.try_recv().is_err(),
+            "the revoke returned before the part ended"
+        );
+        let ended = Instant::now();
+        drop(part);
+        let acknowledged = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert!(acknowledged >= ended);
+        assert!(waiter.join().unwrap());
+
+        let (dropped, fenced) = r.take();
+        assert_eq!(dropped, BTreeSet::from([tp(0), tp(2)]));
+        assert!(fenced.is_empty());
+        assert!(
+            r.begin(&tp(0)).is_some(),
+            "take starts the next batch afresh"
+        );
+    }
+
+    #[test]
+    fn a_lost_assignment_does_not_wait_and_a_stuck_part_is_waited_for_only_so_long() {
+        let r = Revocations::default();
+        let _part = r.begin(&tp(0)).unwrap();
+        let t = Instant::now();
+        assert!(!r.revoke(&[tp(0)], true, Duration::from_secs(30)));
+        assert!(t.elapsed() < Duration::from_secs(1));
+        let t = Instant::now();
+        assert!(r.revoke(&[tp(0)], false, Duration::from_millis(300)));
+        assert!(t.elapsed() >= Duration::from_millis(300));
+    }
+
+    #[test]
+    fn a_fenced_partition_is_dropped_and_its_refusal_kept() {
+        let r = Revocations::default();
+        r.fenced(
+            &tp(3),
+            GroupError::Fenced {
+                topic: "t".into(),
+                partition: 3,
+                ours: crate::checkpoint::Epoch::new(1),
+                now: crate::checkpoint::Epoch::new(2),
+                holder: "b".into(),
+            },
+        );
+        assert!(r.is_dropped(&tp(3)));
+        let (dropped, fenced) = r.take();
+        assert_eq!(dropped, BTreeSet::from([tp(3)]));
+        assert_eq!(fenced.len(), 1);
+    }
+}
