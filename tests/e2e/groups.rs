@@ -280,40 +280,45 @@ fn a_member_that_stops_hands_its_partitions_to_the_other() {
     );
 }
 
-/// Three members on one group; one is killed with SIGKILL (no leave, no
-/// commit), another is frozen with SIGSTOP past the session timeout and
-/// thawed later (a zombie): the coordinator moves their partitions, the
-/// new owners' claims fence the old ones, and every record is counted
-/// once.
+/// Three members on one group; one is killed with SIGKILL in the middle
+/// of a part (its transaction open), another is frozen with SIGSTOP past
+/// the session timeout and thawed later (a zombie), a fourth joins, and
+/// two are stopped with SIGTERM: the coordinator moves the partitions
+/// each time, the new owners' claims fence the old ones, and every
+/// record is counted once.
 #[test]
 fn a_killed_member_and_a_zombie_lose_and_double_nothing() {
     let db = Db::postgres();
     let mock = Mock::new();
     mock.create_topic("events", 6);
     produce(&mock, "events", 0, 300, 6);
-    let mut a = HostProcess::start(&member_args(&mock, &db, "g3", &[]));
+    let mut a = HostProcess::spawn(
+        &member_args(&mock, &db, "g3", &[]),
+        &[("SLUICE_FAILPOINT", "sink:after-write")],
+    );
     let mut b = HostProcess::start(&member_args(&mock, &db, "g3", &[]));
     let mut c = HostProcess::start(&member_args(&mock, &db, "g3", &[]));
-    let logs = |a: &HostProcess, b: &HostProcess, c: &HostProcess| {
-        format!("--- a\n{}\n--- b\n{}\n--- c\n{}", a.log(), b.log(), c.log())
+    let logs = |ms: &[&HostProcess]| {
+        ms.iter()
+            .enumerate()
+            .map(|(i, m)| format!("--- member {i}\n{}", m.log()))
+            .collect::<Vec<_>>()
+            .join("\n")
     };
     let within = Duration::from_secs(90);
+    // a stops inside its first part, after the sink wrote, before the
+    // commit; it is killed there.
+    a.wait_for("FAILPOINT sink:after-write", within);
+    a.kill();
     wait_for_count(
         &db,
         300,
-        "three members apply the first records",
+        "the others apply the first records, a's after its session ended",
         within,
         &[&a, &b, &c],
     );
-    a.kill();
     produce(&mock, "events", 300, 300, 6);
-    wait_for_count(
-        &db,
-        600,
-        "the others take over the killed member's partitions",
-        within,
-        &[&a, &b, &c],
-    );
+    wait_for_count(&db, 600, "two members go on", within, &[&a, &b, &c]);
     // b freezes past its session timeout (6 s); c takes everything.
     b.signal("STOP");
     std::thread::sleep(Duration::from_secs(9));
@@ -334,10 +339,31 @@ fn a_killed_member_and_a_zombie_lose_and_double_nothing() {
         within,
         &[&a, &b, &c],
     );
+    // A fourth member joins; then b and c are stopped with SIGTERM, and d
+    // takes everything.
+    let mut d = HostProcess::start(&member_args(&mock, &db, "g3", &[]));
+    d.wait_for("joined the pipeline group", within);
+    produce(&mock, "events", 1200, 300, 6);
+    wait_for_count(
+        &db,
+        1500,
+        "three members apply",
+        within,
+        &[&a, &b, &c, &d],
+    );
+    assert_eq!(c.term(), Some(0), "{}", logs(&[&a, &b, &c, &d]));
+    assert_eq!(b.term(), Some(0), "{}", logs(&[&a, &b, &c, &d]));
+    produce(&mock, "events", 1500, 300, 6);
+    wait_for_count(
+        &db,
+        1800,
+        "the fourth member takes over from the two stopped",
+        within,
+        &[&a, &b, &c, &d],
+    );
     std::thread::sleep(Duration::from_secs(1));
-    assert_eq!(c.term(), Some(0), "{}", logs(&a, &b, &c));
-    assert_eq!(b.term(), Some(0), "{}", logs(&a, &b, &c));
-    assert_exactly_once(&db, 1200);
+    assert_eq!(d.term(), Some(0), "{}", logs(&[&a, &b, &c, &d]));
+    assert_exactly_once(&db, 1800);
 }
 
 /// A member frozen in the middle of a part, its transaction open and the

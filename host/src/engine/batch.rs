@@ -509,9 +509,19 @@ pub(super) fn run_batch(
             // sink has applied the batch: a rebalance meanwhile is drained
             // and released at once (see `revoke`), instead of waiting for
             // the whole batch, and the other partitions keep running.
+            // Records that arrive meanwhile are kept for the next batch, up
+            // to about one batch's worth; then the partitions are paused
+            // (which drops what librdkafka had read ahead).
             if r.is_ok() && revocations.is_some() {
-                source.pause();
+                let ahead = fetch_ranges
+                    .iter()
+                    .map(|r| usize::try_from(r.end - r.start).unwrap_or(0))
+                    .sum::<usize>()
+                    .max(MAP_PIECE_RECORDS);
                 while !sunk_ref.load(Ordering::Relaxed) {
+                    if source.pending_records() >= ahead {
+                        source.pause();
+                    }
                     source.serve(Duration::from_millis(20));
                 }
             }

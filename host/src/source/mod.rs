@@ -397,6 +397,12 @@ impl KafkaSource {
         rdkafka::consumer::Consumer::context(&self.consumer)
     }
 
+    /// Records read ahead and kept for the next fetch (see
+    /// [`KafkaSource::serve`]).
+    pub fn pending_records(&self) -> usize {
+        self.pending.values().map(VecDeque::len).sum()
+    }
+
     /// Serve the consumer for up to `timeout` without fetching a batch:
     /// rebalances and group heartbeats happen here; records that arrive
     /// are kept for the next fetch.
