@@ -344,13 +344,7 @@ fn a_killed_member_and_a_zombie_lose_and_double_nothing() {
     let mut d = HostProcess::start(&member_args(&mock, &db, "g3", &[]));
     d.wait_for("joined the pipeline group", within);
     produce(&mock, "events", 1200, 300, 6);
-    wait_for_count(
-        &db,
-        1500,
-        "three members apply",
-        within,
-        &[&a, &b, &c, &d],
-    );
+    wait_for_count(&db, 1500, "three members apply", within, &[&a, &b, &c, &d]);
     assert_eq!(c.term(), Some(0), "{}", logs(&[&a, &b, &c, &d]));
     assert_eq!(b.term(), Some(0), "{}", logs(&[&a, &b, &c, &d]));
     produce(&mock, "events", 1500, 300, 6);
@@ -842,4 +836,88 @@ fn a_group_refuses_a_sink_that_a_checkpointed_pipeline_writes() {
         "{log}"
     );
     assert_exactly_once(&db, 20);
+}
+
+/// A range in flight changed by hand into something unreadable: status
+/// still shows the group and names the partition, a member refuses to
+/// claim it (exit 1, saying what to do), and `host group reset` mends the
+/// row. A sink database of another kind is a usage error everywhere.
+#[test]
+fn a_corrupt_range_in_flight_is_shown_refused_and_mended_by_a_reset() {
+    let db = Db::sqlite();
+    let mock = Mock::new();
+    mock.create_topic("events", 2);
+    produce(&mock, "events", 0, 40, 2);
+    let run =
+        || HostProcess::start(&member_args(&mock, &db, "g11", &["--until-caught-up"])).finish();
+    let (code, log) = run();
+    assert_eq!(code, Some(0), "{log}");
+    db.batch(
+        "UPDATE sluice_partitions SET planned = '{\"batch\": 7, \"start\"' \
+         WHERE group_name = 'g11' AND \"partition\" = 1",
+    );
+
+    let (code, out) = group_cmd("status", &db, "g11", &[]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("in flight: UNREADABLE"), "{out}");
+    assert!(out.contains("host group reset"), "{out}");
+    let (code, log) = run();
+    assert_eq!(code, Some(1), "{log}");
+    assert!(log.contains("could not claim events/1"), "{log}");
+    assert!(log.contains("unreadable row in"), "{log}");
+    assert!(log.contains("`host group reset` rewrites"), "{log}");
+
+    let bootstrap = mock.bootstrap();
+    let (code, out) = group_cmd(
+        "reset",
+        &db,
+        "g11",
+        &[
+            "--to",
+            r#"offsets:{"events":{"1":20}}"#,
+            "--brokers",
+            &bootstrap,
+        ],
+    );
+    assert_eq!(code, Some(0), "{out}");
+    let (code, out) = group_cmd("status", &db, "g11", &[]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(!out.contains("UNREADABLE"), "{out}");
+    produce(&mock, "events", 40, 10, 2);
+    let (code, log) = run();
+    assert_eq!(code, Some(0), "{log}");
+    assert_exactly_once(&db, 50);
+
+    for args in [
+        vec![
+            "group",
+            "status",
+            "--sink-db",
+            "mysql://u@h/db",
+            "--group",
+            "g11",
+        ],
+        vec![
+            "run",
+            "--brokers",
+            &bootstrap,
+            "--topic",
+            "events",
+            "--group",
+            "g11",
+            "--sink-db",
+            "mysql://u:secret@h/db",
+            "--plugin",
+            "x.wasm",
+        ],
+    ] {
+        let out = std::process::Command::new(crate::support::host_bin())
+            .args(&args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains("unsupported sink database"), "{err}");
+        assert!(!err.contains("secret"), "{err}");
+    }
 }

@@ -191,6 +191,38 @@ pub fn parse_plugin_memory(s: &str) -> Result<u64, String> {
     .map_err(|e| format!("{} (a Wasm32 memory holds at most 4 GiB)", e.error))
 }
 
+/// The `--sink-db` value parser: checks the URL's form
+/// ([`crate::capability::sql::check_url`]) so that another scheme is a
+/// usage error (exit 2) before anything starts. Unlike a plain
+/// `value_parser` function it does not echo the raw value, which may hold
+/// a password.
+#[derive(Clone, Debug)]
+pub struct SinkDbUrl;
+
+impl clap::builder::TypedValueParser for SinkDbUrl {
+    type Value = String;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<String, clap::Error> {
+        let flag = arg.map_or_else(|| "--sink-db".to_string(), |a| a.to_string());
+        let fail = |why: String| {
+            clap::Error::raw(
+                clap::error::ErrorKind::InvalidValue,
+                format!("invalid value for {flag}: {why}\n"),
+            )
+            .with_cmd(cmd)
+        };
+        let url = value
+            .to_str()
+            .ok_or_else(|| fail("not UTF-8".to_string()))?;
+        crate::capability::sql::check_url(url).map_err(fail)
+    }
+}
+
 /// Parse a byte count: `1048576`, `64KiB`, `256MiB`, `1GiB` (also KB/MB/GB
 /// as powers of 1000).
 pub fn parse_bytes(s: &str) -> Result<u64, String> {

@@ -142,7 +142,7 @@ pub struct Settings {
         value_name = "URL",
         env = "SLUICE_SINK_DB",
         hide_env_values = true,
-        hide_env_values = true
+        value_parser = crate::cli::SinkDbUrl
     )]
     pub sink_db: Option<String>,
     /// File whose first line is the sink database's password (PostgreSQL),

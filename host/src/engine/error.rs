@@ -60,6 +60,18 @@ pub enum EngineError {
     /// group runs another pipeline).
     #[error(transparent)]
     Group(#[from] crate::checkpoint::group::GroupError),
+    /// A partition Kafka assigned could not be claimed in the group's
+    /// checkpoint (the database failed after retries, or its row is
+    /// unreadable): the member stops without reading it.
+    #[error("could not claim {topic}/{partition} in the group's checkpoint: {why}")]
+    Claim {
+        /// Topic.
+        topic: String,
+        /// Partition.
+        partition: i32,
+        /// The group store's error.
+        why: String,
+    },
     /// A bad record under `--on-error fail`.
     #[error(
         "bad record at {topic}/{partition} offset {offset}, rejected by plugin {plugin} (sha256:{digest}): {message}; batch {batch} not committed (--on-error fail). Fix the plugin or the data, or restart with --on-error dlq (dead-letter it into the --sink-db database) or --on-error skip"

@@ -298,6 +298,9 @@ impl SinkDriver {
             let rows = self.read_rows(b, group)?;
             let mut epochs = BTreeMap::new();
             for ((topic, partition), m) in moves {
+                // Abandoned first: a range in flight that cannot be read
+                // (changed by hand) does not stop the reset that mends it.
+                abandon_planned(b, tables, group, (topic, *partition)).map_err(SinkError::Group)?;
                 let claim = claim_on(
                     b,
                     tables,
@@ -307,7 +310,6 @@ impl SinkDriver {
                     crate::checkpoint::Epoch::default(),
                 )
                 .map_err(SinkError::Group)?;
-                abandon_planned(b, tables, group, (topic, *partition)).map_err(SinkError::Group)?;
                 let now = rows.get(&(topic.clone(), *partition));
                 if now != m.before.as_ref() {
                     return Err(SinkError::ProgressChanged {

@@ -378,28 +378,54 @@ pub fn connect(url: &str) -> Result<Box<dyn Backend>, DbError> {
     connect_with(url, None)
 }
 
+/// The database a `--sink-db` URL names.
+enum SinkUrl<'a> {
+    /// `sqlite:PATH` or `sqlite://PATH`: the path.
+    Sqlite(&'a str),
+    /// `postgres://…` or `postgresql://…`.
+    Postgres,
+}
+
+/// Read the form of a `--sink-db` URL: `sqlite:PATH` (also
+/// `sqlite://PATH`, a non-empty path) or `postgres://…` /
+/// `postgresql://…`.
+fn parse_url(url: &str) -> Result<SinkUrl<'_>, String> {
+    match url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
+    {
+        Some("") => Err("sqlite: needs a path, e.g. sqlite:./sink.db".into()),
+        Some(path) => Ok(SinkUrl::Sqlite(path)),
+        None if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+            Ok(SinkUrl::Postgres)
+        }
+        None => Err(format!(
+            "unsupported sink database `{}`: use sqlite:PATH or postgres://USER@HOST:PORT/DB",
+            redact(url)
+        )),
+    }
+}
+
+/// Check the form of a `--sink-db` URL without connecting (see
+/// [`connect`] for the forms). For the command line, so that another
+/// scheme (`mysql://…`) is a usage error (exit 2) before anything starts.
+///
+/// # Errors
+/// What is wrong with `url`, with the password hidden.
+pub fn check_url(url: &str) -> Result<String, String> {
+    parse_url(url).map(|_| url.to_string())
+}
+
 /// [`connect`], with a PostgreSQL password read from `password_file`
 /// when the URL has none (see `password`).
 ///
 /// # Errors
 /// As [`connect`]; the password file cannot be read.
 pub fn connect_with(url: &str, password_file: Option<&Path>) -> Result<Box<dyn Backend>, DbError> {
-    if let Some(path) = url
-        .strip_prefix("sqlite://")
-        .or_else(|| url.strip_prefix("sqlite:"))
-    {
-        if path.is_empty() {
-            return Err(DbError::host("sqlite: needs a path, e.g. sqlite:./sink.db"));
-        }
-        return Ok(Box::new(Sqlite::open(path)?));
+    match parse_url(url).map_err(DbError::host)? {
+        SinkUrl::Sqlite(path) => Ok(Box::new(Sqlite::open(path)?)),
+        SinkUrl::Postgres => Ok(Box::new(Postgres::connect(url, password_file)?)),
     }
-    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        return Ok(Box::new(Postgres::connect(url, password_file)?));
-    }
-    Err(DbError::host(format!(
-        "unsupported --sink-db `{}`: use sqlite:PATH or postgres://USER@HOST:PORT/DB",
-        redact(url)
-    )))
 }
 
 /// State behind the capability: the connection and the transaction the

@@ -94,7 +94,9 @@ pub enum GroupError {
         now: String,
     },
     /// A stored row cannot be read.
-    #[error("group {group}: unreadable row in {table}: {why}; was it changed by hand?")]
+    #[error(
+        "group {group}: unreadable row in {table}: {why}; was it changed by hand? `host group reset` rewrites a partition's row"
+    )]
     BadRow {
         /// The group.
         group: String,
@@ -153,6 +155,11 @@ pub struct PartitionRow {
     pub claimed_at_ms: i64,
     /// The range in flight.
     pub planned: Option<Planned>,
+    /// Why the stored range in flight cannot be read (the row was changed
+    /// by hand); `planned` is then `None`. A member refuses to claim the
+    /// partition until the row is mended (`host group reset`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub planned_unreadable: Option<String>,
 }
 
 /// The group tables' names, schema-qualified.
@@ -1003,6 +1010,15 @@ impl GroupStore {
                     self.bad_row(&self.tables.partitions, format!("unexpected row {row:?}"))
                 );
             };
+            // An unreadable range in flight is shown, not fatal: status
+            // must still show the rest of the group.
+            let (planned, planned_unreadable) = match planned {
+                SqlValue::Text(p) => match serde_json::from_str(p) {
+                    Ok(p) => (Some(p), None),
+                    Err(e) => (None, Some(format!("{e} in {p:?}"))),
+                },
+                _ => (None, None),
+            };
             out.push(PartitionRow {
                 topic: topic.clone(),
                 partition: *partition as i32,
@@ -1010,13 +1026,8 @@ impl GroupStore {
                 owner: owner.clone(),
                 member_id: member_id.clone(),
                 claimed_at_ms: *claimed_at_ms,
-                planned: match planned {
-                    SqlValue::Text(p) => Some(
-                        serde_json::from_str(p)
-                            .map_err(|e| self.bad_row(&self.tables.partitions, e.to_string()))?,
-                    ),
-                    _ => None,
-                },
+                planned,
+                planned_unreadable,
             });
         }
         Ok(out)

@@ -39,7 +39,7 @@ pub enum GroupCommand {
 #[derive(Debug, Args)]
 pub struct GroupDb {
     /// The group's sink database (`sqlite:PATH` or `postgres://…`).
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", value_parser = crate::cli::SinkDbUrl)]
     pub sink_db: String,
     /// The pipeline group's name (`host run --group NAME`).
     #[arg(long, value_name = "NAME")]

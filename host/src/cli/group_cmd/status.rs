@@ -145,9 +145,12 @@ pub(super) fn status(a: StatusArgs) -> Result<(), CliError> {
                 " (last write {})",
                 rfc3339_ms(t)
             )),
-            match &r.planned {
-                Some(p) => format!("  in flight [{}, {}) batch {}", p.start, p.end, p.batch),
-                None => String::new(),
+            match (&r.planned, &r.planned_unreadable) {
+                (Some(p), _) => format!("  in flight [{}, {}) batch {}", p.start, p.end, p.batch),
+                (None, Some(why)) => format!(
+                    "  in flight: UNREADABLE ({why}; members refuse to claim the partition: `host group reset` rewrites the row)"
+                ),
+                (None, None) => String::new(),
             },
             match (s.high_watermark, s.lag) {
                 (Some(h), Some(l)) => format!("  high watermark {h}, lag {l}"),

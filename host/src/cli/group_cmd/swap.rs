@@ -35,6 +35,11 @@ pub struct SwapArgs {
     /// Store the swap and return without waiting for the members.
     #[arg(long)]
     no_wait: bool,
+    /// Memory cap to check the component under before it is stored (the
+    /// members load it under their own `host run --plugin-memory`; give
+    /// the same value) [default: 256MiB].
+    #[arg(long, value_name = "BYTES", value_parser = crate::cli::parse_bytes)]
+    plugin_memory: Option<u64>,
 }
 
 /// Run `host group swap`.
@@ -52,7 +57,11 @@ pub(super) fn swap(a: SwapArgs) -> Result<(), CliError> {
         .code(ExitCode::Usage)?;
     // Compile it here first: a component that does not load is refused
     // before any member sees it.
-    let runtime = Runtime::new(Limits::default()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let limits = Limits {
+        memory_bytes: a.plugin_memory.unwrap_or(Limits::default().memory_bytes),
+        ..Limits::default()
+    };
+    let runtime = Runtime::new(limits).map_err(|e| anyhow::anyhow!("{e}"))?;
     let plugin = runtime
         .load_bytes(&a.plugin, &bytes, Default::default())
         .map_err(|e| anyhow::anyhow!("{e}"))

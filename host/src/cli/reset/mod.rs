@@ -54,7 +54,7 @@ pub struct ResetArgs {
     /// whose `sluice_progress` rows move with the reset. Required when
     /// they must move (a recreated or truncated topic, --reapply) and
     /// the pipeline has a sink database.
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", value_parser = crate::cli::SinkDbUrl)]
     pub sink_db: Option<String>,
     /// File whose first line is the sink database's password (PostgreSQL),
     /// for a --sink-db URL without one (else `PGPASSWORD`, `~/.pgpass`).

@@ -485,10 +485,11 @@ fn run_member(
         source.serve(Duration::from_millis(10));
         let changes = source.sync_group();
         if let Some((tp, why)) = changes.failed.first() {
-            return Err(EngineError::Config(format!(
-                "could not claim {}/{}: {why}",
-                tp.0, tp.1
-            )));
+            return Err(EngineError::Claim {
+                topic: tp.0.clone(),
+                partition: tp.1,
+                why: why.clone(),
+            });
         }
         if !changes.assigned.is_empty() || !changes.revoked.is_empty() {
             joined_at = Instant::now();
