@@ -10,6 +10,7 @@
 
 mod support;
 
+mod cdc;
 mod checkpoint;
 mod crashes;
 mod demo;

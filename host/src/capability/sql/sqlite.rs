@@ -51,6 +51,18 @@ fn sqlite_verdict(action: &rusqlite::hooks::AuthAction<'_>) -> Option<String> {
         A::Detach { .. } => {
             return Some("DETACH is not allowed: the host owns the connection".into());
         }
+        // The table-valued `pragma_table_info(name)` / `table_xinfo`
+        // only read a table's column list (the `cdc` plugin reads its
+        // destination tables' columns this way); a `PRAGMA` statement
+        // itself is refused by its first keyword before it gets here.
+        A::Pragma {
+            pragma_name,
+            pragma_value: Some(table),
+        } if pragma_name.eq_ignore_ascii_case("table_info")
+            || pragma_name.eq_ignore_ascii_case("table_xinfo") =>
+        {
+            *table
+        }
         A::Pragma { pragma_name, .. } => {
             return Some(format!(
                 "PRAGMA {pragma_name} is not allowed: the host owns the connection's settings"

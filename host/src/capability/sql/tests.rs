@@ -366,6 +366,17 @@ fn sqlite_authorizer_refuses_what_the_text_does_not_show() {
             "not allowed",
         ),
         (";; vacuum into 'copy.db'".into(), "not allowed"),
+        // Column lists are readable (below), but not a host table's, and
+        // no other pragma through its table-valued form.
+        (
+            "SELECT name FROM pragma_table_info('sluice_progress')".into(),
+            "sluice_progress belongs to the host",
+        ),
+        (
+            "SELECT * FROM pragma_journal_mode".into(),
+            "PRAGMA journal_mode is not allowed",
+        ),
+        ("PRAGMA table_info(t)".into(), "not allowed"),
         // A temporary table renamed to a host table's name would
         // shadow it for unqualified names.
         (
@@ -388,6 +399,19 @@ fn sqlite_authorizer_refuses_what_the_text_does_not_show() {
     // No false positives: the host table's name as data, and the host's
     // own statements after the plugin's refusals.
     window(&g);
+    let columns = g
+        .plugin_query(
+            "SELECT name, type FROM pragma_table_info($1)",
+            &[SqlValue::Text("t".into())],
+        )
+        .unwrap();
+    assert_eq!(
+        columns.rows,
+        vec![vec![
+            SqlValue::Text("a".into()),
+            SqlValue::Text("TEXT".into())
+        ]]
+    );
     g.plugin_execute("DROP TRIGGER tr", &[]).unwrap();
     g.plugin_execute(
         "INSERT INTO t VALUES ($1)",

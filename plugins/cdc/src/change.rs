@@ -1,0 +1,127 @@
+//! The change record: what the map stage writes and the sink stage reads.
+//!
+//! One JSON object per source row change, e.g.
+//! `{"op":"upsert","source":"shop.customers","table":"customers",
+//! "pos":"mysql:0000000003:00000000000000001234:0000000000",
+//! "key":{"id":1},"row":{"id":1,"name":"Acme","revenue":"12.50"}}`.
+//! `op` is `upsert`, `delete` or `truncate`; `table` the destination;
+//! `pos` the source position ([`crate::position`]); `key` the primary key
+//! columns; `row` the columns after the change (`upsert` only). Values
+//! are the source's JSON text, byte for byte, except Debezium values the
+//! schema says are encoded (decimals, dates), which are written as their
+//! SQL text (a JSON string).
+
+use std::borrow::Cow;
+
+use serde::{Deserialize, Serialize};
+use sluice_guest::json::{self, RawValue, Text};
+
+/// What a change does to the destination table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Op {
+    /// Insert the row, or update it when its key exists.
+    Upsert,
+    /// Remove the row with this key.
+    Delete,
+    /// Remove every row of the table (Debezium `t`, with `truncate=apply`).
+    Truncate,
+}
+
+/// A column value of a decoded change.
+#[derive(Debug, Clone)]
+pub enum Val<'a> {
+    /// The source's JSON text.
+    Raw(&'a RawValue),
+    /// A value decoded from its wire encoding, as SQL text.
+    Text(String),
+}
+
+/// Named column values, in source order.
+pub type Columns<'a> = Vec<(Cow<'a, str>, Val<'a>)>;
+
+/// A change decoded from a Maxwell or Debezium event.
+#[derive(Debug, Clone)]
+pub struct Decoded<'a> {
+    /// What it does.
+    pub op: Op,
+    /// Source database (Maxwell, Debezium MySQL) or schema (Debezium
+    /// PostgreSQL, SQL Server).
+    pub database: Cow<'a, str>,
+    /// Source table.
+    pub table: Cow<'a, str>,
+    /// Source position ([`crate::position`]); `None`: the event has none.
+    pub pos: Option<String>,
+    /// Primary key columns from the Kafka key (may be empty).
+    pub key: Columns<'a>,
+    /// The row after the change (`upsert`), or before it (`delete`, where
+    /// it only serves to find the key).
+    pub row: Columns<'a>,
+}
+
+impl Decoded<'_> {
+    /// `database.table`.
+    pub fn source(&self) -> String {
+        format!("{}.{}", self.database, self.table)
+    }
+}
+
+/// Write the change record of `d` for destination `table` at `pos` with
+/// primary key `key` into `out` (cleared first).
+pub fn write(out: &mut Vec<u8>, d: &Decoded<'_>, table: &str, pos: &str, key: &Columns<'_>) {
+    out.clear();
+    out.extend_from_slice(b"{\"op\":");
+    json::write(out, &d.op);
+    out.extend_from_slice(b",\"source\":");
+    json::write_str(out, &d.source());
+    out.extend_from_slice(b",\"table\":");
+    json::write_str(out, table);
+    out.extend_from_slice(b",\"pos\":");
+    json::write_str(out, pos);
+    out.extend_from_slice(b",\"key\":");
+    write_columns(out, key);
+    if d.op == Op::Upsert {
+        out.extend_from_slice(b",\"row\":");
+        write_columns(out, &d.row);
+    }
+    out.push(b'}');
+}
+
+/// Write columns as a JSON object.
+pub fn write_columns(out: &mut Vec<u8>, columns: &Columns<'_>) {
+    out.push(b'{');
+    for (i, (name, value)) in columns.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        json::write_str(out, name);
+        out.push(b':');
+        match value {
+            Val::Raw(raw) => out.extend_from_slice(raw.get().as_bytes()),
+            Val::Text(t) => json::write_str(out, t),
+        }
+    }
+    out.push(b'}');
+}
+
+/// The fields of a change record the sink reads.
+#[derive(Debug, Deserialize)]
+pub struct ChangeIn<'a> {
+    /// What it does.
+    pub op: Op,
+    /// `database.table` it came from.
+    #[serde(borrow)]
+    pub source: Text<'a>,
+    /// Destination table.
+    #[serde(borrow)]
+    pub table: Text<'a>,
+    /// Source position.
+    #[serde(borrow)]
+    pub pos: Text<'a>,
+    /// Primary key columns (an object).
+    #[serde(borrow)]
+    pub key: &'a RawValue,
+    /// Row after the change (an object; `upsert` only).
+    #[serde(borrow, default)]
+    pub row: Option<&'a RawValue>,
+}

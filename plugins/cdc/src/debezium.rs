@@ -1,0 +1,204 @@
+//! Debezium change events in the JSON converter's form
+//! (<https://debezium.io/documentation/reference/stable/connectors/>,
+//! "data change events"), with the `schema`/`payload` wrapper
+//! (`schemas.enable=true`) or without it.
+//!
+//! `op` `c`, `u`, `r` (snapshot read) upsert from `after`; `d` deletes
+//! the row `before` or the key names; `t` truncates the table; `m`
+//! (logical decoding message) is skipped. The source table is
+//! `source.db`.`source.table` for the MySQL and MariaDB connectors and
+//! `source.schema`.`source.table` for the others. The position is
+//! `source.lsn` (PostgreSQL), `source.file`/`pos`/`row` (MySQL),
+//! `source.commit_lsn`/`change_lsn` (SQL Server), else the Kafka offset.
+//! With the schema, values of encoded logical types (precise decimals,
+//! dates, timestamps) are decoded ([`crate::convert`]).
+
+use std::borrow::Cow;
+
+use serde::Deserialize;
+use sluice_guest::Error;
+use sluice_guest::json::{self, Object, RawValue, Text};
+
+use crate::change::{Columns, Decoded, Op, Val};
+use crate::{convert, position};
+
+/// True when `event` looks like a Debezium event (a `payload` wrapper, or
+/// `op` and `source`).
+pub fn looks_like(event: &Object<'_>) -> bool {
+    (event.get("payload").is_some() && event.get("schema").is_some())
+        || (event.get("op").is_some() && event.get("source").is_some())
+}
+
+/// A field of a Kafka Connect schema, as the JSON converter writes it.
+#[derive(Deserialize)]
+struct FieldSchema<'a> {
+    #[serde(borrow, default)]
+    field: Option<Text<'a>>,
+    #[serde(borrow, default)]
+    name: Option<Text<'a>>,
+    #[serde(borrow, default)]
+    fields: Vec<FieldSchema<'a>>,
+    #[serde(borrow, default)]
+    parameters: Option<&'a RawValue>,
+}
+
+/// Decode one event; `Ok(None)` for events without a row change.
+///
+/// # Errors
+/// [`Error::BadRecord`]: no `op` or `source`, an unknown `op`, a row that
+/// is not an object, an encoded value that does not decode.
+pub fn decode<'a>(event: &Object<'a>, key: Option<&'a [u8]>) -> Result<Option<Decoded<'a>>, Error> {
+    fn bad(m: impl std::fmt::Display) -> Error {
+        Error::bad_record(m)
+    }
+    let wrapped = match (event.get("payload"), event.get("schema")) {
+        (Some(p), Some(s)) => {
+            if json::is_null(p) {
+                return Ok(None);
+            }
+            let payload = Object::from_raw(p)
+                .map_err(|_| bad(format!("`payload` is {}, not an object", json::kind(p))))?;
+            Some((payload, s))
+        }
+        _ => None,
+    };
+    let (payload, schema) = match &wrapped {
+        Some((p, s)) => (p, Some(*s)),
+        None => (event, None),
+    };
+    let op = payload
+        .get_str("op")
+        .map_err(bad)?
+        .ok_or_else(|| bad("Debezium event without `op`"))?;
+    let op = match op.as_ref() {
+        "c" | "u" | "r" => Op::Upsert,
+        "d" => Op::Delete,
+        "t" => Op::Truncate,
+        "m" => return Ok(None),
+        other => return Err(bad(format!("unknown Debezium op `{other}`"))),
+    };
+    let source = payload
+        .get("source")
+        .ok_or_else(|| bad("Debezium event without `source`"))?;
+    let source = Object::from_raw(source).map_err(|e| bad(format!("`source`: {e}")))?;
+    let text = |name: &str| source.get_str(name).map_err(bad);
+    let table = text("table")?.ok_or_else(|| bad("Debezium `source` without `table`"))?;
+    let connector = text("connector")?;
+    let mysql = matches!(connector.as_deref(), Some("mysql" | "mariadb"));
+    let database = match (mysql, text("schema")?, text("db")?) {
+        (false, Some(schema), _) => schema,
+        (_, _, Some(db)) => db,
+        (true, Some(schema), None) => schema,
+        (_, None, None) => return Err(bad("Debezium `source` without `db` or `schema`")),
+    };
+    let int = |name: &str| source.get(name).and_then(|v| v.get().parse::<u64>().ok());
+    let pos = if let Some(lsn) = int("lsn") {
+        Some(position::pg(lsn))
+    } else if let (Some(file), Some(p)) = (text("file")?, int("pos")) {
+        Some(position::mysql(&file, p, int("row").unwrap_or(0)).map_err(bad)?)
+    } else if let (Some(commit), Some(change)) = (text("commit_lsn")?, text("change_lsn")?) {
+        Some(position::mssql(&commit, &change))
+    } else {
+        None
+    };
+    let which = if op == Op::Upsert { "after" } else { "before" };
+    let row = match payload.get(which).filter(|v| !json::is_null(v)) {
+        Some(raw) => {
+            let row = Object::from_raw(raw)
+                .map_err(|_| bad(format!("`{which}` is {}, not an object", json::kind(raw))))?;
+            let types = match schema {
+                Some(s) => logical_types(s, which)?,
+                None => Vec::new(),
+            };
+            columns(&row, &types)?
+        }
+        None if op == Op::Upsert => return Err(bad("Debezium upsert without `after`")),
+        None => Vec::new(),
+    };
+    Ok(Some(Decoded {
+        op,
+        database,
+        table,
+        pos,
+        key: key_columns(key)?,
+        row,
+    }))
+}
+
+/// A column's logical type: (column, type name, decimal scale).
+type Logical = (String, String, Option<u32>);
+
+/// The logical types of the fields of struct `which` (`after`, `before`)
+/// in the event's schema.
+fn logical_types(schema: &RawValue, which: &str) -> Result<Vec<Logical>, Error> {
+    let schema: FieldSchema<'_> = json::from_slice(schema.get().as_bytes())
+        .map_err(|e| Error::bad_record(format!("`schema` is not a Kafka Connect schema: {e}")))?;
+    let Some(row) = schema
+        .fields
+        .iter()
+        .find(|f| f.field.as_deref() == Some(which))
+    else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for f in &row.fields {
+        let (Some(field), Some(name)) = (&f.field, &f.name) else {
+            continue;
+        };
+        let scale = match f.parameters.map(Object::from_raw) {
+            Some(Ok(p)) => p
+                .get_str("scale")
+                .ok()
+                .flatten()
+                .and_then(|s| s.parse::<u32>().ok()),
+            _ => None,
+        };
+        out.push((field.to_string(), name.to_string(), scale));
+    }
+    Ok(out)
+}
+
+/// The row's columns, values of encoded logical types decoded.
+fn columns<'a>(row: &Object<'a>, types: &[Logical]) -> Result<Columns<'a>, Error> {
+    row.iter()
+        .map(|(name, raw)| {
+            let logical = types.iter().find(|(c, _, _)| c == name);
+            let value = match logical {
+                Some((_, t, scale)) => match convert::decode(t, *scale, raw)
+                    .map_err(|e| Error::bad_record(format!("column `{name}`: {e}")))?
+                {
+                    Some(text) => Val::Text(text),
+                    None => Val::Raw(raw),
+                },
+                None => Val::Raw(raw),
+            };
+            Ok((Cow::Owned(name.to_string()), value))
+        })
+        .collect()
+}
+
+/// The key struct's fields (with or without the schema wrapper); empty
+/// without a key.
+fn key_columns(key: Option<&[u8]>) -> Result<Columns<'_>, Error> {
+    let Some(key) = key else {
+        return Ok(Vec::new());
+    };
+    let Ok(top) = Object::parse(key) else {
+        return Err(Error::bad_record(
+            "the Kafka key is not a JSON object (Debezium's key struct)",
+        ));
+    };
+    let inner = match (top.get("payload"), top.get("schema")) {
+        (Some(p), Some(_)) => Object::from_raw(p).map_err(|_| {
+            Error::bad_record(format!(
+                "the key's `payload` is {}, not an object",
+                json::kind(p)
+            ))
+        })?,
+        _ => top,
+    };
+    Ok(inner
+        .iter()
+        .map(|(k, v)| (Cow::Owned(k.to_string()), Val::Raw(v)))
+        .collect())
+}

@@ -1,0 +1,406 @@
+//! A destination table as the sink sees it: its columns (read once per
+//! sink instance), how each column's values are bound, and the upsert
+//! and delete statements.
+//!
+//! Columns come from SQLite's `pragma_table_info` or PostgreSQL's
+//! `information_schema.columns` (the table in the connection's current
+//! schema). Values keep their exact text and the database converts them:
+//! on PostgreSQL a placeholder of a column that is neither text nor bytea
+//! is written `CAST(CAST($n AS TEXT) AS type)`, on SQLite the column's
+//! type affinity applies (so a `NUMERIC` column keeps 15 significant
+//! digits there: give SQLite exact decimals a `TEXT` column).
+
+use base64::Engine as _;
+use sluice_guest::Error;
+use sluice_guest::json::{self, RawValue};
+use sluice_guest::sql::{self, Value};
+
+use crate::change::Val;
+
+/// The database the sink writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// SQLite.
+    Sqlite,
+    /// PostgreSQL.
+    Postgres,
+}
+
+/// How a column's values are bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Text types: bound as text, as is.
+    Text,
+    /// `BLOB` / `bytea`: JSON strings are base64 and bound as bytes.
+    Binary,
+    /// Dates and times: MySQL zero dates follow `zero_dates`.
+    Temporal,
+    /// Booleans: JSON `true`/`false`.
+    Boolean,
+    /// Anything else (numbers, JSON, UUIDs, enums, arrays): the JSON
+    /// text, converted by the database.
+    Other,
+}
+
+/// One column of a destination table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Column {
+    /// Its name, as the database reports it.
+    pub name: String,
+    /// How values are bound.
+    pub kind: Kind,
+    /// `NOT NULL`.
+    pub not_null: bool,
+    /// It has a default (an insert may leave it out).
+    pub has_default: bool,
+    /// PostgreSQL: the type to cast text into (`numeric`, `"s"."mood"`).
+    pub cast: String,
+}
+
+/// What to do with MySQL's zero dates (`0000-00-00…`) in date and time
+/// columns (`zero_dates` config).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ZeroDates {
+    /// Write NULL (default).
+    Null,
+    /// The change is a bad record.
+    Error,
+}
+
+/// A destination table.
+#[derive(Debug, Clone)]
+pub struct Table {
+    /// Its name (a plain identifier).
+    pub name: String,
+    /// Its columns, in table order.
+    pub columns: Vec<Column>,
+    /// The position column's index.
+    position: usize,
+    dialect: Dialect,
+}
+
+/// `"name"`, quoted for both dialects.
+pub fn quote(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+impl Table {
+    /// Read `name`'s columns from the database.
+    ///
+    /// # Errors
+    /// [`Error::Fatal`]: the table does not exist, or has no
+    /// `position_column`; the database's error.
+    pub fn load(dialect: Dialect, name: &str, position_column: &str) -> Result<Table, Error> {
+        let rows = match dialect {
+            Dialect::Sqlite => sql::query(
+                "SELECT name, type, \"notnull\", dflt_value IS NOT NULL FROM pragma_table_info($1)",
+                &[Value::from(name)],
+            )?,
+            Dialect::Postgres => sql::query(
+                "SELECT column_name, CASE WHEN udt_schema = 'pg_catalog' THEN udt_name \
+                 ELSE '\"' || udt_schema || '\".\"' || udt_name || '\"' END, \
+                 CASE WHEN is_nullable = 'NO' THEN 1 ELSE 0 END, \
+                 CASE WHEN column_default IS NOT NULL OR is_identity = 'YES' OR is_generated = 'ALWAYS' THEN 1 ELSE 0 END \
+                 FROM information_schema.columns \
+                 WHERE table_schema = current_schema() AND table_name = $1 ORDER BY ordinal_position",
+                &[Value::from(name)],
+            )?,
+        };
+        let mut columns = Vec::new();
+        for row in rows.rows {
+            let [Value::Text(col), ty, not_null, has_default] = row.as_slice() else {
+                return Err(Error::fatal(format!(
+                    "table {name}: unexpected column description {row:?}"
+                )));
+            };
+            let ty = match ty {
+                Value::Text(t) => t.clone(),
+                _ => String::new(),
+            };
+            columns.push(Column {
+                name: col.clone(),
+                kind: kind(dialect, &ty),
+                not_null: truthy(not_null),
+                has_default: truthy(has_default),
+                cast: ty,
+            });
+        }
+        if columns.is_empty() {
+            return Err(Error::fatal(format!(
+                "destination table {name} does not exist{}: create it (the cdc plugin fills tables, it does not create them)",
+                if dialect == Dialect::Postgres {
+                    " in the connection's current schema"
+                } else {
+                    ""
+                }
+            )));
+        }
+        let position = columns
+            .iter()
+            .position(|c| c.name == position_column)
+            .ok_or_else(|| {
+                Error::fatal(format!(
+                    "table {name} has no column {position_column}, where the cdc plugin keeps each row's source position: ALTER TABLE {name} ADD COLUMN {position_column} TEXT"
+                ))
+            })?;
+        Ok(Table {
+            name: name.to_string(),
+            columns,
+            position,
+            dialect,
+        })
+    }
+
+    /// The index of column `name` (exact, else ASCII case-insensitive:
+    /// MySQL's column names are, and PostgreSQL folds unquoted names to
+    /// lower case).
+    pub fn find(&self, name: &str) -> Option<usize> {
+        self.columns
+            .iter()
+            .position(|c| c.name == name)
+            .or_else(|| {
+                self.columns
+                    .iter()
+                    .position(|c| c.name.eq_ignore_ascii_case(name))
+            })
+    }
+
+    /// The position column.
+    pub fn position_column(&self) -> &Column {
+        &self.columns[self.position]
+    }
+
+    /// Placeholder `$n` for column `c`, cast where the dialect needs it.
+    fn placeholder(&self, c: &Column, n: usize) -> String {
+        match (self.dialect, c.kind) {
+            (Dialect::Sqlite, _) | (_, Kind::Binary | Kind::Text) => format!("${n}"),
+            (Dialect::Postgres, _) => format!("CAST(CAST(${n} AS TEXT) AS {})", c.cast),
+        }
+    }
+
+    /// `INSERT … ON CONFLICT (key) DO UPDATE … WHERE` the row's position
+    /// is not newer, for columns `set` (indexes; the position column is
+    /// added last as `$len+1`) and key columns `key` (indexes into
+    /// `columns`).
+    pub fn upsert(&self, set: &[usize], key: &[usize]) -> String {
+        let t = &self.name;
+        let pos = quote(&self.position_column().name);
+        let names: Vec<String> = set.iter().map(|&i| quote(&self.columns[i].name)).collect();
+        let values: Vec<String> = set
+            .iter()
+            .enumerate()
+            .map(|(n, &i)| self.placeholder(&self.columns[i], n + 1))
+            .collect();
+        let updates: Vec<String> = set
+            .iter()
+            .filter(|i| !key.contains(i))
+            .map(|&i| {
+                let c = quote(&self.columns[i].name);
+                format!("{c} = excluded.{c}")
+            })
+            .collect();
+        let conflict: Vec<String> = key.iter().map(|&i| quote(&self.columns[i].name)).collect();
+        format!(
+            "INSERT INTO {t} ({}, {pos}) VALUES ({}, ${}) ON CONFLICT ({}) DO UPDATE SET {}{pos} = excluded.{pos} \
+             WHERE {t}.{pos} IS NULL OR {t}.{pos} <= excluded.{pos}",
+            names.join(", "),
+            values.join(", "),
+            set.len() + 1,
+            conflict.join(", "),
+            updates.iter().map(|u| format!("{u}, ")).collect::<String>(),
+        )
+    }
+
+    /// `DELETE` of the row with key columns `key` (indexes; values `$1…`,
+    /// the position `$len+1`) unless its position is newer.
+    pub fn delete(&self, key: &[usize]) -> String {
+        let pos = quote(&self.position_column().name);
+        let conditions: Vec<String> = key
+            .iter()
+            .enumerate()
+            .map(|(n, &i)| {
+                let c = &self.columns[i];
+                format!("{} = {}", quote(&c.name), self.placeholder(c, n + 1))
+            })
+            .collect();
+        format!(
+            "DELETE FROM {} WHERE {} AND ({pos} IS NULL OR {pos} <= ${})",
+            self.name,
+            conditions.join(" AND "),
+            key.len() + 1
+        )
+    }
+
+    /// The parameter for `value` in column `c`.
+    ///
+    /// # Errors
+    /// [`Error::BadRecord`] naming the column: a binary value that is not
+    /// base64, a zero date with `zero_dates=error`.
+    pub fn bind(&self, c: &Column, value: &Val<'_>, zero_dates: ZeroDates) -> Result<Value, Error> {
+        let raw: &RawValue = match value {
+            Val::Text(t) => return self.bind_text(c, t.clone(), zero_dates),
+            Val::Raw(raw) => raw,
+        };
+        match raw.get().as_bytes().first() {
+            Some(b'n') => Ok(Value::Null),
+            Some(b'"') => {
+                let s = json::str_value(raw).map_err(Error::bad_record)?;
+                if c.kind == Kind::Binary {
+                    return base64::engine::general_purpose::STANDARD
+                        .decode(s.as_bytes())
+                        .map(Value::Blob)
+                        .map_err(|e| {
+                            Error::bad_record(format!(
+                                "column {}.{}: binary value is not base64 ({e})",
+                                self.name, c.name
+                            ))
+                        });
+                }
+                self.bind_text(c, s.into_owned(), zero_dates)
+            }
+            Some(b't' | b'f') => {
+                let b = raw.get() == "true";
+                Ok(match self.dialect {
+                    Dialect::Sqlite => Value::Integer(i64::from(b)),
+                    Dialect::Postgres => Value::from(if b { "true" } else { "false" }),
+                })
+            }
+            _ => Ok(Value::from(raw.get())),
+        }
+    }
+
+    fn bind_text(&self, c: &Column, text: String, zero_dates: ZeroDates) -> Result<Value, Error> {
+        if c.kind == Kind::Temporal && text.starts_with("0000-00-00") {
+            return match zero_dates {
+                ZeroDates::Null => Ok(Value::Null),
+                ZeroDates::Error => Err(Error::bad_record(format!(
+                    "column {}.{}: zero date {text:?} (zero_dates=error; zero_dates=null writes NULL)",
+                    self.name, c.name
+                ))),
+            };
+        }
+        Ok(Value::Text(text))
+    }
+}
+
+fn truthy(v: &Value) -> bool {
+    match v {
+        Value::Integer(n) => *n != 0,
+        Value::Text(t) => t == "1" || t.eq_ignore_ascii_case("true"),
+        _ => false,
+    }
+}
+
+/// The binding of a column of declared type `ty`.
+fn kind(dialect: Dialect, ty: &str) -> Kind {
+    let t = ty.to_ascii_lowercase();
+    match dialect {
+        Dialect::Postgres => match t.as_str() {
+            "bytea" => Kind::Binary,
+            "text" | "varchar" | "bpchar" | "name" | "citext" => Kind::Text,
+            "date" | "timestamp" | "timestamptz" | "time" | "timetz" => Kind::Temporal,
+            "bool" => Kind::Boolean,
+            _ => Kind::Other,
+        },
+        // SQLite's affinity rules (https://sqlite.org/datatype3.html §3.1),
+        // with dates and booleans told apart for the conversions above.
+        Dialect::Sqlite => {
+            if t.contains("blob") || t.contains("bytea") || t.contains("binary") {
+                Kind::Binary
+            } else if t.contains("date") || t.contains("time") {
+                Kind::Temporal
+            } else if t.contains("bool") {
+                Kind::Boolean
+            } else if t.contains("char") || t.contains("clob") || t.contains("text") {
+                Kind::Text
+            } else {
+                Kind::Other
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(dialect: Dialect) -> Table {
+        let col = |name: &str, ty: &str| Column {
+            name: name.into(),
+            kind: kind(dialect, ty),
+            not_null: false,
+            has_default: false,
+            cast: ty.into(),
+        };
+        Table {
+            name: "company".into(),
+            columns: vec![
+                col("id", "int8"),
+                col("name", "text"),
+                col("revenue", "numeric"),
+                col("logo", "bytea"),
+                col("founded", "date"),
+                col("_sluice_position", "text"),
+            ],
+            position: 5,
+            dialect,
+        }
+    }
+
+    #[test]
+    fn postgres_statements_cast_what_is_not_text() {
+        let t = table(Dialect::Postgres);
+        assert_eq!(
+            t.upsert(&[0, 1, 2, 3], &[0]),
+            "INSERT INTO company (\"id\", \"name\", \"revenue\", \"logo\", \"_sluice_position\") VALUES \
+             (CAST(CAST($1 AS TEXT) AS int8), $2, CAST(CAST($3 AS TEXT) AS numeric), $4, $5) \
+             ON CONFLICT (\"id\") DO UPDATE SET \"name\" = excluded.\"name\", \"revenue\" = excluded.\"revenue\", \
+             \"logo\" = excluded.\"logo\", \"_sluice_position\" = excluded.\"_sluice_position\" \
+             WHERE company.\"_sluice_position\" IS NULL OR company.\"_sluice_position\" <= excluded.\"_sluice_position\""
+        );
+        assert_eq!(
+            t.delete(&[0]),
+            "DELETE FROM company WHERE \"id\" = CAST(CAST($1 AS TEXT) AS int8) AND (\"_sluice_position\" IS NULL OR \"_sluice_position\" <= $2)"
+        );
+    }
+
+    #[test]
+    fn values_keep_their_text_and_binary_is_decoded() {
+        let t = table(Dialect::Sqlite);
+        let raw = |s: &str| RawValue::from_string(s.to_string()).unwrap();
+        let b = |c: usize, v: &str, z| t.bind(&t.columns[c], &Val::Raw(&raw(v)), z);
+        assert_eq!(
+            b(2, "999999999999.999998", ZeroDates::Null).unwrap(),
+            Value::from("999999999999.999998")
+        );
+        assert_eq!(
+            b(1, r#""a \"b\"""#, ZeroDates::Null).unwrap(),
+            Value::from("a \"b\"")
+        );
+        assert_eq!(
+            b(3, r#""AAEC""#, ZeroDates::Null).unwrap(),
+            Value::Blob(vec![0, 1, 2])
+        );
+        assert!(
+            b(3, r#""!!""#, ZeroDates::Null)
+                .unwrap_err()
+                .to_string()
+                .contains("company.logo")
+        );
+        assert_eq!(
+            b(4, r#""0000-00-00""#, ZeroDates::Null).unwrap(),
+            Value::Null
+        );
+        assert!(b(4, r#""0000-00-00 00:00:00""#, ZeroDates::Error).is_err());
+        assert_eq!(
+            b(1, r#""0000-00-00""#, ZeroDates::Error).unwrap(),
+            Value::from("0000-00-00")
+        );
+        assert_eq!(b(0, "true", ZeroDates::Null).unwrap(), Value::Integer(1));
+        assert_eq!(
+            b(1, r#"{"a":[1]}"#, ZeroDates::Null).unwrap(),
+            Value::from(r#"{"a":[1]}"#)
+        );
+        assert_eq!(b(1, "null", ZeroDates::Null).unwrap(), Value::Null);
+    }
+}

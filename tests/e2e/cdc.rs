@@ -1,0 +1,265 @@
+//! The `cdc` plugin end to end: Maxwell and Debezium events produced to a
+//! real broker, the built component as map and sink, destination tables
+//! with typed columns in real SQLite and PostgreSQL.
+
+use crate::kafka::{Broker, Mock, producer};
+use crate::support::{Db, HostProcess, RunArgs};
+use sluice_host::capability::sql::SqlValue;
+
+/// The user's table: typed columns and the position column.
+fn create_company(db: &Db) {
+    let (revenue, logo) = if db.name == "sqlite" {
+        ("TEXT", "BLOB")
+    } else {
+        ("NUMERIC(20,6)", "BYTEA")
+    };
+    db.batch(&format!(
+        "CREATE TABLE company (id BIGINT PRIMARY KEY, name TEXT NOT NULL, revenue {revenue}, \
+         founded DATE, logo {logo}, _sluice_position TEXT)"
+    ));
+}
+
+/// One `--until-caught-up` run of the cdc component as map and sink,
+/// with the pipeline's checkpoint in `ck`.
+fn run(b: &dyn Broker, db: &Db, ck: &std::path::Path, extra: &[&str]) -> (Option<i32>, String) {
+    let args = RunArgs::new(&b.bootstrap(), &["cdc"], ck)
+        .sink_db(db)
+        .plugin("cdc")
+        .args([
+            "--config",
+            "route=shop.company=company",
+            "--until-caught-up",
+        ])
+        .args(extra)
+        .build();
+    HostProcess::start(&args).finish()
+}
+
+fn produce(b: &dyn Broker, events: &[(Option<&str>, Option<&str>)]) {
+    let p = producer(&b.bootstrap());
+    for (k, v) in events {
+        p.send("cdc", 0, k.map(str::as_bytes), v.map(str::as_bytes), &[]);
+    }
+    p.flush();
+}
+
+/// The table as text rows: id, name, revenue, founded, hex(logo), position.
+fn rows(db: &Db) -> Vec<Vec<String>> {
+    let hex = if db.name == "sqlite" {
+        "CASE WHEN logo IS NULL THEN NULL ELSE lower(hex(logo)) END"
+    } else {
+        "encode(logo, 'hex')"
+    };
+    db.query(&format!(
+        "SELECT CAST(id AS TEXT), name, CAST(revenue AS TEXT), CAST(founded AS TEXT), {hex}, _sluice_position FROM company ORDER BY id"
+    ))
+    .into_iter()
+    .map(|r| {
+        r.into_iter()
+            .map(|v| match v {
+                SqlValue::Text(t) => t,
+                SqlValue::Null => "NULL".into(),
+                other => format!("{other:?}"),
+            })
+            .collect()
+    })
+    .collect()
+}
+
+const MAXWELL_KEY_1: &str = r#"{"database":"shop","table":"company","pk.id":1}"#;
+
+fn maxwell(kind: &str, position: &str, data: &str) -> String {
+    format!(
+        r#"{{"database":"shop","table":"company","type":"{kind}","ts":1,"xid":9,"position":"{position}","data":{data}}}"#
+    )
+}
+
+fn debezium(op: &str, lsn: u64, before: &str, after: &str) -> String {
+    format!(
+        r#"{{"before":{before},"after":{after},"source":{{"connector":"postgresql","db":"src","schema":"shop","table":"company","lsn":{lsn}}},"op":"{op}","ts_ms":1}}"#
+    )
+}
+
+/// Both producers' events into one table on both databases: typed
+/// values exact, deletes and tombstones, skipped events counted as
+/// filtered, bad records dead-lettered, and a change older than the row
+/// never applied.
+#[test]
+fn maxwell_and_debezium_changes_fill_typed_columns_exactly_once() {
+    for db in Db::both() {
+        let mock = Mock::new();
+        mock.create_topic("cdc", 1);
+        create_company(&db);
+        let dir = tempfile::tempdir().unwrap();
+        let ck = dir.path().join("ck");
+        let m1 = maxwell(
+            "insert",
+            "mysql-bin.000003:100",
+            r#"{"id":1,"name":"Acme","revenue":999999999999.999998,"founded":"0000-00-00","logo":"AAEC/w=="}"#,
+        );
+        let m1u = maxwell(
+            "update",
+            "mysql-bin.000003:200",
+            r#"{"id":1,"name":"Acme Corp","revenue":12.5,"founded":"2001-02-03","logo":null,"extra":"x"}"#,
+        );
+        let d2 = debezium(
+            "c",
+            500,
+            "null",
+            r#"{"id":2,"name":"Beta","revenue":"0.000001","founded":null,"logo":"3q2+7w=="}"#,
+        );
+        let d3 = debezium(
+            "r",
+            400,
+            "null",
+            r#"{"id":3,"name":"Gamma","revenue":"7","founded":null,"logo":null}"#,
+        );
+        let d3del = debezium("d", 600, r#"{"id":3,"name":"Gamma"}"#, "null");
+        let ddl =
+            r#"{"database":"shop","type":"table-alter","sql":"ALTER TABLE company ADD x INT"}"#;
+        let other = maxwell("insert", "mysql-bin.000003:300", r#"{"id":9}"#)
+            .replace("\"company\"", "\"orders\"");
+        let no_name = maxwell("insert", "mysql-bin.000003:350", r#"{"id":4,"name":null}"#);
+        produce(
+            &mock,
+            &[
+                (Some(MAXWELL_KEY_1), Some(&m1)),
+                (Some(MAXWELL_KEY_1), Some(&m1u)),
+                (Some(r#"{"id":2}"#), Some(&d2)),
+                (Some(r#"{"id":3}"#), Some(&d3)),
+                (Some(r#"{"id":3}"#), Some(&d3del)),
+                (Some(r#"{"id":3}"#), None),
+                (None, Some(ddl)),
+                (None, Some(&other)),
+                (
+                    Some(r#"{"database":"shop","table":"company","pk.id":4}"#),
+                    Some(&no_name),
+                ),
+                (None, Some("{not json")),
+            ],
+        );
+        let (code, log) = run(&mock, &db, &ck, &["--on-error", "dlq"]);
+        assert_eq!(code, Some(0), "{}: {log}", db.name);
+        let want: Vec<Vec<String>> = if db.name == "sqlite" {
+            vec![
+                vec![
+                    "1",
+                    "Acme Corp",
+                    "12.5",
+                    "2001-02-03",
+                    "NULL",
+                    "mysql:0000000003:00000000000000000200:0000000000",
+                ],
+                vec![
+                    "2",
+                    "Beta",
+                    "0.000001",
+                    "NULL",
+                    "deadbeef",
+                    "pg:00000000000000000500",
+                ],
+            ]
+        } else {
+            vec![
+                vec![
+                    "1",
+                    "Acme Corp",
+                    "12.500000",
+                    "2001-02-03",
+                    "NULL",
+                    "mysql:0000000003:00000000000000000200:0000000000",
+                ],
+                vec![
+                    "2",
+                    "Beta",
+                    "0.000001",
+                    "NULL",
+                    "deadbeef",
+                    "pg:00000000000000000500",
+                ],
+            ]
+        }
+        .into_iter()
+        .map(|r| r.into_iter().map(String::from).collect())
+        .collect();
+        assert_eq!(rows(&db), want, "{}: {log}", db.name);
+        let dead = db.sorted_texts("SELECT error FROM sluice_dead_letters");
+        assert_eq!(dead.len(), 2, "{}: {dead:?}", db.name);
+        assert!(
+            dead.iter()
+                .any(|e| e.contains("column company.name is NOT NULL")),
+            "{dead:?}"
+        );
+        assert!(
+            dead.iter().any(|e| e.contains("not a JSON object")),
+            "{dead:?}"
+        );
+        assert!(log.contains("source column extra"), "{log}");
+
+        // Exact decimals: the first insert's value, before the update.
+        produce(
+            &mock,
+            &[
+                (
+                    Some(r#"{"database":"shop","table":"company","pk.id":5}"#),
+                    Some(&maxwell(
+                        "insert",
+                        "mysql-bin.000004:10",
+                        r#"{"id":5,"name":"E","revenue":999999999999.999998,"founded":"0000-00-00 00:00:00","logo":"AAEC/w=="}"#,
+                    )),
+                ),
+                // Older than the row: not applied (a replay, another partition).
+                (
+                    Some(MAXWELL_KEY_1),
+                    Some(&maxwell(
+                        "update",
+                        "mysql-bin.000003:150",
+                        r#"{"id":1,"name":"Stale"}"#,
+                    )),
+                ),
+            ],
+        );
+        let (code, log) = run(&mock, &db, &ck, &["--on-error", "dlq"]);
+        assert_eq!(code, Some(0), "{}: {log}", db.name);
+        let rows = rows(&db);
+        assert_eq!(rows[0][1], "Acme Corp", "{}: {rows:?}", db.name);
+        assert_eq!(
+            rows[2][..5],
+            ["5", "E", "999999999999.999998", "NULL", "000102ff"],
+            "{}",
+            db.name
+        );
+    }
+}
+
+/// A destination table that does not exist, or lacks the position
+/// column: the pipeline stops with what to do, nothing applied.
+#[test]
+fn a_missing_table_or_position_column_stops_with_the_fix() {
+    let db = Db::sqlite();
+    let mock = Mock::new();
+    mock.create_topic("cdc", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck");
+    produce(
+        &mock,
+        &[(
+            Some(MAXWELL_KEY_1),
+            Some(&maxwell("insert", "b.000001:4", r#"{"id":1,"name":"A"}"#)),
+        )],
+    );
+    let (code, log) = run(&mock, &db, &ck, &[]);
+    assert_ne!(code, Some(0), "{log}");
+    assert!(
+        log.contains("destination table company does not exist"),
+        "{log}"
+    );
+    db.batch("CREATE TABLE company (id INTEGER PRIMARY KEY, name TEXT)");
+    let (code, log) = run(&mock, &db, &ck, &[]);
+    assert_ne!(code, Some(0), "{log}");
+    assert!(
+        log.contains("ALTER TABLE company ADD COLUMN _sluice_position TEXT"),
+        "{log}"
+    );
+    assert_eq!(db.scalar("SELECT count(*) FROM company"), 0);
+}
