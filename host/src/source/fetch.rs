@@ -250,11 +250,13 @@ impl KafkaSource {
             Ok(()) => {
                 // A group member's partition revoked during the fetch has
                 // no position here any more.
+                // One taken and given back during it starts where its new
+                // claim says (set when the assignment was absorbed).
                 let held = self.context().held();
                 let member = self.context().is_member();
                 for r in &active {
                     let tp = (r.topic.clone(), r.partition);
-                    if !member || held.contains(&tp) {
+                    if !member || (held.contains(&tp) && !self.fetch_dropped.contains(&tp)) {
                         self.assigned.insert(tp, r.end);
                     }
                 }
@@ -275,6 +277,7 @@ impl KafkaSource {
     ) -> Result<(), SourceError> {
         self.resume()?;
         self.position_for(active)?;
+        self.fetch_dropped.clear();
         // A group member reads only the partitions it still holds; the
         // ranges of the others are dropped from the batch (see
         // `KafkaSource::member`).
@@ -345,6 +348,8 @@ impl KafkaSource {
         // or an error) and every CLOCK_EVERY turns, not for every record.
         const CLOCK_EVERY: u32 = 256;
         let mut since_clock = 0u32;
+        let member = self.context().is_member();
+        let mut rebalances = self.context().rebalances();
         while !remaining.is_empty() {
             if pieces.cancel.load(Ordering::Relaxed) {
                 return Err(SourceError::Cancelled);
@@ -352,17 +357,6 @@ impl KafkaSource {
             since_clock += 1;
             if since_clock >= CLOCK_EVERY {
                 since_clock = 0;
-                // A group member's partition taken by a rebalance is no
-                // longer read: its range is dropped from the batch, the
-                // others go on.
-                if self.context().is_member() {
-                    self.absorb_group_changes();
-                    for tp in &self.group_changes.revoked {
-                        if remaining.remove(tp).is_some() {
-                            tracing::debug!(topic = %tp.0, partition = tp.1, "revoked during the fetch: no longer read");
-                        }
-                    }
-                }
                 if progressed {
                     progressed = false;
                     started = Instant::now();
@@ -391,27 +385,49 @@ impl KafkaSource {
                     continue;
                 }
             }
-            match self.consumer.poll(Duration::from_millis(100)) {
+            // The record leaves the consumer's borrow at once (every kept
+            // record is copied anyway): a rebalance is applied below.
+            let polled = match self.consumer.poll(Duration::from_millis(100)) {
                 Some(Ok(m)) => {
-                    progressed = true;
-                    let offset = m.offset();
-                    let i = match &last {
-                        Some(((t, p), i)) if *p == m.partition() && t == m.topic() => *i,
-                        _ => {
-                            let tp = (m.topic().to_string(), m.partition());
-                            let i = index.get(&tp).copied();
-                            last = Some((tp, i));
-                            i
-                        }
+                    let new_tp = match &last {
+                        Some(((t, p), _)) if *p == m.partition() && t == m.topic() => None,
+                        _ => Some((m.topic().to_string(), m.partition())),
                     };
-                    let Some(i) = i else {
-                        // Assigned but not planned this batch: keep for later
-                        // (a group member's partition assigned in this very
-                        // poll starts where its claim said: see first).
-                        let rec = to_record(&m);
-                        let tp = (m.topic().to_string(), m.partition());
-                        self.absorb_group_changes();
-                        self.pending.entry(tp).or_default().push_back(rec);
+                    Some(Ok((new_tp, m.offset(), to_record(&m))))
+                }
+                Some(Err(e)) => Some(Err(e)),
+                None => None,
+            };
+            // A rebalance runs inside the poll: apply it before the record
+            // the poll returned, which belongs to the new assignment.
+            if member && self.context().rebalances() != rebalances {
+                rebalances = self.context().rebalances();
+                self.drop_taken(remaining);
+                if let Some((tp, i)) = &mut last {
+                    *i = index
+                        .get(tp)
+                        .copied()
+                        .filter(|_| !self.fetch_dropped.contains(tp));
+                }
+            }
+            match polled {
+                Some(Ok((new_tp, offset, rec))) => {
+                    progressed = true;
+                    if let Some(tp) = new_tp {
+                        let i = index
+                            .get(&tp)
+                            .copied()
+                            .filter(|_| !self.fetch_dropped.contains(&tp));
+                        last = Some((tp, i));
+                    }
+                    let Some((tp, i)) = &last else {
+                        continue;
+                    };
+                    let Some(i) = *i else {
+                        // Assigned but not planned this batch, or taken and
+                        // given back during it: keep for later (its
+                        // assignment was absorbed above).
+                        self.pending.entry(tp.clone()).or_default().push_back(rec);
                         continue;
                     };
                     let r = &ranges[i];
@@ -419,16 +435,11 @@ impl KafkaSource {
                         continue;
                     }
                     if offset >= r.end {
-                        self.pending
-                            .entry((r.topic.clone(), r.partition))
-                            .or_default()
-                            .push_back(to_record(&m));
+                        self.pending.entry(tp.clone()).or_default().push_back(rec);
                     } else {
-                        pieces.push(i, to_record(&m))?;
+                        pieces.push(i, rec)?;
                     }
-                    if offset >= r.end - 1
-                        && remaining.remove(&(r.topic.clone(), r.partition)).is_some()
-                    {
+                    if offset >= r.end - 1 && remaining.remove(tp).is_some() {
                         pieces.finish(i)?;
                     }
                 }
@@ -449,6 +460,20 @@ impl KafkaSource {
             }
         }
         Ok(())
+    }
+
+    /// Apply the rebalances of the last poll during a fetch: every
+    /// partition taken is no longer read in this fetch (its range is
+    /// dropped from the batch, the others go on), even if it was assigned
+    /// again in the same poll.
+    fn drop_taken(&mut self, remaining: &mut HashMap<TopicPartition, i64>) {
+        self.absorb_group_changes();
+        for tp in &self.group_changes.revoked {
+            if remaining.remove(tp).is_some() {
+                tracing::debug!(topic = %tp.0, partition = tp.1, "revoked during the fetch: no longer read");
+            }
+            self.fetch_dropped.insert(tp.clone());
+        }
     }
 
     /// The error for a fetch that delivered nothing more within the

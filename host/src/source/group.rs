@@ -59,7 +59,8 @@ pub const START_LATEST: i64 = -1;
 pub struct AssignmentChanges {
     /// Newly assigned partitions and the offset each starts at.
     pub assigned: BTreeMap<TopicPartition, i64>,
-    /// Partitions taken away.
+    /// Partitions taken away, in order; also those assigned again since
+    /// (they are in `assigned` as well: revoked first, then assigned).
     pub revoked: Vec<TopicPartition>,
     /// Claims that failed: the member must stop.
     pub failed: Vec<(TopicPartition, String)>,
@@ -76,6 +77,9 @@ pub struct SourceContext {
     /// A rebalance callback ran (an assignment, possibly empty): the
     /// member is in the group.
     rebalanced: std::sync::atomic::AtomicBool,
+    /// Rebalance callbacks run so far: a fetch reads it after every poll
+    /// to apply a rebalance before the records that follow it.
+    rebalances: std::sync::atomic::AtomicU64,
 }
 
 impl SourceContext {
@@ -91,6 +95,11 @@ impl SourceContext {
     /// (possibly empty).
     pub fn rebalanced(&self) -> bool {
         self.rebalanced.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// How many rebalance callbacks have run (cheap: one atomic load).
+    pub fn rebalances(&self) -> u64 {
+        self.rebalances.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Whether this is a group member's context.
@@ -134,9 +143,9 @@ impl SourceContext {
                     };
                     take.add_partition_offset(&topic, partition, at)?;
                     held.insert((topic.clone(), partition), start);
-                    changes
-                        .revoked
-                        .retain(|tp| *tp != (topic.clone(), partition));
+                    // A partition revoked and assigned again since the
+                    // last take stays in `revoked` too: what was read of
+                    // it before belongs to the old assignment.
                     changes.assigned.insert((topic, partition), start);
                 }
                 Err(why) => changes.failed.push(((topic, partition), why)),
@@ -233,6 +242,8 @@ impl ConsumerContext for SourceContext {
                 self.revoke(m, consumer, tpl)
             }
         };
+        self.rebalances
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
         if let Err(e) = r {
             tracing::error!("consumer group rebalance could not be applied: {e}");
         }

@@ -20,7 +20,7 @@
 //! `fetch` reads ranges, `describe` is the FFI call behind topic ids,
 //! `group` answers the group coordinator's rebalances.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::AtomicI32;
 use std::time::{Duration, Instant};
@@ -214,6 +214,10 @@ pub struct KafkaSource {
     /// A group member's assignment changes not yet taken by
     /// [`KafkaSource::sync_group`].
     group_changes: AssignmentChanges,
+    /// Partitions a rebalance took during the current fetch: dropped
+    /// from it, even if assigned again meanwhile (their records from then
+    /// on belong to the new assignment).
+    fetch_dropped: HashSet<TopicPartition>,
 }
 
 /// [`KafkaSource::describe_via`] before a broker is known.
@@ -383,13 +387,28 @@ impl KafkaSource {
             self.group_changes.assigned.remove(tp);
             self.group_changes.revoked.push(tp.clone());
         }
+        let mut again = rdkafka::TopicPartitionList::new();
         for (tp, start) in &c.assigned {
             self.assigned.insert(tp.clone(), *start);
             self.pending.remove(tp);
-            self.group_changes.revoked.retain(|r| r != tp);
             self.group_changes.assigned.insert(tp.clone(), *start);
+            again.add_partition(&tp.0, tp.1);
         }
         self.group_changes.failed.extend(c.failed);
+        // librdkafka keeps a partition's pause flag across a revoke and a
+        // new assignment of it: give a newly assigned partition the state
+        // of the others, or one paused before a revoke never fetches again.
+        if again.count() > 0 {
+            use rdkafka::consumer::Consumer as _;
+            let r = if self.paused {
+                self.consumer.pause(&again)
+            } else {
+                self.consumer.resume(&again)
+            };
+            if let Err(e) = r {
+                tracing::warn!("pause state of newly assigned partitions: {e}");
+            }
+        }
     }
 
     /// The consumer's context (the group assignment, for a member).
@@ -501,6 +520,7 @@ impl KafkaSource {
             describe_via: AtomicI32::new(NO_BROKER),
             paused: false,
             group_changes: AssignmentChanges::default(),
+            fetch_dropped: HashSet::new(),
         })
     }
 

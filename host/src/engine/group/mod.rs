@@ -673,15 +673,31 @@ fn run_member(
             Ok(d) => d,
             Err(EngineError::Sink(SinkError::Group(e))) if member.drop_if_fenced(&e) => continue,
             Err(e) => {
-                // A rebalance that took a partition of this batch ends the
-                // batch; its planned ranges are run by whoever holds them.
+                // A claim that failed during the batch stops the member
+                // (as at the top of the loop): Kafka counts the partition
+                // as ours, but nobody reads it.
                 let changes = source.sync_group();
+                if let Some((tp, why)) = changes.failed.into_iter().next() {
+                    tracing::error!("batch {batch_id} failed: {e}");
+                    return Err(EngineError::Claim {
+                        topic: tp.0,
+                        partition: tp.1,
+                        why,
+                    });
+                }
+                for tp in &changes.revoked {
+                    metrics.forget_partition(tp);
+                }
+                // A rebalance drains and releases the revoked partitions
+                // without failing the batch; only a read of a partition
+                // taken while it was being read may still end it. Its
+                // planned range is run by whoever holds it now.
                 let took = changes.revoked.iter().any(|tp| {
                     ranges
                         .iter()
                         .any(|r| r.topic == tp.0 && r.partition == tp.1)
                 });
-                if took {
+                if took && matches!(e, EngineError::Source(_)) {
                     tracing::info!("a rebalance took a partition of batch {batch_id}: {e}");
                     continue;
                 }
