@@ -263,3 +263,106 @@ fn a_missing_table_or_position_column_stops_with_the_fix() {
     );
     assert_eq!(db.scalar("SELECT count(*) FROM company"), 0);
 }
+
+/// Values that do not fit their column: text into an integer column and
+/// an overlong `varchar` are bad records naming the column in the
+/// default (multi-row) mode; a value only the database refuses (a date
+/// it cannot read) stops the part naming `batch_rows=1`, and with
+/// `batch_rows=1` it is a bad record too. Nothing else is lost.
+#[test]
+fn values_that_do_not_fit_are_bad_records_or_stop_with_the_fix() {
+    let db = Db::postgres();
+    let mock = Mock::new();
+    mock.create_topic("cdc", 1);
+    db.batch(
+        "CREATE TABLE company (id BIGINT PRIMARY KEY, name VARCHAR(5), founded DATE, \
+         _sluice_position TEXT)",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck");
+    let key = |id: u32| format!(r#"{{"database":"shop","table":"company","pk.id":{id}}}"#);
+    let events = [
+        (
+            key(1),
+            maxwell("insert", "b.000001:10", r#"{"id":1,"name":"ok"}"#),
+        ),
+        (
+            key(2),
+            maxwell("insert", "b.000001:20", r#"{"id":"two","name":"x"}"#),
+        ),
+        (
+            key(3),
+            maxwell("insert", "b.000001:30", r#"{"id":3,"name":"toolong"}"#),
+        ),
+        (
+            key(4),
+            maxwell("insert", "b.000001:40", r#"{"id":4,"name":"ok4"}"#),
+        ),
+    ];
+    let p = producer(&mock.bootstrap());
+    for (k, v) in &events {
+        p.send("cdc", 0, Some(k.as_bytes()), Some(v.as_bytes()), &[]);
+    }
+    p.flush();
+    let (code, log) = run(&mock, &db, &ck, &["--on-error", "dlq"]);
+    assert_eq!(code, Some(0), "{log}");
+    assert_eq!(
+        db.sorted_texts("SELECT CAST(id AS TEXT) || ':' || name FROM company"),
+        ["1:ok", "4:ok4"],
+        "{log}"
+    );
+    let dead = db.sorted_texts("SELECT error FROM sluice_dead_letters");
+    assert_eq!(dead.len(), 2, "{dead:?}");
+    assert!(
+        dead.iter()
+            .any(|e| e.contains("company.id (int8) cannot take two")),
+        "{dead:?}"
+    );
+    assert!(
+        dead.iter()
+            .any(|e| e.contains("holds at most 5 characters, the value has 7")),
+        "{dead:?}"
+    );
+
+    // Only the database can tell this date is wrong.
+    p.send(
+        "cdc",
+        0,
+        Some(key(5).as_bytes()),
+        Some(
+            maxwell(
+                "insert",
+                "b.000001:50",
+                r#"{"id":5,"name":"d","founded":"2024-13-45"}"#,
+            )
+            .as_bytes(),
+        ),
+        &[],
+    );
+    p.send(
+        "cdc",
+        0,
+        Some(key(6).as_bytes()),
+        Some(maxwell("insert", "b.000001:60", r#"{"id":6,"name":"e"}"#).as_bytes()),
+        &[],
+    );
+    p.flush();
+    let (code, log) = run(&mock, &db, &ck, &["--on-error", "dlq"]);
+    assert_ne!(code, Some(0), "{log}");
+    assert!(log.contains("batch_rows=1"), "{log}");
+    assert!(log.contains("cdc/0 offsets [4, 6)"), "{log}");
+    assert_eq!(db.scalar("SELECT count(*) FROM company"), 2, "{log}");
+    let (code, log) = run(
+        &mock,
+        &db,
+        &ck,
+        &["--on-error", "dlq", "--config", "batch_rows=1"],
+    );
+    assert_eq!(code, Some(0), "{log}");
+    assert_eq!(
+        db.sorted_texts("SELECT CAST(id AS TEXT) FROM company"),
+        ["1", "4", "6"],
+        "{log}"
+    );
+    assert_eq!(db.scalar("SELECT count(*) FROM sluice_dead_letters"), 3);
+}

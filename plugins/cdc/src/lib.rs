@@ -19,6 +19,10 @@
 //!   `0000-00-00…` in date and time columns;
 //! - `strict`: `true` makes a source column the table lacks a bad record
 //!   (default: ignored, logged once per table and column);
+//! - `batch_rows`: at most this many primary keys are kept before the
+//!   sink applies them as multi-row statements (default 1000; `1`: each
+//!   change its own statement at once, so that even an error only the
+//!   database finds is a bad record of that change, [`sink`]);
 //! - `position_column`: the TEXT column each destination table must have
 //!   for the source position of its last change (default
 //!   `_sluice_position`, [`position`]).
@@ -47,6 +51,9 @@ use change::{Columns, Decoded, Op, Val};
 use route::Routes;
 use table::ZeroDates;
 
+/// `batch_rows` by default: primary keys kept per flush.
+pub const DEFAULT_BATCH_ROWS: usize = 1000;
+
 /// Which producer wrote the events.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
@@ -69,6 +76,9 @@ pub struct Settings {
     zero_dates: ZeroDates,
     strict: bool,
     position_column: String,
+    /// Most primary keys kept before the sink applies them (1: each
+    /// change its own statement, at once).
+    batch_rows: usize,
 }
 
 /// The raw `--config` pairs.
@@ -88,6 +98,8 @@ struct RawSettings {
     strict: bool,
     #[serde(default)]
     position_column: Option<String>,
+    #[serde(default)]
+    batch_rows: Option<usize>,
 }
 
 impl Settings {
@@ -139,6 +151,11 @@ impl Settings {
             zero_dates,
             strict: raw.strict,
             position_column,
+            batch_rows: match raw.batch_rows {
+                None => DEFAULT_BATCH_ROWS,
+                Some(0) => return Err(Error::fatal("batch_rows=0: give at least 1")),
+                Some(n) => n,
+            },
         })
     }
 }

@@ -1,16 +1,55 @@
-//! The sink stage: applies change records to their destination tables,
-//! one statement per change, inside the host's transaction (so together
-//! with the progress row: exactly once).
+//! The sink stage: applies change records to their destination tables
+//! inside the host's transaction for the part (so together with the
+//! progress row: exactly once).
+//!
+//! Changes are checked and bound as they arrive (`write`): a value the
+//! column cannot take is a bad record there, naming the column. They are
+//! kept per destination table, one per primary key (the change with the
+//! newest source position wins, the later one on equal positions), and
+//! applied at the part's `close` — or when `batch_rows` keys are kept —
+//! as one multi-row upsert and one multi-row delete per table. With
+//! `batch_rows=1` each change is its own statement, run at once, so even
+//! an error only the database finds is a bad record of that change.
 
 use std::collections::{HashMap, HashSet};
 
 use sluice_guest::json::{self, Object};
 use sluice_guest::sql::{self, SqlError, Value};
-use sluice_guest::{Config, Error, Sink, SinkRecord, log};
+use sluice_guest::{Config, Error, OpenAnswer, PartitionContext, Sink, SinkRecord, log};
 
 use crate::Settings;
 use crate::change::{ChangeIn, Op, Val};
 use crate::table::{Dialect, Table};
+
+/// At most this many parameters in one statement (SQLite allows 32,766
+/// since 3.32, PostgreSQL 65,535).
+const MAX_PARAMS: usize = 30_000;
+
+/// One change, checked and bound, waiting for the flush.
+#[derive(Debug)]
+struct Bound {
+    op: Op,
+    /// Source position (the row's `position_column` after it).
+    pos: String,
+    /// Column indexes the upsert sets (key columns included); empty for
+    /// a delete.
+    set: Vec<usize>,
+    /// The values: of `set` for an upsert, of the key for a delete.
+    params: Vec<Value>,
+}
+
+/// The changes of one destination table kept for the flush.
+#[derive(Debug, Default)]
+struct Kept {
+    /// A truncate came first: delete every row before the rest.
+    truncate: bool,
+    /// Primary key columns (indexes), from the first change.
+    key: Vec<usize>,
+    /// Key values (rendered) → the change kept for that key.
+    by_key: HashMap<String, Bound>,
+    /// Keys in first-seen order (so statements are reproducible).
+    order: Vec<String>,
+}
 
 /// The cdc sink stage.
 pub struct CdcSink {
@@ -20,6 +59,12 @@ pub struct CdcSink {
     /// (table, source column) pairs already reported as ignored.
     ignored: HashSet<(String, String)>,
     dialect: Option<Dialect>,
+    /// Changes kept for the flush, per destination table.
+    kept: HashMap<String, Kept>,
+    /// Keys kept over all tables.
+    kept_rows: usize,
+    /// The part being written, for messages.
+    part: String,
 }
 
 impl Sink for CdcSink {
@@ -29,6 +74,9 @@ impl Sink for CdcSink {
             tables: HashMap::new(),
             ignored: HashSet::new(),
             dialect: None,
+            kept: HashMap::new(),
+            kept_rows: 0,
+            part: String::new(),
         })
     }
 
@@ -50,6 +98,16 @@ impl Sink for CdcSink {
         Ok(())
     }
 
+    fn open(&mut self, ctx: &PartitionContext) -> Result<OpenAnswer, Error> {
+        self.kept.clear();
+        self.kept_rows = 0;
+        self.part = format!(
+            "{}/{} offsets [{}, {})",
+            ctx.topic, ctx.partition, ctx.start_offset, ctx.end_offset
+        );
+        Ok(OpenAnswer::Proceed)
+    }
+
     fn write(&mut self, r: &SinkRecord<'_>) -> Result<(), Error> {
         let value = r.record.value.ok_or_else(|| {
             Error::bad_record("tombstone: the cdc sink expects the change records of its map stage")
@@ -67,12 +125,17 @@ impl Sink for CdcSink {
             return Err(Error::fatal("destination table vanished from the cache"));
         };
         let key = Object::from_raw(c.key).map_err(|e| Error::bad_record(format!("`key`: {e}")))?;
-        let result = match c.op {
-            Op::Truncate => sql::execute(&format!("DELETE FROM {}", table.name), &[]),
+        let (key_idx, bound) = match c.op {
+            Op::Truncate => (Vec::new(), None),
             Op::Delete => {
-                let (idx, mut params) = self.bind_key(table, &key)?;
-                params.push(Value::from(&*c.pos));
-                sql::execute(&table.delete(&idx), &params)
+                let (idx, params) = self.bind_key(table, &key)?;
+                let b = Bound {
+                    op: Op::Delete,
+                    pos: c.pos.to_string(),
+                    set: Vec::new(),
+                    params,
+                };
+                (idx, Some(b))
             }
             Op::Upsert => {
                 let row = c
@@ -80,8 +143,7 @@ impl Sink for CdcSink {
                     .ok_or_else(|| Error::bad_record("upsert without `row`"))?;
                 let row =
                     Object::from_raw(row).map_err(|e| Error::bad_record(format!("`row`: {e}")))?;
-                let (sql, mut params, ignored) = self.upsert(table, &key, &row)?;
-                params.push(Value::from(&*c.pos));
+                let (key_idx, b, ignored) = self.upsert(table, &key, &row, &c.pos)?;
                 for column in ignored {
                     if self.ignored.insert((c.table.to_string(), column.clone())) {
                         log::warn(format!(
@@ -90,14 +152,164 @@ impl Sink for CdcSink {
                         ));
                     }
                 }
-                sql::execute(&sql, &params)
+                (key_idx, Some(b))
             }
         };
-        result.map(|_| ()).map_err(|e| classify(e, &c))
+        if self.settings.batch_rows <= 1 {
+            return apply_one(table, &key_idx, bound.as_ref())
+                .map(|_| ())
+                .map_err(|e| classify(e, &c));
+        }
+        let name = table.name.clone();
+        // Kept changes of a table share one key column list: a change
+        // with another (the key struct changed) applies what is kept first.
+        if bound.is_some()
+            && self
+                .kept
+                .get(&name)
+                .is_some_and(|k| !k.order.is_empty() && k.key != key_idx)
+        {
+            self.flush()?;
+        }
+        self.keep(&name, key_idx, bound);
+        if self.kept_rows >= self.settings.batch_rows {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn close(&mut self) -> Result<(), Error> {
+        self.flush()
+    }
+}
+
+/// Run one change as its own statement (`batch_rows=1`); `None` is a
+/// truncate.
+fn apply_one(table: &Table, key: &[usize], change: Option<&Bound>) -> Result<u64, SqlError> {
+    let Some(b) = change else {
+        return sql::execute(&format!("DELETE FROM {}", table.name), &[]);
+    };
+    let mut params = b.params.clone();
+    params.push(Value::from(b.pos.as_str()));
+    match b.op {
+        Op::Delete => sql::execute(&table.delete(key, 1), &params),
+        _ => sql::execute(&table.upsert(&b.set, key, 1), &params),
     }
 }
 
 impl CdcSink {
+    /// Keep `change` (`None`: a truncate) of `table` for the flush: the
+    /// newest change per key.
+    fn keep(&mut self, table: &str, key: Vec<usize>, change: Option<Bound>) {
+        let kept = self.kept.entry(table.to_string()).or_default();
+        let Some(b) = change else {
+            // Nothing kept before a truncate matters any more.
+            self.kept_rows -= kept.order.len();
+            *kept = Kept {
+                truncate: true,
+                ..Kept::default()
+            };
+            return;
+        };
+        if kept.order.is_empty() {
+            kept.key = key;
+        }
+        let rendered = match b.op {
+            Op::Delete => format!("{:?}", b.params),
+            _ => {
+                let values: Vec<&Value> = kept
+                    .key
+                    .iter()
+                    .filter_map(|k| b.set.iter().position(|s| s == k).map(|n| &b.params[n]))
+                    .collect();
+                format!("{values:?}")
+            }
+        };
+        match kept.by_key.get_mut(&rendered) {
+            Some(old) if old.pos <= b.pos => *old = b,
+            Some(_) => {}
+            None => {
+                kept.by_key.insert(rendered.clone(), b);
+                kept.order.push(rendered);
+                self.kept_rows += 1;
+            }
+        }
+    }
+
+    /// Apply every kept change: per table the truncate, then one
+    /// multi-row delete and one multi-row upsert per column set (in
+    /// statements of at most [`MAX_PARAMS`] parameters).
+    ///
+    /// # Errors
+    /// [`Error::Fatal`] naming the table and the part when the database
+    /// refuses a statement: which change it was is not known here (run
+    /// with `batch_rows=1` to find it as a bad record).
+    fn flush(&mut self) -> Result<(), Error> {
+        let mut names: Vec<String> = self.kept.keys().cloned().collect();
+        names.sort();
+        for name in names {
+            let Some(mut kept) = self.kept.remove(&name) else {
+                continue;
+            };
+            let Some(table) = self.tables.get(&name) else {
+                return Err(Error::fatal("destination table vanished from the cache"));
+            };
+            let fail = |e: SqlError| {
+                if e.code == "sluice" || !is_data_error(&e) {
+                    return Error::from(e);
+                }
+                // The host reports the database's error itself (it wins
+                // over the stage's): the log line carries what to do.
+                let why = format!(
+                    "table {name}: the database refused a change of {}: {e}. One statement carries many changes, so which one is not known: restart with --config batch_rows=1 to apply them one by one, and the bad one goes to --on-error",
+                    self.part
+                );
+                log::error(&why);
+                Error::fatal(why)
+            };
+            if kept.truncate {
+                sql::execute(&format!("DELETE FROM {name}"), &[]).map_err(fail)?;
+            }
+            let mut deletes: Vec<Bound> = Vec::new();
+            let mut upserts: Vec<Bound> = Vec::new();
+            for k in &kept.order {
+                if let Some(b) = kept.by_key.remove(k) {
+                    match b.op {
+                        Op::Delete => deletes.push(b),
+                        _ => upserts.push(b),
+                    }
+                }
+            }
+            for chunk in deletes.chunks(MAX_PARAMS / (kept.key.len() + 1)) {
+                let mut params = Vec::with_capacity(chunk.len() * (kept.key.len() + 1));
+                for b in chunk {
+                    params.extend(b.params.iter().cloned());
+                    params.push(Value::from(b.pos.as_str()));
+                }
+                sql::execute(&table.delete(&kept.key, chunk.len()), &params).map_err(fail)?;
+            }
+            // Rows of one statement set the same columns.
+            upserts.sort_by(|a, b| a.set.cmp(&b.set));
+            for group in upserts.chunk_by(|a, b| a.set == b.set) {
+                let width = group[0].set.len() + 1;
+                for chunk in group.chunks((MAX_PARAMS / width).max(1)) {
+                    let mut params = Vec::with_capacity(chunk.len() * width);
+                    for b in chunk {
+                        params.extend(b.params.iter().cloned());
+                        params.push(Value::from(b.pos.as_str()));
+                    }
+                    sql::execute(
+                        &table.upsert(&chunk[0].set, &kept.key, chunk.len()),
+                        &params,
+                    )
+                    .map_err(fail)?;
+                }
+            }
+        }
+        self.kept_rows = 0;
+        Ok(())
+    }
+
     /// The key columns' indexes in `table` and their values.
     fn bind_key(&self, table: &Table, key: &Object<'_>) -> Result<(Vec<usize>, Vec<Value>), Error> {
         if key.is_empty() {
@@ -126,14 +338,15 @@ impl CdcSink {
     }
 
     /// The upsert of `row` (key columns from `key` where the row lacks
-    /// them): statement, parameters (all but the position, which goes
-    /// last) and the source columns the table lacks.
+    /// them) at source position `pos`: key column indexes, the bound
+    /// change and the source columns the table lacks.
     fn upsert(
         &self,
         table: &Table,
         key: &Object<'_>,
         row: &Object<'_>,
-    ) -> Result<(String, Vec<Value>, Vec<String>), Error> {
+        pos: &str,
+    ) -> Result<(Vec<usize>, Bound, Vec<String>), Error> {
         let (key_idx, _) = self.bind_key(table, key)?;
         let zero = self.settings.zero_dates;
         let position = &table.position_column().name;
@@ -181,8 +394,13 @@ impl CdcSink {
                 )));
             }
         }
-        let sql = table.upsert(&set, &key_idx);
-        Ok((sql, params, ignored))
+        let b = Bound {
+            op: Op::Upsert,
+            pos: pos.to_string(),
+            set,
+            params,
+        };
+        Ok((key_idx, b, ignored))
     }
 }
 
@@ -190,11 +408,7 @@ impl CdcSink {
 /// exception, a constraint) is a bad record; anything else stops the
 /// range (the host retries or fails it).
 fn classify(e: SqlError, c: &ChangeIn<'_>) -> Error {
-    let data = e.code.starts_with("22")
-        || e.code.starts_with("23")
-        || e.code.starts_with("SQLITE_CONSTRAINT")
-        || e.code == "SQLITE_MISMATCH";
-    if data {
+    if is_data_error(&e) {
         Error::bad_record(format!(
             "table {}: {e} (change of {} at {})",
             c.table, c.source, c.pos
@@ -202,4 +416,13 @@ fn classify(e: SqlError, c: &ChangeIn<'_>) -> Error {
     } else {
         Error::from(e)
     }
+}
+
+/// A value the column cannot take: a data exception (SQLSTATE class 22),
+/// a constraint (class 23), SQLite's constraint and type mismatch codes.
+fn is_data_error(e: &SqlError) -> bool {
+    e.code.starts_with("22")
+        || e.code.starts_with("23")
+        || e.code.starts_with("SQLITE_CONSTRAINT")
+        || e.code == "SQLITE_MISMATCH"
 }

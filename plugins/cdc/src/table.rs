@@ -37,6 +37,12 @@ pub enum Kind {
     Temporal,
     /// Booleans: JSON `true`/`false`.
     Boolean,
+    /// Integers: a JSON integer (or a string of one) within the type's
+    /// range, the most it may be (`i64::MAX` for SQLite's INTEGER).
+    Integer(i64),
+    /// Other numbers (`numeric`, `real`, `double precision`): a JSON
+    /// number, or a string of one (`NaN` and `Infinity` too).
+    Number,
     /// Anything else (numbers, JSON, UUIDs, enums, arrays): the JSON
     /// text, converted by the database.
     Other,
@@ -55,6 +61,8 @@ pub struct Column {
     pub has_default: bool,
     /// PostgreSQL: the type to cast text into (`numeric`, `"s"."mood"`).
     pub cast: String,
+    /// PostgreSQL `varchar(n)` / `char(n)`: at most this many characters.
+    pub max_chars: Option<usize>,
 }
 
 /// What to do with MySQL's zero dates (`0000-00-00…`) in date and time
@@ -93,14 +101,15 @@ impl Table {
     pub fn load(dialect: Dialect, name: &str, position_column: &str) -> Result<Table, Error> {
         let rows = match dialect {
             Dialect::Sqlite => sql::query(
-                "SELECT name, type, \"notnull\", dflt_value IS NOT NULL FROM pragma_table_info($1)",
+                "SELECT name, type, \"notnull\", dflt_value IS NOT NULL, NULL FROM pragma_table_info($1)",
                 &[Value::from(name)],
             )?,
             Dialect::Postgres => sql::query(
                 "SELECT column_name, CASE WHEN udt_schema = 'pg_catalog' THEN udt_name \
                  ELSE '\"' || udt_schema || '\".\"' || udt_name || '\"' END, \
                  CASE WHEN is_nullable = 'NO' THEN 1 ELSE 0 END, \
-                 CASE WHEN column_default IS NOT NULL OR is_identity = 'YES' OR is_generated = 'ALWAYS' THEN 1 ELSE 0 END \
+                 CASE WHEN column_default IS NOT NULL OR is_identity = 'YES' OR is_generated = 'ALWAYS' THEN 1 ELSE 0 END, \
+                 character_maximum_length \
                  FROM information_schema.columns \
                  WHERE table_schema = current_schema() AND table_name = $1 ORDER BY ordinal_position",
                 &[Value::from(name)],
@@ -108,7 +117,7 @@ impl Table {
         };
         let mut columns = Vec::new();
         for row in rows.rows {
-            let [Value::Text(col), ty, not_null, has_default] = row.as_slice() else {
+            let [Value::Text(col), ty, not_null, has_default, max_chars] = row.as_slice() else {
                 return Err(Error::fatal(format!(
                     "table {name}: unexpected column description {row:?}"
                 )));
@@ -123,6 +132,11 @@ impl Table {
                 not_null: truthy(not_null),
                 has_default: truthy(has_default),
                 cast: ty,
+                max_chars: match max_chars {
+                    Value::Integer(n) => usize::try_from(*n).ok(),
+                    Value::Text(t) => t.parse().ok(),
+                    _ => None,
+                },
             });
         }
         if columns.is_empty() {
@@ -179,55 +193,93 @@ impl Table {
     }
 
     /// `INSERT … ON CONFLICT (key) DO UPDATE … WHERE` the row's position
-    /// is not newer, for columns `set` (indexes; the position column is
-    /// added last as `$len+1`) and key columns `key` (indexes into
-    /// `columns`).
-    pub fn upsert(&self, set: &[usize], key: &[usize]) -> String {
+    /// is not newer, of `rows` rows (≥ 1) for columns `set` (indexes; the
+    /// position column is added last in each row) and key columns `key`
+    /// (indexes into `columns`). Placeholders run `$1…` row after row,
+    /// `set.len() + 1` per row. The rows must have distinct keys
+    /// (PostgreSQL refuses to update one row twice in one statement).
+    pub fn upsert(&self, set: &[usize], key: &[usize], rows: usize) -> String {
         let t = &self.name;
         let pos = quote(&self.position_column().name);
         let names: Vec<String> = set.iter().map(|&i| quote(&self.columns[i].name)).collect();
-        let values: Vec<String> = set
-            .iter()
-            .enumerate()
-            .map(|(n, &i)| self.placeholder(&self.columns[i], n + 1))
+        let width = set.len() + 1;
+        let values: Vec<String> = (0..rows.max(1))
+            .map(|row| {
+                let base = row * width;
+                let mut cells: Vec<String> = set
+                    .iter()
+                    .enumerate()
+                    .map(|(n, &i)| self.placeholder(&self.columns[i], base + n + 1))
+                    .collect();
+                cells.push(format!("${}", base + width));
+                format!("({})", cells.join(", "))
+            })
             .collect();
-        let updates: Vec<String> = set
+        let updates: String = set
             .iter()
             .filter(|i| !key.contains(i))
             .map(|&i| {
                 let c = quote(&self.columns[i].name);
-                format!("{c} = excluded.{c}")
+                format!("{c} = excluded.{c}, ")
             })
             .collect();
         let conflict: Vec<String> = key.iter().map(|&i| quote(&self.columns[i].name)).collect();
         format!(
-            "INSERT INTO {t} ({}, {pos}) VALUES ({}, ${}) ON CONFLICT ({}) DO UPDATE SET {}{pos} = excluded.{pos} \
+            "INSERT INTO {t} ({}, {pos}) VALUES {} ON CONFLICT ({}) DO UPDATE SET {updates}{pos} = excluded.{pos} \
              WHERE {t}.{pos} IS NULL OR {t}.{pos} <= excluded.{pos}",
             names.join(", "),
             values.join(", "),
-            set.len() + 1,
             conflict.join(", "),
-            updates.iter().map(|u| format!("{u}, ")).collect::<String>(),
         )
     }
 
-    /// `DELETE` of the row with key columns `key` (indexes; values `$1…`,
-    /// the position `$len+1`) unless its position is newer.
-    pub fn delete(&self, key: &[usize]) -> String {
+    /// `DELETE` of the rows with key columns `key` (indexes), `rows` of
+    /// them (≥ 1), each unless its stored position is newer than the
+    /// change's. Placeholders per row: the key values, then the position.
+    /// One row: a plain `WHERE`; more: a `WITH … (VALUES …)` list, which
+    /// both SQLite (≥ 3.8.3) and PostgreSQL take.
+    pub fn delete(&self, key: &[usize], rows: usize) -> String {
+        let t = &self.name;
         let pos = quote(&self.position_column().name);
-        let conditions: Vec<String> = key
-            .iter()
-            .enumerate()
-            .map(|(n, &i)| {
-                let c = &self.columns[i];
-                format!("{} = {}", quote(&c.name), self.placeholder(c, n + 1))
+        let width = key.len() + 1;
+        if rows <= 1 {
+            let conditions: Vec<String> = key
+                .iter()
+                .enumerate()
+                .map(|(n, &i)| {
+                    let c = &self.columns[i];
+                    format!("{} = {}", quote(&c.name), self.placeholder(c, n + 1))
+                })
+                .collect();
+            return format!(
+                "DELETE FROM {t} WHERE {} AND ({pos} IS NULL OR {pos} <= ${width})",
+                conditions.join(" AND "),
+            );
+        }
+        let names: Vec<String> = (0..key.len()).map(|n| format!("k{n}")).collect();
+        let values: Vec<String> = (0..rows)
+            .map(|row| {
+                let base = row * width;
+                let mut cells: Vec<String> = key
+                    .iter()
+                    .enumerate()
+                    .map(|(n, &i)| self.placeholder(&self.columns[i], base + n + 1))
+                    .collect();
+                cells.push(format!("${}", base + width));
+                format!("({})", cells.join(", "))
             })
             .collect();
+        let matches: Vec<String> = key
+            .iter()
+            .enumerate()
+            .map(|(n, &i)| format!("{t}.{} = v.k{n}", quote(&self.columns[i].name)))
+            .collect();
         format!(
-            "DELETE FROM {} WHERE {} AND ({pos} IS NULL OR {pos} <= ${})",
-            self.name,
-            conditions.join(" AND "),
-            key.len() + 1
+            "WITH v ({}, pos) AS (VALUES {}) DELETE FROM {t} WHERE EXISTS (SELECT 1 FROM v WHERE {} \
+             AND ({t}.{pos} IS NULL OR {t}.{pos} <= v.pos))",
+            names.join(", "),
+            values.join(", "),
+            matches.join(" AND "),
         )
     }
 
@@ -260,13 +312,68 @@ impl Table {
             }
             Some(b't' | b'f') => {
                 let b = raw.get() == "true";
+                if !matches!(c.kind, Kind::Boolean | Kind::Integer(_) | Kind::Other) {
+                    return Err(self.misfit(c, raw.get()));
+                }
                 Ok(match self.dialect {
                     Dialect::Sqlite => Value::Integer(i64::from(b)),
                     Dialect::Postgres => Value::from(if b { "true" } else { "false" }),
                 })
             }
-            _ => Ok(Value::from(raw.get())),
+            Some(b'{' | b'[')
+                if matches!(
+                    c.kind,
+                    Kind::Integer(_) | Kind::Number | Kind::Boolean | Kind::Binary | Kind::Temporal
+                ) =>
+            {
+                Err(self.misfit(c, raw.get()))
+            }
+            _ => self.checked(c, raw.get().to_string()),
         }
+    }
+
+    /// A bad record: `value` does not fit column `c`.
+    fn misfit(&self, c: &Column, value: &str) -> Error {
+        let shown: String = value.chars().take(60).collect();
+        let ty = if c.cast.is_empty() {
+            "untyped"
+        } else {
+            &c.cast
+        };
+        Error::bad_record(format!(
+            "column {}.{} ({ty}) cannot take {shown}{}",
+            self.name,
+            c.name,
+            if shown.len() < value.len() { "…" } else { "" }
+        ))
+    }
+
+    /// `text` as the value of `c`, checked where the database would not
+    /// (SQLite keeps text in a number column) or would only say so at
+    /// the end of the part: integers in range, numbers, string lengths.
+    fn checked(&self, c: &Column, text: String) -> Result<Value, Error> {
+        match c.kind {
+            Kind::Integer(max) => match parse_integer(&text) {
+                Some(n) if n <= max && n >= -max - 1 => {}
+                _ => return Err(self.misfit(c, &text)),
+            },
+            Kind::Number if !is_number(&text) => return Err(self.misfit(c, &text)),
+            Kind::Text => {
+                if let Some(max) = c.max_chars
+                    && text.chars().count() > max
+                {
+                    return Err(Error::bad_record(format!(
+                        "column {}.{} ({}) holds at most {max} characters, the value has {}",
+                        self.name,
+                        c.name,
+                        c.cast,
+                        text.chars().count()
+                    )));
+                }
+            }
+            _ => {}
+        }
+        Ok(Value::Text(text))
     }
 
     fn bind_text(&self, c: &Column, text: String, zero_dates: ZeroDates) -> Result<Value, Error> {
@@ -279,8 +386,45 @@ impl Table {
                 ))),
             };
         }
-        Ok(Value::Text(text))
+        self.checked(c, text)
     }
+}
+
+/// `text` as an integer: optional sign and digits, or a number whose
+/// fraction is zero (`5.0`, `5e2`) as JSON writers sometimes give.
+fn parse_integer(text: &str) -> Option<i64> {
+    let t = text.trim();
+    if let Ok(n) = t.parse::<i64>() {
+        return Some(n);
+    }
+    if !is_number(t) {
+        return None;
+    }
+    let f: f64 = t.parse().ok()?;
+    // Beyond 2^53 an f64 is not exact: only whole, exactly held values.
+    (f.fract() == 0.0 && f.abs() < 9.007_199_254_740_992e15).then_some(f as i64)
+}
+
+/// `text` is a number: JSON's grammar (sign, digits, fraction,
+/// exponent; a leading `+` allowed), or `NaN` / `Infinity`.
+fn is_number(text: &str) -> bool {
+    let t = text.trim();
+    let t = t.strip_prefix(['-', '+']).unwrap_or(t);
+    if t.eq_ignore_ascii_case("nan") || t.eq_ignore_ascii_case("infinity") {
+        return true;
+    }
+    let (mantissa, exponent) = match t.find(['e', 'E']) {
+        Some(i) => (&t[..i], Some(&t[i + 1..])),
+        None => (t, None),
+    };
+    let (int, frac) = match mantissa.split_once('.') {
+        Some((i, f)) => (i, Some(f)),
+        None => (mantissa, None),
+    };
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    (digits(int) || (int.is_empty() && frac.is_some_and(digits)))
+        && frac.is_none_or(|f| f.is_empty() || digits(f))
+        && exponent.is_none_or(|e| digits(e.strip_prefix(['-', '+']).unwrap_or(e)))
 }
 
 fn truthy(v: &Value) -> bool {
@@ -297,6 +441,10 @@ fn kind(dialect: Dialect, ty: &str) -> Kind {
     match dialect {
         Dialect::Postgres => match t.as_str() {
             "bytea" => Kind::Binary,
+            "int2" => Kind::Integer(i64::from(i16::MAX)),
+            "int4" => Kind::Integer(i64::from(i32::MAX)),
+            "int8" => Kind::Integer(i64::MAX),
+            "numeric" | "float4" | "float8" => Kind::Number,
             "text" | "varchar" | "bpchar" | "name" | "citext" => Kind::Text,
             "date" | "timestamp" | "timestamptz" | "time" | "timetz" => Kind::Temporal,
             "bool" => Kind::Boolean,
@@ -311,8 +459,15 @@ fn kind(dialect: Dialect, ty: &str) -> Kind {
                 Kind::Temporal
             } else if t.contains("bool") {
                 Kind::Boolean
+            } else if t.contains("int") {
+                Kind::Integer(i64::MAX)
             } else if t.contains("char") || t.contains("clob") || t.contains("text") {
                 Kind::Text
+            } else if ["real", "floa", "doub", "numeric", "decimal"]
+                .iter()
+                .any(|w| t.contains(w))
+            {
+                Kind::Number
             } else {
                 Kind::Other
             }
@@ -331,6 +486,7 @@ mod tests {
             not_null: false,
             has_default: false,
             cast: ty.into(),
+            max_chars: None,
         };
         Table {
             name: "company".into(),
@@ -351,7 +507,7 @@ mod tests {
     fn postgres_statements_cast_what_is_not_text() {
         let t = table(Dialect::Postgres);
         assert_eq!(
-            t.upsert(&[0, 1, 2, 3], &[0]),
+            t.upsert(&[0, 1, 2, 3], &[0], 1),
             "INSERT INTO company (\"id\", \"name\", \"revenue\", \"logo\", \"_sluice_position\") VALUES \
              (CAST(CAST($1 AS TEXT) AS int8), $2, CAST(CAST($3 AS TEXT) AS numeric), $4, $5) \
              ON CONFLICT (\"id\") DO UPDATE SET \"name\" = excluded.\"name\", \"revenue\" = excluded.\"revenue\", \
@@ -359,9 +515,58 @@ mod tests {
              WHERE company.\"_sluice_position\" IS NULL OR company.\"_sluice_position\" <= excluded.\"_sluice_position\""
         );
         assert_eq!(
-            t.delete(&[0]),
+            t.delete(&[0], 1),
             "DELETE FROM company WHERE \"id\" = CAST(CAST($1 AS TEXT) AS int8) AND (\"_sluice_position\" IS NULL OR \"_sluice_position\" <= $2)"
         );
+    }
+
+    #[test]
+    fn many_rows_go_in_one_statement() {
+        let t = table(Dialect::Sqlite);
+        assert_eq!(
+            t.upsert(&[0, 1], &[0], 2),
+            "INSERT INTO company (\"id\", \"name\", \"_sluice_position\") VALUES ($1, $2, $3), ($4, $5, $6) \
+             ON CONFLICT (\"id\") DO UPDATE SET \"name\" = excluded.\"name\", \"_sluice_position\" = excluded.\"_sluice_position\" \
+             WHERE company.\"_sluice_position\" IS NULL OR company.\"_sluice_position\" <= excluded.\"_sluice_position\""
+        );
+        assert_eq!(
+            t.delete(&[0], 2),
+            "WITH v (k0, pos) AS (VALUES ($1, $2), ($3, $4)) DELETE FROM company WHERE EXISTS (SELECT 1 FROM v \
+             WHERE company.\"id\" = v.k0 AND (company.\"_sluice_position\" IS NULL OR company.\"_sluice_position\" <= v.pos))"
+        );
+    }
+
+    #[test]
+    fn values_that_do_not_fit_their_column_are_bad_records_naming_it() {
+        let mut t = table(Dialect::Postgres);
+        t.columns[1].max_chars = Some(3);
+        t.columns.push(Column {
+            name: "small".into(),
+            kind: kind(Dialect::Postgres, "int2"),
+            not_null: false,
+            has_default: false,
+            cast: "int2".into(),
+            max_chars: None,
+        });
+        let raw = |s: &str| RawValue::from_string(s.to_string()).unwrap();
+        let b = |c: usize, v: &str| t.bind(&t.columns[c], &Val::Raw(&raw(v)), ZeroDates::Null);
+        let e = b(0, r#""abc""#).unwrap_err().to_string();
+        assert!(e.contains("company.id (int8) cannot take abc"), "{e}");
+        assert!(b(0, "1.5").is_err());
+        assert!(b(0, "[1]").is_err());
+        assert_eq!(b(0, "5.0").unwrap(), Value::from("5.0"));
+        assert_eq!(b(0, r#""-42""#).unwrap(), Value::from("-42"));
+        assert!(b(6, "32767").is_ok() && b(6, "-32768").is_ok());
+        assert!(b(6, "32768").is_err());
+        assert!(b(2, r#""12.5e3""#).is_ok() && b(2, r#""NaN""#).is_ok());
+        assert!(b(2, r#""12,5""#).is_err() && b(2, r#""""#).is_err());
+        let e = b(1, r#""abcd""#).unwrap_err().to_string();
+        assert!(
+            e.contains("company.name (text) holds at most 3 characters, the value has 4"),
+            "{e}"
+        );
+        assert!(b(1, r#""abc""#).is_ok());
+        assert!(b(4, "true").is_err());
     }
 
     #[test]
