@@ -202,19 +202,7 @@ impl Table {
         let t = &self.name;
         let pos = quote(&self.position_column().name);
         let names: Vec<String> = set.iter().map(|&i| quote(&self.columns[i].name)).collect();
-        let width = set.len() + 1;
-        let values: Vec<String> = (0..rows.max(1))
-            .map(|row| {
-                let base = row * width;
-                let mut cells: Vec<String> = set
-                    .iter()
-                    .enumerate()
-                    .map(|(n, &i)| self.placeholder(&self.columns[i], base + n + 1))
-                    .collect();
-                cells.push(format!("${}", base + width));
-                format!("({})", cells.join(", "))
-            })
-            .collect();
+        let values = self.value_rows(set, rows.max(1));
         let updates: String = set
             .iter()
             .filter(|i| !key.contains(i))
@@ -231,6 +219,24 @@ impl Table {
             values.join(", "),
             conflict.join(", "),
         )
+    }
+
+    /// `rows` rows of placeholders for columns `cols` (indexes) and the
+    /// position after them: `($1, $2), ($3, $4)`, numbered row after row.
+    fn value_rows(&self, cols: &[usize], rows: usize) -> Vec<String> {
+        let width = cols.len() + 1;
+        (0..rows)
+            .map(|row| {
+                let base = row * width;
+                let mut cells: Vec<String> = cols
+                    .iter()
+                    .enumerate()
+                    .map(|(n, &i)| self.placeholder(&self.columns[i], base + n + 1))
+                    .collect();
+                cells.push(format!("${}", base + width));
+                format!("({})", cells.join(", "))
+            })
+            .collect()
     }
 
     /// `DELETE` of the rows with key columns `key` (indexes), `rows` of
@@ -257,18 +263,7 @@ impl Table {
             );
         }
         let names: Vec<String> = (0..key.len()).map(|n| format!("k{n}")).collect();
-        let values: Vec<String> = (0..rows)
-            .map(|row| {
-                let base = row * width;
-                let mut cells: Vec<String> = key
-                    .iter()
-                    .enumerate()
-                    .map(|(n, &i)| self.placeholder(&self.columns[i], base + n + 1))
-                    .collect();
-                cells.push(format!("${}", base + width));
-                format!("({})", cells.join(", "))
-            })
-            .collect();
+        let values = self.value_rows(key, rows);
         let matches: Vec<String> = key
             .iter()
             .enumerate()
