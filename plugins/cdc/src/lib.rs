@@ -20,7 +20,7 @@
 //! - `strict`: `true` makes a source column the table lacks a bad record
 //!   (default: ignored, logged once per table and column);
 //! - `batch_rows`: at most this many primary keys are kept before the
-//!   sink applies them as multi-row statements (default 1000; `1`: each
+//!   sink applies them as multi-row statements (default 10, measured fastest on SQLite: docs/benchmarks.md; `1`: each
 //!   change its own statement at once, so that even an error only the
 //!   database finds is a bad record of that change, [`sink`]);
 //! - `position_column`: the TEXT column each destination table must have
@@ -52,7 +52,7 @@ use route::Routes;
 use table::ZeroDates;
 
 /// `batch_rows` by default: primary keys kept per flush.
-pub const DEFAULT_BATCH_ROWS: usize = 1000;
+pub const DEFAULT_BATCH_ROWS: usize = 10;
 
 /// Which producer wrote the events.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
