@@ -404,20 +404,14 @@ impl KafkaSource {
                 rebalances = self.context().rebalances();
                 self.drop_taken(remaining);
                 if let Some((tp, i)) = &mut last {
-                    *i = index
-                        .get(tp)
-                        .copied()
-                        .filter(|_| !self.fetch_dropped.contains(tp));
+                    *i = self.slot(index, tp);
                 }
             }
             match polled {
                 Some(Ok((new_tp, offset, rec))) => {
                     progressed = true;
                     if let Some(tp) = new_tp {
-                        let i = index
-                            .get(&tp)
-                            .copied()
-                            .filter(|_| !self.fetch_dropped.contains(&tp));
+                        let i = self.slot(index, &tp);
                         last = Some((tp, i));
                     }
                     let Some((tp, i)) = &last else {
@@ -460,6 +454,15 @@ impl KafkaSource {
             }
         }
         Ok(())
+    }
+
+    /// The index of `tp`'s range in the fetch, `None` when it has none or
+    /// a rebalance took it during the fetch.
+    fn slot(&self, index: &HashMap<TopicPartition, usize>, tp: &TopicPartition) -> Option<usize> {
+        index
+            .get(tp)
+            .copied()
+            .filter(|_| !self.fetch_dropped.contains(tp))
     }
 
     /// Apply the rebalances of the last poll during a fetch: every

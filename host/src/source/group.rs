@@ -74,11 +74,9 @@ pub struct SourceContext {
     /// The partitions held now, with their start offsets when assigned.
     held: Mutex<BTreeMap<TopicPartition, i64>>,
     changes: Mutex<AssignmentChanges>,
-    /// A rebalance callback ran (an assignment, possibly empty): the
-    /// member is in the group.
-    rebalanced: std::sync::atomic::AtomicBool,
-    /// Rebalance callbacks run so far: a fetch reads it after every poll
-    /// to apply a rebalance before the records that follow it.
+    /// Rebalance callbacks run so far: one or more means the member is in
+    /// the group; a fetch reads it after every poll to apply a rebalance
+    /// before the records that follow it.
     rebalances: std::sync::atomic::AtomicU64,
 }
 
@@ -94,7 +92,7 @@ impl SourceContext {
     /// Whether the coordinator has given this member an assignment yet
     /// (possibly empty).
     pub fn rebalanced(&self) -> bool {
-        self.rebalanced.load(std::sync::atomic::Ordering::Relaxed)
+        self.rebalances() > 0
     }
 
     /// How many rebalance callbacks have run (cheap: one atomic load).
@@ -231,8 +229,6 @@ impl ConsumerContext for SourceContext {
             }
             return;
         };
-        self.rebalanced
-            .store(true, std::sync::atomic::Ordering::Relaxed);
         let r = match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => self.assign(m, consumer, tpl),
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => self.revoke(m, consumer, tpl),

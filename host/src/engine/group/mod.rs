@@ -448,6 +448,31 @@ fn commit_before_leaving(source: &mut KafkaSource, member: &Member) {
     }
 }
 
+/// Take the assignment changes since the last call ([`KafkaSource::sync_group`])
+/// and forget the metrics of the partitions revoked.
+///
+/// # Errors
+/// [`EngineError::Claim`] for a claim that failed: Kafka counts the
+/// partition as this member's, but nobody would read it, so the member
+/// stops.
+fn sync_group(
+    source: &mut KafkaSource,
+    metrics: &Metrics,
+) -> Result<crate::source::AssignmentChanges, EngineError> {
+    let changes = source.sync_group();
+    if let Some((tp, why)) = changes.failed.first() {
+        return Err(EngineError::Claim {
+            topic: tp.0.clone(),
+            partition: tp.1,
+            why: why.clone(),
+        });
+    }
+    for tp in &changes.revoked {
+        metrics.forget_partition(tp);
+    }
+    Ok(changes)
+}
+
 /// The batch loop of [`run_group`].
 #[allow(clippy::too_many_arguments)]
 fn run_member(
@@ -483,19 +508,9 @@ fn run_member(
             break;
         }
         source.serve(Duration::from_millis(10));
-        let changes = source.sync_group();
-        if let Some((tp, why)) = changes.failed.first() {
-            return Err(EngineError::Claim {
-                topic: tp.0.clone(),
-                partition: tp.1,
-                why: why.clone(),
-            });
-        }
+        let changes = sync_group(source, metrics)?;
         if !changes.assigned.is_empty() || !changes.revoked.is_empty() {
             joined_at = Instant::now();
-        }
-        for tp in &changes.revoked {
-            metrics.forget_partition(tp);
         }
         if swaps.at_boundary(cfg, stages, grant, batch_id + 1) {
             metrics.swap();
@@ -674,20 +689,10 @@ fn run_member(
             Err(EngineError::Sink(SinkError::Group(e))) if member.drop_if_fenced(&e) => continue,
             Err(e) => {
                 // A claim that failed during the batch stops the member
-                // (as at the top of the loop): Kafka counts the partition
-                // as ours, but nobody reads it.
-                let changes = source.sync_group();
-                if let Some((tp, why)) = changes.failed.into_iter().next() {
+                // (as at the top of the loop).
+                let changes = sync_group(source, metrics).inspect_err(|_| {
                     tracing::error!("batch {batch_id} failed: {e}");
-                    return Err(EngineError::Claim {
-                        topic: tp.0,
-                        partition: tp.1,
-                        why,
-                    });
-                }
-                for tp in &changes.revoked {
-                    metrics.forget_partition(tp);
-                }
+                })?;
                 // A rebalance drains and releases the revoked partitions
                 // without failing the batch; only a read of a partition
                 // taken while it was being read may still end it. Its
