@@ -266,30 +266,29 @@ fn values_that_do_not_fit_are_bad_records_or_stop_with_the_fix() {
     );
     let dir = tempfile::tempdir().unwrap();
     let ck = dir.path().join("ck");
-    let key = |id: u32| format!(r#"{{"database":"shop","table":"company","pk.id":{id}}}"#);
-    let events = [
-        (
-            key(1),
-            maxwell("insert", "b.000001:10", r#"{"id":1,"name":"ok"}"#),
-        ),
-        (
-            key(2),
-            maxwell("insert", "b.000001:20", r#"{"id":"two","name":"x"}"#),
-        ),
-        (
-            key(3),
-            maxwell("insert", "b.000001:30", r#"{"id":3,"name":"toolong"}"#),
-        ),
-        (
-            key(4),
-            maxwell("insert", "b.000001:40", r#"{"id":4,"name":"ok4"}"#),
-        ),
-    ];
-    let p = producer(&mock.bootstrap());
-    for (k, v) in &events {
-        p.send("cdc", 0, Some(k.as_bytes()), Some(v.as_bytes()), &[]);
-    }
-    p.flush();
+    // Maxwell inserts of ids at binlog positions, keyed as Maxwell keys them.
+    let send = |events: &[(u32, u32, &str)]| {
+        let events: Vec<(String, String)> = events
+            .iter()
+            .map(|(id, pos, data)| {
+                (
+                    format!(r#"{{"database":"shop","table":"company","pk.id":{id}}}"#),
+                    maxwell("insert", &format!("b.000001:{pos}"), data),
+                )
+            })
+            .collect();
+        let refs: Vec<(Option<&str>, Option<&str>)> = events
+            .iter()
+            .map(|(k, v)| (Some(k.as_str()), Some(v.as_str())))
+            .collect();
+        produce(&mock, &refs);
+    };
+    send(&[
+        (1, 10, r#"{"id":1,"name":"ok"}"#),
+        (2, 20, r#"{"id":"two","name":"x"}"#),
+        (3, 30, r#"{"id":3,"name":"toolong"}"#),
+        (4, 40, r#"{"id":4,"name":"ok4"}"#),
+    ]);
     let (code, log) = run(&mock, &db, &ck, &["--on-error", "dlq"]);
     assert_eq!(code, Some(0), "{log}");
     assert_eq!(
@@ -311,28 +310,10 @@ fn values_that_do_not_fit_are_bad_records_or_stop_with_the_fix() {
     );
 
     // Only the database can tell this date is wrong.
-    p.send(
-        "cdc",
-        0,
-        Some(key(5).as_bytes()),
-        Some(
-            maxwell(
-                "insert",
-                "b.000001:50",
-                r#"{"id":5,"name":"d","founded":"2024-13-45"}"#,
-            )
-            .as_bytes(),
-        ),
-        &[],
-    );
-    p.send(
-        "cdc",
-        0,
-        Some(key(6).as_bytes()),
-        Some(maxwell("insert", "b.000001:60", r#"{"id":6,"name":"e"}"#).as_bytes()),
-        &[],
-    );
-    p.flush();
+    send(&[
+        (5, 50, r#"{"id":5,"name":"d","founded":"2024-13-45"}"#),
+        (6, 60, r#"{"id":6,"name":"e"}"#),
+    ]);
     let (code, log) = run(&mock, &db, &ck, &["--on-error", "dlq"]);
     assert_ne!(code, Some(0), "{log}");
     assert!(log.contains("batch_rows=1"), "{log}");

@@ -189,12 +189,22 @@ fn apply_one(table: &Table, key: &[usize], change: Option<&Bound>) -> Result<u64
     let Some(b) = change else {
         return sql::execute(&format!("DELETE FROM {}", table.name), &[]);
     };
-    let mut params = b.params.clone();
-    params.push(Value::from(b.pos.as_str()));
+    let params = row_params(std::slice::from_ref(b));
     match b.op {
         Op::Delete => sql::execute(&table.delete(key, 1), &params),
         _ => sql::execute(&table.upsert(&b.set, key, 1), &params),
     }
+}
+
+/// The parameters of `changes` as rows of one statement: each change's
+/// values, then its position.
+fn row_params(changes: &[Bound]) -> Vec<Value> {
+    let mut params = Vec::with_capacity(changes.iter().map(|b| b.params.len() + 1).sum());
+    for b in changes {
+        params.extend(b.params.iter().cloned());
+        params.push(Value::from(b.pos.as_str()));
+    }
+    params
 }
 
 impl CdcSink {
@@ -255,7 +265,7 @@ impl CdcSink {
                 return Err(Error::fatal("destination table vanished from the cache"));
             };
             let fail = |e: SqlError| {
-                if e.code == "sluice" || !is_data_error(&e) {
+                if !is_data_error(&e) {
                     return Error::from(e);
                 }
                 // The host reports the database's error itself (it wins
@@ -281,26 +291,17 @@ impl CdcSink {
                 }
             }
             for chunk in deletes.chunks(MAX_PARAMS / (kept.key.len() + 1)) {
-                let mut params = Vec::with_capacity(chunk.len() * (kept.key.len() + 1));
-                for b in chunk {
-                    params.extend(b.params.iter().cloned());
-                    params.push(Value::from(b.pos.as_str()));
-                }
-                sql::execute(&table.delete(&kept.key, chunk.len()), &params).map_err(fail)?;
+                sql::execute(&table.delete(&kept.key, chunk.len()), &row_params(chunk))
+                    .map_err(fail)?;
             }
             // Rows of one statement set the same columns.
             upserts.sort_by(|a, b| a.set.cmp(&b.set));
             for group in upserts.chunk_by(|a, b| a.set == b.set) {
                 let width = group[0].set.len() + 1;
                 for chunk in group.chunks((MAX_PARAMS / width).max(1)) {
-                    let mut params = Vec::with_capacity(chunk.len() * width);
-                    for b in chunk {
-                        params.extend(b.params.iter().cloned());
-                        params.push(Value::from(b.pos.as_str()));
-                    }
                     sql::execute(
                         &table.upsert(&chunk[0].set, &kept.key, chunk.len()),
-                        &params,
+                        &row_params(chunk),
                     )
                     .map_err(fail)?;
                 }
@@ -347,7 +348,7 @@ impl CdcSink {
         row: &Object<'_>,
         pos: &str,
     ) -> Result<(Vec<usize>, Bound, Vec<String>), Error> {
-        let (key_idx, _) = self.bind_key(table, key)?;
+        let (key_idx, key_values) = self.bind_key(table, key)?;
         let zero = self.settings.zero_dates;
         let position = &table.position_column().name;
         let mut set: Vec<usize> = Vec::new();
@@ -375,10 +376,10 @@ impl CdcSink {
             }
         }
         // Key columns the row lacks come from the key.
-        for (&i, (_, raw)) in key_idx.iter().zip(key.iter()) {
+        for (&i, v) in key_idx.iter().zip(key_values) {
             if !set.contains(&i) {
                 set.push(i);
-                params.push(table.bind(&table.columns[i], &Val::Raw(raw), zero)?);
+                params.push(v);
             }
         }
         for (i, c) in table.columns.iter().enumerate() {
