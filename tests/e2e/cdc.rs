@@ -194,6 +194,35 @@ fn maxwell_and_debezium_changes_fill_typed_columns_exactly_once() {
                         r#"{"id":5,"name":"E","revenue":999999999999.999998,"founded":"0000-00-00 00:00:00","logo":"AAEC/w=="}"#,
                     )),
                 ),
+                // Two changes of one key in one part, the second without a
+                // column: the column keeps the first change's value, as
+                // when they are applied one by one.
+                (
+                    Some(r#"{"database":"shop","table":"company","pk.id":7}"#),
+                    Some(&maxwell(
+                        "insert",
+                        "mysql-bin.000004:20",
+                        r#"{"id":7,"name":"G","logo":"AAEC/w=="}"#,
+                    )),
+                ),
+                (
+                    Some(r#"{"database":"shop","table":"company","pk.id":7}"#),
+                    Some(&maxwell(
+                        "update",
+                        "mysql-bin.000004:30",
+                        r#"{"id":7,"name":"G2"}"#,
+                    )),
+                ),
+                // A delete, then an insert of the same key in one part: the
+                // row is the insert's alone, as when both are applied.
+                (
+                    Some(r#"{"id":2}"#),
+                    Some(&debezium("d", 700, r#"{"id":2}"#, "null")),
+                ),
+                (
+                    Some(r#"{"id":2}"#),
+                    Some(&debezium("c", 800, "null", r#"{"id":2,"name":"B2"}"#)),
+                ),
                 // Older than the row: not applied (a replay, another partition).
                 (
                     Some(MAXWELL_KEY_1),
@@ -212,6 +241,18 @@ fn maxwell_and_debezium_changes_fill_typed_columns_exactly_once() {
         assert_eq!(
             rows[2][..5],
             ["5", "E", "999999999999.999998", "NULL", "000102ff"],
+            "{}",
+            db.name
+        );
+        assert_eq!(
+            rows[1][..5],
+            ["2", "B2", "NULL", "NULL", "NULL"],
+            "{}",
+            db.name
+        );
+        assert_eq!(
+            rows[3][..5],
+            ["7", "G2", "NULL", "NULL", "000102ff"],
             "{}",
             db.name
         );

@@ -36,6 +36,10 @@ struct Bound {
     set: Vec<usize>,
     /// The values: of `set` for an upsert, of the key for a delete.
     params: Vec<Value>,
+    /// An upsert kept in place of a delete of its key: that delete, run
+    /// before it (so columns the upsert leaves out do not keep the old
+    /// row's values).
+    after_delete: Option<Box<Bound>>,
 }
 
 /// The changes of one destination table kept for the flush.
@@ -134,6 +138,7 @@ impl Sink for CdcSink {
                     pos: c.pos.to_string(),
                     set: Vec::new(),
                     params,
+                    after_delete: None,
                 };
                 (idx, Some(b))
             }
@@ -209,7 +214,8 @@ fn row_params(changes: &[Bound]) -> Vec<Value> {
 
 impl CdcSink {
     /// Keep `change` (`None`: a truncate) of `table` for the flush: the
-    /// newest change per key.
+    /// newest change per key, so that applying what is kept ends where
+    /// applying every change in turn would.
     fn keep(&mut self, table: &str, key: Vec<usize>, change: Option<Bound>) {
         let kept = self.kept.entry(table.to_string()).or_default();
         let Some(b) = change else {
@@ -236,7 +242,31 @@ impl CdcSink {
             }
         };
         match kept.by_key.get_mut(&rendered) {
-            Some(old) if old.pos <= b.pos => *old = b,
+            Some(old) if old.pos <= b.pos => {
+                let mut b = b;
+                match (old.op, b.op) {
+                    // An upsert after an upsert: the columns only the
+                    // earlier one set keep its values, as when both are
+                    // applied; a delete before the earlier one stays.
+                    (Op::Upsert, Op::Upsert) => {
+                        for (n, &i) in old.set.iter().enumerate() {
+                            if !b.set.contains(&i) {
+                                b.set.push(i);
+                                b.params.push(old.params[n].clone());
+                            }
+                        }
+                        b.after_delete = old.after_delete.take();
+                    }
+                    // An upsert after a delete: the delete runs first.
+                    (Op::Delete, Op::Upsert) => {
+                        let delete = std::mem::replace(old, b);
+                        old.after_delete = Some(Box::new(delete));
+                        return;
+                    }
+                    _ => {}
+                }
+                *old = b;
+            }
             Some(_) => {}
             None => {
                 kept.by_key.insert(rendered.clone(), b);
@@ -283,7 +313,11 @@ impl CdcSink {
             let mut deletes: Vec<Bound> = Vec::new();
             let mut upserts: Vec<Bound> = Vec::new();
             for k in &kept.order {
-                if let Some(b) = kept.by_key.remove(k) {
+                if let Some(mut b) = kept.by_key.remove(k) {
+                    // Deletes run before upserts.
+                    if let Some(d) = b.after_delete.take() {
+                        deletes.push(*d);
+                    }
                     match b.op {
                         Op::Delete => deletes.push(b),
                         _ => upserts.push(b),
@@ -400,6 +434,7 @@ impl CdcSink {
             pos: pos.to_string(),
             set,
             params,
+            after_delete: None,
         };
         Ok((key_idx, b, ignored))
     }
