@@ -207,7 +207,7 @@ impl Mapper for CdcMap {
         if d.op == Op::Truncate && !self.settings.apply_truncate {
             return Ok(());
         }
-        let dest = sql::identifier("destination table", &dest)
+        let dest = sql::identifier("destination table", dest)
             .map_err(|e| Error::bad_record(format!("{}: {e}", d.source())))?
             .to_string();
         let key = match d.op {

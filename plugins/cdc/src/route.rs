@@ -7,8 +7,6 @@
 //! either part is a name, `*` (any) or a prefix ending in `*`. DEST is a
 //! plain SQL identifier or `*` (the source table's name).
 
-use std::borrow::Cow;
-
 use sluice_guest::{Error, sql};
 
 /// One part of a source pattern.
@@ -98,15 +96,12 @@ impl Routes {
     }
 
     /// The destination of `database.table`; `None` when no route matches.
-    pub fn destination<'a>(&'a self, database: &str, table: &'a str) -> Option<Cow<'a, str>> {
+    pub fn destination<'a>(&'a self, database: &str, table: &'a str) -> Option<&'a str> {
         let rule = self
             .rules
             .iter()
             .find(|r| r.database.matches(database) && r.table.matches(table))?;
-        Some(match &rule.dest {
-            Some(d) => Cow::Borrowed(d.as_str()),
-            None => Cow::Borrowed(table),
-        })
+        Some(rule.dest.as_deref().unwrap_or(table))
     }
 }
 
@@ -126,16 +121,10 @@ mod tests {
             "*.orders=all_orders",
             "hr.emp*=*",
         ]);
-        assert_eq!(
-            r.destination("shop", "customers").as_deref(),
-            Some("clients")
-        );
-        assert_eq!(r.destination("shop", "items").as_deref(), Some("items"));
-        assert_eq!(r.destination("eu", "orders").as_deref(), Some("all_orders"));
-        assert_eq!(
-            r.destination("hr", "employees").as_deref(),
-            Some("employees")
-        );
+        assert_eq!(r.destination("shop", "customers"), Some("clients"));
+        assert_eq!(r.destination("shop", "items"), Some("items"));
+        assert_eq!(r.destination("eu", "orders"), Some("all_orders"));
+        assert_eq!(r.destination("hr", "employees"), Some("employees"));
         assert_eq!(r.destination("hr", "salaries"), None);
         assert_eq!(r.destination("shopx", "customers"), None);
     }
