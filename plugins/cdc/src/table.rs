@@ -307,7 +307,10 @@ impl Table {
             }
             Some(b't' | b'f') => {
                 let b = raw.get() == "true";
-                if !matches!(c.kind, Kind::Boolean | Kind::Integer(_) | Kind::Other) {
+                if !matches!(
+                    c.kind,
+                    Kind::Boolean | Kind::Integer(_) | Kind::Text | Kind::Other
+                ) {
                     return Err(self.misfit(c, raw.get()));
                 }
                 Ok(match self.dialect {
@@ -562,6 +565,8 @@ mod tests {
         );
         assert!(b(1, r#""abc""#).is_ok());
         assert!(b(4, "true").is_err());
+        // A boolean into a text column is its text, as before the checks.
+        assert_eq!(b(1, "true").unwrap(), Value::from("true"));
     }
 
     #[test]
