@@ -4,10 +4,13 @@
 //!
 //! Changes are checked and bound as they arrive (`write`): a value the
 //! column cannot take is a bad record there, naming the column. They are
-//! kept per destination table, one per primary key (the change with the
-//! newest source position wins, the later one on equal positions), and
-//! applied at the part's `close` — or when `batch_rows` keys are kept —
-//! as one multi-row upsert and one multi-row delete per table. With
+//! kept per destination table, folded into one per primary key so that
+//! applying it ends where applying each change in turn would (the newest
+//! source position wins, the later one on equal positions; columns only
+//! an earlier upsert set keep its values; a delete before an upsert still
+//! runs first), and applied at the part's `close` — or when `batch_rows`
+//! keys are kept — as one multi-row upsert and one multi-row delete per
+//! table. With
 //! `batch_rows=1` each change is its own statement, run at once, so even
 //! an error only the database finds is a bad record of that change.
 
