@@ -26,25 +26,11 @@ CDC_TABLE = ("CREATE TABLE company (id INTEGER PRIMARY KEY, name TEXT NOT NULL, 
              "founded DATETIME, _sluice_position TEXT)")
 
 
-def pipeline(broker, work, plugin, config, i):
-    ck = os.path.join(work, f"ck-{plugin}-{'-'.join(config)}-{i}")
-    db = os.path.join(work, f"sink-{plugin}-{'-'.join(config)}-{i}.db")
-    if plugin == "cdc":
-        c = sqlite3.connect(db)
-        c.execute(CDC_TABLE)
-        c.commit()
-        c.close()
-    args = [run.HOST, "run", "--brokers", broker.bootstrap, "--topic", "maxwell", "--checkpoint", ck,
-            "--plugin", os.path.join(run.WASM, f"{plugin}.wasm"), "--sink-db", f"sqlite:{db}",
-            "--until-caught-up", "--progress", "json",
-            "--max-records-per-partition", "20000", "--trigger-interval", "10ms"]
-    for kv in config:
-        args += ["--config", kv]
-    wall, rss, out = run.timed(args, env=dict(os.environ, RUST_LOG="warn"))
-    n = sum(json.loads(line)["counts"]["input"] for line in out.splitlines() if line.startswith("{"))
-    if n != run.EVENTS:
-        raise RuntimeError(f"{plugin} read {n} records, expected {run.EVENTS}")
-    return run.EVENTS / wall, rss, db
+def create_table(db):
+    c = sqlite3.connect(db)
+    c.execute(CDC_TABLE)
+    c.commit()
+    c.close()
 
 
 def check_cdc(db, expected):
@@ -79,15 +65,16 @@ def main():
         with open(expected_file) as f:
             expected = json.load(f)
 
-        def cell(plugin, config):
+        def cell(n, plugin, config):
             def go(i):
-                rate, rss, db = pipeline(broker, work, plugin, config, i)
+                sink = create_table if plugin == "cdc" else True
+                rate, rss, db = run.sluice(broker, plugin, sink, work, i, config, tag=f"-{n}")
                 if plugin == "cdc":
                     check_cdc(db, expected)
                 return rate, rss
             return go
 
-        results, errors = run.interleaved({k: cell(*v) for k, v in cells.items()})
+        results, errors = run.interleaved({k: cell(n, *v) for n, (k, v) in enumerate(cells.items())})
     base = results.get("company (one statement per record)", (None,))[0]
     print(f"{run.EVENTS} Maxwell events, {run.PARTS} partitions, mock cluster, SQLite sink, "
           f"median of {run.RUNS} interleaved runs\n")

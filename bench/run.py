@@ -141,14 +141,25 @@ def interleaved(cells):
     return out, errors
 
 
-def sluice(broker, plugin, sink, work, i):
-    ck = os.path.join(work, f"ck-{plugin}-{i}")
+def sluice(broker, plugin, sink, work, i, config=(), tag=""):
+    """One Sluice run over the topic: (records/s, peak RSS MiB, sink db).
+
+    sink: False (none), True (a fresh SQLite file) or a function that
+    prepares that file (creates its tables) first; config: `--config`
+    pairs; tag: tells apart the checkpoints and files of cells that run
+    one plugin with different configs."""
+    name = f"{plugin}{tag}-{i}"
+    ck = os.path.join(work, f"ck-{name}")
     args = [HOST, "run", "--brokers", broker.bootstrap, "--topic", "maxwell", "--checkpoint", ck,
             "--plugin", os.path.join(WASM, f"{plugin}.wasm"), "--until-caught-up", "--progress", "json",
             "--max-records-per-partition", "20000", "--trigger-interval", "10ms"]
+    for kv in config:
+        args += ["--config", kv]
     db = None
     if sink:
-        db = os.path.join(work, f"sink-{i}.db")
+        db = os.path.join(work, f"sink-{name}.db")
+        if callable(sink):
+            sink(db)
         args += ["--sink-db", f"sqlite:{db}"]
     wall, rss, out = timed(args, env=dict(os.environ, RUST_LOG="warn"))
     n = sum(json.loads(l)["counts"]["input"] for l in out.splitlines() if l.startswith("{"))
