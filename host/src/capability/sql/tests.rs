@@ -259,6 +259,54 @@ fn sqlite_binds_dollar_placeholders_by_number() {
 }
 
 #[test]
+fn sqlite_placeholders_are_numbered_outside_quotes_and_comments() {
+    let n = |s: &str| sqlite::numbered_placeholders(s).into_owned();
+    assert_eq!(
+        n("VALUES ($1, $2), ($10,$11)"),
+        "VALUES (?1, ?2), (?10,?11)"
+    );
+    assert_eq!(n("SELECT 1"), "SELECT 1");
+    assert_eq!(
+        n("SELECT '$1', \"$2\", `$3`, [$4], 'it''s $5', $6 -- $7\n/* $8 */ $9"),
+        "SELECT '$1', \"$2\", `$3`, [$4], 'it''s $5', ?6 -- $7\n/* $8 */ ?9"
+    );
+    // Names that are not `$n` stay names.
+    assert_eq!(n("a$1 + $x + $1a + $0 + $01"), "a$1 + $x + $1a + $0 + $01");
+    assert_eq!(n("$1"), "?1");
+    // An unterminated quote or comment ends the statement.
+    assert_eq!(n("$1 'abc $2"), "?1 'abc $2");
+    assert_eq!(n("$1 /* $2"), "?1 /* $2");
+    assert_eq!(n("é$1, é $1"), "é$1, é ?1");
+}
+
+#[test]
+fn a_statement_of_thousands_of_placeholders_binds_each_in_order() {
+    let mut b = Sqlite::open(":memory:").unwrap();
+    b.batch("CREATE TABLE t (a INTEGER, b TEXT)").unwrap();
+    let rows = 5000;
+    let values: Vec<String> = (0..rows)
+        .map(|r| format!("(${}, ${})", 2 * r + 1, 2 * r + 2))
+        .collect();
+    let params: Vec<SqlValue> = (0..rows)
+        .flat_map(|r| [SqlValue::Integer(r), SqlValue::Text(format!("v{r}"))])
+        .collect();
+    let sql = format!("INSERT INTO t (a, b) VALUES {}", values.join(", "));
+    assert_eq!(b.execute(&sql, &params).unwrap(), rows as u64);
+    let r = b
+        .query("SELECT COUNT(*) FROM t WHERE b = 'v' || a", &[])
+        .unwrap();
+    assert_eq!(r.rows, vec![vec![SqlValue::Integer(rows)]]);
+    // A repeated placeholder is the same value.
+    let r = b
+        .query(
+            "SELECT $1 + $1, $2",
+            &[SqlValue::Integer(2), SqlValue::Null],
+        )
+        .unwrap();
+    assert_eq!(r.rows, vec![vec![SqlValue::Integer(4), SqlValue::Null]]);
+}
+
+#[test]
 fn plugin_calls_outside_a_window_and_refused_statements_fail() {
     let g = SqlGrant::connect("sqlite::memory:").unwrap();
     assert!(
