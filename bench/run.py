@@ -141,13 +141,15 @@ def interleaved(cells):
     return out, errors
 
 
-def sluice(broker, plugin, sink, work, i, config=(), tag=""):
+def sluice(broker, plugin, sink, work, i, config=(), tag="", stages=None):
     """One Sluice run over the topic: (records/s, peak RSS MiB, sink db).
 
     sink: False (none), True (a fresh SQLite file) or a function that
     prepares that file (creates its tables) first; config: `--config`
     pairs; tag: tells apart the checkpoints and files of cells that run
-    one plugin with different configs."""
+    one plugin with different configs; stages: a dict that gets the run's
+    map and sink time in ms (`durations_ms` summed over its batches: the
+    stages' own work, without the waits for the broker)."""
     name = f"{plugin}{tag}-{i}"
     ck = os.path.join(work, f"ck-{name}")
     args = [HOST, "run", "--brokers", broker.bootstrap, "--topic", "maxwell", "--checkpoint", ck,
@@ -162,7 +164,11 @@ def sluice(broker, plugin, sink, work, i, config=(), tag=""):
             sink(db)
         args += ["--sink-db", f"sqlite:{db}"]
     wall, rss, out = timed(args, env=dict(os.environ, RUST_LOG="warn"))
-    n = sum(json.loads(l)["counts"]["input"] for l in out.splitlines() if l.startswith("{"))
+    batches = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+    n = sum(b["counts"]["input"] for b in batches)
+    if stages is not None:
+        for k in ("map", "sink"):
+            stages[k] = sum(b["durations_ms"][k] for b in batches)
     if n != EVENTS:
         raise RuntimeError(f"sluice read {n} records, expected {EVENTS}")
     return EVENTS / wall, rss, db

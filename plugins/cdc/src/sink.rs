@@ -52,10 +52,30 @@ struct Kept {
     truncate: bool,
     /// Primary key columns (indexes), from the first change.
     key: Vec<usize>,
-    /// Key values (rendered) → the change kept for that key.
-    by_key: HashMap<String, Bound>,
+    /// Key values ([`key_bytes`]) → the change kept for that key.
+    by_key: HashMap<Vec<u8>, Bound>,
     /// Keys in first-seen order (so statements are reproducible).
-    order: Vec<String>,
+    order: Vec<Vec<u8>>,
+}
+
+/// Which statement: (table, delete rather than upsert, the columns it
+/// sets, the key columns, rows).
+type StatementKey = (String, bool, Vec<usize>, Vec<usize>, usize);
+
+/// Most statement texts kept per sink instance.
+const STATEMENTS_KEPT: usize = 64;
+
+/// The text of statement `key`, built by `build` the first time (texts
+/// of thousands of placeholders are not rebuilt at every flush).
+fn statement(
+    kept: &mut HashMap<StatementKey, String>,
+    key: StatementKey,
+    build: impl FnOnce() -> String,
+) -> &str {
+    if kept.len() >= STATEMENTS_KEPT && !kept.contains_key(&key) {
+        kept.clear();
+    }
+    kept.entry(key).or_insert_with(build)
 }
 
 /// The cdc sink stage.
@@ -72,6 +92,8 @@ pub struct CdcSink {
     kept_rows: usize,
     /// The part being written, for messages.
     part: String,
+    /// Statement texts built so far ([`statement`]).
+    statements: HashMap<StatementKey, String>,
 }
 
 impl Sink for CdcSink {
@@ -84,6 +106,7 @@ impl Sink for CdcSink {
             kept: HashMap::new(),
             kept_rows: 0,
             part: String::new(),
+            statements: HashMap::new(),
         })
     }
 
@@ -164,7 +187,7 @@ impl Sink for CdcSink {
             }
         };
         if self.settings.batch_rows <= 1 {
-            return apply_one(table, &key_idx, bound.as_ref())
+            return apply_one(table, &key_idx, bound.as_ref(), &mut self.statements)
                 .map(|_| ())
                 .map_err(|e| classify(e, &c));
         }
@@ -193,26 +216,80 @@ impl Sink for CdcSink {
 
 /// Run one change as its own statement (`batch_rows=1`); `None` is a
 /// truncate.
-fn apply_one(table: &Table, key: &[usize], change: Option<&Bound>) -> Result<u64, SqlError> {
+fn apply_one(
+    table: &Table,
+    key: &[usize],
+    change: Option<&Bound>,
+    statements: &mut HashMap<StatementKey, String>,
+) -> Result<u64, SqlError> {
     let Some(b) = change else {
         return sql::execute(&format!("DELETE FROM {}", table.name), &[]);
     };
-    let params = row_params(std::slice::from_ref(b));
-    match b.op {
-        Op::Delete => sql::execute(&table.delete(key, 1), &params),
-        _ => sql::execute(&table.upsert(&b.set, key, 1), &params),
-    }
+    let mut params = b.params.clone();
+    params.push(Value::from(b.pos.as_str()));
+    let delete = b.op == Op::Delete;
+    let set = if delete { Vec::new() } else { b.set.clone() };
+    let id = (table.name.clone(), delete, set, key.to_vec(), 1);
+    let text = statement(statements, id, || match b.op {
+        Op::Delete => table.delete(key, 1),
+        _ => table.upsert(&b.set, key, 1),
+    });
+    sql::execute(text, &params)
 }
 
 /// The parameters of `changes` as rows of one statement: each change's
 /// values, then its position.
-fn row_params(changes: &[Bound]) -> Vec<Value> {
+fn row_params(changes: Vec<Bound>) -> Vec<Value> {
     let mut params = Vec::with_capacity(changes.iter().map(|b| b.params.len() + 1).sum());
     for b in changes {
-        params.extend(b.params.iter().cloned());
-        params.push(Value::from(b.pos.as_str()));
+        params.extend(b.params);
+        params.push(Value::Text(b.pos));
     }
     params
+}
+
+/// Key values as bytes that are equal exactly when the values are: per
+/// value its type, then its bytes (text and bytes after their length).
+fn key_bytes<'a>(values: impl Iterator<Item = &'a Value>) -> Vec<u8> {
+    let mut k = Vec::with_capacity(16);
+    for v in values {
+        let bytes: &[u8] = match v {
+            Value::Null => {
+                k.push(0);
+                continue;
+            }
+            Value::Integer(n) => {
+                k.push(1);
+                k.extend_from_slice(&n.to_le_bytes());
+                continue;
+            }
+            Value::Real(r) => {
+                k.push(2);
+                k.extend_from_slice(&r.to_bits().to_le_bytes());
+                continue;
+            }
+            Value::Text(t) => {
+                k.push(3);
+                t.as_bytes()
+            }
+            Value::Blob(b) => {
+                k.push(4);
+                b
+            }
+        };
+        k.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+        k.extend_from_slice(bytes);
+    }
+    k
+}
+
+/// `changes` in statements of at most `rows` changes each, in order.
+fn chunks(changes: Vec<Bound>, rows: usize) -> impl Iterator<Item = Vec<Bound>> {
+    let mut it = changes.into_iter().peekable();
+    std::iter::from_fn(move || {
+        it.peek()?;
+        Some(it.by_ref().take(rows.max(1)).collect())
+    })
 }
 
 impl CdcSink {
@@ -234,15 +311,12 @@ impl CdcSink {
             kept.key = key;
         }
         let rendered = match b.op {
-            Op::Delete => format!("{:?}", b.params),
-            _ => {
-                let values: Vec<&Value> = kept
-                    .key
+            Op::Delete => key_bytes(b.params.iter()),
+            _ => key_bytes(
+                kept.key
                     .iter()
-                    .filter_map(|k| b.set.iter().position(|s| s == k).map(|n| &b.params[n]))
-                    .collect();
-                format!("{values:?}")
-            }
+                    .filter_map(|k| b.set.iter().position(|s| s == k).map(|n| &b.params[n])),
+            ),
         };
         match kept.by_key.get_mut(&rendered) {
             Some(old) if old.pos <= b.pos => {
@@ -327,21 +401,36 @@ impl CdcSink {
                     }
                 }
             }
-            for chunk in deletes.chunks(MAX_PARAMS / (kept.key.len() + 1)) {
-                sql::execute(&table.delete(&kept.key, chunk.len()), &row_params(chunk))
-                    .map_err(fail)?;
+            for chunk in chunks(deletes, MAX_PARAMS / (kept.key.len() + 1)) {
+                let id = (
+                    name.clone(),
+                    true,
+                    Vec::new(),
+                    kept.key.clone(),
+                    chunk.len(),
+                );
+                let text = statement(&mut self.statements, id, || {
+                    table.delete(&kept.key, chunk.len())
+                });
+                sql::execute(text, &row_params(chunk)).map_err(fail)?;
             }
             // Rows of one statement set the same columns.
             upserts.sort_by(|a, b| a.set.cmp(&b.set));
-            for group in upserts.chunk_by(|a, b| a.set == b.set) {
-                let width = group[0].set.len() + 1;
-                for chunk in group.chunks((MAX_PARAMS / width).max(1)) {
-                    sql::execute(
-                        &table.upsert(&chunk[0].set, &kept.key, chunk.len()),
-                        &row_params(chunk),
-                    )
-                    .map_err(fail)?;
+            let mut upserts = upserts.into_iter().peekable();
+            while let Some(first) = upserts.next() {
+                let rows = MAX_PARAMS / (first.set.len() + 1);
+                let set = first.set.clone();
+                let mut chunk = vec![first];
+                while chunk.len() < rows.max(1)
+                    && let Some(b) = upserts.next_if(|b| b.set == set)
+                {
+                    chunk.push(b);
                 }
+                let id = (name.clone(), false, set, kept.key.clone(), chunk.len());
+                let text = statement(&mut self.statements, id, || {
+                    table.upsert(&chunk[0].set, &kept.key, chunk.len())
+                });
+                sql::execute(text, &row_params(chunk)).map_err(fail)?;
             }
         }
         self.kept_rows = 0;

@@ -264,14 +264,24 @@ impl Table {
         }
         let names: Vec<String> = (0..key.len()).map(|n| format!("k{n}")).collect();
         let values = self.value_rows(key, rows);
-        let matches: Vec<String> = key
+        let columns: Vec<String> = key
             .iter()
-            .enumerate()
-            .map(|(n, &i)| format!("{t}.{} = v.k{n}", quote(&self.columns[i].name)))
+            .map(|&i| format!("{t}.{}", quote(&self.columns[i].name)))
             .collect();
+        let matches: Vec<String> = columns
+            .iter()
+            .zip(&names)
+            .map(|(c, k)| format!("{c} = v.{k}"))
+            .collect();
+        // The `IN` finds the rows through the primary key; `EXISTS` alone
+        // would scan the whole table, once per statement.
+        let (cols, ks) = match key.len() {
+            1 => (columns.join(", "), names.join(", ")),
+            _ => (format!("({})", columns.join(", ")), names.join(", ")),
+        };
         format!(
-            "WITH v ({}, pos) AS (VALUES {}) DELETE FROM {t} WHERE EXISTS (SELECT 1 FROM v WHERE {} \
-             AND ({t}.{pos} IS NULL OR {t}.{pos} <= v.pos))",
+            "WITH v ({}, pos) AS (VALUES {}) DELETE FROM {t} WHERE {cols} IN (SELECT {ks} FROM v) \
+             AND EXISTS (SELECT 1 FROM v WHERE {} AND ({t}.{pos} IS NULL OR {t}.{pos} <= v.pos))",
             names.join(", "),
             values.join(", "),
             matches.join(" AND "),
@@ -529,8 +539,8 @@ mod tests {
         );
         assert_eq!(
             t.delete(&[0], 2),
-            "WITH v (k0, pos) AS (VALUES ($1, $2), ($3, $4)) DELETE FROM company WHERE EXISTS (SELECT 1 FROM v \
-             WHERE company.\"id\" = v.k0 AND (company.\"_sluice_position\" IS NULL OR company.\"_sluice_position\" <= v.pos))"
+            "WITH v (k0, pos) AS (VALUES ($1, $2), ($3, $4)) DELETE FROM company WHERE company.\"id\" IN (SELECT k0 FROM v) \
+             AND EXISTS (SELECT 1 FROM v WHERE company.\"id\" = v.k0 AND (company.\"_sluice_position\" IS NULL OR company.\"_sluice_position\" <= v.pos))"
         );
     }
 
