@@ -139,6 +139,7 @@ fn lines_format_and_chained_stages() {
         plugin("company").to_str().unwrap(),
         "--input",
         input.path().to_str().unwrap(),
+        "--no-sink",
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let got = json_lines(&out);
@@ -165,6 +166,7 @@ fn config_reaches_the_plugin() {
             plugin("company").to_str().unwrap().to_string().leak(),
             "--input",
             input.path().to_str().unwrap().to_string().leak(),
+            "--no-sink",
         ];
         args.extend_from_slice(extra);
         json_lines(&host(&args)).len()

@@ -5,19 +5,22 @@
 //!
 //! Backends: SQLite through rusqlite with the bundled library
 //! (`sqlite:PATH`), PostgreSQL through the `postgres` client
-//! (`postgres://…`). Placeholders are `$1 … $n` on both: SQLite binds them
-//! by name (`$1` is a named parameter there), PostgreSQL natively.
+//! (`postgres://…`). Placeholders are `$1 … $n` on both: on SQLite the
+//! host writes them as numbered `?n` before the statement is prepared,
+//! PostgreSQL takes them natively.
 //!
 //! Files: this one holds the shared types ([`SqlValue`], [`DbError`],
 //! [`Dialect`], the [`Backend`] trait), URL handling ([`connect`],
 //! [`redact`], [`sink_identity`]) and the session the driver and plugins
 //! share ([`SqlGrant`]); `sqlite` and `postgres` are the backends, `guard`
 //! the checks on plugin statements before they run, `role` the plugin
-//! role's check on PostgreSQL.
+//! role's check on PostgreSQL, `dry` the backend of `host test`'s dry run
+//! (no database).
 
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+mod dry;
 mod guard;
 pub mod password;
 mod postgres;
@@ -159,6 +162,21 @@ impl SqlValue {
             SqlValue::Blob(b) => b.len(),
         }
     }
+}
+
+/// A plugin statement as it ran, kept while a session records
+/// ([`SqlGrant::record`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ran {
+    /// The statement's text.
+    pub sql: String,
+    /// Its parameters, `$1` first.
+    pub params: Vec<SqlValue>,
+    /// A query (`sql.query`) rather than a statement (`sql.execute`).
+    pub query: bool,
+    /// Rows changed (a statement) or returned (a query), or the error;
+    /// `Ok(None)` on a session without a database ([`SqlGrant::dry`]).
+    pub outcome: Result<Option<u64>, DbError>,
 }
 
 /// Rows of a query.
@@ -451,6 +469,11 @@ pub struct Session {
     plugin_role: Option<String>,
     /// [`Backend::transaction_mark`] when the plugin window opened.
     mark: Option<String>,
+    /// Plugin statements kept since the last [`SqlGrant::take_ran`]
+    /// (`None`: not recording).
+    ran: Option<Vec<Ran>>,
+    /// No database behind the backend ([`SqlGrant::dry`]).
+    dry: bool,
 }
 
 /// Most distinct statement texts remembered in [`Session::approved`].
@@ -483,7 +506,62 @@ impl SqlGrant {
             host_schema: None,
             plugin_role: None,
             mark: None,
+            ran: None,
+            dry: false,
         })))
+    }
+
+    /// A session with no database (`host test`'s dry run): plugin
+    /// statements are checked as on `dialect` and recorded, not run; each
+    /// changes no rows and each query returns no rows. Records from the
+    /// start ([`SqlGrant::record`]).
+    pub fn dry(dialect: Dialect) -> Self {
+        let g = Self::new(Box::new(dry::Dry(dialect)));
+        {
+            let mut s = g.lock();
+            s.dry = true;
+            s.ran = Some(Vec::new());
+        }
+        g
+    }
+
+    /// Keep every plugin statement from now on, with its parameters and
+    /// outcome, until taken with [`SqlGrant::take_ran`].
+    pub fn record(&self) {
+        let mut s = self.lock();
+        if s.ran.is_none() {
+            s.ran = Some(Vec::new());
+        }
+    }
+
+    /// The plugin statements kept since the last call (empty when not
+    /// recording).
+    pub fn take_ran(&self) -> Vec<Ran> {
+        self.lock()
+            .ran
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    /// Open a transaction for a rehearsal (`host test`): the plugin's
+    /// statements run in it as in a part of `host run`, and
+    /// [`SqlGrant::end_rehearsal`] rolls it back. No host table is read or
+    /// written.
+    ///
+    /// # Errors
+    /// The database's error opening the transaction.
+    pub fn begin_rehearsal(&self) -> Result<(), DbError> {
+        let mut s = self.lock();
+        s.begin()?;
+        s.open_plugin_window()
+    }
+
+    /// Roll back the rehearsal's transaction: nothing of it stays.
+    pub fn end_rehearsal(&self) {
+        let mut s = self.lock();
+        let _ = s.end_plugin_window();
+        s.rollback();
     }
 
     /// Connect from a `--sink-db` URL.
@@ -615,7 +693,9 @@ impl SqlGrant {
     /// The database's error or a host refusal; either aborts the range.
     pub fn plugin_execute(&self, sql: &str, params: &[SqlValue]) -> Result<u64, DbError> {
         let mut s = self.lock();
-        s.guarded(sql, |b| b.execute(sql, params))
+        let r = s.guarded(sql, |b| b.execute(sql, params));
+        s.keep_ran(sql, params, false, r.as_ref().map(|n| *n));
+        r
     }
 
     /// A plugin's `query`.
@@ -624,7 +704,9 @@ impl SqlGrant {
     /// As [`SqlGrant::plugin_execute`].
     pub fn plugin_query(&self, sql: &str, params: &[SqlValue]) -> Result<QueryRows, DbError> {
         let mut s = self.lock();
-        s.guarded(sql, |b| b.query(sql, params))
+        let r = s.guarded(sql, |b| b.query(sql, params));
+        s.keep_ran(sql, params, true, r.as_ref().map(|q| q.rows.len() as u64));
+        r
     }
 }
 
@@ -650,6 +732,25 @@ impl Drop for Untrusted<'_> {
 }
 
 impl Session {
+    /// Keep a plugin statement when recording ([`SqlGrant::record`]).
+    fn keep_ran(
+        &mut self,
+        sql: &str,
+        params: &[SqlValue],
+        query: bool,
+        outcome: Result<u64, &DbError>,
+    ) {
+        let dry = self.dry;
+        if let Some(ran) = &mut self.ran {
+            ran.push(Ran {
+                sql: sql.to_string(),
+                params: params.to_vec(),
+                query,
+                outcome: outcome.map(|n| (!dry).then_some(n)).map_err(Clone::clone),
+            });
+        }
+    }
+
     fn guarded<T>(
         &mut self,
         sql: &str,

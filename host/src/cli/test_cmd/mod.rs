@@ -1,31 +1,36 @@
-//! `host test`: run map stages over records from a file, print outputs and
-//! bad records as JSON lines. No Kafka, no checkpoint: the quickest way to
-//! see what a plugin does with real input.
+//! `host test`: run a plugin's stages over records from a file and print
+//! what they do as JSON lines: map outputs, bad records, and the SQL
+//! statements of a sink stage (rehearsed, never kept: `sink`). No Kafka,
+//! no checkpoint: the quickest way to see what a plugin does with real
+//! input. `input` reads the file.
 
 use std::collections::BTreeMap;
 use std::io::{BufWriter, Read, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
 use clap::{Args, ValueEnum};
-use serde::Deserialize;
-use serde_json::value::RawValue;
-use sluice_guest::wire::{Record, TimestampType};
+use sluice_guest::wire::Record;
 
 use super::{CliError, ExitCode, LimitArgs, WithCode, parse_kv};
+use crate::capability::sql::{Dialect, SqlGrant};
 use crate::plugin::chain::{
     DEFAULT_ISOLATION_TRAPS, Rejection, TrapBudget, isolate_traps, run_chain,
 };
 use crate::plugin::{CallContext, PluginError, Runtime};
-use crate::source::SourceRecord;
+
+mod input;
+mod sink;
 
 /// Flags of `host test`.
 #[derive(Debug, Args)]
 pub struct TestArgs {
-    /// Plugin component with a map stage. Repeat to chain stages in order.
+    /// Plugin component. Its map stage runs over the input (repeat to
+    /// chain stages in order); a sink stage gets the mapped records, and
+    /// its SQL statements are printed (see --sink-db).
     #[arg(long = "plugin", value_name = "FILE", required = true)]
     pub plugins: Vec<PathBuf>,
 
@@ -42,9 +47,41 @@ pub struct TestArgs {
     #[arg(long = "config", value_name = "KEY=VALUE", value_parser = parse_kv)]
     pub config: Vec<(String, String)>,
 
+    /// Database the sink stage's statements run against: `sqlite:PATH`
+    /// or `postgres://…`. Each partition's statements run in one
+    /// transaction that is rolled back, so nothing is kept, but they take
+    /// their locks until then: use a copy, not a running pipeline's
+    /// database. Without it the statements are checked and printed, not
+    /// run, and the sink's queries return no rows (see --sink-dialect).
+    #[arg(long, value_name = "URL", value_parser = crate::cli::SinkDbUrl)]
+    pub sink_db: Option<String>,
+
+    /// File whose first line is the --sink-db password (PostgreSQL), as
+    /// for `host run`.
+    #[arg(long, value_name = "FILE", requires = "sink_db")]
+    pub sink_db_password_file: Option<PathBuf>,
+
+    /// Without --sink-db: the database the sink is told it writes
+    /// (`sql.dialect`), whose rules check its statements.
+    #[arg(long, value_enum, default_value_t = SinkDialect::Sqlite, conflicts_with = "sink_db")]
+    pub sink_dialect: SinkDialect,
+
+    /// Run the map stages only, not a plugin's sink stage.
+    #[arg(long)]
+    pub no_sink: bool,
+
     /// Sandbox limits.
     #[command(flatten)]
     pub limits: LimitArgs,
+}
+
+/// The dialects of `--sink-dialect`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SinkDialect {
+    /// SQLite.
+    Sqlite,
+    /// PostgreSQL.
+    Postgres,
 }
 
 /// Input formats of `host test`.
@@ -57,141 +94,6 @@ pub enum InputFormat {
     /// timestamp_type, key / key_b64, value / value_b64 (null = absent),
     /// headers: [{key, value / value_b64}].
     Records,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct InputHeader {
-    key: String,
-    #[serde(default)]
-    value: Option<String>,
-    #[serde(default)]
-    value_b64: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct InputRecord {
-    #[serde(default)]
-    topic: Option<String>,
-    #[serde(default)]
-    partition: Option<i32>,
-    #[serde(default)]
-    offset: Option<i64>,
-    #[serde(default)]
-    timestamp: Option<i64>,
-    #[serde(default)]
-    timestamp_type: Option<String>,
-    #[serde(default)]
-    key: Option<Box<RawValue>>,
-    #[serde(default)]
-    key_b64: Option<String>,
-    #[serde(default)]
-    value: Option<Box<RawValue>>,
-    #[serde(default)]
-    value_b64: Option<String>,
-    #[serde(default)]
-    headers: Vec<InputHeader>,
-}
-
-/// An input record, owned, with its topic and partition.
-struct Owned {
-    topic: String,
-    partition: i32,
-    record: SourceRecord,
-}
-
-/// A JSON string is taken as its text; any other JSON value as its exact
-/// source text (so `"value": {"a":1}` is the bytes `{"a":1}`).
-fn raw_bytes(
-    raw: Option<Box<RawValue>>,
-    b64: Option<String>,
-    field: &str,
-) -> anyhow::Result<Option<Vec<u8>>> {
-    match (raw, b64) {
-        (Some(_), Some(_)) => bail!("both `{field}` and `{field}_b64` given"),
-        (None, Some(b)) => Ok(Some(
-            B64.decode(b.as_bytes())
-                .with_context(|| format!("`{field}_b64` is not base64"))?,
-        )),
-        (Some(r), None) => match serde_json::from_str::<String>(r.get()) {
-            Ok(s) => Ok(Some(s.into_bytes())),
-            Err(_) => Ok(Some(r.get().as_bytes().to_vec())),
-        },
-        (None, None) => Ok(None),
-    }
-}
-
-fn parse_records(input: &[u8], format: InputFormat) -> anyhow::Result<Vec<Owned>> {
-    let mut lines: Vec<&[u8]> = input.split(|&b| b == b'\n').collect();
-    if lines.last().is_some_and(|l| l.is_empty()) {
-        lines.pop();
-    }
-    let mut out = Vec::with_capacity(lines.len());
-    for (i, line) in lines.into_iter().enumerate() {
-        match format {
-            InputFormat::Lines => out.push(Owned {
-                topic: "test".into(),
-                partition: 0,
-                record: SourceRecord {
-                    offset: i as i64,
-                    timestamp: 0,
-                    timestamp_type: TimestampType::NotAvailable,
-                    key: None,
-                    value: Some(line.to_vec()),
-                    headers: Vec::new(),
-                },
-            }),
-            InputFormat::Records if line.iter().all(u8::is_ascii_whitespace) => continue,
-            InputFormat::Records => {
-                let line = line.strip_prefix(b"\xef\xbb\xbf").unwrap_or(line);
-                let r: InputRecord = serde_json::from_slice(line)
-                    .with_context(|| format!("input line {}: not a record object", i + 1))?;
-                let ctx = || format!("input line {}", i + 1);
-                let timestamp_type = match r.timestamp_type.as_deref() {
-                    None if r.timestamp.is_some() => TimestampType::CreateTime,
-                    None | Some("not-available") => TimestampType::NotAvailable,
-                    Some("create-time") => TimestampType::CreateTime,
-                    Some("log-append-time") => TimestampType::LogAppendTime,
-                    Some(other) => bail!(
-                        "{}: timestamp_type `{other}` (use create-time, log-append-time or not-available)",
-                        ctx()
-                    ),
-                };
-                let mut headers = Vec::new();
-                for h in r.headers {
-                    let v = match (h.value, h.value_b64) {
-                        (Some(_), Some(_)) => {
-                            bail!("{}: header `{}` has value and value_b64", ctx(), h.key)
-                        }
-                        (Some(v), None) => Some(v.into_bytes()),
-                        (None, Some(b)) => {
-                            Some(B64.decode(b.as_bytes()).with_context(|| {
-                                format!("{}: header `{}` value_b64", ctx(), h.key)
-                            })?)
-                        }
-                        (None, None) => None,
-                    };
-                    headers.push((h.key, v));
-                }
-                let (timestamp, timestamp_type) =
-                    crate::source::timestamp(r.timestamp.unwrap_or(-1), timestamp_type);
-                out.push(Owned {
-                    topic: r.topic.unwrap_or_else(|| "test".into()),
-                    partition: r.partition.unwrap_or(0),
-                    record: SourceRecord {
-                        offset: r.offset.unwrap_or(i as i64),
-                        timestamp,
-                        timestamp_type,
-                        key: raw_bytes(r.key, r.key_b64, "key").with_context(ctx)?,
-                        value: raw_bytes(r.value, r.value_b64, "value").with_context(ctx)?,
-                        headers,
-                    },
-                });
-            }
-        }
-    }
-    Ok(out)
 }
 
 /// Put bytes into a JSON object as `name` (UTF-8 text), `name_b64`
@@ -233,27 +135,65 @@ pub fn run(args: TestArgs) -> Result<(), CliError> {
             .with_context(|| format!("cannot read input {}", args.input.display()))
             .code(ExitCode::Usage)?;
     }
-    let owned = parse_records(&input, args.format).code(ExitCode::Usage)?;
+    let owned = input::parse_records(&input, args.format).code(ExitCode::Usage)?;
 
     let runtime = Runtime::new(args.limits.limits()).map_err(anyhow::Error::msg)?;
     let config: Arc<BTreeMap<String, String>> = Arc::new(args.config.into_iter().collect());
     let mut stages = Vec::new();
+    let mut sink_plugin = None;
     for path in &args.plugins {
         let plugin = runtime.load(path, config.clone())?;
-        if !plugin.stages().map {
+        let has = plugin.stages();
+        if !has.map && (args.no_sink || !has.sink) {
             return Err(CliError {
                 code: ExitCode::Failed,
                 error: anyhow::anyhow!(
-                    "plugin {} (sha256:{}) has no map stage (it exports: {}); `host test` runs map stages",
+                    "plugin {} (sha256:{}) has no map stage (it exports: {}); with --no-sink `host test` runs map stages only",
                     path.display(),
                     plugin.digest(),
-                    plugin.stages().names().join(", ")
+                    has.names().join(", ")
                 ),
             });
         }
         tracing::info!(plugin = %path.display(), digest = plugin.digest(), "loaded");
-        stages.push(plugin.instance());
+        if has.map {
+            stages.push(plugin.instance());
+        }
+        if has.sink && !args.no_sink {
+            if let Some((other, _)) = &sink_plugin {
+                return Err(CliError {
+                    code: ExitCode::Usage,
+                    error: anyhow::anyhow!(
+                        "two plugins export a sink stage ({} and {}); a pipeline has one sink (or pass --no-sink)",
+                        other,
+                        path.display()
+                    ),
+                });
+            }
+            sink_plugin = Some((path.display().to_string(), plugin));
+        }
     }
+    let grant = match (&sink_plugin, &args.sink_db) {
+        (None, _) => None,
+        (Some(_), Some(url)) => {
+            let g = SqlGrant::connect_with(url, args.sink_db_password_file.as_deref()).map_err(
+                |e| anyhow::anyhow!("sink database {}: {e}", crate::capability::sql::redact(url)),
+            )?;
+            g.record();
+            Some(g)
+        }
+        (Some(_), None) => {
+            let dialect = match args.sink_dialect {
+                SinkDialect::Sqlite => Dialect::Sqlite,
+                SinkDialect::Postgres => Dialect::Postgres,
+            };
+            tracing::info!(
+                "no --sink-db: the sink's statements are printed, not run, and its queries return no rows (dialect {})",
+                dialect.name()
+            );
+            Some(SqlGrant::dry(dialect))
+        }
+    };
 
     let records: Vec<Record<'_>> = owned
         .iter()
@@ -280,13 +220,30 @@ pub fn run(args: TestArgs) -> Result<(), CliError> {
         other => other?,
     };
 
+    let rehearsal = match (&sink_plugin, &grant) {
+        (Some((_, plugin)), Some(grant)) => {
+            let mut instance = plugin.instance_with_sql(Some(grant.clone()));
+            sink::rehearse(&mut instance, grant, &ctx, &owned, &result.outputs)
+        }
+        _ => sink::Rehearsal::default(),
+    };
+    let sink_stage = stages.len();
+    let sink_digest = sink_plugin
+        .as_ref()
+        .map(|(_, p)| p.digest().to_string())
+        .unwrap_or_default();
+
     let stdout = std::io::stdout();
     let mut out = BufWriter::new(stdout.lock());
     let mut outputs = result.outputs.iter().peekable();
     let mut rejected = result.rejected.iter().peekable();
     let mut filtered = 0usize;
+    let empty = Vec::new();
     for (i, r) in records.iter().enumerate() {
         let mut any = false;
+        for line in rehearsal.before.get(&i).unwrap_or(&empty) {
+            writeln!(out, "{line}").map_err(super::stdout_error)?;
+        }
         while let Some(o) = outputs.next_if(|o| o.source_index == i) {
             any = true;
             let mut obj = serde_json::Map::new();
@@ -323,11 +280,33 @@ pub fn run(args: TestArgs) -> Result<(), CliError> {
             });
             writeln!(out, "{line}").map_err(super::stdout_error)?;
         }
+        for (_, message) in rehearsal.rejected.iter().filter(|(s, _)| *s == i) {
+            any = true;
+            let line = serde_json::json!({
+                "type": "bad_record",
+                "topic": r.topic,
+                "partition": r.partition,
+                "offset": r.offset,
+                "stage": sink_stage,
+                "plugin_digest": sink_digest,
+                "error": message,
+            });
+            writeln!(out, "{line}").map_err(super::stdout_error)?;
+        }
+        for line in rehearsal.after.get(&i).unwrap_or(&empty) {
+            writeln!(out, "{line}").map_err(super::stdout_error)?;
+        }
         if !any {
             filtered += 1;
         }
     }
     out.flush().map_err(super::stdout_error)?;
+    if let Some(e) = rehearsal.failed {
+        return Err(CliError {
+            code: ExitCode::Failed,
+            error: e.context("the sink stage stopped (the statements it sent are printed above)"),
+        });
+    }
     let trapped: Vec<&Rejection> = result.rejected.iter().filter(|r| r.trapped).collect();
     if let Some(first) = trapped.first() {
         return Err(CliError {
@@ -342,7 +321,8 @@ pub fn run(args: TestArgs) -> Result<(), CliError> {
     tracing::info!(
         records = records.len(),
         outputs = result.outputs.len(),
-        bad_records = result.rejected.len(),
+        bad_records = result.rejected.len() + rehearsal.rejected.len(),
+        statements = rehearsal.statements,
         filtered,
         "done"
     );

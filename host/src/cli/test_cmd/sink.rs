@@ -1,0 +1,249 @@
+//! The sink stage under `host test`: a rehearsal of what `host run` would
+//! apply, one partition at a time, with every SQL statement the sink
+//! sends printed.
+//!
+//! Each partition's mapped records go to the sink as one part: `open`,
+//! one `write` per record (so each statement shows at the record whose
+//! write sent it; a sink that keeps changes for later, as the cdc sink's
+//! `batch_rows` does, shows them at the record that made it flush, or at
+//! `close`), then `close`. The part runs inside a transaction that is
+//! rolled back, or on a session with no database ([`SqlGrant::dry`]). A
+//! record the sink rejects is taken out and the part rehearsed again
+//! without it, as `host run --on-error dlq` applies a part again without
+//! its dead letters; only the last rehearsal's statements are printed.
+
+use std::collections::{BTreeMap, HashSet};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as B64;
+use serde_json::{Value, json};
+use sluice_guest::wire;
+
+use super::input::Owned;
+use crate::capability::sql::{Ran, SqlGrant, SqlValue};
+use crate::plugin::chain::ChainOutput;
+use crate::plugin::{
+    CallContext, Instance, OpenAnswer, PartitionContext, PluginError, StageFailure,
+};
+
+/// What the sink did, as JSON lines placed among the map's lines.
+#[derive(Default)]
+pub(super) struct Rehearsal {
+    /// Lines to print before the map outputs of a source index (the
+    /// statements of `open`, at the part's first record).
+    pub before: BTreeMap<usize, Vec<Value>>,
+    /// Lines to print after them (the statements of the record's writes,
+    /// and those of `close` at the part's last record).
+    pub after: BTreeMap<usize, Vec<Value>>,
+    /// Source records the sink rejected, with its message.
+    pub rejected: Vec<(usize, String)>,
+    /// Statements printed.
+    pub statements: usize,
+    /// The error that stopped the sink (a fatal stage error, a trap, a
+    /// database that cannot open a transaction); nothing ran after it.
+    pub failed: Option<anyhow::Error>,
+}
+
+/// One attempt at a part stopped early.
+enum Stop {
+    /// The sink rejected the record at this source index.
+    Rejected(usize, String),
+    /// Anything else: the rehearsal ends.
+    Failed(anyhow::Error),
+}
+
+/// A parameter as JSON: text and numbers as themselves, bytes as
+/// `{"b64": …}`.
+fn param(v: &SqlValue) -> Value {
+    match v {
+        SqlValue::Null => Value::Null,
+        SqlValue::Integer(n) => json!(n),
+        SqlValue::Real(r) => json!(r),
+        SqlValue::Text(t) => json!(t),
+        SqlValue::Blob(b) => json!({ "b64": B64.encode(b) }),
+    }
+}
+
+/// The line of one statement.
+fn line(r: &PartitionContext, offset: Option<i64>, call: &str, ran: Ran) -> Value {
+    let mut obj = json!({
+        "type": "sql",
+        "topic": r.topic,
+        "partition": r.partition,
+        "offset": offset,
+        "call": call,
+        "statement": ran.sql,
+        "params": ran.params.iter().map(param).collect::<Vec<_>>(),
+    });
+    match ran.outcome {
+        Ok(Some(n)) => {
+            obj[if ran.query {
+                "rows_returned"
+            } else {
+                "rows_changed"
+            }] = json!(n)
+        }
+        Ok(None) => {}
+        Err(e) => obj["error"] = json!(e.to_string()),
+    }
+    obj
+}
+
+/// Rehearse the sink over the map's `outputs` of `owned`, partition by
+/// partition in the order they first appear.
+pub(super) fn rehearse(
+    sink: &mut Instance,
+    grant: &SqlGrant,
+    ctx: &CallContext,
+    owned: &[Owned],
+    outputs: &[ChainOutput],
+) -> Rehearsal {
+    let mut out = Rehearsal::default();
+    let mut parts: Vec<(&str, i32)> = Vec::new();
+    for o in owned {
+        if !parts.contains(&(o.topic.as_str(), o.partition)) {
+            parts.push((&o.topic, o.partition));
+        }
+    }
+    for (topic, partition) in parts {
+        let in_part = |i: usize| owned[i].topic == topic && owned[i].partition == partition;
+        let indexes: Vec<usize> = (0..owned.len()).filter(|&i| in_part(i)).collect();
+        let offsets = indexes.iter().map(|&i| owned[i].record.offset);
+        let (Some(start), Some(end), Some(&first), Some(&last)) = (
+            offsets.clone().min(),
+            offsets.max(),
+            indexes.first(),
+            indexes.last(),
+        ) else {
+            continue;
+        };
+        let range = PartitionContext {
+            batch: ctx.clone(),
+            topic: topic.to_string(),
+            partition,
+            start_offset: start,
+            end_offset: end + 1,
+        };
+        let part: Vec<&ChainOutput> = outputs.iter().filter(|o| in_part(o.source_index)).collect();
+        let mut excluded: HashSet<usize> = HashSet::new();
+        loop {
+            let mut lines: Vec<(Place, Value)> = Vec::new();
+            let r = attempt(sink, grant, &range, owned, &part, &excluded, |at, v| {
+                lines.push((at, v));
+            });
+            if let Err(Stop::Rejected(i, m)) = &r
+                && excluded.insert(*i)
+            {
+                // Only the last rehearsal of a part is printed.
+                out.rejected.push((*i, m.clone()));
+                continue;
+            }
+            for (at, v) in lines {
+                out.statements += 1;
+                let (map, i) = match at {
+                    Place::Open => (&mut out.before, first),
+                    Place::Write(i) => (&mut out.after, i),
+                    Place::Close => (&mut out.after, last),
+                };
+                map.entry(i).or_default().push(v);
+            }
+            match r {
+                Ok(()) => break,
+                Err(Stop::Rejected(_, m)) => {
+                    out.failed = Some(anyhow::anyhow!(
+                        "the sink rejected a record it was not given: {m}"
+                    ));
+                    return out;
+                }
+                Err(Stop::Failed(e)) => {
+                    out.failed = Some(e);
+                    return out;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Which call of a part sent a statement.
+#[derive(Clone, Copy)]
+enum Place {
+    /// `open`.
+    Open,
+    /// The `write` of the record at this source index.
+    Write(usize),
+    /// `close`.
+    Close,
+}
+
+/// One rehearsal of a part: `open`, a `write` per record not in
+/// `excluded`, `close`, in a transaction rolled back at the end; `emit`
+/// gets each statement's line.
+fn attempt(
+    sink: &mut Instance,
+    grant: &SqlGrant,
+    range: &PartitionContext,
+    owned: &[Owned],
+    part: &[&ChainOutput],
+    excluded: &HashSet<usize>,
+    mut emit: impl FnMut(Place, Value),
+) -> Result<(), Stop> {
+    grant
+        .begin_rehearsal()
+        .map_err(|e| Stop::Failed(anyhow::anyhow!("sink database: {e}")))?;
+    let _ = grant.take_ran();
+    let r = (|| {
+        let answer = sink.sink_open(range);
+        for ran in grant.take_ran() {
+            emit(Place::Open, line(range, None, "open", ran));
+        }
+        if answer.map_err(|e| Stop::Failed(e.into()))? == OpenAnswer::AlreadyApplied {
+            tracing::info!(
+                "the sink answered already-applied to {}/{} [{}, {}): nothing written",
+                range.topic,
+                range.partition,
+                range.start_offset,
+                range.end_offset
+            );
+            return Ok(());
+        }
+        for o in part.iter().filter(|o| !excluded.contains(&o.source_index)) {
+            let s = &owned[o.source_index];
+            let rec = s.record.view_with(
+                &s.topic,
+                s.partition,
+                o.key.as_deref(),
+                o.value.as_deref(),
+                &o.headers,
+            );
+            let mut enc = wire::Encoder::with_capacity(256);
+            enc.push_sink_record(&o.idempotency_key, &rec);
+            let site = || format!("{}/{} offset {}", s.topic, s.partition, s.record.offset);
+            let w = sink.sink_write(enc.finish(), site);
+            for ran in grant.take_ran() {
+                let l = line(range, Some(s.record.offset), "write", ran);
+                emit(Place::Write(o.source_index), l);
+            }
+            match w {
+                Ok(()) => {}
+                Err(PluginError::Stage {
+                    failure: StageFailure::BadRecord { message, .. },
+                    ..
+                }) => return Err(Stop::Rejected(o.source_index, message)),
+                Err(e) => return Err(Stop::Failed(e.into())),
+            }
+        }
+        let c = sink.sink_close(|| {
+            format!(
+                "{}/{} offsets [{}, {})",
+                range.topic, range.partition, range.start_offset, range.end_offset
+            )
+        });
+        for ran in grant.take_ran() {
+            emit(Place::Close, line(range, None, "close", ran));
+        }
+        c.map_err(|e| Stop::Failed(e.into()))
+    })();
+    grant.end_rehearsal();
+    r
+}
