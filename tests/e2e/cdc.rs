@@ -374,3 +374,133 @@ fn values_that_do_not_fit_are_bad_records_or_stop_with_the_fix() {
     );
     assert_eq!(db.scalar("SELECT count(*) FROM sluice_dead_letters"), 3);
 }
+
+/// `host test` with the cdc component: on a real database the sink's
+/// statements run and are printed per record, a change the table refuses
+/// is a bad record of the sink's stage, and nothing is kept; without a
+/// database `create=print` logs the table's DDL and the statements show
+/// in the dialect asked for.
+#[test]
+fn host_test_prints_each_statement_with_its_parameters_and_keeps_nothing() {
+    use crate::support::{host, json_lines, plugin, stderr};
+    let record = |key: &str, value: &str| format!(r#"{{"key":{key},"value":{value}}}"#);
+    let input = tempfile::NamedTempFile::new().unwrap();
+    let lines = [
+        record(
+            MAXWELL_KEY_1,
+            &maxwell(
+                "insert",
+                "mysql-bin.000003:100",
+                r#"{"id":1,"name":"Acme","revenue":12.5,"logo":"AAEC/w=="}"#,
+            ),
+        ),
+        record(
+            r#"{"database":"shop","table":"company","pk.id":2}"#,
+            &maxwell("insert", "mysql-bin.000003:200", r#"{"id":2,"name":null}"#),
+        ),
+        record(
+            MAXWELL_KEY_1,
+            &maxwell("delete", "mysql-bin.000003:300", r#"{"id":1}"#),
+        ),
+    ];
+    std::fs::write(input.path(), lines.join("\n")).unwrap();
+    let cdc = plugin("cdc");
+    let test = |extra: &[&str]| {
+        let mut args = vec![
+            "test",
+            "--plugin",
+            cdc.to_str().unwrap(),
+            "--format",
+            "records",
+            "--input",
+            input.path().to_str().unwrap(),
+            "--config",
+            "route=shop.company=company",
+            "--config",
+            "batch_rows=1",
+        ];
+        args.extend_from_slice(extra);
+        host(&args)
+    };
+    let sql_of = |got: &[serde_json::Value], offset: i64| -> Vec<(String, serde_json::Value)> {
+        got.iter()
+            .filter(|l| l["type"] == "sql" && l["offset"] == offset)
+            .map(|l| {
+                (
+                    l["statement"].as_str().unwrap().to_string(),
+                    l["params"].clone(),
+                )
+            })
+            .collect()
+    };
+    for db in Db::both() {
+        create_company(&db);
+        let out = test(&["--sink-db", &db.url]);
+        assert!(out.status.success(), "{}: {}", db.name, stderr(&out));
+        let got = json_lines(&out);
+        // Offset 0's upsert (the table's columns were read by the first
+        // rehearsal, the one offset 1 broke; only the last is printed).
+        let first = sql_of(&got, 0);
+        let upsert = first
+            .iter()
+            .find(|(s, _)| s.starts_with("INSERT INTO company"));
+        let Some((_, params)) = upsert else {
+            panic!("{}: no upsert at offset 0: {got:?}", db.name)
+        };
+        let params = params.as_array().unwrap();
+        assert_eq!(params[1], "Acme");
+        assert_eq!(params[3]["b64"], "AAEC/w==", "bytes as base64: {params:?}");
+        let insert = got
+            .iter()
+            .find(|l| l["type"] == "sql" && l["offset"] == 0 && l["rows_changed"] == 1);
+        assert!(insert.is_some(), "{}: the upsert ran: {got:?}", db.name);
+        // Offset 1 breaks NOT NULL: a bad record of the sink (stage 1).
+        let bad: Vec<_> = got.iter().filter(|l| l["type"] == "bad_record").collect();
+        assert_eq!(bad.len(), 1, "{got:?}");
+        assert_eq!(
+            (bad[0]["offset"].clone(), bad[0]["stage"].clone()),
+            (1.into(), 1.into())
+        );
+        assert!(
+            bad[0]["error"].as_str().unwrap().contains("company.name"),
+            "{bad:?}"
+        );
+        assert!(sql_of(&got, 1).is_empty(), "{got:?}");
+        let delete = sql_of(&got, 2);
+        assert_eq!(delete.len(), 1, "{got:?}");
+        assert!(delete[0].0.starts_with("DELETE FROM company"), "{delete:?}");
+        // Rolled back: the table is as it was.
+        assert_eq!(db.scalar("SELECT COUNT(*) FROM company"), 0, "{}", db.name);
+    }
+
+    // No database: the table is guessed and its DDL logged.
+    let out = test(&["--sink-dialect", "postgres"]);
+    assert_eq!(out.status.code(), Some(1), "no table, no create=print");
+    assert!(stderr(&out).contains("create=print"), "{}", stderr(&out));
+    let out = test(&["--sink-dialect", "postgres", "--config", "create=print"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains(
+            r#"CREATE TABLE company ("id" BIGINT NOT NULL, "name" TEXT, "revenue" NUMERIC, "logo" TEXT, "_sluice_position" TEXT, PRIMARY KEY ("id"))"#
+        ),
+        "{err}"
+    );
+    let got = json_lines(&out);
+    let first = sql_of(&got, 0);
+    assert!(
+        first
+            .iter()
+            .any(|(s, _)| s.contains("CAST(CAST($1 AS TEXT) AS int8)")),
+        "{first:?}"
+    );
+    assert!(
+        got.iter()
+            .filter(|l| l["type"] == "sql")
+            .all(|l| l.get("rows_changed").is_none())
+    );
+    // A dialect with a database is a usage error.
+    let db = Db::sqlite();
+    let out = test(&["--sink-db", &db.url, "--sink-dialect", "postgres"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}

@@ -25,7 +25,11 @@
 //!   database finds is a bad record of that change, [`sink`]);
 //! - `position_column`: the TEXT column each destination table must have
 //!   for the source position of its last change (default
-//!   `_sluice_position`, [`position`]).
+//!   `_sluice_position`, [`position`]);
+//! - `create`: `no` (default: a destination table that does not exist
+//!   stops the sink) or `print` (it is logged with the `CREATE TABLE` it
+//!   needs, guessed from its first change, [`ddl`], and the sink goes on
+//!   as if it existed: for `host test`, which prints the statements).
 //!
 //! Skipped without a word (the host counts them as filtered): tombstones
 //! (Debezium writes one after each delete), Maxwell bootstrap markers,
@@ -34,6 +38,7 @@
 
 pub mod change;
 pub mod convert;
+pub mod ddl;
 pub mod debezium;
 pub mod maxwell;
 pub mod position;
@@ -79,6 +84,9 @@ pub struct Settings {
     /// Most primary keys kept before the sink applies them (1: each
     /// change its own statement, at once).
     batch_rows: usize,
+    /// `create=print`: a missing destination table is logged with the
+    /// DDL it needs ([`ddl`]) instead of stopping the sink.
+    print_create: bool,
 }
 
 /// The raw `--config` pairs.
@@ -100,6 +108,8 @@ struct RawSettings {
     position_column: Option<String>,
     #[serde(default)]
     batch_rows: Option<usize>,
+    #[serde(default)]
+    create: Option<String>,
 }
 
 impl Settings {
@@ -151,6 +161,7 @@ impl Settings {
             zero_dates,
             strict: raw.strict,
             position_column,
+            print_create: one_of("create", raw.create.as_deref(), &["no", "print"])? == 1,
             batch_rows: match raw.batch_rows {
                 None => DEFAULT_BATCH_ROWS,
                 Some(0) => return Err(Error::fatal("batch_rows=0: give at least 1")),

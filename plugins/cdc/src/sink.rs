@@ -146,15 +146,19 @@ impl Sink for CdcSink {
         let dialect = self
             .dialect
             .ok_or_else(|| Error::fatal("sink used before init"))?;
+        let key = Object::from_raw(c.key).map_err(|e| Error::bad_record(format!("`key`: {e}")))?;
         if !self.tables.contains_key(&*c.table) {
             let name = sql::identifier("destination table", &c.table)?;
-            let t = Table::load(dialect, name, &self.settings.position_column)?;
+            let t = match Table::load(dialect, name, &self.settings.position_column)? {
+                Some(t) => t,
+                None if self.settings.print_create => self.guess_table(dialect, name, &c, &key)?,
+                None => return Err(Table::missing(dialect, name)),
+            };
             self.tables.insert(name.to_string(), t);
         }
         let Some(table) = self.tables.get(&*c.table) else {
             return Err(Error::fatal("destination table vanished from the cache"));
         };
-        let key = Object::from_raw(c.key).map_err(|e| Error::bad_record(format!("`key`: {e}")))?;
         let (key_idx, bound) = match c.op {
             Op::Truncate => (Vec::new(), None),
             Op::Delete => {
@@ -293,6 +297,35 @@ fn chunks(changes: Vec<Bound>, rows: usize) -> impl Iterator<Item = Vec<Bound>> 
 }
 
 impl CdcSink {
+    /// `create=print`: log the DDL `name` needs, guessed from change `c`
+    /// (its first), and the table it describes.
+    fn guess_table(
+        &self,
+        dialect: Dialect,
+        name: &str,
+        c: &ChangeIn<'_>,
+        key: &Object<'_>,
+    ) -> Result<Table, Error> {
+        let row = match c.row {
+            Some(r) if c.op == Op::Upsert => {
+                Some(Object::from_raw(r).map_err(|e| Error::bad_record(format!("`row`: {e}")))?)
+            }
+            _ => None,
+        };
+        let (ddl, table) = crate::ddl::guess(
+            dialect,
+            name,
+            key,
+            row.as_ref(),
+            &self.settings.position_column,
+        )?;
+        log::warn(format!(
+            "destination table {name} does not exist; create=print: it needs (types guessed from its first change, of {} at {}: check them): {ddl};",
+            c.source, c.pos
+        ));
+        Ok(table)
+    }
+
     /// Keep `change` (`None`: a truncate) of `table` for the flush: the
     /// newest change per key, so that applying what is kept ends where
     /// applying every change in turn would.

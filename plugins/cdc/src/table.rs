@@ -93,12 +93,55 @@ pub fn quote(name: &str) -> String {
 }
 
 impl Table {
-    /// Read `name`'s columns from the database.
+    /// The table `name` of `columns`.
     ///
     /// # Errors
-    /// [`Error::Fatal`]: the table does not exist, or has no
-    /// `position_column`; the database's error.
-    pub fn load(dialect: Dialect, name: &str, position_column: &str) -> Result<Table, Error> {
+    /// [`Error::Fatal`]: no column is `position_column`.
+    pub fn new(
+        dialect: Dialect,
+        name: &str,
+        columns: Vec<Column>,
+        position_column: &str,
+    ) -> Result<Table, Error> {
+        let position = columns
+            .iter()
+            .position(|c| c.name == position_column)
+            .ok_or_else(|| {
+                Error::fatal(format!(
+                    "table {name} has no column {position_column}, where the cdc plugin keeps each row's source position: ALTER TABLE {name} ADD COLUMN {position_column} TEXT"
+                ))
+            })?;
+        Ok(Table {
+            name: name.to_string(),
+            columns,
+            position,
+            dialect,
+        })
+    }
+
+    /// The error for a destination table `name` that does not exist.
+    pub fn missing(dialect: Dialect, name: &str) -> Error {
+        Error::fatal(format!(
+            "destination table {name} does not exist{}: create it (the cdc plugin fills tables, it does not create them; --config create=print logs the CREATE TABLE it would need)",
+            if dialect == Dialect::Postgres {
+                " in the connection's current schema"
+            } else {
+                ""
+            }
+        ))
+    }
+
+    /// Read `name`'s columns from the database; `None` when it has no
+    /// table of that name.
+    ///
+    /// # Errors
+    /// [`Error::Fatal`]: the table has no `position_column`; the
+    /// database's error.
+    pub fn load(
+        dialect: Dialect,
+        name: &str,
+        position_column: &str,
+    ) -> Result<Option<Table>, Error> {
         let rows = match dialect {
             Dialect::Sqlite => sql::query(
                 "SELECT name, type, \"notnull\", dflt_value IS NOT NULL, NULL FROM pragma_table_info($1)",
@@ -140,29 +183,9 @@ impl Table {
             });
         }
         if columns.is_empty() {
-            return Err(Error::fatal(format!(
-                "destination table {name} does not exist{}: create it (the cdc plugin fills tables, it does not create them)",
-                if dialect == Dialect::Postgres {
-                    " in the connection's current schema"
-                } else {
-                    ""
-                }
-            )));
+            return Ok(None);
         }
-        let position = columns
-            .iter()
-            .position(|c| c.name == position_column)
-            .ok_or_else(|| {
-                Error::fatal(format!(
-                    "table {name} has no column {position_column}, where the cdc plugin keeps each row's source position: ALTER TABLE {name} ADD COLUMN {position_column} TEXT"
-                ))
-            })?;
-        Ok(Table {
-            name: name.to_string(),
-            columns,
-            position,
-            dialect,
-        })
+        Table::new(dialect, name, columns, position_column).map(Some)
     }
 
     /// The index of column `name` (exact, else ASCII case-insensitive:
@@ -444,7 +467,7 @@ fn truthy(v: &Value) -> bool {
 }
 
 /// The binding of a column of declared type `ty`.
-fn kind(dialect: Dialect, ty: &str) -> Kind {
+pub fn kind(dialect: Dialect, ty: &str) -> Kind {
     let t = ty.to_ascii_lowercase();
     match dialect {
         Dialect::Postgres => match t.as_str() {
