@@ -3,15 +3,21 @@
 
 Maxwell company events (inserts, updates, one delete in 50; the events
 of bench/run.py) on the mock cluster, each pipeline into a fresh SQLite
-file, `--until-caught-up`: company (one JSON row per company, one
-statement per record) and cdc with `batch_rows` 10 (the default), 1 (one
-statement per change), 100 and 1000 (multi-row statements). Each cdc table is
-checked cell by cell against the producer's expected final state. The
-median of RUNS interleaved runs; prints a markdown table.
+file (or a fresh PostgreSQL database), `--until-caught-up`: company (one
+JSON row per company, one statement per record) and cdc with several
+`batch_rows` (1: one statement per change; more: multi-row statements).
+Each cdc table is checked cell by cell against the producer's expected
+final state. The median of RUNS interleaved runs; prints a markdown table.
 
 Run with `bash bench/cdc.sh` (builds in release mode first). Environment:
-RUNS (default 3), EVENTS (default 60000), PARTITIONS (default 6).
+RUNS (default 3), EVENTS (default 60000), PARTITIONS (default 6), PG_URL
+(a PostgreSQL server's admin URL, e.g. `postgres://postgres@127.0.0.1:5432/postgres`:
+the sinks are fresh databases there instead of SQLite files; `source
+scripts/pg.sh && pg_start` starts a throwaway server and sets
+SLUICE_TEST_PG_URL).
 """
+import decimal
+import itertools
 import json
 import os
 import statistics
@@ -23,27 +29,64 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import run  # noqa: E402  (the shared brokers, timing and medians)
 
-CDC_TABLE = ("CREATE TABLE company (id INTEGER PRIMARY KEY, name TEXT NOT NULL, valuation TEXT, "
-             "founded DATETIME, _sluice_position TEXT)")
+PG_URL = os.environ.get("PG_URL")
+
+CDC_TABLE = {
+    "sqlite": ("CREATE TABLE company (id INTEGER PRIMARY KEY, name TEXT NOT NULL, valuation TEXT, "
+               "founded DATETIME, _sluice_position TEXT)"),
+    "postgres": ("CREATE TABLE company (id BIGINT PRIMARY KEY, name TEXT NOT NULL, valuation NUMERIC(30,6), "
+                 "founded DATE, _sluice_position TEXT)"),
+}
 
 
-def create_table(db):
-    c = sqlite3.connect(db)
-    c.execute(CDC_TABLE)
-    c.commit()
-    c.close()
+def psql(url, sql):
+    """Run `sql` with psql; its output rows as lists of text (`\\N` = NULL)."""
+    out = subprocess.run(["psql", "-X", "-q", "-A", "-t", "-F", "\t", "-P", "null=\\N", "-v", "ON_ERROR_STOP=1",
+                          url, "-c", sql], check=True, capture_output=True, text=True).stdout
+    return [line.split("\t") for line in out.splitlines() if line]
+
+
+SEQ = itertools.count()
+
+
+def sink_for(plugin):
+    """What run.sluice takes as the sink of one run: for PostgreSQL a fresh
+    database's URL (with the cdc table), for SQLite a function that
+    creates the cdc table in the fresh file (True for company)."""
+    if PG_URL:
+        name = f"bench_cdc_{os.getpid()}_{next(SEQ)}"
+        psql(PG_URL, f"CREATE DATABASE {name}")
+        url = PG_URL.rsplit("/", 1)[0] + "/" + name
+        if plugin == "cdc":
+            psql(url, CDC_TABLE["postgres"])
+        return url
+    if plugin != "cdc":
+        return True
+
+    def create(db):
+        c = sqlite3.connect(db)
+        c.execute(CDC_TABLE["sqlite"])
+        c.commit()
+        c.close()
+    return create
 
 
 def check_cdc(db, expected):
-    """The cdc table equals the expected final rows, cell by cell."""
-    c = sqlite3.connect(db)
-    got = {r[0]: r[1:] for r in c.execute("SELECT id, name, valuation, founded FROM company")}
-    c.close()
+    """The cdc table equals the expected final rows, cell by cell
+    (decimals compared as numbers: NUMERIC shows its scale)."""
+    query = "SELECT id, name, valuation, founded FROM company"
+    if PG_URL:
+        rows = [(int(i), n, v, None if f == "\\N" else f) for i, n, v, f in psql(db, query)]
+    else:
+        c = sqlite3.connect(db)
+        rows = list(c.execute(query))
+        c.close()
+    got = {r[0]: (r[1], decimal.Decimal(r[2]), r[3]) for r in rows}
     want = {}
     for row in expected.values():
         r = json.loads(row, parse_float=str)  # the decimal's exact text
         # Maxwell's zero date becomes NULL (zero_dates=null, the default).
-        want[r["id"]] = (r["name"], r["valuation"], None)
+        want[r["id"]] = (r["name"], decimal.Decimal(r["valuation"]), None)
     if got != want:
         missing = len(set(want) - set(got))
         extra = len(set(got) - set(want))
@@ -54,10 +97,10 @@ def check_cdc(db, expected):
 def main():
     cells = {
         "company (one statement per record)": ("company", []),
-        "cdc, batch_rows=10 (default)": ("cdc", ["route=shop.company=company"]),
         "cdc, batch_rows=1": ("cdc", ["route=shop.company=company", "batch_rows=1"]),
+        "cdc, batch_rows=10": ("cdc", ["route=shop.company=company", "batch_rows=10"]),
         "cdc, batch_rows=100": ("cdc", ["route=shop.company=company", "batch_rows=100"]),
-        "cdc, batch_rows=1000": ("cdc", ["route=shop.company=company", "batch_rows=1000"]),
+        "cdc, batch_rows=1000 (default)": ("cdc", ["route=shop.company=company"]),
         "cdc, batch_rows=5000": ("cdc", ["route=shop.company=company", "batch_rows=5000"]),
     }
     with tempfile.TemporaryDirectory(prefix="bench-cdc-") as work, run.Mock() as broker:
@@ -71,7 +114,7 @@ def main():
 
         def cell(n, name, plugin, config):
             def go(i):
-                sink = create_table if plugin == "cdc" else True
+                sink = sink_for(plugin)
                 stages = {}
                 rate, rss, db = run.sluice(broker, plugin, sink, work, i, config, tag=f"-{n}",
                                            stages=stages)
@@ -83,7 +126,8 @@ def main():
 
         results, errors = run.interleaved({k: cell(n, k, *v) for n, (k, v) in enumerate(cells.items())})
     base = results.get("company (one statement per record)", (None,))[0]
-    print(f"{run.EVENTS} Maxwell events, {run.PARTS} partitions, mock cluster, SQLite sink, "
+    print(f"{run.EVENTS} Maxwell events, {run.PARTS} partitions, mock cluster, "
+          f"{'PostgreSQL' if PG_URL else 'SQLite'} sink, "
           f"median of {run.RUNS} interleaved runs\n")
     print("records/s and peak RSS: the median run by rate (wall time, so a fetch that waits on the "
           "broker counts); map and sink: µs per event of the stages' own work, median over all runs.\n")

@@ -144,8 +144,8 @@ def interleaved(cells):
 def sluice(broker, plugin, sink, work, i, config=(), tag="", stages=None):
     """One Sluice run over the topic: (records/s, peak RSS MiB, sink db).
 
-    sink: False (none), True (a fresh SQLite file) or a function that
-    prepares that file (creates its tables) first; config: `--config`
+    sink: False (none), True (a fresh SQLite file), a function that
+    prepares that file (creates its tables) first, or a sink database URL; config: `--config`
     pairs; tag: tells apart the checkpoints and files of cells that run
     one plugin with different configs; stages: a dict that gets the run's
     map and sink time in ms (`durations_ms` summed over its batches: the
@@ -158,7 +158,10 @@ def sluice(broker, plugin, sink, work, i, config=(), tag="", stages=None):
     for kv in config:
         args += ["--config", kv]
     db = None
-    if sink:
+    if isinstance(sink, str):
+        db = sink  # a sink database URL, ready
+        args += ["--sink-db", sink]
+    elif sink:
         db = os.path.join(work, f"sink-{name}.db")
         if callable(sink):
             sink(db)

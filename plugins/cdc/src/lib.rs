@@ -20,9 +20,10 @@
 //! - `strict`: `true` makes a source column the table lacks a bad record
 //!   (default: ignored, logged once per table and column);
 //! - `batch_rows`: at most this many primary keys are kept before the
-//!   sink applies them as multi-row statements (default 10, measured fastest on SQLite: docs/benchmarks.md; `1`: each
-//!   change its own statement at once, so that even an error only the
-//!   database finds is a bad record of that change, [`sink`]);
+//!   sink applies them as multi-row statements (default 1000, the fastest
+//!   on SQLite and PostgreSQL in `bash bench/cdc.sh`: docs/benchmarks.md;
+//!   `1`: each change its own statement at once, so that even an error
+//!   only the database finds is a bad record of that change, [`sink`]);
 //! - `position_column`: the TEXT column each destination table must have
 //!   for the source position of its last change (default
 //!   `_sluice_position`, [`position`]);
@@ -57,7 +58,7 @@ use route::Routes;
 use table::ZeroDates;
 
 /// `batch_rows` by default: primary keys kept per flush.
-pub const DEFAULT_BATCH_ROWS: usize = 10;
+pub const DEFAULT_BATCH_ROWS: usize = 1000;
 
 /// Which producer wrote the events.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

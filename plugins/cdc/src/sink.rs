@@ -62,8 +62,10 @@ struct Kept {
 /// sets, the key columns, rows).
 type StatementKey = (String, bool, Vec<usize>, Vec<usize>, usize);
 
-/// Most statement texts kept per sink instance.
+/// Most statement texts kept per sink instance, and their most bytes (a
+/// 1,000-row upsert with PostgreSQL's casts is ~150 KB).
 const STATEMENTS_KEPT: usize = 64;
+const STATEMENT_BYTES: usize = 4 << 20;
 
 /// The text of statement `key`, built by `build` the first time (texts
 /// of thousands of placeholders are not rebuilt at every flush).
@@ -72,7 +74,10 @@ fn statement(
     key: StatementKey,
     build: impl FnOnce() -> String,
 ) -> &str {
-    if kept.len() >= STATEMENTS_KEPT && !kept.contains_key(&key) {
+    if !kept.contains_key(&key)
+        && (kept.len() >= STATEMENTS_KEPT
+            || kept.values().map(String::len).sum::<usize>() > STATEMENT_BYTES)
+    {
         kept.clear();
     }
     kept.entry(key).or_insert_with(build)

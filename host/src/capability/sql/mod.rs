@@ -462,6 +462,10 @@ pub struct Session {
     /// Statement texts that passed the guard (the verdict depends on the
     /// text only), so a sink's per-record statements are checked once.
     approved: std::collections::HashMap<String, Approved>,
+    /// The same for texts longer than [`APPROVED_MAX_LEN`] (a multi-row
+    /// statement of thousands of values), by their SHA-256, so that
+    /// neither their parse nor their bytes are repeated.
+    approved_long: std::collections::HashMap<[u8; 32], Approved>,
     /// The schema of the host's tables (PostgreSQL; `None`: `public`).
     host_schema: Option<String>,
     /// The role plugin statements run as (PostgreSQL; `None`: the
@@ -476,11 +480,12 @@ pub struct Session {
     dry: bool,
 }
 
-/// Most distinct statement texts remembered in [`Session::approved`].
+/// Most distinct statement texts remembered in [`Session::approved`] (and
+/// as many in [`Session::approved_long`]).
 const APPROVED_CAP: usize = 256;
-/// Longest statement text remembered, bytes (longer ones are checked every
-/// time), so the cache holds at most `APPROVED_CAP × APPROVED_MAX_LEN`
-/// bytes whatever a plugin sends.
+/// Longest statement text remembered as text, bytes (longer ones are
+/// remembered by digest), so the cache holds at most
+/// `APPROVED_CAP × (APPROVED_MAX_LEN + 32)` bytes whatever a plugin sends.
 const APPROVED_MAX_LEN: usize = 4096;
 
 /// A shared handle on a [`Session`]: what a sink instance is granted.
@@ -503,6 +508,7 @@ impl SqlGrant {
             open: false,
             failed: None,
             approved: std::collections::HashMap::new(),
+            approved_long: std::collections::HashMap::new(),
             host_schema: None,
             plugin_role: None,
             mark: None,
@@ -767,17 +773,33 @@ impl Session {
                 code: e.code.clone(),
             });
         }
-        let approved = match self.approved.get(sql) {
+        let digest = (sql.len() > APPROVED_MAX_LEN).then(|| {
+            use sha2::Digest as _;
+            <[u8; 32]>::from(sha2::Sha256::digest(sql.as_bytes()))
+        });
+        let known = match &digest {
+            Some(d) => self.approved_long.get(d),
+            None => self.approved.get(sql),
+        };
+        let approved = match known {
             Some(a) => *a,
             None => {
                 let a = self
                     .check(sql)
                     .inspect_err(|e| self.failed = Some(e.clone()))?;
-                if sql.len() <= APPROVED_MAX_LEN {
-                    if self.approved.len() >= APPROVED_CAP {
-                        self.approved.clear();
+                match digest {
+                    Some(d) => {
+                        if self.approved_long.len() >= APPROVED_CAP {
+                            self.approved_long.clear();
+                        }
+                        self.approved_long.insert(d, a);
                     }
-                    self.approved.insert(sql.to_string(), a);
+                    None => {
+                        if self.approved.len() >= APPROVED_CAP {
+                            self.approved.clear();
+                        }
+                        self.approved.insert(sql.to_string(), a);
+                    }
                 }
                 a
             }

@@ -351,10 +351,22 @@ fn guard_verdicts_are_remembered_only_for_allowed_statements() {
         g.plugin_query(&format!("SELECT {i}"), &[]).unwrap();
     }
     assert!(g.lock().approved.len() <= APPROVED_CAP);
-    // Long texts are checked but not kept.
+    // Long texts are remembered by digest, not kept; a refused one stays
+    // refused (by the authorizer, whatever the text check remembered).
     let long = format!("SELECT 1 {}", " ".repeat(APPROVED_MAX_LEN));
     g.plugin_query(&long, &[]).unwrap();
     assert!(!g.lock().approved.contains_key(&long));
+    assert_eq!(g.lock().approved_long.len(), 1);
+    let refused = format!(
+        "DELETE FROM sluice_progress {}",
+        " ".repeat(APPROVED_MAX_LEN)
+    );
+    for _ in 0..2 {
+        let e = g.plugin_execute(&refused, &[]).unwrap_err();
+        assert!(e.message.contains("belongs to the host"), "{e}");
+        g.lock().rollback();
+        window(&g);
+    }
     g.lock().rollback();
 }
 
