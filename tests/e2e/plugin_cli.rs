@@ -431,3 +431,55 @@ fn closed_stdout_ends_quietly_with_141() {
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
 }
+
+/// `host test` rehearses company's sink on a fresh database: each
+/// partition in its own transaction, rolled back, the next one on a fresh
+/// instance whose `init` creates the table again; nothing stays.
+#[test]
+fn a_sink_rehearsal_per_partition_keeps_nothing() {
+    let record = |partition: i32, id: i32| {
+        let value = maxwell("insert", Some(&format!(r#"{{"id":{id}}}"#)), "");
+        json!({"partition": partition, "value": value}).to_string()
+    };
+    let input = write_input(&[record(0, 1), record(1, 2), record(0, 3)]);
+    let db = crate::support::Db::sqlite();
+    let out = host(&[
+        "test",
+        "--plugin",
+        plugin("company").to_str().unwrap(),
+        "--format",
+        "records",
+        "--input",
+        input.path().to_str().unwrap(),
+        "--sink-db",
+        &db.url,
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let got = json_lines(&out);
+    let inserts: Vec<(i64, i64)> = got
+        .iter()
+        .filter(|l| l["type"] == "sql" && l["statement"].as_str().unwrap().starts_with("INSERT"))
+        .map(|l| {
+            (
+                l["partition"].as_i64().unwrap(),
+                l["rows_changed"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(inserts, vec![(0, 1), (1, 1), (0, 1)], "{got:?}");
+    let creates = got
+        .iter()
+        .filter(|l| {
+            l["call"] == "open" && l["statement"].as_str().unwrap().contains("CREATE TABLE")
+        })
+        .count();
+    assert_eq!(
+        creates, 2,
+        "init runs once per partition's instance: {got:?}"
+    );
+    assert_eq!(
+        db.scalar("SELECT COUNT(*) FROM sqlite_master WHERE name = 'companies'"),
+        0,
+        "rolled back"
+    );
+}

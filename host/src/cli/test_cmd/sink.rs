@@ -9,8 +9,10 @@
 //! `close`), then `close`. The part runs inside a transaction that is
 //! rolled back, or on a session with no database ([`SqlGrant::dry`]). A
 //! record the sink rejects is taken out and the part rehearsed again
-//! without it, as `host run --on-error dlq` applies a part again without
-//! its dead letters; only the last rehearsal's statements are printed.
+//! without it on a fresh instance, as `host run --on-error dlq` applies a
+//! part again without its dead letters; only the last rehearsal's
+//! statements are printed. Each part after the first also starts on a
+//! fresh instance: the one before was rolled back, its `init` with it.
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -105,7 +107,10 @@ pub(super) fn rehearse(
             parts.push((&o.topic, o.partition));
         }
     }
-    for (topic, partition) in parts {
+    for (n, (topic, partition)) in parts.into_iter().enumerate() {
+        if n > 0 {
+            sink.discard();
+        }
         let in_part = |i: usize| owned[i].topic == topic && owned[i].partition == partition;
         let indexes: Vec<usize> = (0..owned.len()).filter(|&i| in_part(i)).collect();
         let offsets = indexes.iter().map(|&i| owned[i].record.offset);
@@ -134,8 +139,11 @@ pub(super) fn rehearse(
             if let Err(Stop::Rejected(i, m)) = &r
                 && excluded.insert(*i)
             {
-                // Only the last rehearsal of a part is printed.
+                // Only the last rehearsal of a part is printed. The next
+                // one starts on a fresh instance, as under `host run`
+                // (its `init` was rolled back with the part).
                 out.rejected.push((*i, m.clone()));
+                sink.discard();
                 continue;
             }
             for (at, v) in lines {
