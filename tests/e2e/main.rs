@@ -11,6 +11,7 @@
 mod support;
 
 mod cdc;
+mod cdc_files;
 mod checkpoint;
 mod crashes;
 mod demo;

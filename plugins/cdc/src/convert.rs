@@ -7,7 +7,9 @@
 //! `io.debezium.time.Date` (days since 1970-01-01), `…data.Timestamp` and
 //! `io.debezium.time.Timestamp` (milliseconds since the epoch, no zone),
 //! `io.debezium.time.MicroTimestamp`, `…NanoTimestamp`,
-//! `io.debezium.time.Time` (ms past midnight), `…MicroTime`, `…NanoTime`
+//! `io.debezium.time.Time` (ms past midnight), `…MicroTime`, `…NanoTime`,
+//! `io.debezium.data.VariableScaleDecimal` (a struct of `scale` and the
+//! unscaled `value`, for PostgreSQL `numeric` without a fixed scale)
 //! (Debezium connector documentation, "temporal types" and "decimal
 //! types").
 
@@ -32,20 +34,33 @@ pub fn decode(name: &str, scale: Option<u32>, raw: &RawValue) -> Result<Option<S
             .map_err(|_| format!("{name} value {} is not an integer", raw.get()))
     };
     let out_of_range = || format!("{name} value {} is out of range", raw.get());
+    let unscaled = |raw: &RawValue, scale: u32| {
+        let text = json::str_value(raw).map_err(|_| {
+            format!(
+                "{name} value {} is not a base64 string (decimal.handling.mode=precise)",
+                raw.get()
+            )
+        })?;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(text.as_bytes())
+            .map_err(|e| format!("{name} value {text:?} is not base64: {e}"))?;
+        decimal(&bytes, scale).ok_or_else(|| {
+            format!("{name} value {text:?} is wider than 16 bytes (38 digits); use decimal.handling.mode=string")
+        })
+    };
     Ok(Some(match name {
-        "org.apache.kafka.connect.data.Decimal" => {
-            let text = json::str_value(raw).map_err(|_| {
-                format!(
-                    "{name} value {} is not a base64 string (decimal.handling.mode=precise)",
-                    raw.get()
-                )
-            })?;
-            let bytes = base64::engine::general_purpose::STANDARD
-                .decode(text.as_bytes())
-                .map_err(|e| format!("{name} value {text:?} is not base64: {e}"))?;
-            decimal(&bytes, scale.unwrap_or(0)).ok_or_else(|| {
-                format!("{name} value {text:?} is wider than 16 bytes (38 digits); use decimal.handling.mode=string")
-            })?
+        "org.apache.kafka.connect.data.Decimal" => unscaled(raw, scale.unwrap_or(0))?,
+        "io.debezium.data.VariableScaleDecimal" => {
+            let parts = json::Object::from_raw(raw)
+                .map_err(|_| format!("{name} value {} is not a struct", raw.get()))?;
+            let scale = parts
+                .get("scale")
+                .and_then(|s| s.get().parse::<u32>().ok())
+                .ok_or_else(|| format!("{name} value {} has no integer `scale`", raw.get()))?;
+            let value = parts
+                .get("value")
+                .ok_or_else(|| format!("{name} value {} has no `value`", raw.get()))?;
+            unscaled(value, scale)?
         }
         "org.apache.kafka.connect.data.Date" | "io.debezium.time.Date" => {
             let epoch = NaiveDate::from_ymd_opt(1970, 1, 1).ok_or_else(out_of_range)?;
@@ -139,6 +154,14 @@ mod tests {
         assert_eq!(decimal(&[0x05], 3).as_deref(), Some("0.005"));
         assert_eq!(decimal(&[0x01, 0x00], 0).as_deref(), Some("256"));
         assert_eq!(decimal(&[1; 17], 0), None);
+        let v = |s: &str| decode("io.debezium.data.VariableScaleDecimal", None, &raw(s));
+        // 0x3039 = 12345 at scale 3.
+        assert_eq!(
+            v(r#"{"scale":3,"value":"MDk="}"#).unwrap().as_deref(),
+            Some("12.345")
+        );
+        assert!(v(r#"{"value":"MDk="}"#).unwrap_err().contains("scale"));
+        assert!(v(r#""MDk=""#).unwrap_err().contains("not a struct"));
     }
 
     #[test]
