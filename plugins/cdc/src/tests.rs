@@ -93,6 +93,39 @@ const PRODUCT_SCHEMA: &str = r#"{"type":"struct","fields":[
    {"type":"int32","name":"io.debezium.time.Date","field":"founded"}]},
  {"type":"struct","field":"source","fields":[]}]}"#;
 
+/// A logical type the plugin does not know passes through as the
+/// source's JSON (the destination column's checks then decide); a known
+/// one whose value does not decode is a bad record naming the column.
+#[test]
+fn debezium_unknown_logical_types_pass_raw_and_undecodable_known_ones_are_bad_records() {
+    let schema = r#"{"type":"struct","fields":[
+ {"type":"struct","optional":true,"field":"after","fields":[
+   {"type":"int32","field":"id"},
+   {"type":"struct","name":"io.debezium.data.geometry.Point","field":"spot","fields":[]},
+   {"type":"int32","name":"io.debezium.time.Date","field":"founded"}]}]}"#;
+    let event = |after: &str| {
+        format!(
+            r#"{{"schema":{schema},"payload":{{"before":null,"after":{after},"source":{{"connector":"postgresql","db":"d","schema":"shop","table":"t","lsn":5}},"op":"c"}}}}"#
+        )
+    };
+    let ok = event(r#"{"id":1,"spot":{"wkb":"AQE=","srid":4326},"founded":0}"#);
+    let bad = event(r#"{"id":2,"spot":null,"founded":"soon"}"#);
+    let (out, rejected) = run(
+        &config(&[("format", "debezium")]),
+        &[(Some(r#"{"id":1}"#), Some(&ok)), (Some(r#"{"id":2}"#), Some(&bad))],
+    );
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert!(
+        out[0].contains(r#""spot":{"wkb":"AQE=","srid":4326},"founded":"1970-01-01""#),
+        "{}",
+        out[0]
+    );
+    assert_eq!(
+        rejected,
+        ["1: column `founded`: io.debezium.time.Date value \"soon\" is not an integer"]
+    );
+}
+
 #[test]
 fn debezium_with_the_schema_decodes_precise_decimals_and_dates() {
     // 999999999999.999998 at scale 6 = unscaled 0x0DE0B6B3A763FFFE.
