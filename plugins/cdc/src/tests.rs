@@ -112,7 +112,10 @@ fn debezium_unknown_logical_types_pass_raw_and_undecodable_known_ones_are_bad_re
     let bad = event(r#"{"id":2,"spot":null,"founded":"soon"}"#);
     let (out, rejected) = run(
         &config(&[("format", "debezium")]),
-        &[(Some(r#"{"id":1}"#), Some(&ok)), (Some(r#"{"id":2}"#), Some(&bad))],
+        &[
+            (Some(r#"{"id":1}"#), Some(&ok)),
+            (Some(r#"{"id":2}"#), Some(&bad)),
+        ],
     );
     assert_eq!(out.len(), 1, "{out:?}");
     assert!(

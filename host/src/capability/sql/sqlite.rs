@@ -156,7 +156,8 @@ fn sqlite_code_name(code: i32) -> String {
     name.to_string()
 }
 
-/// `sql` with its `$n` placeholders written `?n`.
+/// `sql` with its `$n` placeholders written `?n`; `None` to leave it as
+/// it is (no `$n`, or parameters of another form too).
 ///
 /// SQLite reads `$1` as a parameter *name* (TCL style), and names are
 /// looked up in a list: compiling a statement with n of them and binding
@@ -167,11 +168,13 @@ fn sqlite_code_name(code: i32) -> String {
 /// same one), compiled in O(n) when the numbers ascend and bound by
 /// number. Only a `$` that starts a token is rewritten: text in string
 /// literals, quoted identifiers (`"…"`, `` `…` ``, `[…]`) and comments
-/// is left alone, as are `$` inside identifiers (`a$1`), other names
-/// (`$x`, `$1a`) and `$0…`.
-pub(super) fn numbered_placeholders(sql: &str) -> std::borrow::Cow<'_, str> {
+/// is left alone, as are `$` inside identifiers (`a$1`) and `$0…`. A
+/// statement that also has parameters of another form (`?`, `?5`,
+/// `:name`, `@name`, `$name`, SQLite's TCL suffixes `$1::x` and `$1(x)`,
+/// or `:$1`) is left as it is, so each keeps the slot SQLite gives it.
+pub(super) fn numbered_placeholders(sql: &str) -> Option<String> {
     if !sql.contains('$') {
-        return std::borrow::Cow::Borrowed(sql);
+        return None;
     }
     let b = sql.as_bytes();
     // An identifier's bytes (SQLite takes any non-ASCII byte as one).
@@ -207,19 +210,30 @@ pub(super) fn numbered_placeholders(sql: &str) -> std::borrow::Cow<'_, str> {
             b'[' => i = skip_to(b"]", i + 1),
             b'-' if b.get(i + 1) == Some(&b'-') => i = skip_to(b"\n", i + 2),
             b'/' if b.get(i + 1) == Some(&b'*') => i = skip_to(b"*/", i + 2),
-            b'$' if (i == 0 || !ident(b[i - 1])) && matches!(b.get(i + 1), Some(b'1'..=b'9')) => {
-                let end = b[i + 1..]
+            // Another parameter form: `?`, `?NNN`, `:name`, `@name`,
+            // `#name` (and `:$1`, one name to SQLite).
+            b'?' => return None,
+            b':' | b'@' | b'#' if b.get(i + 1).is_some_and(|&c| ident(c)) => return None,
+            b'$' => {
+                let digits = b[i + 1..]
                     .iter()
                     .position(|c| !c.is_ascii_digit())
                     .map_or(b.len(), |p| i + 1 + p);
-                if end < b.len() && ident(b[end]) {
-                    i = end;
-                    continue;
+                let next = b.get(digits).copied();
+                // `$name`, `$1a`, `$0`, and the TCL suffixes `$1::x`,
+                // `$1(x)` are names, not `$n`.
+                if digits == i + 1
+                    || b[i + 1] == b'0'
+                    || next.is_some_and(ident)
+                    || next == Some(b'(')
+                    || (next == Some(b':') && b.get(digits + 1) == Some(&b':'))
+                {
+                    return None;
                 }
                 out.push_str(&sql[copied..i]);
                 out.push('?');
                 copied = i + 1;
-                i = end;
+                i = digits;
             }
             c if ident(c) => {
                 // The rest of the identifier or number, `$` included.
@@ -231,10 +245,10 @@ pub(super) fn numbered_placeholders(sql: &str) -> std::borrow::Cow<'_, str> {
         }
     }
     if copied == 0 {
-        return std::borrow::Cow::Borrowed(sql);
+        return None;
     }
     out.push_str(&sql[copied..]);
-    std::borrow::Cow::Owned(out)
+    Some(out)
 }
 
 impl Sqlite {
@@ -322,10 +336,12 @@ impl Sqlite {
         params: &[SqlValue],
         f: impl FnOnce(&mut rusqlite::Statement<'_>) -> Result<T, DbError>,
     ) -> Result<T, DbError> {
-        let sql = &*numbered_placeholders(sql);
+        let numbered = numbered_placeholders(sql);
+        let by_number = numbered.is_some();
+        let sql = numbered.as_deref().unwrap_or(sql);
         if self.untrusted() {
             let mut stmt = self.conn.prepare_cached(sql).map_err(sqlite_err)?;
-            Self::bind(&mut stmt, params)?;
+            Self::bind(&mut stmt, params, by_number)?;
             let set = |d| {
                 if let Ok(mut g) = self.deadline.lock() {
                     *g = d;
@@ -346,12 +362,20 @@ impl Sqlite {
             }
         } else {
             let mut stmt = self.conn.prepare(sql).map_err(sqlite_err)?;
-            Self::bind(&mut stmt, params)?;
+            Self::bind(&mut stmt, params, by_number)?;
             f(&mut stmt)
         }
     }
 
-    fn bind(stmt: &mut rusqlite::Statement<'_>, params: &[SqlValue]) -> Result<(), DbError> {
+    /// Bind `params`: by number when the statement's placeholders were
+    /// rewritten ([`numbered_placeholders`]). Else slot by slot: a slot
+    /// whose name starts with `$n` (`$2`, `$1::text`) takes the n-th
+    /// value, any other (`?`, `:name`) the value of its own position.
+    fn bind(
+        stmt: &mut rusqlite::Statement<'_>,
+        params: &[SqlValue],
+        by_number: bool,
+    ) -> Result<(), DbError> {
         let expected = stmt.parameter_count();
         if expected != params.len() {
             return Err(DbError {
@@ -362,16 +386,27 @@ impl Sqlite {
                 code: "SQLITE_RANGE".into(),
             });
         }
-        // The placeholders are numbered ([`numbered_placeholders`]): the
-        // i-th value is parameter i + 1.
-        for (i, v) in params.iter().enumerate() {
-            let idx = i + 1;
-            let r = match v {
-                SqlValue::Null => stmt.raw_bind_parameter(idx, rusqlite::types::Null),
-                SqlValue::Integer(n) => stmt.raw_bind_parameter(idx, n),
-                SqlValue::Real(r) => stmt.raw_bind_parameter(idx, r),
-                SqlValue::Text(t) => stmt.raw_bind_parameter(idx, t),
-                SqlValue::Blob(b) => stmt.raw_bind_parameter(idx, b),
+        for slot in 1..=expected {
+            let n = match stmt.parameter_name(slot) {
+                Some(name) if !by_number => name
+                    .strip_prefix('$')
+                    .map(|rest| {
+                        let end = rest
+                            .find(|c: char| !c.is_ascii_digit())
+                            .unwrap_or(rest.len());
+                        &rest[..end]
+                    })
+                    .and_then(|d| d.parse::<usize>().ok())
+                    .filter(|n| (1..=params.len()).contains(n))
+                    .unwrap_or(slot),
+                _ => slot,
+            };
+            let r = match &params[n - 1] {
+                SqlValue::Null => stmt.raw_bind_parameter(slot, rusqlite::types::Null),
+                SqlValue::Integer(v) => stmt.raw_bind_parameter(slot, v),
+                SqlValue::Real(v) => stmt.raw_bind_parameter(slot, v),
+                SqlValue::Text(v) => stmt.raw_bind_parameter(slot, v),
+                SqlValue::Blob(v) => stmt.raw_bind_parameter(slot, v),
             };
             r.map_err(sqlite_err)?;
         }

@@ -260,23 +260,72 @@ fn sqlite_binds_dollar_placeholders_by_number() {
 
 #[test]
 fn sqlite_placeholders_are_numbered_outside_quotes_and_comments() {
-    let n = |s: &str| sqlite::numbered_placeholders(s).into_owned();
+    let n = |s: &str| sqlite::numbered_placeholders(s);
+    let rewritten = |s: &str| n(s).unwrap_or_else(|| panic!("not rewritten: {s}"));
     assert_eq!(
-        n("VALUES ($1, $2), ($10,$11)"),
+        rewritten("VALUES ($1, $2), ($10,$11)"),
         "VALUES (?1, ?2), (?10,?11)"
     );
-    assert_eq!(n("SELECT 1"), "SELECT 1");
+    assert_eq!(n("SELECT 1"), None);
     assert_eq!(
-        n("SELECT '$1', \"$2\", `$3`, [$4], 'it''s $5', $6 -- $7\n/* $8 */ $9"),
+        rewritten("SELECT '$1', \"$2\", `$3`, [$4], 'it''s $5', $6 -- $7\n/* $8 */ $9"),
         "SELECT '$1', \"$2\", `$3`, [$4], 'it''s $5', ?6 -- $7\n/* $8 */ ?9"
     );
-    // Names that are not `$n` stay names.
-    assert_eq!(n("a$1 + $x + $1a + $0 + $01"), "a$1 + $x + $1a + $0 + $01");
-    assert_eq!(n("$1"), "?1");
+    assert_eq!(rewritten("a$1 + $1"), "a$1 + ?1");
+    assert_eq!(rewritten("$1"), "?1");
     // An unterminated quote or comment ends the statement.
-    assert_eq!(n("$1 'abc $2"), "?1 'abc $2");
-    assert_eq!(n("$1 /* $2"), "?1 /* $2");
-    assert_eq!(n("é$1, é $1"), "é$1, é ?1");
+    assert_eq!(rewritten("$1 'abc $2"), "?1 'abc $2");
+    assert_eq!(rewritten("$1 /* $2"), "?1 /* $2");
+    assert_eq!(rewritten("é$1, é $1"), "é$1, é ?1");
+    // Other parameter forms, alone or next to `$n`: left as they are.
+    for other in [
+        "$x", "$1a", "$0", "$01", "$1::text", "$1(x)", ":$1", "@$1", "$1, ?", "$1, ?2", "$1, :a",
+        "$1, @a", "$1, $x",
+    ] {
+        assert_eq!(n(other), None, "{other}");
+    }
+    // Not parameters: left alone, and the rest is rewritten.
+    assert_eq!(rewritten("'?', $1"), "'?', ?1");
+}
+
+#[test]
+fn sqlite_binds_other_placeholder_forms_as_before() {
+    let mut b = Sqlite::open(":memory:").unwrap();
+    // `$1::t` is one name to SQLite (a TCL suffix): bound by its slot.
+    let r = b
+        .query(
+            "SELECT $2, $1::t",
+            &[SqlValue::Integer(1), SqlValue::Integer(2)],
+        )
+        .unwrap();
+    assert_eq!(
+        r.rows,
+        vec![vec![SqlValue::Integer(2), SqlValue::Integer(1)]]
+    );
+    let r = b
+        .query(
+            "SELECT ?, :a",
+            &[SqlValue::Integer(1), SqlValue::Integer(2)],
+        )
+        .unwrap();
+    assert_eq!(
+        r.rows,
+        vec![vec![SqlValue::Integer(1), SqlValue::Integer(2)]]
+    );
+    let r = b
+        .query(
+            "SELECT $1, ?, $1",
+            &[SqlValue::Integer(1), SqlValue::Integer(2)],
+        )
+        .unwrap();
+    assert_eq!(
+        r.rows,
+        vec![vec![
+            SqlValue::Integer(1),
+            SqlValue::Integer(2),
+            SqlValue::Integer(1)
+        ]]
+    );
 }
 
 #[test]
