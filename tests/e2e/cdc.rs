@@ -438,8 +438,9 @@ fn host_test_prints_each_statement_with_its_parameters_and_keeps_nothing() {
         let out = test(&["--sink-db", &db.url]);
         assert!(out.status.success(), "{}: {}", db.name, stderr(&out));
         let got = json_lines(&out);
-        // Offset 0's upsert (the table's columns were read by the first
-        // rehearsal, the one offset 1 broke; only the last is printed).
+        // Offset 0's upsert, after the read of the table's columns (the
+        // rehearsal that offset 1 broke is not printed; the one without
+        // it starts on a fresh instance, which reads them again).
         let first = sql_of(&got, 0);
         let upsert = first
             .iter()

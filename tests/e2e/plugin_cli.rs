@@ -483,3 +483,70 @@ fn a_sink_rehearsal_per_partition_keeps_nothing() {
         "rolled back"
     );
 }
+
+/// `host test --sink-db` fails a part the way `host run` would: an SQL
+/// error the sink caught and went past still rolls the part back; a
+/// record the sink rejects prints the statement that failed before its
+/// `bad_record` line; `--sink-db` without a sink stage is a usage error.
+#[test]
+fn a_sink_rehearsal_fails_where_host_run_would_and_shows_the_failing_statement() {
+    let db = crate::support::Db::sqlite();
+    let rehearse = |lines: &[&str], extra: &[&str]| {
+        let input = write_input(&lines.iter().map(|l| l.to_string()).collect::<Vec<_>>());
+        let mut args = vec![
+            "test".to_string(),
+            "--plugin".into(),
+            plugin("sql_counter").to_str().unwrap().into(),
+            "--input".into(),
+            input.path().to_str().unwrap().into(),
+            "--sink-db".into(),
+            db.url.clone(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        host(&args)
+    };
+    let out = rehearse(&["one", "swallow-quietly"], &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("host run would roll this part back: no such table: no_such_table"),
+        "{}",
+        stderr(&out)
+    );
+
+    let out = rehearse(&["one", "sql-reject", "three"], &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let got = json_lines(&out);
+    let at = |offset: i64| -> Vec<&Value> {
+        got.iter()
+            .filter(|l| l["offset"] == offset && l["type"] != "output")
+            .collect()
+    };
+    let rejected = at(1);
+    assert_eq!(rejected.len(), 2, "{got:?}");
+    assert_eq!(rejected[0]["type"], "sql");
+    assert_eq!(
+        rejected[0]["statement"],
+        "INSERT INTO no_such_table VALUES (1)"
+    );
+    assert!(
+        rejected[0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("no such table"),
+        "{got:?}"
+    );
+    assert_eq!(rejected[1]["type"], "bad_record");
+    assert!(at(2).iter().any(|l| l["type"] == "sql"), "{got:?}");
+
+    let out = host(&[
+        "test",
+        "--plugin",
+        plugin("passthrough").to_str().unwrap(),
+        "--input",
+        write_input(&["x".to_string()]).path().to_str().unwrap(),
+        "--sink-db",
+        &db.url,
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}

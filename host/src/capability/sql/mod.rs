@@ -563,11 +563,15 @@ impl SqlGrant {
         s.open_plugin_window()
     }
 
-    /// Roll back the rehearsal's transaction: nothing of it stays.
-    pub fn end_rehearsal(&self) {
+    /// Roll back the rehearsal's transaction: nothing of it stays. The
+    /// error that would have failed the part under `host run`, if any:
+    /// the first SQL error of the window (even one the plugin caught and
+    /// went on), or a changed transaction, role or settings.
+    pub fn end_rehearsal(&self) -> Option<DbError> {
         let mut s = self.lock();
-        let _ = s.end_plugin_window();
+        let failed = s.end_plugin_window();
         s.rollback();
+        failed
     }
 
     /// Connect from a `--sink-db` URL.

@@ -61,8 +61,16 @@ pub struct TestArgs {
     #[arg(long, value_name = "FILE", requires = "sink_db")]
     pub sink_db_password_file: Option<PathBuf>,
 
+    /// Role the sink's statements run as on PostgreSQL (`SET LOCAL ROLE`),
+    /// as `host run --sink-plugin-role`.
+    #[arg(long, value_name = "ROLE", requires = "sink_db")]
+    pub sink_plugin_role: Option<String>,
+
     /// Without --sink-db: the database the sink is told it writes
-    /// (`sql.dialect`), whose rules check its statements.
+    /// (`sql.dialect`). Its statements are checked by the host's rules on
+    /// the text only (PostgreSQL: the statement parser; SQLite: the first
+    /// keyword; SQLite's authorizer and either database's own errors need
+    /// --sink-db).
     #[arg(long, value_enum, default_value_t = SinkDialect::Sqlite, conflicts_with = "sink_db")]
     pub sink_dialect: SinkDialect,
 
@@ -174,11 +182,26 @@ pub fn run(args: TestArgs) -> Result<(), CliError> {
         }
     }
     let grant = match (&sink_plugin, &args.sink_db) {
-        (None, _) => None,
+        (None, None) => None,
+        (None, Some(_)) => {
+            return Err(CliError {
+                code: ExitCode::Usage,
+                error: anyhow::anyhow!(
+                    "--sink-db is for a sink stage, and no plugin given exports one (or --no-sink is set)"
+                ),
+            });
+        }
         (Some(_), Some(url)) => {
-            let g = SqlGrant::connect_with(url, args.sink_db_password_file.as_deref()).map_err(
-                |e| anyhow::anyhow!("sink database {}: {e}", crate::capability::sql::redact(url)),
-            )?;
+            let shown = crate::capability::sql::redact(url);
+            let g = SqlGrant::connect_with(url, args.sink_db_password_file.as_deref())
+                .and_then(|g| {
+                    // The limits of `host run`: each statement bounded by
+                    // the plugin call deadline (and a lock wait by half).
+                    g.limit_statements(args.limits.plugin_timeout)?;
+                    g.set_plugin_role(args.sink_plugin_role.clone())?;
+                    Ok(g)
+                })
+                .map_err(|e| anyhow::anyhow!("sink database {shown}: {e}"))?;
             g.record();
             Some(g)
         }
@@ -280,6 +303,9 @@ pub fn run(args: TestArgs) -> Result<(), CliError> {
             });
             writeln!(out, "{line}").map_err(super::stdout_error)?;
         }
+        for line in rehearsal.rejected_lines.get(&i).unwrap_or(&empty) {
+            writeln!(out, "{line}").map_err(super::stdout_error)?;
+        }
         for (_, message) in rehearsal.rejected.iter().filter(|(s, _)| *s == i) {
             any = true;
             let line = serde_json::json!({
@@ -302,9 +328,16 @@ pub fn run(args: TestArgs) -> Result<(), CliError> {
     }
     out.flush().map_err(super::stdout_error)?;
     if let Some(e) = rehearsal.failed {
+        let hint = if args.sink_db.is_none() {
+            " (no --sink-db: the dry run's queries return no rows, so a sink that reads its tables finds none; give --sink-db to rehearse on your database, or --no-sink to run the map stages only)"
+        } else {
+            ""
+        };
         return Err(CliError {
             code: ExitCode::Failed,
-            error: e.context("the sink stage stopped (the statements it sent are printed above)"),
+            error: e.context(format!(
+                "the sink stage stopped (the statements it sent are printed above){hint}"
+            )),
         });
     }
     let trapped: Vec<&Rejection> = result.rejected.iter().filter(|r| r.trapped).collect();

@@ -39,6 +39,9 @@ pub(super) struct Rehearsal {
     pub after: BTreeMap<usize, Vec<Value>>,
     /// Source records the sink rejected, with its message.
     pub rejected: Vec<(usize, String)>,
+    /// The statements of the write that made the sink reject a record
+    /// (printed before its `bad_record` line).
+    pub rejected_lines: BTreeMap<usize, Vec<Value>>,
     /// Statements printed.
     pub statements: usize,
     /// The error that stopped the sink (a fatal stage error, a trap, a
@@ -139,10 +142,17 @@ pub(super) fn rehearse(
             if let Err(Stop::Rejected(i, m)) = &r
                 && excluded.insert(*i)
             {
-                // Only the last rehearsal of a part is printed. The next
-                // one starts on a fresh instance, as under `host run`
+                // Only the last rehearsal of a part is printed, and the
+                // statements that made the sink reject this record. The
+                // next one starts on a fresh instance, as under `host run`
                 // (its `init` was rolled back with the part).
                 out.rejected.push((*i, m.clone()));
+                for (at, v) in lines {
+                    if matches!(at, Place::Write(w) if w == *i) {
+                        out.statements += 1;
+                        out.rejected_lines.entry(*i).or_default().push(v);
+                    }
+                }
                 sink.discard();
                 continue;
             }
@@ -252,6 +262,14 @@ fn attempt(
         }
         c.map_err(|e| Stop::Failed(e.into()))
     })();
-    grant.end_rehearsal();
-    r
+    let failed = grant.end_rehearsal();
+    match (r, failed) {
+        // The record's own error wins: the part runs again without it.
+        (Err(Stop::Rejected(i, m)), _) => Err(Stop::Rejected(i, m)),
+        (Err(e), _) => Err(e),
+        (Ok(()), Some(e)) => Err(Stop::Failed(anyhow::anyhow!(
+            "host run would roll this part back: {e}"
+        ))),
+        (Ok(()), None) => Ok(()),
+    }
 }
