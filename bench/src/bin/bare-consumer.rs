@@ -24,6 +24,9 @@ fn main() {
         // As the host sets it: librdkafka otherwise holds the first
         // metadata request back for up to 50 ms in some starts.
         .set("reconnect.backoff.ms", "10")
+        // The host's read-ahead settings too (see host/src/source).
+        .set("fetch.queue.backoff.ms", "10")
+        .set("queued.max.messages.kbytes", "8192")
         .create()
     {
         Ok(c) => c,
