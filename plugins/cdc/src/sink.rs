@@ -410,6 +410,9 @@ impl CdcSink {
                 return Err(Error::fatal("destination table vanished from the cache"));
             };
             let fail = |e: SqlError| {
+                if is_missing_table(&e) {
+                    return missing_after_print(&name);
+                }
                 if !is_data_error(&e) {
                     return Error::from(e);
                 }
@@ -570,10 +573,31 @@ impl CdcSink {
     }
 }
 
+/// The table does not exist (PostgreSQL 42P01, SQLite's "no such
+/// table"): under `create=print`, a table the sink guessed.
+fn is_missing_table(e: &SqlError) -> bool {
+    e.code == "42P01"
+        || (e.code.starts_with("SQLITE_ERROR") && e.message.starts_with("no such table"))
+}
+
+/// The error for a statement on a table `create=print` guessed because
+/// it does not exist (logged too: the host reports the database's own
+/// error first).
+fn missing_after_print(table: &str) -> Error {
+    let why = format!(
+        "destination table {table} does not exist: create it (create=print logged the CREATE TABLE it needs above), then run again"
+    );
+    log::error(&why);
+    Error::fatal(why)
+}
+
 /// A database error on a change: a value the column cannot take (a data
 /// exception, a constraint) is a bad record; anything else stops the
 /// range (the host retries or fails it).
 fn classify(e: SqlError, c: &ChangeIn<'_>) -> Error {
+    if is_missing_table(&e) {
+        return missing_after_print(&c.table);
+    }
     if is_data_error(&e) {
         Error::bad_record(format!(
             "table {}: {e} (change of {} at {})",
