@@ -1,9 +1,14 @@
 //! Produce N Maxwell company events (~200 bytes) over P partitions and
 //! write the expected final table as JSON; or produce the lines of a file
-//! (`-`: stdin), one record value per line, without keys.
+//! (`-`: stdin), one record value per line, without keys; or one record
+//! per line of a file of record objects, as `host test --format records`
+//! reads them (`{"key": …, "value": …, "partition": N}`: a JSON string is
+//! its text, any other JSON value its exact source text, `null` or a
+//! missing field none, so `"value": null` is a tombstone).
 //!
 //! Usage: produce BOOTSTRAP TOPIC PARTITIONS N EXPECTED.json
 //!        produce BOOTSTRAP TOPIC --lines FILE
+//!        produce BOOTSTRAP TOPIC --records FILE
 
 use std::io::BufRead;
 use std::sync::Mutex;
@@ -100,12 +105,16 @@ fn finish(p: &Prod, bootstrap: &str, topic: &str, timeout: Duration) {
 fn main() {
     let a: Vec<String> = std::env::args().collect();
     if a.len() == 5 && a[3] == "--lines" {
-        produce_lines(&a[1], &a[2], &a[4]);
+        produce_lines(&a[1], &a[2], &a[4], false);
+        return;
+    }
+    if a.len() == 5 && a[3] == "--records" {
+        produce_lines(&a[1], &a[2], &a[4], true);
         return;
     }
     if a.len() != 6 {
         eprintln!(
-            "usage: produce BOOTSTRAP TOPIC PARTITIONS N EXPECTED.json\n       produce BOOTSTRAP TOPIC --lines FILE   (FILE - = stdin; one record value per line)"
+            "usage: produce BOOTSTRAP TOPIC PARTITIONS N EXPECTED.json\n       produce BOOTSTRAP TOPIC --lines FILE     (FILE - = stdin; one record value per line)\n       produce BOOTSTRAP TOPIC --records FILE   (one {{\"key\":…,\"value\":…,\"partition\":N}} per line; null value = tombstone)"
         );
         std::process::exit(2);
     }
@@ -146,9 +155,10 @@ fn main() {
     );
 }
 
-/// Send each line of `file` (`-`: stdin) to `topic` as one record value
-/// with no key (librdkafka's partitioner picks the partition), then flush.
-fn produce_lines(bootstrap: &str, topic: &str, file: &str) {
+/// Send each line of `file` (`-`: stdin) to `topic`: as one record value
+/// with no key (librdkafka's partitioner picks the partition), or, with
+/// `records`, as the record the line's object describes; then flush.
+fn produce_lines(bootstrap: &str, topic: &str, file: &str, records: bool) {
     let input: Box<dyn BufRead> = if file == "-" {
         Box::new(std::io::stdin().lock())
     } else {
@@ -170,11 +180,66 @@ fn produce_lines(bootstrap: &str, topic: &str, file: &str) {
                 std::process::exit(1);
             }
         };
-        send(&p, BaseRecord::<(), _>::to(topic).payload(line.as_bytes()));
+        if !records {
+            send(&p, BaseRecord::<(), _>::to(topic).payload(line.as_bytes()));
+            n += 1;
+            continue;
+        }
+        if line.trim().is_empty() {
+            continue;
+        }
+        let Some((partition, key, value)) = record(&line) else {
+            eprintln!(
+                "{file}: line {}: not a record object ({{\"key\":…,\"value\":…,\"partition\":N}}): {line}",
+                n + 1
+            );
+            std::process::exit(2);
+        };
+        let mut rec = BaseRecord::<[u8], [u8]>::to(topic);
+        if let Some(k) = &key {
+            rec = rec.key(k.as_slice());
+        }
+        if let Some(v) = &value {
+            rec = rec.payload(v.as_slice());
+        }
+        if let Some(part) = partition {
+            rec = rec.partition(part);
+        }
+        send(&p, rec);
         n += 1;
     }
     finish(&p, bootstrap, topic, Duration::from_secs(60));
     eprintln!("produced {n} records to {topic}");
+}
+
+/// A record object's partition, key and value bytes (`None`: not an
+/// object of those fields).
+type Parts = (Option<i32>, Option<Vec<u8>>, Option<Vec<u8>>);
+
+fn record(line: &str) -> Option<Parts> {
+    let obj: std::collections::BTreeMap<String, Box<serde_json::value::RawValue>> =
+        serde_json::from_str(line).ok()?;
+    if obj
+        .keys()
+        .any(|k| !["key", "value", "partition"].contains(&k.as_str()))
+    {
+        return None;
+    }
+    let bytes = |name: &str| -> Option<Vec<u8>> {
+        let raw = obj.get(name)?.get();
+        if raw == "null" {
+            return None;
+        }
+        Some(match serde_json::from_str::<String>(raw) {
+            Ok(text) => text.into_bytes(),
+            Err(_) => raw.as_bytes().to_vec(),
+        })
+    };
+    let partition = match obj.get("partition") {
+        Some(p) => Some(p.get().parse::<i32>().ok()?),
+        None => None,
+    };
+    Some((partition, bytes("key"), bytes("value")))
 }
 
 /// Queue `rec`, serving delivery reports while the local queue is full.

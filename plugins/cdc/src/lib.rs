@@ -172,19 +172,43 @@ impl Settings {
     }
 }
 
+/// The `--config` keys cdc reads.
+pub const SETTINGS: &[&str] = &[
+    "route",
+    "format",
+    "key_columns",
+    "truncate",
+    "zero_dates",
+    "strict",
+    "position_column",
+    "batch_rows",
+    "create",
+];
+
 /// The cdc map stage.
 pub struct CdcMap {
     settings: Settings,
     out: Vec<u8>,
     key: Vec<u8>,
+    /// Source tables (`database.table`) no route names, already logged.
+    unrouted: std::collections::HashSet<String>,
 }
 
 impl Mapper for CdcMap {
     fn new(config: &Config) -> Result<Self, Error> {
+        // Keys of other plugins reach every stage, so an unknown key is
+        // only worth a word (once per instance, from the map stage).
+        for (key, _) in config.iter().filter(|(k, _)| !SETTINGS.contains(k)) {
+            sluice_guest::log::warn(format!(
+                "--config {key} is not a cdc setting ({}); ignored (another plugin of the pipeline may read it)",
+                SETTINGS.join(", ")
+            ));
+        }
         Ok(CdcMap {
             settings: Settings::parse(config)?,
             out: Vec::with_capacity(512),
             key: Vec::with_capacity(64),
+            unrouted: std::collections::HashSet::new(),
         })
     }
 
@@ -214,6 +238,13 @@ impl Mapper for CdcMap {
             return Ok(());
         };
         let Some(dest) = self.settings.routes.destination(&d.database, &d.table) else {
+            let source = d.source();
+            if !self.unrouted.contains(&source) {
+                sluice_guest::log::warn(format!(
+                    "events of {source} match no route and are skipped (counted as filtered); if they should be applied, add route={source}=DEST"
+                ));
+                self.unrouted.insert(source);
+            }
             return Ok(());
         };
         if d.op == Op::Truncate && !self.settings.apply_truncate {
