@@ -138,8 +138,20 @@ fn maxwell_and_debezium_changes_fill_typed_columns_exactly_once() {
                 (None, Some("{not json")),
             ],
         );
-        let (code, log) = run(&mock, &db, &ck, &["--on-error", "dlq"]);
+        let (code, log) = run(
+            &mock,
+            &db,
+            &ck,
+            &["--on-error", "dlq", "--config", "formt=x"],
+        );
         assert_eq!(code, Some(0), "{}: {log}", db.name);
+        // Skipped, and said so once: the unrouted table and the unknown key.
+        assert_eq!(
+            log.matches("events of shop.orders match no route").count(),
+            1,
+            "{log}"
+        );
+        assert!(log.contains("--config formt is not a cdc setting"), "{log}");
         // NUMERIC(20,6) on PostgreSQL shows its scale; SQLite's TEXT keeps
         // the source's text.
         let revenue = if db.name == "sqlite" {
