@@ -418,7 +418,7 @@ fn parse_url(url: &str) -> Result<SinkUrl<'_>, String> {
             Ok(SinkUrl::Postgres)
         }
         None => Err(format!(
-            "unsupported sink database `{}`: use sqlite:PATH or postgres://USER@HOST:PORT/DB",
+            "unsupported sink database `{}`: use sqlite:PATH or postgres://USER@HOST:PORT/DB (also postgresql://)",
             redact(url)
         )),
     }
