@@ -223,6 +223,17 @@ impl clap::builder::TypedValueParser for SinkDbUrl {
     }
 }
 
+/// The `--brokers` value parser: the list's form
+/// ([`crate::source::check_brokers`]), so that `tcp://…` or a bad port
+/// is a usage error (exit 2) at once instead of a 30 s wait for a broker.
+///
+/// # Errors
+/// The bad entry and the accepted form.
+pub fn parse_brokers(s: &str) -> Result<String, String> {
+    crate::source::check_brokers(s, None)?;
+    Ok(s.to_string())
+}
+
 /// Parse a byte count: `1048576`, `64KiB`, `256MiB`, `1GiB` (also KB/MB/GB
 /// as powers of 1000).
 pub fn parse_bytes(s: &str) -> Result<u64, String> {

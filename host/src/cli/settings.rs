@@ -85,7 +85,8 @@ pub struct Settings {
         long,
         value_name = "SERVERS",
         env = "SLUICE_BROKERS",
-        hide_env_values = true
+        hide_env_values = true,
+        value_parser = super::parse_brokers
     )]
     pub brokers: Option<String>,
     /// Topic to read; repeat for several, or separate them by commas
@@ -448,6 +449,15 @@ pub fn resolve(s: Settings, config: &[(String, String)]) -> Result<PipelineConfi
             None => cfg.plugin_config.insert(k.clone(), v.clone()),
         };
     }
+    crate::source::check_brokers(
+        &cfg.brokers,
+        Some(
+            cfg.kafka
+                .get("security.protocol")
+                .map_or("plaintext", String::as_str),
+        ),
+    )
+    .map_err(|e| usage(format!("--brokers {e}")))?;
     cfg.sink_db = s.sink_db;
     if let Some(f) = &s.sink_db_password_file
         && let Err(e) = std::fs::File::open(f)

@@ -30,11 +30,13 @@ use rdkafka::consumer::BaseConsumer;
 use rdkafka::message::{Headers, Message};
 use sluice_guest::wire::{OwnedHeaders, Record, TimestampType, header_views};
 
+mod brokers;
 mod describe;
 mod fetch;
 pub mod group;
 mod metadata;
 
+pub use brokers::check_brokers;
 pub use fetch::Piece;
 pub use group::{AssignmentChanges, Membership, START_EARLIEST, START_LATEST, SourceContext};
 

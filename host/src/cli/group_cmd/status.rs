@@ -17,7 +17,7 @@ pub struct StatusArgs {
     /// Kafka bootstrap servers: also show each partition's high watermark
     /// and lag (records not applied yet), and partitions no member has
     /// claimed.
-    #[arg(long, value_name = "SERVERS")]
+    #[arg(long, value_name = "SERVERS", value_parser = crate::cli::parse_brokers)]
     brokers: Option<String>,
     /// Print one JSON object instead of a table.
     #[arg(long)]

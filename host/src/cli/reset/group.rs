@@ -47,7 +47,7 @@ pub struct GroupResetArgs {
     /// Kafka bootstrap servers: the targets are looked up there, and
     /// every offset is checked against its partition's log (a position
     /// past the high watermark would leave the partition unread).
-    #[arg(long, value_name = "SERVERS")]
+    #[arg(long, value_name = "SERVERS", value_parser = crate::cli::parse_brokers)]
     brokers: String,
     /// Apply the records from the new positions again even where the
     /// progress rows show them applied (say, after emptying the

@@ -48,7 +48,7 @@ pub struct ResetArgs {
     /// Kafka bootstrap servers (needed for earliest, latest and
     /// timestamp; with offsets:JSON they let the reset check and record
     /// the topics' identities).
-    #[arg(long, value_name = "SERVERS")]
+    #[arg(long, value_name = "SERVERS", value_parser = crate::cli::parse_brokers)]
     pub brokers: Option<String>,
     /// The pipeline's sink database (`sqlite:PATH` or `postgres://…`),
     /// whose `sluice_progress` rows move with the reset. Required when
