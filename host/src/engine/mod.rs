@@ -156,6 +156,7 @@ pub fn run_with(
                     entry.batch_id
                 );
                 p.planner.check_topics(&p.source, cfg, &entry)?;
+                p.planner.observe_highs(&p.source, &entry)?;
                 report_takeover(&mut p, &mut summary);
                 (entry, Vec::new(), true)
             }

@@ -129,6 +129,21 @@ impl Planner {
         Ok(())
     }
 
+    /// Read the high watermark of each partition a re-run batch reads, so
+    /// that its progress reports the lag behind it (a re-run is planned
+    /// from the write-ahead log, not by [`Planner::plan`]).
+    pub(crate) fn observe_highs(
+        &mut self,
+        source: &KafkaSource,
+        entry: &OffsetsEntry,
+    ) -> Result<(), EngineError> {
+        for r in &entry.ranges {
+            let (_, high) = source.watermarks(&r.topic, r.partition)?;
+            self.highs.insert((r.topic.clone(), r.partition), high);
+        }
+        Ok(())
+    }
+
     pub(crate) fn plan(
         &mut self,
         source: &KafkaSource,

@@ -530,6 +530,8 @@ fn run_member(
             let (start, end) = match &h.planned {
                 Some(p) => {
                     rerun = true;
+                    let (_, high) = source.watermarks(&tp.0, tp.1)?;
+                    lag.insert(tp.clone(), (high - p.end).max(0));
                     (p.start, p.end)
                 }
                 None => {
