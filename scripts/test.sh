@@ -41,6 +41,7 @@ cargo build --target wasm32-wasip2 \
 
 step "build host"
 cargo build -p host --features failpoints
+cargo build -p sluice-bench --bin produce
 
 step "tests"
 cargo test --workspace "$@"

@@ -1,20 +1,22 @@
 //! Produce N Maxwell company events (~200 bytes) over P partitions and
 //! write the expected final table as JSON; or produce the lines of a file
-//! (`-`: stdin), one record value per line, without keys; or one record
-//! per line of a file of record objects, as `host test --format records`
-//! reads them (`{"key": …, "value": …, "partition": N}`: a JSON string is
+//! (`-`: stdin), one record value per line, without keys, round-robin
+//! over the partitions; or one record per line of a file of record
+//! objects, as `host test --format records` reads them (`{"key": …, "value": …, "partition": N}`: a JSON string is
 //! its text, any other JSON value its exact source text, `null` or a
 //! missing field none, so `"value": null` is a tombstone).
 //!
 //! Usage: produce BOOTSTRAP TOPIC PARTITIONS N EXPECTED.json
 //!        produce BOOTSTRAP TOPIC --lines FILE
 //!        produce BOOTSTRAP TOPIC --records FILE
+//!        produce --help
 
 use std::io::BufRead;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use clap::Parser;
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::{ClientConfig, ClientContext};
 use sluice_bench::Events;
@@ -43,9 +45,9 @@ impl ProducerContext for Deliveries {
 type Prod = BaseProducer<Deliveries>;
 
 /// A producer to `bootstrap` that has checked `topic` exists (so records
-/// are not queued for a topic the broker will never take); exits 1 with
-/// what to do otherwise.
-fn connect(bootstrap: &str, topic: &str, settings: &[(&str, &str)]) -> Prod {
+/// are not queued for a topic the broker will never take), and the
+/// topic's partition count; exits 1 with what to do otherwise.
+fn connect(bootstrap: &str, topic: &str, settings: &[(&str, &str)]) -> (Prod, u32) {
     let mut cfg = ClientConfig::new();
     cfg.set("bootstrap.servers", bootstrap);
     for (k, v) in settings {
@@ -67,19 +69,20 @@ fn connect(bootstrap: &str, topic: &str, settings: &[(&str, &str)]) -> Prod {
             std::process::exit(1);
         }
         Ok(md) => {
-            let exists = md
+            let partitions = md
                 .topics()
                 .iter()
-                .any(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty());
-            if !exists {
+                .find(|t| t.name() == topic && t.error().is_none())
+                .map_or(0, |t| t.partitions().len() as u32);
+            if partitions == 0 {
                 eprintln!(
                     "topic `{topic}` does not exist on {bootstrap}: create it first (with Tansu: tansu topic create {topic} --broker tcp://{bootstrap} --partitions 3)"
                 );
                 std::process::exit(1);
             }
+            (p, partitions)
         }
     }
-    p
 }
 
 /// Flush, then exit 1 if any record was not delivered.
@@ -102,27 +105,75 @@ fn finish(p: &Prod, bootstrap: &str, topic: &str, timeout: Duration) {
     }
 }
 
+/// Fill a Kafka topic with test data: generated Maxwell company events
+/// (with the expected final table written as JSON), the lines of a file,
+/// or the record objects `host test --format records` reads.
+#[derive(Debug, Parser)]
+#[command(
+    name = "produce",
+    version,
+    max_term_width = 100,
+    after_help = "Examples:\n  produce 127.0.0.1:9092 maxwell 3 1000 /tmp/expected.json\n  produce 127.0.0.1:9092 raw --lines sample.txt\n  produce 127.0.0.1:9092 raw --records events.jsonl"
+)]
+struct Args {
+    /// Kafka bootstrap servers, HOST:PORT[,HOST:PORT…].
+    bootstrap: String,
+    /// The topic (it must exist).
+    topic: String,
+    /// Generated events: PARTITIONS N EXPECTED.json — N Maxwell company
+    /// events (~200 bytes) over partitions 0..PARTITIONS, by company id,
+    /// and the final table they imply written to EXPECTED.json.
+    #[arg(
+        value_names = ["PARTITIONS", "N", "EXPECTED"],
+        num_args = 3,
+        required_unless_present_any = ["lines", "records"],
+        conflicts_with_all = ["lines", "records"]
+    )]
+    generate: Vec<String>,
+    /// One record value per line of FILE (`-`: stdin), no key; spread
+    /// round-robin over the topic's partitions (line i goes to partition
+    /// i mod the partition count).
+    #[arg(long, value_name = "FILE", conflicts_with = "records")]
+    lines: Option<String>,
+    /// One record object per line of FILE (`-`: stdin):
+    /// {"key":…,"value":…,"partition":N}; a JSON string is its text, any
+    /// other JSON value its source text, null or missing none (a null
+    /// value is a tombstone); with no partition, librdkafka's partitioner
+    /// places the record by its key.
+    #[arg(long, value_name = "FILE")]
+    records: Option<String>,
+}
+
 fn main() {
-    let a: Vec<String> = std::env::args().collect();
-    if a.len() == 5 && a[3] == "--lines" {
-        produce_lines(&a[1], &a[2], &a[4], false);
+    let a = Args::parse();
+    if let Some(file) = &a.lines {
+        produce_lines(&a.bootstrap, &a.topic, file, false);
         return;
     }
-    if a.len() == 5 && a[3] == "--records" {
-        produce_lines(&a[1], &a[2], &a[4], true);
+    if let Some(file) = &a.records {
+        produce_lines(&a.bootstrap, &a.topic, file, true);
         return;
     }
-    if a.len() != 6 {
+    let [parts, n, expected] = a.generate.as_slice() else {
         eprintln!(
-            "usage: produce BOOTSTRAP TOPIC PARTITIONS N EXPECTED.json\n       produce BOOTSTRAP TOPIC --lines FILE     (FILE - = stdin; one record value per line)\n       produce BOOTSTRAP TOPIC --records FILE   (one {{\"key\":…,\"value\":…,\"partition\":N}} per line; null value = tombstone)"
+            "produce: PARTITIONS N EXPECTED.json, --lines FILE or --records FILE is needed (see --help)"
         );
         std::process::exit(2);
-    }
-    let parts: u64 = a[3].parse().unwrap_or(1);
-    let n: u64 = a[4].parse().unwrap_or(0);
-    let p = connect(
-        &a[1],
-        &a[2],
+    };
+    let number = |what: &str, v: &str| -> u64 {
+        match v.parse::<u64>() {
+            Ok(n) if n > 0 || what == "N" => n,
+            _ => {
+                eprintln!("produce: {what} `{v}` is not a positive whole number");
+                std::process::exit(2);
+            }
+        }
+    };
+    let parts = number("PARTITIONS", parts);
+    let n = number("N", n);
+    let (p, _) = connect(
+        &a.bootstrap,
+        &a.topic,
         &[
             ("linger.ms", "20"),
             ("batch.num.messages", "10000"),
@@ -136,17 +187,17 @@ fn main() {
         bytes += value.len();
         send(
             &p,
-            BaseRecord::to(&a[2])
+            BaseRecord::to(&a.topic)
                 .partition((id % parts) as i32)
                 .key(&key)
                 .payload(&value),
         );
         p.poll(Duration::ZERO);
     }
-    finish(&p, &a[1], &a[2], Duration::from_secs(120));
+    finish(&p, &a.bootstrap, &a.topic, Duration::from_secs(120));
     let json = serde_json::to_string(&ev.expected).unwrap_or_default();
-    if let Err(e) = std::fs::write(&a[5], json) {
-        eprintln!("{}: {e}", a[5]);
+    if let Err(e) = std::fs::write(expected, json) {
+        eprintln!("{expected}: {e}");
         std::process::exit(1);
     }
     eprintln!(
@@ -156,7 +207,8 @@ fn main() {
 }
 
 /// Send each line of `file` (`-`: stdin) to `topic`: as one record value
-/// with no key (librdkafka's partitioner picks the partition), or, with
+/// with no key, round-robin over the partitions (librdkafka's sticky
+/// partitioner would put a whole file into one partition), or, with
 /// `records`, as the record the line's object describes; then flush.
 fn produce_lines(bootstrap: &str, topic: &str, file: &str, records: bool) {
     let input: Box<dyn BufRead> = if file == "-" {
@@ -170,7 +222,7 @@ fn produce_lines(bootstrap: &str, topic: &str, file: &str, records: bool) {
             }
         }
     };
-    let p = connect(bootstrap, topic, &[]);
+    let (p, partitions) = connect(bootstrap, topic, &[]);
     let mut n = 0u64;
     for line in input.lines() {
         let line = match line {
@@ -181,7 +233,13 @@ fn produce_lines(bootstrap: &str, topic: &str, file: &str, records: bool) {
             }
         };
         if !records {
-            send(&p, BaseRecord::<(), _>::to(topic).payload(line.as_bytes()));
+            let partition = (n % u64::from(partitions)) as i32;
+            send(
+                &p,
+                BaseRecord::<(), _>::to(topic)
+                    .partition(partition)
+                    .payload(line.as_bytes()),
+            );
             n += 1;
             continue;
         }
