@@ -16,6 +16,7 @@ mod checkpoint;
 mod crashes;
 mod demo;
 mod engine_mock;
+mod first_hour;
 mod group_source;
 mod groups;
 mod handover;

@@ -1,0 +1,217 @@
+//! The rough edges a new user hits in the first hour: a broker list in the
+//! wrong form, `produce`'s help and partitioning, lag while a batch is
+//! re-run, and a plugin generated outside the repository.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+
+use crate::engine_mock::raw_topic;
+use crate::kafka::{Broker, Mock};
+use crate::support::{Db, HostProcess, RunArgs, host_bin, stderr};
+
+/// Arguments, environment, and the reason the error must give.
+type Case = (Vec<String>, Vec<(&'static str, &'static str)>, &'static str);
+
+/// A broker list librdkafka cannot parse fails at once (exit 2) with the
+/// entry and the reason, on the flag, in the environment and in a config
+/// file, instead of a 30 s wait ending in "unavailable".
+#[test]
+fn a_broker_list_in_the_wrong_form_fails_at_once_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let file = dir.path().join("pipeline.toml");
+    std::fs::write(
+        &file,
+        "brokers = \"tcp://127.0.0.1:9092\"\ntopics = [\"t\"]\n",
+    )
+    .unwrap();
+    let flag = ["--brokers", "tcp://127.0.0.1:9092"];
+    let cases: Vec<Case> = vec![
+        (
+            ["run", "--topic", "t", "--checkpoint"]
+                .iter()
+                .map(|s| s.to_string())
+                .chain([ckpt.display().to_string()])
+                .chain(flag.iter().map(|s| s.to_string()))
+                .collect(),
+            vec![],
+            "`tcp://` is not a Kafka protocol",
+        ),
+        (
+            vec![
+                "run".into(),
+                "--checkpoint".into(),
+                ckpt.display().to_string(),
+            ],
+            vec![
+                ("SLUICE_BROKERS", "127.0.0.1:9092x"),
+                ("SLUICE_TOPICS", "t"),
+            ],
+            "`9092x` is not a port",
+        ),
+        (
+            vec![
+                "run".into(),
+                "--checkpoint".into(),
+                ckpt.display().to_string(),
+                "--config-file".into(),
+                file.display().to_string(),
+            ],
+            vec![],
+            "`tcp://` is not a Kafka protocol",
+        ),
+        (
+            vec![
+                "run".into(),
+                "--checkpoint".into(),
+                ckpt.display().to_string(),
+                "--topic".into(),
+                "t".into(),
+                "--brokers".into(),
+                "ssl://127.0.0.1:9093".into(),
+            ],
+            vec![],
+            "does not match security.protocol=plaintext",
+        ),
+        (
+            vec![
+                "group".into(),
+                "status".into(),
+                "--group".into(),
+                "g".into(),
+                "--sink-db".into(),
+                format!("sqlite:{}", dir.path().join("db").display()),
+                "--brokers".into(),
+                "tcp://127.0.0.1:9092".into(),
+            ],
+            vec![],
+            "`tcp://` is not a Kafka protocol",
+        ),
+    ];
+    for (args, env, why) in cases {
+        let started = Instant::now();
+        let out = Command::new(host_bin())
+            .args(&args)
+            .envs(env)
+            .output()
+            .expect("spawn host");
+        let took = started.elapsed();
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(why), "{args:?}: {err}");
+        assert!(err.contains("HOST:PORT"), "{args:?}: {err}");
+        assert!(took < Duration::from_secs(5), "{args:?} took {took:?}");
+        assert!(!ckpt.exists(), "nothing is created before the check");
+    }
+}
+
+/// A batch re-run after a crash reports the lag behind the high
+/// watermark, as every other batch does (it reported 0 while thousands of
+/// records were pending: a re-run is planned from the write-ahead log).
+#[test]
+fn a_rerun_batch_reports_the_records_still_pending_as_lag() {
+    let mock = raw_topic((0..5000).map(|i| format!("v{i}")));
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::sqlite();
+    let args = RunArgs::new(&mock.bootstrap(), &["raw"], &dir.path().join("ckpt"))
+        .sink_db(&db)
+        .plugin("sql_counter")
+        .args(["--until-caught-up", "--max-records-per-partition", "1000"])
+        .args(["--progress", "json"])
+        .build();
+    // Killed after the second batch's write-ahead entry: [1000, 2000) is
+    // planned, not committed.
+    let mut run = HostProcess::spawn(&args, &[("SLUICE_FAILPOINT", "engine:after-write-ahead@2")]);
+    run.wait_for("FAILPOINT", Duration::from_secs(60));
+    run.kill();
+    let out = Command::new(host_bin())
+        .args(&args)
+        .env_remove("SLUICE_FAILPOINT")
+        .output()
+        .expect("host run");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let batches: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["event"] == "batch")
+        .collect();
+    assert_eq!(batches.len(), 4, "{batches:?}");
+    let lags: Vec<(bool, i64, i64)> = batches
+        .iter()
+        .map(|b| {
+            let p = &b["partitions"][0];
+            (
+                b["rerun"].as_bool().unwrap(),
+                p["end"].as_i64().unwrap(),
+                p["lag"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        lags,
+        [
+            (true, 2000, 3000),
+            (false, 3000, 2000),
+            (false, 4000, 1000),
+            (false, 5000, 0)
+        ]
+    );
+    assert_eq!(db.counted(), 5000, "each record applied once");
+}
+
+/// The `produce` helper of the README: `--help` is a success on stdout,
+/// and `--lines` spreads a file over the topic's partitions.
+#[test]
+fn produce_helps_on_stdout_and_spreads_lines_over_partitions() {
+    let bin = bench_bin("produce");
+    let help = Command::new(&bin).arg("--help").output().unwrap();
+    assert_eq!(help.status.code(), Some(0), "{}", stderr(&help));
+    let text = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        text.contains("--lines") && text.contains("round-robin"),
+        "{text}"
+    );
+    let usage = Command::new(&bin).arg("b:9092").output().unwrap();
+    assert_eq!(usage.status.code(), Some(2), "{}", stderr(&usage));
+
+    let mock = Mock::new();
+    mock.create_topic("raw", 3);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("lines.txt");
+    let lines: String = (0..20_000).map(|i| format!("line {i}\n")).collect();
+    std::fs::write(&file, lines).unwrap();
+    let out = Command::new(&bin)
+        .args([&mock.bootstrap(), "raw", "--lines"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", mock.bootstrap())
+        .create()
+        .unwrap();
+    let highs: Vec<i64> = (0..3)
+        .map(|p| {
+            consumer
+                .fetch_watermarks("raw", p, Duration::from_secs(10))
+                .unwrap()
+                .1
+        })
+        .collect();
+    assert_eq!(highs, [6667, 6667, 6666]);
+}
+
+/// A binary of the benchmarks crate built next to this test
+/// (`cargo build -p sluice-bench`, done by the README test command).
+fn bench_bin(name: &str) -> std::path::PathBuf {
+    let p = host_bin().with_file_name(name);
+    assert!(
+        p.exists(),
+        "{} is missing: build it first (`cargo build -p sluice-bench`)",
+        p.display()
+    );
+    p
+}
