@@ -432,30 +432,52 @@ fn closed_stdout_ends_quietly_with_141() {
     }
 }
 
-/// `host test` rehearses company's sink on a fresh database: each
-/// partition in its own transaction, rolled back, the next one on a fresh
-/// instance whose `init` creates the table again; nothing stays.
+/// `host test --sink-db --dry-run` rehearses company's sink on a fresh
+/// database: each partition in its own transaction, rolled back, the next
+/// one on a fresh instance whose `init` creates the table again; nothing
+/// stays. Without --dry-run the same parts are committed, as `host run`
+/// would apply them.
 #[test]
-fn a_sink_rehearsal_per_partition_keeps_nothing() {
+fn a_sink_test_commits_per_partition_and_a_dry_run_keeps_nothing() {
     let record = |partition: i32, id: i32| {
         let value = maxwell("insert", Some(&format!(r#"{{"id":{id}}}"#)), "");
         json!({"partition": partition, "value": value}).to_string()
     };
     let input = write_input(&[record(0, 1), record(1, 2), record(0, 3)]);
     let db = crate::support::Db::sqlite();
-    let out = host(&[
-        "test",
-        "--plugin",
-        plugin("company").to_str().unwrap(),
-        "--format",
-        "records",
-        "--input",
-        input.path().to_str().unwrap(),
-        "--sink-db",
-        &db.url,
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let got = json_lines(&out);
+    let company = plugin("company");
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "test",
+            "--plugin",
+            company.to_str().unwrap(),
+            "--format",
+            "records",
+            "--input",
+            input.path().to_str().unwrap(),
+            "--sink-db",
+            &db.url,
+        ];
+        args.extend(extra);
+        let out = host(&args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        json_lines(&out)
+    };
+    let parts = |got: &[Value]| -> Vec<(i64, i64, i64, String)> {
+        got.iter()
+            .filter(|l| l["type"] == "part")
+            .map(|l| {
+                (
+                    l["partition"].as_i64().unwrap(),
+                    l["start_offset"].as_i64().unwrap(),
+                    l["end_offset"].as_i64().unwrap(),
+                    l["outcome"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    };
+    // A part's line follows its last record; offsets are line numbers.
+    let got = run(&["--dry-run"]);
     let inserts: Vec<(i64, i64)> = got
         .iter()
         .filter(|l| l["type"] == "sql" && l["statement"].as_str().unwrap().starts_with("INSERT"))
@@ -477,10 +499,25 @@ fn a_sink_rehearsal_per_partition_keeps_nothing() {
         creates, 2,
         "init runs once per partition's instance: {got:?}"
     );
+    let rolled_back = |p: i64, s: i64, e: i64| (p, s, e, "rolled_back".to_string());
+    assert_eq!(parts(&got), [rolled_back(1, 1, 2), rolled_back(0, 0, 3)]);
     assert_eq!(
         db.scalar("SELECT COUNT(*) FROM sqlite_master WHERE name = 'companies'"),
         0,
         "rolled back"
+    );
+
+    let got = run(&[]);
+    let committed = |p: i64, s: i64, e: i64| (p, s, e, "committed".to_string());
+    assert_eq!(parts(&got), [committed(1, 1, 2), committed(0, 0, 3)]);
+    assert_eq!(
+        db.sorted_texts("SELECT pk FROM companies"),
+        [r#"{"id":1}"#, r#"{"id":2}"#, r#"{"id":3}"#]
+    );
+    assert_eq!(
+        db.scalar("SELECT COUNT(*) FROM sqlite_master WHERE name = 'sluice_progress'"),
+        0,
+        "host test keeps no progress"
     );
 }
 

@@ -552,8 +552,8 @@ impl SqlGrant {
 
     /// Open a transaction for a rehearsal (`host test`): the plugin's
     /// statements run in it as in a part of `host run`, and
-    /// [`SqlGrant::end_rehearsal`] rolls it back. No host table is read or
-    /// written.
+    /// [`SqlGrant::end_rehearsal`] commits or rolls it back. No host table
+    /// is read or written.
     ///
     /// # Errors
     /// The database's error opening the transaction.
@@ -563,13 +563,17 @@ impl SqlGrant {
         s.open_plugin_window()
     }
 
-    /// Roll back the rehearsal's transaction: nothing of it stays. The
-    /// error that would have failed the part under `host run`, if any:
-    /// the first SQL error of the window (even one the plugin caught and
-    /// went on), or a changed transaction, role or settings.
-    pub fn end_rehearsal(&self) -> Option<DbError> {
+    /// End the rehearsal's transaction: commit it when `keep` and nothing
+    /// failed, else roll it back (nothing of it stays). The error that
+    /// would have failed the part under `host run`, if any: the first SQL
+    /// error of the window (even one the plugin caught and went on), a
+    /// changed transaction, role or settings, or the commit's own error.
+    pub fn end_rehearsal(&self, keep: bool) -> Option<DbError> {
         let mut s = self.lock();
         let failed = s.end_plugin_window();
+        if keep && failed.is_none() {
+            return s.commit().err();
+        }
         s.rollback();
         failed
     }

@@ -1,6 +1,7 @@
 //! `host test`: run a plugin's stages over records from a file and print
 //! what they do as JSON lines: map outputs, bad records, and the SQL
-//! statements of a sink stage (rehearsed, never kept: `sink`). No Kafka,
+//! statements of a sink stage (`sink`: committed per part with
+//! `--sink-db`, rolled back with `--dry-run`, or not run). No Kafka,
 //! no checkpoint: the quickest way to see what a plugin does with real
 //! input. `input` reads the file.
 
@@ -47,11 +48,12 @@ pub struct TestArgs {
     #[arg(long = "config", value_name = "KEY=VALUE", value_parser = parse_kv)]
     pub config: Vec<(String, String)>,
 
-    /// Database the sink stage's statements run against: `sqlite:PATH`
-    /// or `postgres://…`. Each partition's statements run in one
-    /// transaction that is rolled back, so nothing is kept, but they take
-    /// their locks until then: use a copy, not a running pipeline's
-    /// database. Without it the statements are checked and printed, not
+    /// Database the sink stage writes: `sqlite:PATH` or `postgres://…`.
+    /// Each partition's records are one part in one transaction, as under
+    /// `host run`, committed when the part succeeds (no progress row is
+    /// written: running the same input again applies it again), or rolled
+    /// back with --dry-run. Use a scratch database, not a running
+    /// pipeline's. Without it the statements are checked and printed, not
     /// run, and the sink's queries return no rows (see --sink-dialect).
     #[arg(long, value_name = "URL", value_parser = crate::cli::SinkDbUrl)]
     pub sink_db: Option<String>,
@@ -73,6 +75,12 @@ pub struct TestArgs {
     /// --sink-db).
     #[arg(long, value_enum, default_value_t = SinkDialect::Sqlite, conflicts_with = "sink_db")]
     pub sink_dialect: SinkDialect,
+
+    /// With --sink-db: roll each part's transaction back instead of
+    /// committing it, so the database is left as it was (the statements
+    /// still take their locks until then).
+    #[arg(long)]
+    pub dry_run: bool,
 
     /// Run the map stages only, not a plugin's sink stage.
     #[arg(long)]
@@ -246,7 +254,8 @@ pub fn run(args: TestArgs) -> Result<(), CliError> {
     let rehearsal = match (&sink_plugin, &grant) {
         (Some((_, plugin)), Some(grant)) => {
             let mut instance = plugin.instance_with_sql(Some(grant.clone()));
-            sink::rehearse(&mut instance, grant, &ctx, &owned, &result.outputs)
+            let keep = args.sink_db.is_some() && !args.dry_run;
+            sink::rehearse(&mut instance, grant, &ctx, &owned, &result.outputs, keep)
         }
         _ => sink::Rehearsal::default(),
     };
@@ -356,6 +365,7 @@ pub fn run(args: TestArgs) -> Result<(), CliError> {
         outputs = result.outputs.len(),
         bad_records = result.rejected.len() + rehearsal.rejected.len(),
         statements = rehearsal.statements,
+        committed_parts = rehearsal.committed,
         filtered,
         "done"
     );

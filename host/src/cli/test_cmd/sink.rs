@@ -6,13 +6,15 @@
 //! one `write` per record (so each statement shows at the record whose
 //! write sent it; a sink that keeps changes for later, as the cdc sink's
 //! `batch_rows` does, shows them at the record that made it flush, or at
-//! `close`), then `close`. The part runs inside a transaction that is
-//! rolled back, or on a session with no database ([`SqlGrant::dry`]). A
+//! `close`), then `close`. The part runs inside a transaction of its own,
+//! committed (`keep`) or rolled back, or on a session with no database
+//! ([`SqlGrant::dry`]); a `part` line after its last record says which. A
 //! record the sink rejects is taken out and the part rehearsed again
 //! without it on a fresh instance, as `host run --on-error dlq` applies a
 //! part again without its dead letters; only the last rehearsal's
 //! statements are printed. Each part after the first also starts on a
-//! fresh instance: the one before was rolled back, its `init` with it.
+//! fresh instance, as its `init` may have been rolled back with the part
+//! before.
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -44,6 +46,8 @@ pub(super) struct Rehearsal {
     pub rejected_lines: BTreeMap<usize, Vec<Value>>,
     /// Statements printed.
     pub statements: usize,
+    /// Parts whose transaction was committed.
+    pub committed: usize,
     /// The error that stopped the sink (a fatal stage error, a trap, a
     /// database that cannot open a transaction); nothing ran after it.
     pub failed: Option<anyhow::Error>,
@@ -102,6 +106,7 @@ pub(super) fn rehearse(
     ctx: &CallContext,
     owned: &[Owned],
     outputs: &[ChainOutput],
+    keep: bool,
 ) -> Rehearsal {
     let mut out = Rehearsal::default();
     let mut parts: Vec<(&str, i32)> = Vec::new();
@@ -136,9 +141,18 @@ pub(super) fn rehearse(
         let mut excluded: HashSet<usize> = HashSet::new();
         loop {
             let mut lines: Vec<(Place, Value)> = Vec::new();
-            let r = attempt(sink, grant, &range, owned, &part, &excluded, |at, v| {
-                lines.push((at, v));
-            });
+            let r = attempt(
+                sink,
+                grant,
+                &range,
+                owned,
+                &part,
+                &excluded,
+                keep,
+                |at, v| {
+                    lines.push((at, v));
+                },
+            );
             if let Err(Stop::Rejected(i, m)) = &r
                 && excluded.insert(*i)
             {
@@ -164,6 +178,22 @@ pub(super) fn rehearse(
                     Place::Close => (&mut out.after, last),
                 };
                 map.entry(i).or_default().push(v);
+            }
+            let outcome = match (&r, keep) {
+                (Ok(()), true) => "committed",
+                (Ok(()), false) => "rolled_back",
+                (Err(_), _) => "failed",
+            };
+            out.after.entry(last).or_default().push(json!({
+                "type": "part",
+                "topic": range.topic,
+                "partition": range.partition,
+                "start_offset": range.start_offset,
+                "end_offset": range.end_offset,
+                "outcome": outcome,
+            }));
+            if outcome == "committed" {
+                out.committed += 1;
             }
             match r {
                 Ok(()) => break,
@@ -195,8 +225,9 @@ enum Place {
 }
 
 /// One rehearsal of a part: `open`, a `write` per record not in
-/// `excluded`, `close`, in a transaction rolled back at the end; `emit`
-/// gets each statement's line.
+/// `excluded`, `close`, in a transaction committed at the end when `keep`
+/// and all went well, else rolled back; `emit` gets each statement's line.
+#[allow(clippy::too_many_arguments)]
 fn attempt(
     sink: &mut Instance,
     grant: &SqlGrant,
@@ -204,6 +235,7 @@ fn attempt(
     owned: &[Owned],
     part: &[&ChainOutput],
     excluded: &HashSet<usize>,
+    keep: bool,
     mut emit: impl FnMut(Place, Value),
 ) -> Result<(), Stop> {
     grant
@@ -262,7 +294,7 @@ fn attempt(
         }
         c.map_err(|e| Stop::Failed(e.into()))
     })();
-    let failed = grant.end_rehearsal();
+    let failed = grant.end_rehearsal(keep && r.is_ok());
     match (r, failed) {
         // The record's own error wins: the part runs again without it.
         (Err(Stop::Rejected(i, m)), _) => Err(Stop::Rejected(i, m)),
