@@ -215,3 +215,107 @@ fn bench_bin(name: &str) -> std::path::PathBuf {
     );
     p
 }
+
+/// `host plugin new` writes a crate outside the repository that builds
+/// and tests natively and as a component with nothing but crates.io, and
+/// whose component `host test` runs, sink included; `export!` adds no
+/// doc-test of its own to the user's crate.
+#[test]
+fn a_generated_plugin_builds_tests_and_runs_outside_the_repository() {
+    let parent = tempfile::tempdir().unwrap();
+    let target = parent.path().join("target");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let cargo_in = |dir: &std::path::Path, args: &[&str]| {
+        let out = Command::new(&cargo)
+            .args(args)
+            .current_dir(dir)
+            .env("CARGO_TARGET_DIR", &target)
+            .env_remove("RUSTFLAGS")
+            .output()
+            .expect("cargo");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.status.success(),
+            "cargo {args:?} in {}: {text}",
+            dir.display()
+        );
+        text
+    };
+    for (name, flags, unit_tests) in [
+        ("map-only", vec![], 1),
+        ("sink-only", vec!["--sink"], 1),
+        ("both", vec!["--map", "--sink"], 2),
+    ] {
+        let mut args = vec![
+            "plugin",
+            "new",
+            name,
+            "--dir",
+            parent.path().to_str().unwrap(),
+        ];
+        args.extend(flags);
+        let out = crate::support::host(&args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let dir = parent.path().join(name);
+        for f in [
+            "Cargo.toml",
+            "src/lib.rs",
+            "sample.txt",
+            "README.md",
+            "sluice-sdk/wit/plugin.wit",
+        ] {
+            assert!(dir.join(f).exists(), "{name}: {f}");
+        }
+        let tested = cargo_in(&dir, &["test"]);
+        assert!(
+            tested.contains(&format!("test result: ok. {unit_tests} passed")),
+            "{tested}"
+        );
+        assert!(
+            !tested.contains("__sluice_export"),
+            "a doc-test leaked: {tested}"
+        );
+        assert!(tested.contains("Doc-tests"), "{tested}");
+    }
+    // The same name again: refused, nothing overwritten.
+    let again = crate::support::host(&[
+        "plugin",
+        "new",
+        "both",
+        "--dir",
+        parent.path().to_str().unwrap(),
+    ]);
+    assert_eq!(again.status.code(), Some(2), "{}", stderr(&again));
+
+    let both = parent.path().join("both");
+    cargo_in(&both, &["build", "--target", "wasm32-wasip2"]);
+    let wasm = target.join("wasm32-wasip2/debug/both.wasm");
+    let db = both.join("try.db");
+    let out = Command::new(host_bin())
+        .args(["test", "--plugin"])
+        .arg(&wasm)
+        .args(["--input", "sample.txt", "--sink-db"])
+        .arg(format!("sqlite:{}", db.display()))
+        .current_dir(&both)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let lines: Vec<serde_json::Value> = crate::support::json_lines(&out);
+    let kinds: Vec<&str> = lines.iter().map(|l| l["type"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        ["sql", "output", "sql", "bad_record", "part"],
+        "{lines:?}"
+    );
+    assert_eq!(lines[4]["outcome"], "committed");
+    let rows = Db::at(format!("sqlite:{}", db.display()))
+        .sorted_texts("SELECT idempotency_key || ' ' || value FROM both");
+    assert_eq!(
+        rows,
+        [r#"test/0/0 {"table":"orders","data":{"id":1,"price":999999999999.999998}}"#]
+    );
+}

@@ -383,9 +383,13 @@ fn cli_reference_matches_help() {
         "test",
         "swap",
         "status",
+        "plugin new",
         "plugin inspect",
         "checkpoint show",
         "checkpoint reset",
+        "group status",
+        "group swap",
+        "group reset",
     ] {
         let mut args: Vec<&str> = cmd.split_whitespace().collect();
         args.push("--help");

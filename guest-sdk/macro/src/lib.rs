@@ -218,8 +218,14 @@ fn expand(args: Args) -> syn::Result<proc_macro2::TokenStream> {
         }
     });
 
+    // `cfg(not(doctest))`: wit-bindgen documents the export macro it
+    // generates with a ```rust example, which rustdoc would collect as a
+    // doc-test of the plugin's crate (`cargo test` listed a test named
+    // after this private module). rustdoc sets `doctest` only while it
+    // collects doc-tests; the crate itself is built without it.
     Ok(quote! {
         #[doc(hidden)]
+        #[cfg(not(doctest))]
         #[allow(missing_docs, unsafe_code, dead_code, unused_imports, clippy::all)]
         mod __sluice_export {
             use super::*;

@@ -1,4 +1,9 @@
-//! `host plugin inspect`: what a component is, before it runs anywhere.
+//! `host plugin inspect`: what a component is, before it runs anywhere;
+//! `host plugin new`: a new plugin crate (`new`, with the SDK it ships:
+//! `sdk`).
+
+mod new;
+mod sdk;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -22,14 +27,63 @@ pub enum PluginCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Create a plugin crate NAME in the current directory (or --dir): a
+    /// map stage, a sink stage or both, with unit tests, a `host test`
+    /// input file and a README. It builds anywhere: the guest SDK is
+    /// written into NAME/sluice-sdk/, and its dependencies come from
+    /// crates.io.
+    New {
+        /// Crate name (lower-case letters, digits, - and _): also the
+        /// component's file name (`-` becomes `_`).
+        name: String,
+        /// Export a map stage (the default when neither --map nor --sink
+        /// is given).
+        #[arg(long)]
+        map: bool,
+        /// Export a sink stage that writes each record into an SQL table
+        /// through the host's transaction (with --map: both in one
+        /// component).
+        #[arg(long)]
+        sink: bool,
+        /// Directory to create NAME in (default: the current directory).
+        #[arg(long, value_name = "PARENT", default_value = ".")]
+        dir: PathBuf,
+    },
 }
 
 /// Run `host plugin …`.
 ///
 /// # Errors
-/// Exit 1 when the plugin cannot be loaded (the message names the file).
+/// Exit 1 when the plugin cannot be loaded (the message names the file)
+/// or a new crate's file cannot be written; exit 2 for an unusable name
+/// or a directory that is not empty.
 pub fn run(cmd: PluginCommand) -> Result<(), CliError> {
     match cmd {
+        PluginCommand::New {
+            name,
+            map,
+            sink,
+            dir,
+        } => {
+            let made = new::generate(&new::NewPlugin {
+                name: &name,
+                map: map || !sink,
+                sink,
+                parent: &dir,
+            })?;
+            let lib = name.replace('-', "_");
+            let shown = made.display();
+            outln!("created {shown}")?;
+            outln!()?;
+            outln!("  cd {shown}")?;
+            outln!("  cargo test                                     # unit tests, natively")?;
+            outln!("  cargo build --release --target wasm32-wasip2   # the component")?;
+            let db = if sink { " --sink-db sqlite:try.db" } else { "" };
+            outln!(
+                "  host test --plugin target/wasm32-wasip2/release/{lib}.wasm --input sample.txt{db}"
+            )?;
+            Ok(())
+        }
         PluginCommand::Inspect { file, json } => {
             let runtime = Runtime::new(Limits::default()).map_err(anyhow::Error::msg)?;
             let plugin = runtime.load(&file, Arc::new(BTreeMap::new()))?;

@@ -1,0 +1,138 @@
+//! The guest SDK's sources, shipped inside the `host` binary so that
+//! `host plugin new` can write a plugin crate that builds anywhere with
+//! nothing but crates.io: the SDK is not published, and a path into this
+//! repository would tie every plugin to a checkout. The files keep their
+//! places relative to each other (`guest-sdk/macro/src/lib.rs` embeds
+//! `../../../wit/plugin.wit`); the two `Cargo.toml`s are written from
+//! templates with the workspace's inherited fields filled in.
+
+/// `(path under sluice-sdk/, contents)` of every SDK source file.
+pub(super) const FILES: &[(&str, &str)] = &[
+    ("wit/plugin.wit", include_str!("../../../../wit/plugin.wit")),
+    (
+        "guest-sdk/src/lib.rs",
+        include_str!("../../../../guest-sdk/src/lib.rs"),
+    ),
+    (
+        "guest-sdk/src/host.rs",
+        include_str!("../../../../guest-sdk/src/host.rs"),
+    ),
+    (
+        "guest-sdk/src/json.rs",
+        include_str!("../../../../guest-sdk/src/json.rs"),
+    ),
+    (
+        "guest-sdk/src/log.rs",
+        include_str!("../../../../guest-sdk/src/log.rs"),
+    ),
+    (
+        "guest-sdk/src/run.rs",
+        include_str!("../../../../guest-sdk/src/run.rs"),
+    ),
+    (
+        "guest-sdk/src/sql/mod.rs",
+        include_str!("../../../../guest-sdk/src/sql/mod.rs"),
+    ),
+    (
+        "guest-sdk/src/sql/types.rs",
+        include_str!("../../../../guest-sdk/src/sql/types.rs"),
+    ),
+    (
+        "guest-sdk/src/testing.rs",
+        include_str!("../../../../guest-sdk/src/testing.rs"),
+    ),
+    (
+        "guest-sdk/src/wire.rs",
+        include_str!("../../../../guest-sdk/src/wire.rs"),
+    ),
+    (
+        "guest-sdk/macro/src/lib.rs",
+        include_str!("../../../../guest-sdk/macro/src/lib.rs"),
+    ),
+    (
+        "guest-sdk/Cargo.toml",
+        include_str!("template/sdk.Cargo.toml.txt"),
+    ),
+    (
+        "guest-sdk/macro/Cargo.toml",
+        include_str!("template/sdk.macro.Cargo.toml.txt"),
+    ),
+];
+
+#[cfg(test)]
+mod tests {
+    use super::FILES;
+    use std::path::Path;
+
+    /// Every `.rs` file of the SDK is shipped (a new module would otherwise
+    /// be missing from generated plugins, which then fail to build).
+    #[test]
+    fn every_sdk_source_file_is_shipped() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut on_disk = Vec::new();
+        let mut dirs = vec![root.join("guest-sdk/src"), root.join("guest-sdk/macro/src")];
+        while let Some(d) = dirs.pop() {
+            for e in std::fs::read_dir(&d).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    dirs.push(p);
+                } else if p.extension().is_some_and(|x| x == "rs") {
+                    let rel = p
+                        .strip_prefix(&root)
+                        .unwrap()
+                        .to_string_lossy()
+                        .into_owned();
+                    on_disk.push(rel);
+                }
+            }
+        }
+        on_disk.sort();
+        let mut shipped: Vec<String> = FILES
+            .iter()
+            .filter(|(p, _)| p.ends_with(".rs"))
+            .map(|(p, _)| p.to_string())
+            .collect();
+        shipped.sort();
+        assert_eq!(shipped, on_disk);
+    }
+
+    /// The SDK templates name the dependency versions the workspace builds
+    /// the SDK with.
+    #[test]
+    fn sdk_manifests_use_the_workspace_versions() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let workspace = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+        let sdk = FILES
+            .iter()
+            .find(|(p, _)| *p == "guest-sdk/Cargo.toml")
+            .unwrap()
+            .1;
+        for line in [
+            "wit-bindgen = \"0.63\"",
+            "serde = { version = \"1\", features = [\"derive\"] }",
+            "serde_json = { version = \"1\", features = [\"raw_value\"] }",
+            "envy = \"0.4\"",
+        ] {
+            assert!(workspace.contains(line), "workspace: {line}");
+        }
+        assert!(sdk.contains("wit-bindgen = { version = \"0.63\""));
+        assert!(sdk.contains("envy = \"0.4\""));
+        let macro_in_repo =
+            std::fs::read_to_string(root.join("guest-sdk/macro/Cargo.toml")).unwrap();
+        let macro_shipped = FILES
+            .iter()
+            .find(|(p, _)| *p == "guest-sdk/macro/Cargo.toml")
+            .unwrap()
+            .1;
+        for dep in [
+            "proc-macro2 = \"1\"",
+            "quote = \"1\"",
+            "syn = { version = \"2\", features = [\"full\"] }",
+        ] {
+            assert!(
+                macro_in_repo.contains(dep) && macro_shipped.contains(dep),
+                "{dep}"
+            );
+        }
+    }
+}
