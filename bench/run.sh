@@ -4,6 +4,7 @@
 # baselines (confluent-kafka, quixstreams) into a venv in the tools dir and
 # Tansu if missing, then prints one table (also written to
 # bench/results.md). See bench/run.py for the knobs (RUNS, EVENTS, ...).
+# BENCH_SCRIPT picks another table script of bench/ (bench/long.sh: long.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TOOLS=${SLUICE_TOOLS:-$HOME/.cache/sluice-tools}
@@ -17,4 +18,4 @@ if [ ! -x "$TOOLS/venv/bin/python" ]; then
   python3 -m venv "$TOOLS/venv"
 fi
 "$TOOLS/venv/bin/pip" install -q 'confluent-kafka==2.*' 'quixstreams==3.*'
-TANSU="$TOOLS/bin/tansu" BENCH_PYTHON="$TOOLS/venv/bin/python" python3 bench/run.py
+TANSU="$TOOLS/bin/tansu" BENCH_PYTHON="$TOOLS/venv/bin/python" python3 "bench/${BENCH_SCRIPT:-run.py}"
