@@ -80,10 +80,13 @@ impl DbError {
     }
 
     /// PostgreSQL's answer to two sessions running the same `CREATE TABLE
-    /// IF NOT EXISTS` at once: "already exists" (42P07), or a unique
-    /// violation (23505) on its own catalog. The other session made it.
+    /// IF NOT EXISTS` at once: "already exists" (42P07), the table's row
+    /// type already there (42710 `type "…" already exists`: seen when two
+    /// group members started together), or a unique violation (23505) on
+    /// its own catalog. The other session made it.
     pub fn is_concurrent_create(&self) -> bool {
         self.code == "42P07"
+            || (self.code == "42710" && self.message.starts_with("type "))
             || (self.code == "23505"
                 && (self.message.contains("pg_type_typname_nsp_index")
                     || self.message.contains("pg_class_relname_nsp_index")))

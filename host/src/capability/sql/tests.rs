@@ -721,3 +721,31 @@ fn a_plugin_role_keeps_plugin_sql_off_the_host_tables_by_privilege() {
         ))
         .unwrap();
 }
+
+/// Each answer PostgreSQL gives the loser of two concurrent `CREATE TABLE
+/// IF NOT EXISTS` is taken as "the other session made it"; other
+/// duplicates are not.
+#[test]
+fn concurrent_create_answers_are_recognised() {
+    let e = |code: &str, message: &str| DbError {
+        message: message.to_string(),
+        code: code.to_string(),
+    };
+    assert!(e("42P07", "relation \"t\" already exists").is_concurrent_create());
+    assert!(e("42710", "type \"sluice_progress\" already exists").is_concurrent_create());
+    assert!(
+        e(
+            "23505",
+            "duplicate key value violates unique constraint \"pg_type_typname_nsp_index\""
+        )
+        .is_concurrent_create()
+    );
+    assert!(!e("42710", "role \"r\" already exists").is_concurrent_create());
+    assert!(
+        !e(
+            "23505",
+            "duplicate key value violates unique constraint \"t_pkey\""
+        )
+        .is_concurrent_create()
+    );
+}

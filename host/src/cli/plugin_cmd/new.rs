@@ -30,14 +30,15 @@ pub(super) struct NewPlugin<'a> {
 }
 
 /// Check a crate name: lower-case ASCII letters, digits, `-` and `_`,
-/// starting with a letter, at most 64 characters (what cargo accepts,
-/// narrowed so the name is also the component's file name and an SQL
-/// identifier once `-` becomes `_`).
+/// starting with a letter, at most 48 characters (what cargo accepts,
+/// narrowed so the name is also the component's file name, and the sink's
+/// default table `NAME_records` an SQL identifier of at most 63 bytes,
+/// once `-` becomes `_`).
 ///
 /// # Errors
 /// The rule, naming the value.
 pub(super) fn check_name(name: &str) -> Result<(), String> {
-    let ok = name.len() <= 64
+    let ok = name.len() <= 48
         && name.starts_with(|c: char| c.is_ascii_lowercase())
         && name
             .chars()
@@ -46,7 +47,7 @@ pub(super) fn check_name(name: &str) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!(
-            "`{name}` is not a plugin name: use lower-case letters, digits, - and _, starting with a letter (at most 64)"
+            "`{name}` is not a plugin name: use lower-case letters, digits, - and _, starting with a letter (at most 48)"
         ))
     }
 }
@@ -101,7 +102,7 @@ pub(super) fn generate(p: &NewPlugin<'_>) -> Result<PathBuf, CliError> {
         (
             " \\\n  --sink-db sqlite:try.db",
             format!(
-                " (`--sink-db sqlite:try.db` runs them on that file and commits each partition's part; add `--dry-run` to roll back, or leave `--sink-db` out to print them without a database); `sqlite3 try.db 'SELECT * FROM {lib}'` shows the rows"
+                " (`--sink-db sqlite:try.db` runs them on that file and commits each partition's part; add `--dry-run` to roll back, or leave `--sink-db` out to print them without a database); `sqlite3 try.db 'SELECT * FROM {lib}_records'` shows the rows"
             ),
             " \\\n  --sink-db sqlite:./sink.db",
         )
@@ -150,7 +151,7 @@ mod tests {
         for ok in ["keep", "my-plugin", "a1_b"] {
             assert_eq!(check_name(ok), Ok(()), "{ok}");
         }
-        for bad in ["", "Keep", "1x", "-x", "a b", "a/b", "ä", &"x".repeat(65)] {
+        for bad in ["", "Keep", "1x", "-x", "a b", "a/b", "ä", &"x".repeat(49)] {
             assert!(check_name(bad).is_err(), "{bad}");
         }
     }
