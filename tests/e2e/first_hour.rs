@@ -313,7 +313,7 @@ fn a_generated_plugin_builds_tests_and_runs_outside_the_repository() {
     );
     assert_eq!(lines[4]["outcome"], "committed");
     let rows = Db::at(format!("sqlite:{}", db.display()))
-        .sorted_texts("SELECT idempotency_key || ' ' || value FROM both");
+        .sorted_texts("SELECT idempotency_key || ' ' || value FROM both_records");
     assert_eq!(
         rows,
         [r#"test/0/0 {"table":"orders","data":{"id":1,"price":999999999999.999998}}"#]

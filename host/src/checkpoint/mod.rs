@@ -43,7 +43,7 @@ pub use crate::source::PartitionRange;
 pub use dir::{DirCheckpoint, check_fingerprint, exists, read_stored_plugin};
 pub use entry::{
     CommitEntry, Counts, DataLossGap, EnvelopeError, FORMAT_VERSION, OffsetsEntry, PluginRef,
-    StageKind, Timings, TopicIdentity,
+    StageKind, Timings, TopicIdentity, decode,
 };
 pub use lock::OwnerInfo;
 pub use status::{Status, status};

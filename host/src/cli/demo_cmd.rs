@@ -80,14 +80,34 @@ pub fn run(args: DemoArgs) -> Result<(), CliError> {
             summary.dead_letters
         )?;
         outln!("  batches                        {}", summary.batches)?;
-        outln!(
-            "  batches re-run after restart   {}",
-            summary.batches_rerun_after_restart
-        )?;
+        match summary.killed_batch {
+            Some(b) => {
+                outln!(
+                    "  killed (SIGKILL) mid-batch     batch {b}: {} records planned, {} of them applied by parts that had committed",
+                    summary.records_in_killed_batch,
+                    summary.applied_before_kill
+                )?;
+                outln!(
+                    "  restart                        re-ran batch {b} {}: skipped the {} applied, applied the other {} once",
+                    if summary.rerun_with_same_offsets {
+                        "with the same offsets"
+                    } else {
+                        "WITH OTHER OFFSETS"
+                    },
+                    summary.applied_before_kill,
+                    summary
+                        .records_in_killed_batch
+                        .saturating_sub(summary.applied_before_kill)
+                )?;
+            }
+            None => outln!(
+                "  killed (SIGKILL) mid-batch     no: the batch finished before the kill landed"
+            )?,
+        }
         outln!(
             "  table matches expected state   {}",
             if summary.table_matches_expected {
-                "yes"
+                "yes: each change applied exactly once, none lost, across a clean stop and a kill -9"
             } else {
                 "NO"
             }

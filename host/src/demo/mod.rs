@@ -5,9 +5,14 @@
 //! It produces a realistic Maxwell stream for a `company` table (a
 //! bootstrap run, inserts, updates with `old`, deletes, a DDL event, events
 //! of another table and one malformed event), runs the pipeline until it is
-//! caught up with `--on-error dlq`, stops gracefully, produces more,
-//! restarts once, and reports what happened — including that the restart
-//! re-ran no batch and that the table equals the expected state.
+//! caught up with `--on-error dlq` and stops cleanly; produces a backlog,
+//! runs `host run` on it as a child process and kills that with SIGKILL
+//! in the middle of its batch (`crash`); restarts, and reports what
+//! happened: how many records the killed batch had and how many of them
+//! its committed parts had applied, that the restart re-ran it with the
+//! same offsets, and that the table equals the expected state.
+
+mod crash;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -26,6 +31,10 @@ use crate::engine::{self, ErrorPolicy, PipelineConfig};
 /// Partitions of the demo topic.
 const PARTITIONS: i32 = 3;
 
+/// Companies changed by the backlog, and how often each.
+const BACKLOG_IDS: u32 = 600;
+const BACKLOG_ROUNDS: u32 = 30;
+
 /// What `host demo` reports.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
 pub struct DemoSummary {
@@ -41,8 +50,19 @@ pub struct DemoSummary {
     pub dead_letters: u64,
     /// Batches committed over both runs.
     pub batches: u64,
-    /// Batches re-run by the restart (0: nothing was processed twice).
+    /// Batches re-run by the restart: the one killed mid-way.
     pub batches_rerun_after_restart: u64,
+    /// The batch killed with SIGKILL mid-way (`None`: it finished before
+    /// the kill could land, which the summary says).
+    pub killed_batch: Option<u64>,
+    /// Records planned in the killed batch (its write-ahead ranges).
+    pub records_in_killed_batch: u64,
+    /// Of those, records the batch's committed parts had applied before
+    /// the kill (the restart skips them).
+    pub applied_before_kill: u64,
+    /// The restart committed the killed batch with the ranges it had
+    /// planned.
+    pub rerun_with_same_offsets: bool,
     /// The table equals the state the produced events imply.
     pub table_matches_expected: bool,
     /// Where the checkpoint and database are (with `--keep`).
@@ -131,6 +151,23 @@ impl Maxwell {
         )?;
         for id in (5..=60).step_by(10) {
             self.change("delete", id, 2, false)?;
+        }
+        self.flush()
+    }
+
+    /// A backlog: every company changed `rounds` times (inserts, then
+    /// updates), for a batch large enough to be killed mid-way.
+    fn backlog(&mut self, rounds: u32) -> Result<(), String> {
+        for round in 0..rounds {
+            for id in 1..=BACKLOG_IDS {
+                let pk = format!(r#"{{"id":{id}}}"#);
+                let kind = if self.expected.contains_key(&pk) {
+                    "update"
+                } else {
+                    "insert"
+                };
+                self.change(kind, id, 10 + round, kind == "update")?;
+            }
         }
         self.flush()
     }
@@ -242,9 +279,18 @@ pub fn run(dir: &Path, plugin: &Path) -> Result<DemoSummary, String> {
     );
 
     maxwell.second_phase()?;
+    maxwell.backlog(BACKLOG_ROUNDS)?;
+    tracing::info!(
+        "demo: produced a backlog; running `host run` on it and killing it (SIGKILL) mid-batch"
+    );
+    let killed = crash::kill_mid_batch(&cfg, dir)?;
     // Restart: resume from the checkpoint with the recorded plugin.
     cfg.plugins.clear();
     let second = engine::run(&cfg, stop).map_err(|e| format!("restart: {e}"))?;
+    let rerun_with_same_offsets = match &killed {
+        Some(k) => crash::committed_with(&cfg.checkpoint, k)?,
+        None => false,
+    };
 
     let rows: BTreeMap<String, String> = connect(&url)
         .and_then(|mut b| b.query("SELECT pk, row_json FROM companies", &[]))
@@ -262,8 +308,12 @@ pub fn run(dir: &Path, plugin: &Path) -> Result<DemoSummary, String> {
         events_filtered: first.counts.filtered + second.counts.filtered,
         rows_in_companies: count(&url, "SELECT COUNT(*) FROM companies")?,
         dead_letters: count(&url, "SELECT COUNT(*) FROM sluice_dead_letters")?,
-        batches: first.batches + second.batches,
+        batches: first.batches + killed.as_ref().map_or(0, |k| k.committed_before) + second.batches,
         batches_rerun_after_restart: u64::from(second.reran.is_some()),
+        killed_batch: killed.as_ref().map(|k| k.entry.batch_id),
+        records_in_killed_batch: killed.as_ref().map_or(0, |k| k.planned),
+        applied_before_kill: killed.as_ref().map_or(0, |k| k.applied),
+        rerun_with_same_offsets,
         table_matches_expected: rows == maxwell.expected,
         kept_in: None,
     })
