@@ -71,7 +71,7 @@ pub fn run(cmd: PluginCommand) -> Result<(), CliError> {
                 sink,
                 parent: &dir,
             })?;
-            let lib = name.replace('-', "_");
+            let lib = new::component_name(&name);
             let shown = made.display();
             outln!("created {shown}")?;
             outln!()?;

@@ -52,6 +52,12 @@ pub(super) fn check_name(name: &str) -> Result<(), String> {
     }
 }
 
+/// The component's file stem for crate `name`: cargo names a cdylib
+/// after the crate with `-` as `_`.
+pub(super) fn component_name(name: &str) -> String {
+    name.replace('-', "_")
+}
+
 /// Write the crate; returns its directory.
 ///
 /// # Errors
@@ -73,7 +79,7 @@ pub(super) fn generate(p: &NewPlugin<'_>) -> Result<PathBuf, CliError> {
             ),
         });
     }
-    let lib = p.name.replace('-', "_");
+    let lib = component_name(p.name);
     let stages = match (p.map, p.sink) {
         (true, true) => "map and sink stages",
         (false, true) => "a sink stage",
