@@ -4,10 +4,21 @@
 
 use std::time::Duration;
 
-/// Format milliseconds since the Unix epoch as RFC 3339 (UTC, seconds).
+/// Format milliseconds since the Unix epoch as RFC 3339 (UTC, whole
+/// seconds: `2026-12-03T13:40:01Z`), for people.
 pub fn rfc3339_ms(ms: i64) -> String {
-    let t = std::time::UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0));
-    humantime::format_rfc3339_seconds(t).to_string()
+    humantime::format_rfc3339_seconds(epoch_ms(ms)).to_string()
+}
+
+/// Format milliseconds since the Unix epoch as RFC 3339 with
+/// milliseconds (`2026-12-03T13:40:01.123Z`), for machine-read output
+/// such as progress events, where rates are computed from differences.
+pub fn rfc3339_millis(ms: i64) -> String {
+    humantime::format_rfc3339_millis(epoch_ms(ms)).to_string()
+}
+
+fn epoch_ms(ms: i64) -> std::time::SystemTime {
+    std::time::UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0))
 }
 
 /// Milliseconds since the Unix epoch, now.
@@ -91,4 +102,14 @@ pub fn failpoint(name: &str) {
     }
     #[cfg(not(feature = "failpoints"))]
     let _ = name;
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn rfc3339_forms_keep_or_drop_the_milliseconds() {
+        let ms = 1_764_769_201_123; // 2025-12-03T13:40:01.123Z
+        assert_eq!(super::rfc3339_ms(ms), "2025-12-03T13:40:01Z");
+        assert_eq!(super::rfc3339_millis(ms), "2025-12-03T13:40:01.123Z");
+    }
 }

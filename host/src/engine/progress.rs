@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::checkpoint::{Counts, DataLossGap, Epoch, OffsetsEntry, Timings};
 use crate::source::TopicPartition;
-use crate::util::rfc3339_ms;
+use crate::util::rfc3339_millis;
 
 use super::ProgressMode;
 use crate::status_line;
@@ -41,7 +41,7 @@ pub struct Progress {
     pub epoch: Epoch,
     /// True when this batch re-ran an uncommitted batch of a previous run.
     pub rerun: bool,
-    /// Commit time (RFC 3339).
+    /// Commit time (RFC 3339, UTC, with milliseconds).
     pub committed_at: String,
     /// Record counts.
     pub counts: Counts,
@@ -83,7 +83,7 @@ impl Progress {
             batch_id: entry.batch_id,
             epoch,
             rerun,
-            committed_at: rfc3339_ms(crate::util::now_ms()),
+            committed_at: rfc3339_millis(crate::util::now_ms()),
             counts: counts.clone(),
             rows_per_sec: (counts.input as f64 / secs).round(),
             durations_ms: timings.clone(),
