@@ -171,8 +171,9 @@ impl KafkaSource {
 
     fn resume(&mut self) -> Result<(), SourceError> {
         if !self.paused {
-            return Ok(());
+            return self.resume_ahead();
         }
+        self.paused_ahead.clear();
         let tpl = self
             .consumer
             .assignment()
@@ -182,6 +183,47 @@ impl KafkaSource {
             .map_err(|e| SourceError::Client(format!("resume: {e}")))?;
         self.paused = false;
         Ok(())
+    }
+
+    /// Resume the partitions [`KafkaSource::read_ahead_full`] paused.
+    fn resume_ahead(&mut self) -> Result<(), SourceError> {
+        if self.paused_ahead.is_empty() {
+            return Ok(());
+        }
+        let mut tpl = TopicPartitionList::new();
+        for (t, p) in &self.paused_ahead {
+            tpl.add_partition(t, *p);
+        }
+        self.consumer
+            .resume(&tpl)
+            .map_err(|e| SourceError::Client(format!("resume: {e}")))?;
+        self.paused_ahead.clear();
+        Ok(())
+    }
+
+    /// Keep `rec`, read past its partition's range, for the next fetch;
+    /// once `cap` records are kept, pause the partition until then.
+    ///
+    /// Without the pause, a partition done early goes on being drained
+    /// into `pending` while the fetch waits for the slowest one: on the
+    /// mock cluster with 64 partitions the first batch copied the whole
+    /// topic (1,000,000 records, peak RSS 340 MiB) before it ended.
+    /// Pausing drops what librdkafka had buffered for the partition; on
+    /// resume it fetches again from the record after the last one kept
+    /// here, where the next range's records continue.
+    fn read_ahead_full(&mut self, tp: &TopicPartition, rec: SourceRecord, cap: usize) {
+        let q = self.pending.entry(tp.clone()).or_default();
+        q.push_back(rec);
+        if q.len() >= cap && !self.paused && !self.paused_ahead.contains(tp) {
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition(&tp.0, tp.1);
+            match self.consumer.pause(&tpl) {
+                Ok(()) => {
+                    self.paused_ahead.insert(tp.clone());
+                }
+                Err(e) => tracing::debug!(topic = %tp.0, partition = tp.1, "pause read-ahead: {e}"),
+            }
+        }
     }
 
     /// Forget the consumer's positions (after a failed fetch): the next
@@ -429,7 +471,13 @@ impl KafkaSource {
                         continue;
                     }
                     if offset >= r.end {
-                        self.pending.entry(tp.clone()).or_default().push_back(rec);
+                        // About one more range's worth is kept (the next
+                        // batch's records, read while this one waits).
+                        let cap = usize::try_from(r.end - r.start)
+                            .unwrap_or(0)
+                            .max(pieces.size);
+                        let tp = tp.clone();
+                        self.read_ahead_full(&tp, rec, cap);
                     } else {
                         pieces.push(i, rec)?;
                     }

@@ -213,6 +213,10 @@ pub struct KafkaSource {
     describe_via: AtomicI32,
     /// The assigned partitions are paused ([`KafkaSource::pause`]).
     paused: bool,
+    /// Partitions paused during a fetch because they had read a range's
+    /// worth past their range (see `fetch::read_ahead_full`); resumed by
+    /// the next fetch.
+    paused_ahead: HashSet<TopicPartition>,
     /// A group member's assignment changes not yet taken by
     /// [`KafkaSource::sync_group`].
     group_changes: AssignmentChanges,
@@ -386,6 +390,7 @@ impl KafkaSource {
         for tp in &c.revoked {
             self.assigned.remove(tp);
             self.pending.remove(tp);
+            self.paused_ahead.remove(tp);
             self.group_changes.assigned.remove(tp);
             self.group_changes.revoked.push(tp.clone());
         }
@@ -393,6 +398,7 @@ impl KafkaSource {
         for (tp, start) in &c.assigned {
             self.assigned.insert(tp.clone(), *start);
             self.pending.remove(tp);
+            self.paused_ahead.remove(tp);
             self.group_changes.assigned.insert(tp.clone(), *start);
             again.add_partition(&tp.0, tp.1);
         }
@@ -530,6 +536,7 @@ impl KafkaSource {
             fetch_limits,
             describe_via: AtomicI32::new(NO_BROKER),
             paused: false,
+            paused_ahead: HashSet::new(),
             group_changes: AssignmentChanges::default(),
             fetch_dropped: HashSet::new(),
         })
