@@ -127,6 +127,13 @@ impl Runtime {
         let mut config = Config::new();
         config.wasm_component_model(true);
         config.epoch_interruption(true);
+        // Cranelift inlines calls within a component (wasmtime's default is
+        // not to): the guest's serde_json code is many small functions,
+        // and the company map ran 1.33x faster (bench/plugin.sh, see
+        // docs/benchmarks.md "Session 13"). It costs compile time once per
+        // component: company.wasm 0.4 -> 1.6 s, then the compile cache
+        // answers.
+        config.compiler_inlining(wasmtime::Inlining::Yes);
         #[cfg(feature = "profiling")]
         if std::env::var_os("SLUICE_PERF_MAP").is_some() {
             config.profiler(wasmtime::ProfilingStrategy::PerfMap);
