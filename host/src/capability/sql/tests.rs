@@ -289,6 +289,30 @@ fn sqlite_placeholders_are_numbered_outside_quotes_and_comments() {
 }
 
 #[test]
+fn remembered_placeholder_rewrites_bind_like_fresh_ones() {
+    // The same texts again and again (the rewrite is remembered), mixed
+    // with texts that are not rewritten, and more texts than are kept.
+    let mut b = Sqlite::open(":memory:").unwrap();
+    let two = [SqlValue::Integer(1), SqlValue::Integer(2)];
+    for round in 0..3 {
+        for i in 0..300i64 {
+            let r = b.query(&format!("SELECT $2, $1, {i}"), &two).unwrap();
+            assert_eq!(
+                r.rows,
+                vec![vec![
+                    SqlValue::Integer(2),
+                    SqlValue::Integer(1),
+                    SqlValue::Integer(i)
+                ]],
+                "round {round}, text {i}"
+            );
+            let r = b.query("SELECT ?, :a", &two).unwrap();
+            assert_eq!(r.rows, vec![two.to_vec()], "round {round}, text {i}");
+        }
+    }
+}
+
+#[test]
 fn sqlite_binds_other_placeholder_forms_as_before() {
     let mut b = Sqlite::open(":memory:").unwrap();
     // `$1::t` is one name to SQLite (a TCL suffix): bound by its slot.
