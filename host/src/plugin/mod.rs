@@ -108,6 +108,30 @@ pub fn digest(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
+/// Whether Cranelift inlines calls within a component:
+/// `SLUICE_PLUGIN_INLINING=on|off`, by default on in a release build of
+/// the host and off in a debug build.
+///
+/// wasmtime's default is not to inline. The guest's JSON code is many
+/// small functions, and with inlining the company map ran 1.33x faster
+/// (bench/plugin.sh; docs/benchmarks.md "Session 13"). The cost is compile
+/// time, once per component (then the compile cache answers): the release
+/// company.wasm 0.4 -> 1.0 s, a debug build of cdc.wasm 0.9 -> 4.3 s. A
+/// debug host compiles with a debug Cranelift, where inlining made the
+/// debug company.wasm take 26 s, hence off there.
+fn inlining() -> bool {
+    let default = !cfg!(debug_assertions);
+    match std::env::var("SLUICE_PLUGIN_INLINING").as_deref() {
+        Err(_) => default,
+        Ok("on") => true,
+        Ok("off") => false,
+        Ok(other) => {
+            tracing::warn!("SLUICE_PLUGIN_INLINING={other} is neither on nor off: ignored");
+            default
+        }
+    }
+}
+
 /// The engine shared by every plugin, with its epoch ticker thread.
 pub struct Runtime {
     engine: Engine,
@@ -118,8 +142,8 @@ pub struct Runtime {
 }
 
 impl Runtime {
-    /// Build the engine (Cranelift, epoch interruption, component model)
-    /// and the sandboxed linker.
+    /// Build the engine (Cranelift, epoch interruption, component model,
+    /// inlining as [`inlining`] says) and the sandboxed linker.
     ///
     /// # Errors
     /// When wasmtime cannot be configured on this machine.
@@ -127,13 +151,9 @@ impl Runtime {
         let mut config = Config::new();
         config.wasm_component_model(true);
         config.epoch_interruption(true);
-        // Cranelift inlines calls within a component (wasmtime's default is
-        // not to): the guest's serde_json code is many small functions,
-        // and the company map ran 1.33x faster (bench/plugin.sh, see
-        // docs/benchmarks.md "Session 13"). It costs compile time once per
-        // component: company.wasm 0.4 -> 1.6 s, then the compile cache
-        // answers.
-        config.compiler_inlining(wasmtime::Inlining::Yes);
+        if inlining() {
+            config.compiler_inlining(wasmtime::Inlining::Yes);
+        }
         #[cfg(feature = "profiling")]
         if std::env::var_os("SLUICE_PERF_MAP").is_some() {
             config.profiler(wasmtime::ProfilingStrategy::PerfMap);

@@ -1,7 +1,9 @@
 //! Fetching exact ranges: position the consumer at each planned start
 //! (reusing what the previous batch read past its end), poll until every
 //! range is complete, and hand the records over in pieces. Pauses an idle
-//! consumer between batches (see [`KafkaSource::pause`]).
+//! consumer between batches (see [`KafkaSource::pause`]), and a partition
+//! that has read about one range ahead during a fetch (see
+//! `KafkaSource::keep_read_ahead`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -173,7 +175,6 @@ impl KafkaSource {
         if !self.paused {
             return self.resume_ahead();
         }
-        self.paused_ahead.clear();
         let tpl = self
             .consumer
             .assignment()
@@ -182,10 +183,12 @@ impl KafkaSource {
             .resume(&tpl)
             .map_err(|e| SourceError::Client(format!("resume: {e}")))?;
         self.paused = false;
+        // The whole assignment was resumed, the read-ahead pauses with it.
+        self.paused_ahead.clear();
         Ok(())
     }
 
-    /// Resume the partitions [`KafkaSource::read_ahead_full`] paused.
+    /// Resume the partitions [`KafkaSource::keep_read_ahead`] paused.
     fn resume_ahead(&mut self) -> Result<(), SourceError> {
         if self.paused_ahead.is_empty() {
             return Ok(());
@@ -201,8 +204,9 @@ impl KafkaSource {
         Ok(())
     }
 
-    /// Keep `rec`, read past its partition's range, for the next fetch;
-    /// once `cap` records are kept, pause the partition until then.
+    /// Keep `rec` for the next fetch (it is past its partition's range, or
+    /// the partition has no range in this fetch); once `cap` records are
+    /// kept, pause the partition until then.
     ///
     /// Without the pause, a partition done early goes on being drained
     /// into `pending` while the fetch waits for the slowest one: on the
@@ -211,18 +215,19 @@ impl KafkaSource {
     /// Pausing drops what librdkafka had buffered for the partition; on
     /// resume it fetches again from the record after the last one kept
     /// here, where the next range's records continue.
-    fn read_ahead_full(&mut self, tp: &TopicPartition, rec: SourceRecord, cap: usize) {
+    fn keep_read_ahead(&mut self, tp: &TopicPartition, rec: SourceRecord, cap: usize) {
         let q = self.pending.entry(tp.clone()).or_default();
         q.push_back(rec);
-        if q.len() >= cap && !self.paused && !self.paused_ahead.contains(tp) {
+        if q.len() >= cap && !self.paused_ahead.contains(tp) {
             let mut tpl = TopicPartitionList::new();
             tpl.add_partition(&tp.0, tp.1);
-            match self.consumer.pause(&tpl) {
-                Ok(()) => {
-                    self.paused_ahead.insert(tp.clone());
-                }
-                Err(e) => tracing::debug!(topic = %tp.0, partition = tp.1, "pause read-ahead: {e}"),
+            // librdkafka 2.12.1 answers a pause with success whatever the
+            // partition (per-partition errors are not reported): counted
+            // as paused either way, so a failure is not retried per record.
+            if let Err(e) = self.consumer.pause(&tpl) {
+                tracing::debug!(topic = %tp.0, partition = tp.1, "pause read-ahead: {e}");
             }
+            self.paused_ahead.insert(tp.clone());
         }
     }
 
@@ -462,8 +467,10 @@ impl KafkaSource {
                     let Some(i) = *i else {
                         // Assigned but not planned this batch, or taken and
                         // given back during it: keep for later (its
-                        // assignment was absorbed above).
-                        self.pending.entry(tp.clone()).or_default().push_back(rec);
+                        // assignment was absorbed above), a piece's worth
+                        // at most before the partition is paused.
+                        let (tp, cap) = (tp.clone(), pieces.size);
+                        self.keep_read_ahead(&tp, rec, cap);
                         continue;
                     };
                     let r = &ranges[i];
@@ -477,7 +484,7 @@ impl KafkaSource {
                             .unwrap_or(0)
                             .max(pieces.size);
                         let tp = tp.clone();
-                        self.read_ahead_full(&tp, rec, cap);
+                        self.keep_read_ahead(&tp, rec, cap);
                     } else {
                         pieces.push(i, rec)?;
                     }

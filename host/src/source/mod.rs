@@ -213,9 +213,10 @@ pub struct KafkaSource {
     describe_via: AtomicI32,
     /// The assigned partitions are paused ([`KafkaSource::pause`]).
     paused: bool,
-    /// Partitions paused during a fetch because they had read a range's
-    /// worth past their range (see `fetch::read_ahead_full`); resumed by
-    /// the next fetch.
+    /// Partitions paused during a fetch because they had read about a
+    /// range's worth past their range (see `KafkaSource::keep_read_ahead`);
+    /// resumed by the next fetch (or a reset), forgotten when a rebalance
+    /// revokes or assigns them (their pause state is set there).
     paused_ahead: HashSet<TopicPartition>,
     /// A group member's assignment changes not yet taken by
     /// [`KafkaSource::sync_group`].
