@@ -109,25 +109,23 @@ pub fn digest(bytes: &[u8]) -> String {
 }
 
 /// Whether Cranelift inlines calls within a component:
-/// `SLUICE_PLUGIN_INLINING=on|off`, by default on in a release build of
-/// the host and off in a debug build.
+/// `SLUICE_PLUGIN_INLINING=on`; off by default (wasmtime's default too).
 ///
-/// wasmtime's default is not to inline. The guest's JSON code is many
-/// small functions, and with inlining the company map ran 1.33x faster
-/// (bench/plugin.sh; docs/benchmarks.md "Session 13"). The cost is compile
-/// time, once per component (then the compile cache answers): the release
-/// company.wasm 0.4 -> 1.0 s, a debug build of cdc.wasm 0.9 -> 4.3 s. A
-/// debug host compiles with a debug Cranelift, where inlining made the
-/// debug company.wasm take 26 s, hence off there.
+/// The guest's JSON code is many small functions, and with inlining the
+/// company map ran 1.3x faster (bench/plugin.sh; docs/benchmarks.md
+/// "Session 13"). The price is paid when a component is compiled (once;
+/// then the compile cache answers), and its memory is why it is not the
+/// default: release host, `host plugin inspect` without the cache, the
+/// release company.wasm took 0.33 -> 1.7 s and peak RSS 30 -> 323 MiB, a
+/// debug build of cdc.wasm 0.9 -> 10 s and 1.6 GiB. A pipeline in a
+/// container with a memory limit would be killed at its first start.
 fn inlining() -> bool {
-    let default = !cfg!(debug_assertions);
     match std::env::var("SLUICE_PLUGIN_INLINING").as_deref() {
-        Err(_) => default,
+        Err(_) | Ok("off") => false,
         Ok("on") => true,
-        Ok("off") => false,
         Ok(other) => {
-            tracing::warn!("SLUICE_PLUGIN_INLINING={other} is neither on nor off: ignored");
-            default
+            tracing::warn!("SLUICE_PLUGIN_INLINING={other} is neither on nor off: off");
+            false
         }
     }
 }
