@@ -216,7 +216,12 @@ impl KafkaSource {
     /// resume it fetches again from the record after the last one kept
     /// here, where the next range's records continue.
     fn keep_read_ahead(&mut self, tp: &TopicPartition, rec: SourceRecord, cap: usize) {
-        let q = self.pending.entry(tp.clone()).or_default();
+        // Most records go to a partition that already has a queue: clone
+        // its name only for a new one.
+        let q = match self.pending.get_mut(tp) {
+            Some(q) => q,
+            None => self.pending.entry(tp.clone()).or_default(),
+        };
         q.push_back(rec);
         if q.len() >= cap && !self.paused_ahead.contains(tp) {
             let mut tpl = TopicPartitionList::new();
@@ -469,8 +474,7 @@ impl KafkaSource {
                         // given back during it: keep for later (its
                         // assignment was absorbed above), a piece's worth
                         // at most before the partition is paused.
-                        let (tp, cap) = (tp.clone(), pieces.size);
-                        self.keep_read_ahead(&tp, rec, cap);
+                        self.keep_read_ahead(tp, rec, pieces.size);
                         continue;
                     };
                     let r = &ranges[i];
@@ -483,8 +487,7 @@ impl KafkaSource {
                         let cap = usize::try_from(r.end - r.start)
                             .unwrap_or(0)
                             .max(pieces.size);
-                        let tp = tp.clone();
-                        self.keep_read_ahead(&tp, rec, cap);
+                        self.keep_read_ahead(tp, rec, cap);
                     } else {
                         pieces.push(i, rec)?;
                     }
