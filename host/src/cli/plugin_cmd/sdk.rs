@@ -64,6 +64,15 @@ mod tests {
     use super::FILES;
     use std::path::Path;
 
+    /// The shipped text of `path` (relative to the repository root).
+    fn shipped(path: &str) -> &'static str {
+        FILES
+            .iter()
+            .find(|(p, _)| *p == path)
+            .unwrap_or_else(|| panic!("{path} is not shipped"))
+            .1
+    }
+
     /// Every `.rs` file of the SDK is shipped (a new module would otherwise
     /// be missing from generated plugins, which then fail to build).
     #[test]
@@ -102,11 +111,7 @@ mod tests {
     fn sdk_manifests_use_the_workspace_versions() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let workspace = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
-        let sdk = FILES
-            .iter()
-            .find(|(p, _)| *p == "guest-sdk/Cargo.toml")
-            .unwrap()
-            .1;
+        let sdk = shipped("guest-sdk/Cargo.toml");
         for line in [
             "wit-bindgen = \"0.63\"",
             "serde = { version = \"1\", features = [\"derive\"] }",
@@ -119,11 +124,7 @@ mod tests {
         assert!(sdk.contains("envy = \"0.4\""));
         let macro_in_repo =
             std::fs::read_to_string(root.join("guest-sdk/macro/Cargo.toml")).unwrap();
-        let macro_shipped = FILES
-            .iter()
-            .find(|(p, _)| *p == "guest-sdk/macro/Cargo.toml")
-            .unwrap()
-            .1;
+        let macro_shipped = shipped("guest-sdk/macro/Cargo.toml");
         for dep in [
             "proc-macro2 = \"1\"",
             "quote = \"1\"",
