@@ -37,7 +37,7 @@ step "build plugins and fixtures (wasm32-wasip2, debug)"
 cargo build --target wasm32-wasip2 \
   -p company -p passthrough -p cdc \
   -p misbehave -p wrong-world -p future-version -p sql-counter \
-  -p tag-v1 -p tag-v2 -p fat-start
+  -p tag-v1 -p tag-v2 -p fat-start -p old-contract
 
 step "build host"
 cargo build -p host --features failpoints

@@ -4,7 +4,7 @@
 
 use std::sync::OnceLock;
 
-use crate::sql::types::{Rows, SqlError, Value, not_granted};
+use crate::sql::types::{BatchError, Rows, SqlError, Value, not_granted};
 
 /// Log severity, as in the WIT `log.level` enum.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -36,6 +36,17 @@ pub trait HostApi: Send + Sync {
         let _ = (statement, params);
         Err(not_granted())
     }
+    /// Run one statement per parameter row. The default calls
+    /// [`HostApi::sql_execute`] for each row, stopping at the first error.
+    fn sql_execute_batch(&self, statement: &str, rows: &[&[Value]]) -> Result<u64, BatchError> {
+        let mut changed = 0;
+        for (row, params) in rows.iter().enumerate() {
+            changed += self
+                .sql_execute(statement, params)
+                .map_err(|error| BatchError { row, error })?;
+        }
+        Ok(changed)
+    }
     /// Run one query.
     fn sql_query(&self, statement: &str, params: &[Value]) -> Result<Rows, SqlError> {
         let _ = (statement, params);
@@ -63,4 +74,60 @@ pub fn set_host(host: Box<dyn HostApi>) {
 
 pub(crate) fn host() -> &'static dyn HostApi {
     HOST.get_or_init(|| Box::new(NativeHost)).as_ref()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// Fails the statement for the row whose first value is "bad".
+    #[derive(Default)]
+    struct Recording(Mutex<Vec<Vec<Value>>>);
+
+    impl HostApi for Recording {
+        fn log(&self, _level: LogLevel, _message: &str) {}
+        fn config_all(&self) -> Vec<(String, String)> {
+            Vec::new()
+        }
+        fn sql_execute(&self, _statement: &str, params: &[Value]) -> Result<u64, SqlError> {
+            if params.first() == Some(&Value::from("bad")) {
+                return Err(SqlError {
+                    message: "refused".into(),
+                    code: "23505".into(),
+                });
+            }
+            self.0.lock().unwrap().push(params.to_vec());
+            Ok(1)
+        }
+    }
+
+    #[test]
+    fn the_default_batch_runs_rows_in_order_and_stops_at_the_failing_one() {
+        let host = Recording::default();
+        let rows = [
+            vec![Value::from("a")],
+            vec![Value::from("b")],
+            vec![Value::from("bad")],
+            vec![Value::from("c")],
+        ];
+        let views: Vec<&[Value]> = rows.iter().map(Vec::as_slice).collect();
+        assert_eq!(host.sql_execute_batch("S", &views[..2]), Ok(2));
+        let e = host.sql_execute_batch("S", &views[2..]).unwrap_err();
+        assert_eq!(e.row, 0);
+        assert_eq!(e.error.code, "23505");
+        let e = host.sql_execute_batch("S", &views).unwrap_err();
+        assert_eq!(e.row, 2);
+        assert_eq!(
+            *host.0.lock().unwrap(),
+            vec![
+                vec![Value::from("a")],
+                vec![Value::from("b")],
+                vec![Value::from("a")],
+                vec![Value::from("b")],
+            ],
+            "row 3 never ran"
+        );
+        assert_eq!(e.to_string(), "row 2: refused (23505)");
+    }
 }

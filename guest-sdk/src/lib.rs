@@ -2,7 +2,7 @@
 //!
 //! A plugin is a WebAssembly component that exports a map stage, a sink
 //! stage or both (the contract is `wit/plugin.wit`, package
-//! `sluice:plugin@0.2.0`). With this SDK an author implements [`Mapper`]
+//! `sluice:plugin@0.2.1`). With this SDK an author implements [`Mapper`]
 //! and/or [`Sink`] on an ordinary type and adds one [`export!`] line; the
 //! SDK generates the bindings, decodes the packed batches, and turns
 //! [`Error`]s into the contract's `stage-error`. [`Config::parse`] reads
@@ -107,7 +107,7 @@ pub use wire::{Header, Record, SinkRecord, TimestampType};
 pub use sluice_guest_macro::export;
 
 /// The contract version this SDK implements (`sluice:plugin@<this>`).
-pub const CONTRACT_VERSION: &str = "0.2.0";
+pub const CONTRACT_VERSION: &str = "0.2.1";
 
 /// The pipeline's `--config k=v` pairs, as the plugin sees them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -370,6 +370,22 @@ pub trait Sink: Sized + 'static {
     /// instance. With the `sql` capability the failed attempt is rolled
     /// back; without it the records before this one are written again.
     fn write(&mut self, record: &SinkRecord<'_>) -> Result<(), Error>;
+
+    /// Apply a chunk of records in offset order: what one host `write`
+    /// call carries. The default calls [`Sink::write`] for each record.
+    /// Override it to apply the chunk in few statements
+    /// ([`sql::execute_batch`]). On error return the index in `records`
+    /// of the record the error concerns, so that an [`Error::BadRecord`]
+    /// rejects the right source record.
+    ///
+    /// # Errors
+    /// `(index, error)`, as [`Sink::write`]'s error for that record.
+    fn write_chunk(&mut self, records: &[SinkRecord<'_>]) -> Result<(), (usize, Error)> {
+        for (i, r) in records.iter().enumerate() {
+            self.write(r).map_err(|e| (i, e))?;
+        }
+        Ok(())
+    }
 
     /// Finish the range (or part). The default does nothing.
     fn close(&mut self) -> Result<(), Error> {

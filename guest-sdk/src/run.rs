@@ -167,10 +167,9 @@ pub fn sink_write_packed<S: Sink>(
     let records =
         wire::decode_sink_records(packed).map_err(|e| StageError::Fatal(e.to_string()))?;
     slot.with(Initialised::new, |s| {
-        for (i, r) in records.iter().enumerate() {
-            s.sink.write(r).map_err(|e| stage_error(i as u32, e))?;
-        }
-        Ok(())
+        s.sink
+            .write_chunk(&records)
+            .map_err(|(i, e)| stage_error(i as u32, e))
     })
 }
 

@@ -786,7 +786,7 @@ fn company_upserts_and_deletes_end_in_the_right_table_state() {
             .apply(
                 Some(&mut sink),
                 &PartitionBatch {
-                    range: range("q", 0, 1, "maxwell", 0, 40, 45),
+                    range: range("q", 0, 1, "maxwell", 0, 40, 47),
                     records: &recs,
                     dead_letters: &[],
                 },

@@ -108,6 +108,20 @@ fn expand(args: Args) -> syn::Result<proc_macro2::TokenStream> {
                 let params: ::std::vec::Vec<_> = params.iter().map(to_wit).collect();
                 sluice::plugin::sql::execute(statement, &params).map_err(from_wit_error)
             }
+            fn sql_execute_batch(
+                &self,
+                statement: &str,
+                rows: &[&[::sluice_guest::sql::Value]],
+            ) -> ::std::result::Result<u64, ::sluice_guest::sql::BatchError> {
+                let rows: ::std::vec::Vec<::std::vec::Vec<_>> =
+                    rows.iter().map(|r| r.iter().map(to_wit).collect()).collect();
+                sluice::plugin::sql::execute_batch(statement, &rows).map_err(|e| {
+                    ::sluice_guest::sql::BatchError {
+                        row: e.row as usize,
+                        error: from_wit_error(e.error),
+                    }
+                })
+            }
             fn sql_query(
                 &self,
                 statement: &str,

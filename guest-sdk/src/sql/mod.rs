@@ -19,7 +19,7 @@ pub(crate) mod types;
 
 use crate::host::host;
 
-pub use types::{Rows, SqlError, Value, not_granted};
+pub use types::{BatchError, Rows, SqlError, Value, not_granted};
 
 /// Check that `name`, the value of setting `what`, is a plain SQL
 /// identifier (`[A-Za-z_][A-Za-z0-9_]*`, at most 63 bytes: PostgreSQL's
@@ -56,6 +56,31 @@ pub fn dialect() -> Option<String> {
 /// The database's error, or [`not_granted`].
 pub fn execute(statement: &str, params: &[Value]) -> Result<u64, SqlError> {
     host().sql_execute(statement, params)
+}
+
+/// Run one statement once per parameter row, in order, in one host call
+/// (`sluice:plugin/sql.execute-batch`, contract 0.2.1); the total number
+/// of rows changed. The same effect as [`execute`] for each row, at a
+/// fraction of the per-row cost: use it for a chunk of same-shaped
+/// inserts, upserts or deletes.
+///
+/// ```no_run
+/// use sluice_guest::sql::{self, Value};
+/// # fn f() -> Result<(), sluice_guest::sql::BatchError> {
+/// let rows = vec![
+///     vec![Value::from("a"), Value::Integer(1)],
+///     vec![Value::from("b"), Value::Integer(2)],
+/// ];
+/// sql::execute_batch("INSERT INTO seen (k, n) VALUES ($1, $2)", &rows)?;
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+/// The first failing row's index and error; the host stops at it. A
+/// refused statement or [`not_granted`] is reported for row 0.
+pub fn execute_batch<R: AsRef<[Value]>>(statement: &str, rows: &[R]) -> Result<u64, BatchError> {
+    let rows: Vec<&[Value]> = rows.iter().map(AsRef::as_ref).collect();
+    host().sql_execute_batch(statement, &rows)
 }
 
 /// Run one query.

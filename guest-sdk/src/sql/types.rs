@@ -87,6 +87,32 @@ impl From<SqlError> for crate::Error {
     }
 }
 
+/// Why [`super::execute_batch`] stopped: the parameter row that failed
+/// (0 when the statement itself was refused) and its error. The rows
+/// before it ran, but the host rolls the range back in any case.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchError {
+    /// Index of the failing row in the `rows` passed.
+    pub row: usize,
+    /// The error, as [`super::execute`] would return it for that row.
+    pub error: SqlError,
+}
+
+impl fmt::Display for BatchError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "row {}: {}", self.row, self.error)
+    }
+}
+
+impl std::error::Error for BatchError {}
+
+impl From<BatchError> for crate::Error {
+    /// Fatal for the range, like a [`SqlError`].
+    fn from(e: BatchError) -> Self {
+        crate::Error::Fatal(format!("sql: {e}"))
+    }
+}
+
 /// Rows returned by [`super::query`].
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Rows {

@@ -220,7 +220,9 @@ impl Fingerprint {
 
     /// What differs from `now`, one line each, or `None` when equal.
     pub(crate) fn diff(&self, now: &Fingerprint) -> Option<String> {
-        if self == now {
+        let same_contract = self.contract == now.contract
+            || (compatible_contract(&self.contract) && compatible_contract(&now.contract));
+        if self.topics == now.topics && same_contract {
             return None;
         }
         let old: BTreeSet<&String> = self.topics.iter().collect();
@@ -237,7 +239,7 @@ impl Fingerprint {
         if !removed.is_empty() {
             lines.push(format!("  - removed: {}", removed.join(", ")));
         }
-        if self.contract != now.contract {
+        if !same_contract {
             lines.push(format!(
                 "  contract: checkpoint {} vs host {}",
                 self.contract, now.contract
@@ -245,6 +247,16 @@ impl Fingerprint {
         }
         Some(lines.join("\n"))
     }
+}
+
+/// Whether a fingerprint's `sluice:plugin@<version>` is one this host
+/// implements ([`crate::plugin::contract_compatible`]): a checkpoint made
+/// by a host of contract 0.2.0 resumes under 0.2.1, whose additions are
+/// only new imports a plugin may use.
+fn compatible_contract(contract: &str) -> bool {
+    contract
+        .strip_prefix("sluice:plugin@")
+        .is_some_and(crate::plugin::contract_compatible)
 }
 
 fn join(v: &[String]) -> String {

@@ -332,6 +332,35 @@ fn fingerprint_mismatch_is_refused_with_a_diff_unless_allowed() {
 }
 
 #[test]
+fn a_compatible_contract_version_is_no_fingerprint_change() {
+    let now = Fingerprint::new(&["t".to_string()]);
+    let older_patch = Fingerprint {
+        contract: "sluice:plugin@0.2.0".into(),
+        ..now.clone()
+    };
+    assert_eq!(older_patch.diff(&now), None, "0.2.0 resumes under 0.2.x");
+    for other in ["sluice:plugin@0.1.0", "sluice:plugin@1.0.0", "something"] {
+        let old = Fingerprint {
+            contract: other.into(),
+            ..now.clone()
+        };
+        let d = old
+            .diff(&now)
+            .expect("an incompatible contract is a change");
+        assert!(
+            d.contains(&format!("contract: checkpoint {other} vs host")),
+            "{d}"
+        );
+    }
+    let moved = Fingerprint {
+        topics: vec!["u".into()],
+        ..older_patch
+    };
+    let d = moved.diff(&now).expect("topics still count");
+    assert!(!d.contains("contract"), "{d}");
+}
+
+#[test]
 fn a_held_lock_is_refused_naming_the_owner() {
     let d = tempfile::tempdir().unwrap();
     let owner = DirCheckpoint::open(d.path(), &opts(&["t"])).unwrap();

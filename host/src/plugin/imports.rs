@@ -198,6 +198,29 @@ impl sql::Host for State {
         g.plugin_execute(&statement, &params).map_err(sql_error)
     }
 
+    fn execute_batch(
+        &mut self,
+        statement: String,
+        rows: Vec<Vec<sql::Value>>,
+    ) -> Result<u64, sql::BatchError> {
+        let Some(g) = &self.sql else {
+            return Err(sql::BatchError {
+                row: 0,
+                error: sql_error(not_granted()),
+            });
+        };
+        let rows: Vec<Vec<SqlValue>> = rows
+            .into_iter()
+            .map(|r| r.into_iter().map(to_sql_value).collect())
+            .collect();
+        g.plugin_execute_batch(&statement, &rows)
+            .map_err(|(row, e)| sql::BatchError {
+                // A list lifted from the guest has fewer than 2^32 rows.
+                row: u32::try_from(row).unwrap_or(u32::MAX),
+                error: sql_error(e),
+            })
+    }
+
     fn query(
         &mut self,
         statement: String,

@@ -715,6 +715,29 @@ impl SqlGrant {
         r
     }
 
+    /// A plugin's `execute-batch`: `sql` once per parameter row of
+    /// `rows`, in order, checked once; the total number of rows changed.
+    /// Each row is run and recorded as its own `execute` would be.
+    ///
+    /// # Errors
+    /// The index in `rows` of the row that failed (0 when the statement
+    /// is refused) and its error; either aborts the range.
+    pub fn plugin_execute_batch(
+        &self,
+        sql: &str,
+        rows: &[Vec<SqlValue>],
+    ) -> Result<u64, (usize, DbError)> {
+        let mut s = self.lock();
+        let approved = s.approve(sql).map_err(|e| (0, e))?;
+        let mut changed = 0;
+        for (i, params) in rows.iter().enumerate() {
+            let r = s.run_approved(approved, |b| b.execute(sql, params));
+            s.keep_ran(sql, params, false, r.as_ref().map(|n| *n));
+            changed += r.map_err(|e| (i, e))?;
+        }
+        Ok(changed)
+    }
+
     /// A plugin's `query`.
     ///
     /// # Errors
@@ -773,6 +796,14 @@ impl Session {
         sql: &str,
         f: impl FnOnce(&mut dyn Backend) -> Result<T, DbError>,
     ) -> Result<T, DbError> {
+        let approved = self.approve(sql)?;
+        self.run_approved(approved, f)
+    }
+
+    /// Whether a plugin may run `sql` now: inside a range whose
+    /// transaction has not failed, and passing [`Session::check`]
+    /// (remembered per statement text).
+    fn approve(&mut self, sql: &str) -> Result<Approved, DbError> {
         if !self.open {
             return Err(DbError::host(
                 "sql is only available inside sink open/write/close of a partition range",
@@ -815,6 +846,17 @@ impl Session {
                 a
             }
         };
+        Ok(approved)
+    }
+
+    /// Run an approved plugin statement in plugin mode, then check that
+    /// it left the host's transaction as it was; any error fails the
+    /// transaction.
+    fn run_approved<T>(
+        &mut self,
+        approved: Approved,
+        f: impl FnOnce(&mut dyn Backend) -> Result<T, DbError>,
+    ) -> Result<T, DbError> {
         let r = {
             let mut untrusted = Untrusted::new(self.backend.as_mut());
             f(untrusted.backend())

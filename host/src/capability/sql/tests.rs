@@ -397,6 +397,50 @@ fn plugin_calls_outside_a_window_and_refused_statements_fail() {
 }
 
 #[test]
+fn execute_batch_runs_each_row_and_names_the_row_that_failed() {
+    let d = tempfile::tempdir().unwrap();
+    for g in grants(d.path()) {
+        window(&g);
+        g.plugin_execute(
+            "CREATE TABLE IF NOT EXISTS batch_rows (k TEXT PRIMARY KEY, n BIGINT)",
+            &[],
+        )
+        .unwrap();
+        let rows: Vec<Vec<SqlValue>> = (0..4)
+            .map(|i| vec![SqlValue::Text(format!("k{i}")), SqlValue::Integer(i)])
+            .collect();
+        let sql = "INSERT INTO batch_rows (k, n) VALUES ($1, $2)";
+        assert_eq!(g.plugin_execute_batch(sql, &rows), Ok(4));
+        assert_eq!(g.plugin_execute_batch(sql, &[]), Ok(0));
+        let q = g
+            .plugin_query("SELECT COUNT(*) FROM batch_rows", &[])
+            .unwrap();
+        assert_eq!(q.rows, vec![vec![SqlValue::Integer(4)]]);
+        // Row 1 repeats a key: rows 0 ran, row 1 failed, row 2 never ran.
+        let again = vec![
+            vec![SqlValue::Text("k9".into()), SqlValue::Integer(9)],
+            vec![SqlValue::Text("k0".into()), SqlValue::Integer(0)],
+            vec![SqlValue::Text("k8".into()), SqlValue::Integer(8)],
+        ];
+        let (row, e) = g.plugin_execute_batch(sql, &again).unwrap_err();
+        assert_eq!(row, 1, "{e}");
+        assert!(
+            e.code == "23505" || e.code.starts_with("SQLITE_CONSTRAINT"),
+            "{e:?}"
+        );
+        let after = g.plugin_execute("SELECT 1", &[]).unwrap_err();
+        assert!(after.message.contains("already failed"), "{after}");
+        g.lock().rollback();
+        // A refused statement is reported for row 0 and runs nothing.
+        window(&g);
+        let (row, e) = g.plugin_execute_batch("COMMIT", &rows).unwrap_err();
+        assert_eq!(row, 0);
+        assert!(e.message.contains("not allowed"), "{e}");
+        g.lock().rollback();
+    }
+}
+
+#[test]
 fn guard_verdicts_are_remembered_only_for_allowed_statements() {
     let g = SqlGrant::connect("sqlite::memory:").unwrap();
     g.lock()
