@@ -746,6 +746,10 @@ fn company_upserts_and_deletes_end_in_the_right_table_state() {
         r#"{"database":"shop","table":"company","type":"update","ts":3,"data":{"id":1,"name":"A2","cap":999999999999.999998},"old":{"name":"A"}}"#.into(),
         r#"{"database":"shop","table":"company","type":"delete","ts":4,"data":{"id":2,"name":"B"}}"#.into(),
         r#"{"database":"shop","table":"company","type":"bootstrap-insert","ts":5,"data":{"id":3,"founded":"0000-00-00 00:00:00"}}"#.into(),
+        // A delete and a re-insert of one key in one chunk: the sink
+        // batches runs of one kind, so their order must survive.
+        r#"{"database":"shop","table":"company","type":"delete","ts":6,"data":{"id":3}}"#.into(),
+        r#"{"database":"shop","table":"company","type":"insert","ts":7,"data":{"id":3,"founded":"0000-00-00 00:00:00"}}"#.into(),
     ];
     for db in Db::both() {
         let rt = runtime();
@@ -807,10 +811,77 @@ fn company_upserts_and_deletes_end_in_the_right_table_state() {
                 vec![
                     SqlValue::Text(r#"{"id":3}"#.into()),
                     SqlValue::Text(r#"{"id":3,"founded":"0000-00-00 00:00:00"}"#.into()),
-                    SqlValue::Text("maxwell/0/44".into()),
-                    SqlValue::Integer(44),
+                    SqlValue::Text("maxwell/0/46".into()),
+                    SqlValue::Integer(46),
                 ],
             ],
+            "{}",
+            db.name
+        );
+    }
+}
+
+/// A plugin built against contract 0.2.0 (before `execute-batch`) still
+/// links, maps and sinks under this host: 0.2.x only adds imports.
+#[test]
+fn a_plugin_of_contract_0_2_0_maps_and_sinks_under_this_host() {
+    for db in Db::both() {
+        let rt = runtime();
+        let p = rt.load(&plugin("old_contract"), config(&[])).unwrap();
+        assert!(p.stages().map && p.stages().sink, "{}", db.name);
+        let grant = SqlGrant::connect(&db.url).unwrap();
+        let driver = SinkDriver::new(Some(grant.clone())).unwrap();
+        let mut mapper = vec![p.instance()];
+        let mut sink = p.instance_with_sql(Some(grant));
+        let source: Vec<Record<'_>> = [b"a".as_slice(), b"b", b"c"]
+            .iter()
+            .enumerate()
+            .map(|(i, v)| Record::with_value("old", 0, 7 + i as i64, v))
+            .collect();
+        let ctx = CallContext {
+            query_id: "q".into(),
+            batch_id: 0,
+            epoch: 1,
+        };
+        let mapped = run_chain(&mut mapper, &ctx, &source).unwrap();
+        assert_eq!(mapped.outputs.len(), 3, "{}", db.name);
+        let recs: Vec<SinkRecord<'_>> = mapped
+            .outputs
+            .iter()
+            .map(|o| SinkRecord {
+                idempotency_key: &o.idempotency_key,
+                record: Record {
+                    key: o.key.as_deref(),
+                    value: o.value.as_deref(),
+                    headers: vec![],
+                    ..source[o.source_index].clone()
+                },
+            })
+            .collect();
+        let applied = driver
+            .apply(
+                Some(&mut sink),
+                &PartitionBatch {
+                    range: range("q", 0, 1, "old", 0, 7, 10),
+                    records: &recs,
+                    dead_letters: &[],
+                },
+            )
+            .unwrap();
+        assert!(
+            matches!(applied, Applied::Written { records: 3, .. }),
+            "{applied:?}"
+        );
+        assert_eq!(
+            db.query("SELECT idempotency_key, value FROM old_contract ORDER BY idempotency_key"),
+            ["a", "b", "c"]
+                .iter()
+                .enumerate()
+                .map(|(i, v)| vec![
+                    SqlValue::Text(format!("old/0/{}", 7 + i)),
+                    SqlValue::Text(v.to_string())
+                ])
+                .collect::<Vec<_>>(),
             "{}",
             db.name
         );

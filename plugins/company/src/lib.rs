@@ -235,34 +235,85 @@ impl Sink for CompanySink {
     }
 
     fn write(&mut self, r: &SinkRecord<'_>) -> Result<(), Error> {
-        let value = r.record.value.ok_or_else(|| {
-            Error::bad_record("tombstone: the company sink expects change records")
-        })?;
-        let change: Change<'_> = json::from_slice(value)?;
-        let pk = Value::from(change.pk.get());
-        let rec = &r.record;
-        match change.op {
-            Op::Delete => sql::execute(&self.delete, &[pk])?,
-            Op::Upsert => sql::execute(
-                &self.upsert,
-                &[
-                    pk,
-                    Value::from(
-                        change
-                            .data
-                            .ok_or_else(|| Error::bad_record("upsert without `data`"))?
-                            .get(),
-                    ),
-                    Value::from(r.idempotency_key),
-                    Value::from(rec.topic),
-                    Value::from(rec.partition),
-                    Value::Integer(rec.offset),
-                    Value::Integer(rec.timestamp),
-                ],
-            )?,
-        };
+        self.write_chunk(std::slice::from_ref(r))
+            .map_err(|(_, e)| e)
+    }
+
+    /// Consecutive changes of one kind go to the database in one
+    /// `execute_batch`; a change of the other kind ends the run, so the
+    /// order of changes to one primary key is kept.
+    fn write_chunk(&mut self, records: &[SinkRecord<'_>]) -> Result<(), (usize, Error)> {
+        let mut rows = Vec::with_capacity(records.len());
+        let mut run: Option<(Op, usize)> = None;
+        for (i, r) in records.iter().enumerate() {
+            let (op, row) = change_row(r).map_err(|e| (i, e))?;
+            match run {
+                Some((kind, first)) if kind != op => {
+                    self.apply(kind, first, &mut rows)?;
+                    run = Some((op, i));
+                }
+                Some(_) => {}
+                None => run = Some((op, i)),
+            }
+            rows.push(row);
+        }
+        if let Some((kind, first)) = run {
+            self.apply(kind, first, &mut rows)?;
+        }
         Ok(())
     }
+}
+
+impl CompanySink {
+    /// Run `op`'s statement for `rows`, the changes of the chunk's records
+    /// from index `first` on, and empty `rows`.
+    fn apply(
+        &self,
+        op: Op,
+        first: usize,
+        rows: &mut Vec<Vec<Value>>,
+    ) -> Result<(), (usize, Error)> {
+        let statement = match op {
+            Op::Delete => &self.delete,
+            Op::Upsert => &self.upsert,
+        };
+        sql::execute_batch(statement, rows).map_err(|e| (first + e.row, Error::from(e.error)))?;
+        rows.clear();
+        Ok(())
+    }
+}
+
+/// A change record's kind and statement parameters: `[pk]` for a delete,
+/// `[pk, row_json, idempotency_key, source_topic, source_partition,
+/// source_offset, updated_at_ms]` for an upsert.
+fn change_row(r: &SinkRecord<'_>) -> Result<(Op, Vec<Value>), Error> {
+    let value = r
+        .record
+        .value
+        .ok_or_else(|| Error::bad_record("tombstone: the company sink expects change records"))?;
+    let change: Change<'_> = json::from_slice(value)?;
+    let pk = Value::from(change.pk.get());
+    let rec = &r.record;
+    Ok(match change.op {
+        Op::Delete => (Op::Delete, vec![pk]),
+        Op::Upsert => (
+            Op::Upsert,
+            vec![
+                pk,
+                Value::from(
+                    change
+                        .data
+                        .ok_or_else(|| Error::bad_record("upsert without `data`"))?
+                        .get(),
+                ),
+                Value::from(r.idempotency_key),
+                Value::from(rec.topic),
+                Value::from(rec.partition),
+                Value::Integer(rec.offset),
+                Value::Integer(rec.timestamp),
+            ],
+        ),
+    })
 }
 
 sluice_guest::export!(map: Company, sink: CompanySink);
