@@ -273,7 +273,9 @@ fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         // PostgreSQL's NOTICEs ("relation … already exists, skipping" at
         // every start) only with RUST_LOG asking for them.
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,postgres::config=warn"));
+        .unwrap_or_else(|_| {
+            tracing_subscriber::EnvFilter::new("info,tokio_postgres::connection=warn")
+        });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

@@ -224,6 +224,24 @@ pub trait Backend: Send {
     /// # Errors
     /// The database's error.
     fn execute(&mut self, sql: &str, params: &[SqlValue]) -> Result<u64, DbError>;
+    /// Run one statement once per parameter row, in order; rows changed
+    /// by each. The default calls [`Backend::execute`] per row; PostgreSQL
+    /// pipelines the rows (all sent before the first answer is read).
+    ///
+    /// # Errors
+    /// The index of the first row that failed and its error; no later
+    /// row has an effect (the default stops there, and on PostgreSQL the
+    /// failed transaction refuses the rest).
+    fn execute_many(
+        &mut self,
+        sql: &str,
+        rows: &[Vec<SqlValue>],
+    ) -> Result<Vec<u64>, (usize, DbError)> {
+        rows.iter()
+            .enumerate()
+            .map(|(i, params)| self.execute(sql, params).map_err(|e| (i, e)))
+            .collect()
+    }
     /// Run one query.
     ///
     /// # Errors
@@ -729,13 +747,26 @@ impl SqlGrant {
     ) -> Result<u64, (usize, DbError)> {
         let mut s = self.lock();
         let approved = s.approve(sql).map_err(|e| (0, e))?;
-        let mut changed = 0;
-        for (i, params) in rows.iter().enumerate() {
-            let r = s.run_approved(approved, |b| b.execute(sql, params));
-            s.keep_ran(sql, params, false, r.as_ref().map(|n| *n));
-            changed += r.map_err(|e| (i, e))?;
+        // Row by row where each row must be checked after it runs
+        // (`watch`) or recorded with its own outcome.
+        if approved.watch || s.ran.is_some() {
+            let mut changed = 0;
+            for (i, params) in rows.iter().enumerate() {
+                let r = s.run_approved(approved, |b| b.execute(sql, params));
+                s.keep_ran(sql, params, false, r.as_ref().map(|n| *n));
+                changed += r.map_err(|e| (i, e))?;
+            }
+            return Ok(changed);
         }
-        Ok(changed)
+        let mut failed_row = 0;
+        s.run_approved(approved, |b| {
+            b.execute_many(sql, rows).map_err(|(i, e)| {
+                failed_row = i;
+                e
+            })
+        })
+        .map(|counts| counts.iter().sum())
+        .map_err(|e| (failed_row, e))
     }
 
     /// A plugin's `query`.

@@ -1,17 +1,27 @@
-//! The PostgreSQL backend (the `postgres` client): prepared statements
-//! cached per connection, and values bound to whatever type the server
-//! inferred for each placeholder.
+//! The PostgreSQL backend (the `tokio-postgres` client, driven by a
+//! current-thread runtime of its own, as the blocking `postgres` crate
+//! does): prepared statements cached per connection, values bound to
+//! whatever type the server inferred for each placeholder, and the rows
+//! of an `execute-batch` pipelined (every row's request is sent before
+//! the first answer is read, instead of one round trip per row).
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::path::Path;
+use std::pin::Pin;
+use std::task::Poll;
 
-use ::postgres::types::{IsNull, ToSql, Type, to_sql_checked};
+use futures_util::StreamExt as _;
+use tokio_postgres::types::{IsNull, ToSql, Type, to_sql_checked};
 
 use super::{Backend, DbError, Dialect, QueryRows, RowBudget, SqlValue};
 
 pub(super) struct Postgres {
-    client: postgres::Client,
-    statements: HashMap<String, postgres::Statement>,
+    /// Runs the connection task while a call waits in `block_on`; it does
+    /// nothing in between.
+    rt: tokio::runtime::Runtime,
+    client: tokio_postgres::Client,
+    statements: HashMap<String, tokio_postgres::Statement>,
 }
 
 /// `name` as a PostgreSQL quoted identifier (`"a""b"`).
@@ -19,7 +29,7 @@ pub(super) fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
-fn pg_err(e: postgres::Error) -> DbError {
+fn pg_err(e: tokio_postgres::Error) -> DbError {
     match e.as_db_error() {
         Some(db) => DbError {
             message: db.message().to_string(),
@@ -52,7 +62,7 @@ impl ToSql for SqlValue {
     fn to_sql(
         &self,
         ty: &Type,
-        out: &mut postgres::types::private::BytesMut,
+        out: &mut tokio_postgres::types::private::BytesMut,
     ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
         match self {
             SqlValue::Null => Ok(IsNull::Yes),
@@ -102,7 +112,7 @@ impl ToSql for SqlValue {
 fn text_like(
     ty: &Type,
     text: &str,
-    out: &mut postgres::types::private::BytesMut,
+    out: &mut tokio_postgres::types::private::BytesMut,
 ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
     match *ty {
         Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME | Type::UNKNOWN | Type::JSON | Type::XML => {
@@ -121,12 +131,12 @@ impl Postgres {
     /// `password_file`, `PGPASSWORD` or the password file
     /// ([`super::password::find`]).
     pub(super) fn connect(url: &str, password_file: Option<&Path>) -> Result<Self, DbError> {
-        let mut config: postgres::Config = url.parse().map_err(pg_err)?;
+        let mut config: tokio_postgres::Config = url.parse().map_err(pg_err)?;
         if config.get_password().is_none()
             && let Some(user) = config.get_user().map(str::to_string)
         {
             let host = match config.get_hosts().first() {
-                Some(postgres::config::Host::Tcp(h)) => h.clone(),
+                Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
                 // libpq matches a Unix socket as `localhost`.
                 _ => "localhost".to_string(),
             };
@@ -136,18 +146,31 @@ impl Postgres {
                 config.password(pw);
             }
         }
-        let client = config.connect(postgres::NoTls).map_err(pg_err)?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| DbError::host(format!("cannot start the PostgreSQL client: {e}")))?;
+        let (client, connection) = rt
+            .block_on(config.connect(tokio_postgres::NoTls))
+            .map_err(pg_err)?;
+        // Its error (a lost connection) reaches the next call as well.
+        rt.spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!("PostgreSQL connection ended: {e}");
+            }
+        });
         Ok(Postgres {
+            rt,
             client,
             statements: HashMap::new(),
         })
     }
 
-    fn statement(&mut self, sql: &str) -> Result<postgres::Statement, DbError> {
+    fn statement(&mut self, sql: &str) -> Result<tokio_postgres::Statement, DbError> {
         if let Some(s) = self.statements.get(sql) {
             return Ok(s.clone());
         }
-        let s = self.client.prepare(sql).map_err(pg_err)?;
+        let s = self.rt.block_on(self.client.prepare(sql)).map_err(pg_err)?;
         if self.statements.len() > 256 {
             self.statements.clear();
         }
@@ -155,14 +178,48 @@ impl Postgres {
         Ok(s)
     }
 
-    fn params(params: &[SqlValue]) -> Vec<&(dyn ToSql + Sync)> {
-        params.iter().map(|p| p as &(dyn ToSql + Sync)).collect()
+    fn params(params: &[SqlValue]) -> impl ExactSizeIterator<Item = &(dyn ToSql + Sync)> {
+        params.iter().map(|p| p as &(dyn ToSql + Sync))
     }
 }
 
-fn pg_value(row: &postgres::Row, i: usize) -> Result<SqlValue, DbError> {
+/// Await `futures` polling every one of them first in index order, then
+/// only the earliest unfinished one. tokio-postgres sends a request when
+/// its future is first polled and answers come back in the order sent,
+/// so this sends them all in order before waiting for any (a pipeline)
+/// and finishes them in order.
+async fn in_order<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut futures: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut outs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    let mut first = true;
+    let mut next = 0;
+    std::future::poll_fn(|cx| {
+        if std::mem::take(&mut first) {
+            // A row whose values cannot be bound fails here, unsent.
+            for (f, out) in futures.iter_mut().zip(outs.iter_mut()) {
+                if let Poll::Ready(o) = f.as_mut().poll(cx) {
+                    *out = Some(o);
+                }
+            }
+        }
+        while next < futures.len() {
+            if outs[next].is_none() {
+                match futures[next].as_mut().poll(cx) {
+                    Poll::Ready(o) => outs[next] = Some(o),
+                    Poll::Pending => return Poll::Pending,
+                }
+            }
+            next += 1;
+        }
+        Poll::Ready(())
+    })
+    .await;
+    outs.into_iter().flatten().collect()
+}
+
+fn pg_value(row: &tokio_postgres::Row, i: usize) -> Result<SqlValue, DbError> {
     let ty = row.columns()[i].type_().clone();
-    let conv = |e: postgres::Error| DbError {
+    let conv = |e: tokio_postgres::Error| DbError {
         message: format!("column {}: {e}", row.columns()[i].name()),
         code: "sluice".into(),
     };
@@ -213,14 +270,37 @@ impl Backend for Postgres {
     }
 
     fn batch(&mut self, sql: &str) -> Result<(), DbError> {
-        self.client.batch_execute(sql).map_err(pg_err)
+        self.rt
+            .block_on(self.client.batch_execute(sql))
+            .map_err(pg_err)
     }
 
     fn execute(&mut self, sql: &str, params: &[SqlValue]) -> Result<u64, DbError> {
         let stmt = self.statement(sql)?;
-        self.client
-            .execute(&stmt, &Self::params(params))
+        self.rt
+            .block_on(self.client.execute_raw(&stmt, Self::params(params)))
             .map_err(pg_err)
+    }
+
+    fn execute_many(
+        &mut self,
+        sql: &str,
+        rows: &[Vec<SqlValue>],
+    ) -> Result<Vec<u64>, (usize, DbError)> {
+        let stmt = self.statement(sql).map_err(|e| (0, e))?;
+        let client = &self.client;
+        let requests = rows
+            .iter()
+            .map(|params| client.execute_raw(&stmt, Self::params(params)))
+            .collect();
+        // After a failed row the server refuses the rest (the transaction
+        // is aborted, 25P02); the first error is the one to report.
+        self.rt
+            .block_on(in_order(requests))
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| r.map_err(|e| (i, pg_err(e))))
+            .collect()
     }
 
     fn query(&mut self, sql: &str, params: &[SqlValue]) -> Result<QueryRows, DbError> {
@@ -233,22 +313,21 @@ impl Backend for Postgres {
         // Streamed, so a huge result stops at the caps instead of being
         // collected first.
         let cancel = self.client.cancel_token();
-        let mut rows = self
-            .client
-            .query_raw(&stmt, Self::params(params))
+        let rows = self
+            .rt
+            .block_on(self.client.query_raw(&stmt, Self::params(params)))
             .map_err(pg_err)?;
+        let mut rows = std::pin::pin!(rows);
         let mut out = Vec::new();
         let mut budget = RowBudget::default();
-        while let Some(row) =
-            postgres::fallible_iterator::FallibleIterator::next(&mut rows).map_err(pg_err)?
-        {
+        while let Some(row) = self.rt.block_on(rows.next()).transpose().map_err(pg_err)? {
             let vals = (0..columns.len())
                 .map(|i| pg_value(&row, i))
                 .collect::<Result<Vec<_>, _>>()?;
             if let Err(e) = budget.take(vals.iter().map(SqlValue::size).sum()) {
                 // Stop the server producing the rest: dropping the stream
                 // would otherwise read it to its end (perhaps never).
-                if let Err(c) = cancel.cancel_query(postgres::NoTls) {
+                if let Err(c) = self.rt.block_on(cancel.cancel_query(tokio_postgres::NoTls)) {
                     tracing::warn!("cancelling an oversized query failed: {c}");
                 }
                 return Err(e);

@@ -416,6 +416,18 @@ fn execute_batch_runs_each_row_and_names_the_row_that_failed() {
             .plugin_query("SELECT COUNT(*) FROM batch_rows", &[])
             .unwrap();
         assert_eq!(q.rows, vec![vec![SqlValue::Integer(4)]]);
+        // Rows run in order (PostgreSQL pipelines them): the last of many
+        // upserts of one key wins.
+        let upserts: Vec<Vec<SqlValue>> = (10..300)
+            .map(|i| vec![SqlValue::Text("k0".into()), SqlValue::Integer(i)])
+            .collect();
+        let upsert = "INSERT INTO batch_rows (k, n) VALUES ($1, $2) \
+                      ON CONFLICT (k) DO UPDATE SET n = excluded.n";
+        assert_eq!(g.plugin_execute_batch(upsert, &upserts), Ok(290));
+        let q = g
+            .plugin_query("SELECT n FROM batch_rows WHERE k = 'k0'", &[])
+            .unwrap();
+        assert_eq!(q.rows, vec![vec![SqlValue::Integer(299)]]);
         // Row 1 repeats a key: rows 0 ran, row 1 failed, row 2 never ran.
         let again = vec![
             vec![SqlValue::Text("k9".into()), SqlValue::Integer(9)],
@@ -430,6 +442,32 @@ fn execute_batch_runs_each_row_and_names_the_row_that_failed() {
         );
         let after = g.plugin_execute("SELECT 1", &[]).unwrap_err();
         assert!(after.message.contains("already failed"), "{after}");
+        g.lock().rollback();
+        // A row whose value cannot be bound (PostgreSQL: refused before it
+        // is sent) fails as that row, not as a later failing one.
+        window(&g);
+        g.plugin_execute(
+            "CREATE TABLE IF NOT EXISTS batch_ints (n INTEGER NOT NULL)",
+            &[],
+        )
+        .unwrap();
+        let mixed = vec![
+            vec![SqlValue::Integer(1)],
+            vec![SqlValue::Integer(2)],
+            vec![SqlValue::Text("two and a half".into())],
+            vec![SqlValue::Null],
+        ];
+        let (row, e) = g
+            .plugin_execute_batch("INSERT INTO batch_ints (n) VALUES ($1)", &mixed)
+            .unwrap_err();
+        // SQLite keeps the text (column affinity): its first failure is
+        // the NULL.
+        let first_bad = if g.dialect() == Dialect::Postgres {
+            2
+        } else {
+            3
+        };
+        assert_eq!(row, first_bad, "{e:?}");
         g.lock().rollback();
         // A refused statement is reported for row 0 and runs nothing.
         window(&g);
