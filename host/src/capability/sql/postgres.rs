@@ -17,11 +17,36 @@ use tokio_postgres::types::{IsNull, ToSql, Type, to_sql_checked};
 use super::{Backend, DbError, Dialect, QueryRows, RowBudget, SqlValue};
 
 pub(super) struct Postgres {
-    /// Runs the connection task while a call waits in `block_on`; it does
-    /// nothing in between.
-    rt: tokio::runtime::Runtime,
+    // Dropped before `rt`, which then lets the connection end cleanly.
     client: tokio_postgres::Client,
     statements: HashMap<String, tokio_postgres::Statement>,
+    rt: Driver,
+}
+
+/// The runtime that runs the connection task, only while a call waits in
+/// [`Driver::block_on`]. Dropped after the client, it drives the task to
+/// its end (the protocol's Terminate, then the socket closes), so the
+/// server logs no "unexpected EOF on client connection".
+struct Driver {
+    rt: tokio::runtime::Runtime,
+    connection: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Driver {
+    fn block_on<F: Future>(&self, f: F) -> F::Output {
+        self.rt.block_on(f)
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        if let Some(task) = self.connection.take() {
+            // The timer is made inside the runtime, which it needs.
+            let _ = self.rt.block_on(async {
+                tokio::time::timeout(std::time::Duration::from_secs(1), task).await
+            });
+        }
+    }
 }
 
 /// `name` as a PostgreSQL quoted identifier (`"a""b"`).
@@ -154,15 +179,18 @@ impl Postgres {
             .block_on(config.connect(tokio_postgres::NoTls))
             .map_err(pg_err)?;
         // Its error (a lost connection) reaches the next call as well.
-        rt.spawn(async move {
+        let connection = rt.spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!("PostgreSQL connection ended: {e}");
             }
         });
         Ok(Postgres {
-            rt,
             client,
             statements: HashMap::new(),
+            rt: Driver {
+                rt,
+                connection: Some(connection),
+            },
         })
     }
 
