@@ -13,7 +13,12 @@ runs each system over all of them, RUNS times interleaved:
 - passthrough: Sluice with the passthrough plugin, no sink;
 - company -> SQLite: Sluice with the company plugin (map + SQL sink);
 - python -> SQLite: the hand-written confluent-kafka consumer doing the
-  same upserts (bench/py_consumer.py).
+  same upserts (bench/py_consumer.py);
+- Bytewax -> SQLite: the same work as a Bytewax dataflow
+  (bench/bytewax_flow.py), the peer a data engineer would pick instead;
+- with BENCH_PG_URL (a PostgreSQL server; bench/long.sh starts one):
+  company -> PostgreSQL and python -> PostgreSQL, each into a fresh
+  database per run.
 
 Per system: whole-process records/s (wall clock from start to exit),
 steady-state records/s for Sluice (from its progress events: the records
@@ -27,7 +32,8 @@ says whether its rows are byte-exact).
 Run with `bash bench/long.sh` (builds in release mode and installs the
 Python baseline first). Environment: RUNS (default 3), EVENTS, PARTITIONS,
 BATCH (Sluice's --max-records-per-partition, default 2000: 128,000
-records a batch at 64 partitions), SKIP_PYTHON=1.
+records a batch at 64 partitions), SKIP_PYTHON=1, SKIP_BYTEWAX=1,
+BENCH_PG_URL. Needs psycopg (in the bench venv) for the PostgreSQL rows.
 """
 import datetime
 import json
@@ -69,6 +75,24 @@ def steady(progress):
     return records / seconds if seconds > 0 else None
 
 
+PG_URL = os.environ.get("BENCH_PG_URL")
+
+
+def fresh_pg(name):
+    """A new, empty database `name` on BENCH_PG_URL's server; its URL."""
+    import psycopg
+    with psycopg.connect(PG_URL, autocommit=True) as c:
+        c.execute(f"DROP DATABASE IF EXISTS {name}")
+        c.execute(f"CREATE DATABASE {name}")
+    return PG_URL.rsplit("/", 1)[0] + "/" + name
+
+
+def pg_table_of(url):
+    import psycopg
+    with psycopg.connect(url) as c:
+        return dict(c.execute("SELECT pk, row_json FROM companies").fetchall())
+
+
 def main():
     with tempfile.TemporaryDirectory(prefix="bench-long-") as work, run.Mock(partitions=PARTS) as b:
         expected_file = os.path.join(work, "expected.json")
@@ -78,21 +102,25 @@ def main():
             expected = json.load(f)
 
         def sluice(plugin, sink, i):
-            ck = os.path.join(work, f"ck-{plugin}-{i}")
+            ck = os.path.join(work, f"ck-{plugin}-{sink}-{i}")
             args = [run.HOST, "run", "--brokers", b.bootstrap, "--topic", "maxwell", "--checkpoint", ck,
                     "--plugin", os.path.join(run.WASM, f"{plugin}.wasm"), "--until-caught-up",
                     "--progress", "json", "--max-records-per-partition", BATCH, "--trigger-interval", "10ms"]
             db = None
-            if sink:
+            if sink == "sqlite":
                 db = os.path.join(work, f"sink-{plugin}-{i}.db")
                 args += ["--sink-db", f"sqlite:{db}"]
+            elif sink == "postgres":
+                db = fresh_pg(f"bench_sluice_{i}")
+                args += ["--sink-db", db]
             wall, cpu, rss, out = measure(args)
             progress = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
             n = sum(p["counts"]["input"] for p in progress)
             if n != EVENTS:
                 raise RuntimeError(f"sluice read {n} records, expected {EVENTS}")
-            if db and run.table_of(db) != expected:
-                raise RuntimeError("company's table differs from the expected one")
+            table = None if db is None else pg_table_of(db) if sink == "postgres" else run.table_of(db)
+            if db and table != expected:
+                raise RuntimeError(f"company's table in {sink} differs from the expected one")
             return {"wall": wall, "cpu": cpu, "rss": rss, "steady": steady(progress), "batches": len(progress),
                     "exact": True if db else None}
 
@@ -102,26 +130,43 @@ def main():
                 raise RuntimeError(f"bare consumer read {out.split()[0]}")
             return {"wall": wall, "cpu": cpu, "rss": rss, "steady": None, "batches": None, "exact": None}
 
-        def python(i):
-            db = os.path.join(work, f"py-{i}.db")
+        def checked(name, table):
+            # json.loads/dumps round decimals such as 999999001038.998123
+            # through float, so Python's rows are not byte-exact; they must
+            # still hold every primary key.
+            if table.keys() != expected.keys():
+                raise RuntimeError(f"{name}'s table has other primary keys than the expected one")
+            return table == expected
+
+        def python(sink, i):
+            db = fresh_pg(f"bench_python_{i}") if sink == "postgres" else os.path.join(work, f"py-{i}.db")
             wall, cpu, rss, _ = measure([run.PY, os.path.join(run.ROOT, "bench", "py_consumer.py"), b.bootstrap,
                                          "maxwell", db, "1000"])
-            # json.loads/dumps round decimals such as 999999001038.998123
-            # through float, so its rows are not byte-exact; it must still
-            # hold every primary key.
-            table = run.table_of(db)
-            if table.keys() != expected.keys():
-                raise RuntimeError("python's table has other primary keys than the expected one")
+            table = pg_table_of(db) if sink == "postgres" else run.table_of(db)
             return {"wall": wall, "cpu": cpu, "rss": rss, "steady": None, "batches": None,
-                    "exact": table == expected}
+                    "exact": checked("python", table)}
+
+        def bytewax(i):
+            db = os.path.join(work, f"bytewax-{i}.db")
+            os.environ.update(BENCH_BROKERS=b.bootstrap, BENCH_TOPIC="maxwell", BENCH_DB=db)
+            wall, cpu, rss, _ = measure([run.PY, "-m", "bytewax.run",
+                                         os.path.join(run.ROOT, "bench", "bytewax_flow.py") + ":flow"])
+            return {"wall": wall, "cpu": cpu, "rss": rss, "steady": None, "batches": None,
+                    "exact": checked("bytewax", run.table_of(db))}
 
         cells = {
             "ceiling (bare librdkafka consumer)": bare,
-            "Sluice passthrough": lambda i: sluice("passthrough", False, i),
-            "Sluice company -> SQLite": lambda i: sluice("company", True, i),
+            "Sluice passthrough": lambda i: sluice("passthrough", None, i),
+            "Sluice company -> SQLite": lambda i: sluice("company", "sqlite", i),
         }
         if not os.environ.get("SKIP_PYTHON"):
-            cells["python consumer -> SQLite"] = python
+            cells["python consumer -> SQLite"] = lambda i: python("sqlite", i)
+        if not os.environ.get("SKIP_BYTEWAX"):
+            cells["Bytewax -> SQLite"] = bytewax
+        if PG_URL:
+            cells["Sluice company -> PostgreSQL"] = lambda i: sluice("company", "postgres", i)
+            if not os.environ.get("SKIP_PYTHON"):
+                cells["python consumer -> PostgreSQL"] = lambda i: python("postgres", i)
         results = {k: [] for k in cells}
         for i in range(run.RUNS):
             for k, fn in cells.items():

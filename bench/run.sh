@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Side-by-side benchmarks (not part of the test run). Builds the host, the
 # plugins and the benchmark helpers in release mode, installs the Python
-# baselines (confluent-kafka, quixstreams) into a venv in the tools dir and
-# Tansu if missing, then prints one table (also written to
+# baselines (confluent-kafka, quixstreams, Bytewax, psycopg) into a venv in
+# the tools dir and Tansu if missing, then prints one table (also written to
 # bench/results.md). See bench/run.py for the knobs (RUNS, EVENTS, ...).
 # BENCH_SCRIPT picks another table script of bench/ (bench/long.sh: long.py).
 set -euo pipefail
@@ -17,5 +17,5 @@ fi
 if [ ! -x "$TOOLS/venv/bin/python" ]; then
   python3 -m venv "$TOOLS/venv"
 fi
-"$TOOLS/venv/bin/pip" install -q 'confluent-kafka==2.*' 'quixstreams==3.*'
-TANSU="$TOOLS/bin/tansu" BENCH_PYTHON="$TOOLS/venv/bin/python" python3 "bench/${BENCH_SCRIPT:-run.py}"
+"$TOOLS/venv/bin/pip" install -q 'confluent-kafka==2.*' 'quixstreams==3.*' 'bytewax==0.21.*' 'psycopg[binary]==3.*'
+TANSU="$TOOLS/bin/tansu" BENCH_PYTHON="$TOOLS/venv/bin/python" "$TOOLS/venv/bin/python" "bench/${BENCH_SCRIPT:-run.py}"
