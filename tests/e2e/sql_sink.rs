@@ -752,50 +752,12 @@ fn company_upserts_and_deletes_end_in_the_right_table_state() {
         r#"{"database":"shop","table":"company","type":"insert","ts":7,"data":{"id":3,"founded":"0000-00-00 00:00:00"}}"#.into(),
     ];
     for db in Db::both() {
-        let rt = runtime();
-        let p = rt.load(&plugin("company"), config(&[])).unwrap();
-        assert!(p.stages().map && p.stages().sink);
-        let grant = SqlGrant::connect(&db.url).unwrap();
-        let driver = SinkDriver::new(Some(grant.clone())).unwrap();
-        let mut mapper = vec![p.instance()];
-        let mut sink = p.instance_with_sql(Some(grant));
         let source: Vec<Record<'_>> = events
             .iter()
             .enumerate()
             .map(|(i, e)| Record::with_value("maxwell", 0, 40 + i as i64, e.as_bytes()))
             .collect();
-        let ctx = CallContext {
-            query_id: "q".into(),
-            batch_id: 0,
-            epoch: 1,
-        };
-        let mapped = run_chain(&mut mapper, &ctx, &source).unwrap();
-        let recs: Vec<SinkRecord<'_>> = mapped
-            .outputs
-            .iter()
-            .map(|o| {
-                let s = &source[o.source_index];
-                SinkRecord {
-                    idempotency_key: &o.idempotency_key,
-                    record: Record {
-                        key: o.key.as_deref(),
-                        value: o.value.as_deref(),
-                        headers: vec![],
-                        ..s.clone()
-                    },
-                }
-            })
-            .collect();
-        driver
-            .apply(
-                Some(&mut sink),
-                &PartitionBatch {
-                    range: range("q", 0, 1, "maxwell", 0, 40, 47),
-                    records: &recs,
-                    dead_letters: &[],
-                },
-            )
-            .unwrap();
+        map_and_sink("company", &db, &source, 40, 47).unwrap();
         let rows = db.query(
             "SELECT pk, row_json, idempotency_key, source_offset FROM companies ORDER BY pk",
         );
@@ -821,53 +783,64 @@ fn company_upserts_and_deletes_end_in_the_right_table_state() {
     }
 }
 
+/// Map `source` (records of one partition) with plugin `name`'s map stage
+/// and apply its outputs to `db` with the same plugin's sink stage, as
+/// the range `[start, end)` of batch 0 (query `q`, epoch 1).
+fn map_and_sink(
+    name: &str,
+    db: &Db,
+    source: &[Record<'_>],
+    start: i64,
+    end: i64,
+) -> Result<Applied, SinkError> {
+    let rt = runtime();
+    let p = rt.load(&plugin(name), config(&[])).unwrap();
+    assert!(p.stages().map && p.stages().sink, "{name}");
+    let grant = SqlGrant::connect(&db.url).unwrap();
+    let driver = SinkDriver::new(Some(grant.clone())).unwrap();
+    let mut mapper = vec![p.instance()];
+    let mut sink = p.instance_with_sql(Some(grant));
+    let ctx = CallContext {
+        query_id: "q".into(),
+        batch_id: 0,
+        epoch: 1,
+    };
+    let mapped = run_chain(&mut mapper, &ctx, source).unwrap();
+    let recs: Vec<SinkRecord<'_>> = mapped
+        .outputs
+        .iter()
+        .map(|o| SinkRecord {
+            idempotency_key: &o.idempotency_key,
+            record: Record {
+                key: o.key.as_deref(),
+                value: o.value.as_deref(),
+                headers: vec![],
+                ..source[o.source_index].clone()
+            },
+        })
+        .collect();
+    let (topic, partition) = (source[0].topic, source[0].partition);
+    driver.apply(
+        Some(&mut sink),
+        &PartitionBatch {
+            range: range("q", 0, 1, topic, partition, start, end),
+            records: &recs,
+            dead_letters: &[],
+        },
+    )
+}
+
 /// A plugin built against contract 0.2.0 (before `execute-batch`) still
 /// links, maps and sinks under this host: 0.2.x only adds imports.
 #[test]
 fn a_plugin_of_contract_0_2_0_maps_and_sinks_under_this_host() {
     for db in Db::both() {
-        let rt = runtime();
-        let p = rt.load(&plugin("old_contract"), config(&[])).unwrap();
-        assert!(p.stages().map && p.stages().sink, "{}", db.name);
-        let grant = SqlGrant::connect(&db.url).unwrap();
-        let driver = SinkDriver::new(Some(grant.clone())).unwrap();
-        let mut mapper = vec![p.instance()];
-        let mut sink = p.instance_with_sql(Some(grant));
         let source: Vec<Record<'_>> = [b"a".as_slice(), b"b", b"c"]
             .iter()
             .enumerate()
             .map(|(i, v)| Record::with_value("old", 0, 7 + i as i64, v))
             .collect();
-        let ctx = CallContext {
-            query_id: "q".into(),
-            batch_id: 0,
-            epoch: 1,
-        };
-        let mapped = run_chain(&mut mapper, &ctx, &source).unwrap();
-        assert_eq!(mapped.outputs.len(), 3, "{}", db.name);
-        let recs: Vec<SinkRecord<'_>> = mapped
-            .outputs
-            .iter()
-            .map(|o| SinkRecord {
-                idempotency_key: &o.idempotency_key,
-                record: Record {
-                    key: o.key.as_deref(),
-                    value: o.value.as_deref(),
-                    headers: vec![],
-                    ..source[o.source_index].clone()
-                },
-            })
-            .collect();
-        let applied = driver
-            .apply(
-                Some(&mut sink),
-                &PartitionBatch {
-                    range: range("q", 0, 1, "old", 0, 7, 10),
-                    records: &recs,
-                    dead_letters: &[],
-                },
-            )
-            .unwrap();
+        let applied = map_and_sink("old_contract", &db, &source, 7, 10).unwrap();
         assert!(
             matches!(applied, Applied::Written { records: 3, .. }),
             "{applied:?}"
