@@ -182,6 +182,17 @@ fn poison_record_fail_stops_before_commit_and_dlq_dead_letters_it_once() {
 
 #[test]
 fn a_range_mapped_in_pieces_keeps_offsets_keys_and_bad_records_exact() {
+    pieces_keep_offsets_keys_and_bad_records_exact(1);
+}
+
+/// The same on two map threads: each partition's range sticks to one of
+/// them, and the pieces are sunk in the order they were read.
+#[test]
+fn two_map_threads_keep_offsets_keys_and_bad_records_exact() {
+    pieces_keep_offsets_keys_and_bad_records_exact(2);
+}
+
+fn pieces_keep_offsets_keys_and_bad_records_exact(map_threads: usize) {
     // One partition, one batch of 4,600 records: the engine maps it in
     // pieces of 2,000 while it reads. Bad records in the second and third
     // piece must be reported with their own offsets, not their position in
@@ -220,6 +231,7 @@ fn a_range_mapped_in_pieces_keeps_offsets_keys_and_bad_records_exact() {
     let db = Db::sqlite();
     let mut cfg = pipeline(&mock.bootstrap(), "maxwell", &dir.path().join("ckpt"), &db);
     cfg.max_records_per_partition = 10_000;
+    cfg.map_threads = map_threads;
     let e = engine::run(&cfg, no_stop()).unwrap_err().to_string();
     assert!(e.contains("bad record at maxwell/0 offset 2500"), "{e}");
     // Each mapped piece is sunk as its own part of the range: partition 0's
@@ -694,6 +706,70 @@ fn a_record_that_always_traps_is_isolated_and_dead_lettered_the_rest_flows() {
         .collect();
     want.sort();
     assert_eq!(keys, want);
+}
+
+#[test]
+fn traps_in_ranges_mapped_on_three_threads_are_isolated_per_range() {
+    // Four partitions, each with a record that makes `misbehave` panic,
+    // mapped on three threads (so one thread maps two ranges): under `fail`
+    // nothing commits; under `dlq` each trap is dead-lettered with its own
+    // coordinates and every other record is applied once.
+    let mock = Mock::new();
+    mock.create_topic("raw", 4);
+    let p = producer(&mock.bootstrap());
+    for partition in 0..4 {
+        for i in 0..30 {
+            let v = if i == 5 + 3 * partition {
+                "panic".to_string()
+            } else {
+                format!("p{partition}v{i}")
+            };
+            p.send("raw", partition, None, Some(v.as_bytes()), &[]);
+        }
+    }
+    p.flush();
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::sqlite();
+    let mut cfg = pipeline(&mock.bootstrap(), "raw", &dir.path().join("ckpt"), &db);
+    cfg.plugins = vec![plugin("misbehave"), plugin("sql_counter")];
+    cfg.attempts = 1;
+    cfg.map_threads = 3;
+    let e = engine::run(&cfg, no_stop()).unwrap_err().to_string();
+    assert!(e.contains("trapped"), "{e}");
+    assert_eq!(db.scalar("SELECT COUNT(*) FROM sluice_progress"), 0);
+
+    cfg.on_error = ErrorPolicy::Dlq;
+    let run = engine::run(&cfg, no_stop()).unwrap();
+    assert_eq!(run.counts.dead_lettered, 4);
+    assert_eq!(run.counts.output, 116);
+    let dl = db.query(
+        "SELECT \"partition\", \"offset\", error FROM sluice_dead_letters ORDER BY \"partition\"",
+    );
+    assert_eq!(dl.len(), 4);
+    for (partition, row) in dl.iter().enumerate() {
+        let offset = 5 + 3 * partition as i64;
+        assert_eq!(row[0], SqlValue::Integer(partition as i64));
+        assert_eq!(row[1], SqlValue::Integer(offset));
+        match &row[2] {
+            SqlValue::Text(error) => {
+                assert!(
+                    error.contains(&format!("raw/{partition} offset {offset}")),
+                    "{error}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    let keys = db.sorted_texts("SELECT idempotency_key FROM seen");
+    let mut want: Vec<String> = (0..4)
+        .flat_map(|p| {
+            (0..30)
+                .filter(move |i| *i != 5 + 3 * p)
+                .map(move |i| format!("raw/{p}/{i}"))
+        })
+        .collect();
+    want.sort();
+    assert_eq!(keys, want, "every other record once");
 }
 
 #[test]

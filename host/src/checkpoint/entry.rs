@@ -303,7 +303,7 @@ pub struct Timings {
     /// Fetching records.
     #[serde(default)]
     pub fetch: f64,
-    /// Map chain (sum of the map calls).
+    /// Map chain (sum of the map calls, over every map thread).
     #[serde(default)]
     pub map: f64,
     /// Sink (sum over partitions).

@@ -236,12 +236,14 @@ plugins = ["p.wasm"]
 
     #[test]
     fn file_sets_progress_metrics_and_attempts_and_flags_win() {
-        let file =
-            format!("{BASE}progress = \"line\"\nmetrics_addr = \"127.0.0.1:9464\"\nattempts = 5\n");
+        let file = format!(
+            "{BASE}progress = \"line\"\nmetrics_addr = \"127.0.0.1:9464\"\nattempts = 5\nmap_threads = 3\n"
+        );
         let cfg = merged(&[], &file).unwrap();
         assert_eq!(cfg.progress, ProgressMode::Line);
         assert_eq!(cfg.metrics_addr, Some("127.0.0.1:9464".parse().unwrap()));
         assert_eq!(cfg.attempts, 5);
+        assert_eq!(cfg.map_threads, 3, "map_threads in the file");
         let cfg = merged(
             &[
                 "--progress",
@@ -250,14 +252,21 @@ plugins = ["p.wasm"]
                 "0.0.0.0:1",
                 "--attempts",
                 "2",
+                "--map-threads",
+                "2",
             ],
             &file,
         )
         .unwrap();
+        assert_eq!(cfg.map_threads, 2);
         assert_eq!(cfg.progress, ProgressMode::None);
         assert_eq!(cfg.metrics_addr, Some("0.0.0.0:1".parse().unwrap()));
         assert_eq!(cfg.attempts, 2);
         assert_eq!(merged(&[], BASE).unwrap().progress, ProgressMode::Auto);
+        assert_eq!(
+            merged(&[], BASE).unwrap().map_threads,
+            crate::engine::default_map_threads()
+        );
     }
 
     #[test]
@@ -322,6 +331,16 @@ plugins = ["p.wasm"]
             (vec!["--attempts", "0"], BASE.to_string(), "--attempts"),
             (vec![], format!("{BASE}attempts = 0\n"), "--attempts"),
             (vec!["--retention", "0"], BASE.to_string(), "--retention"),
+            (
+                vec!["--map-threads", "0"],
+                BASE.to_string(),
+                "--map-threads",
+            ),
+            (
+                vec![],
+                format!("{BASE}map_threads = 1000\n"),
+                "--map-threads",
+            ),
             (
                 vec!["--plugin-timeout", "0s"],
                 BASE.to_string(),

@@ -248,6 +248,16 @@ pub struct Settings {
         hide_env_values = true
     )]
     pub attempts: Option<u32>,
+    /// Threads that run the map stage, each with its own plugin
+    /// instances; a batch's partitions are spread over them [default: the
+    /// available cores less 2 (fetch and sink), at least 1].
+    #[arg(
+        long,
+        value_name = "N",
+        env = "SLUICE_MAP_THREADS",
+        hide_env_values = true
+    )]
+    pub map_threads: Option<usize>,
     /// Deadline of one plugin call [default: 10s].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, env = "SLUICE_PLUGIN_TIMEOUT", hide_env_values = true)]
     #[serde(default, with = "duration_text")]
@@ -349,6 +359,9 @@ pub const PLUGIN_TIMEOUT: (Duration, Duration) =
 pub const PLUGIN_MEMORY: (u64, u64) = (1 << 20, 4 << 30);
 /// Range of `--sink-retry-for`.
 pub const SINK_RETRY_FOR: (Duration, Duration) = (Duration::ZERO, Duration::from_secs(24 * 3600));
+/// Most `--map-threads`: each thread holds a whole map chain's instances
+/// (up to `--plugin-memory` each), so a typo must not start thousands.
+pub const MAP_THREADS_MAX: usize = 256;
 /// Range of `--wait` and `--takeover`.
 pub const WAIT: (Duration, Duration) = (Duration::ZERO, Duration::from_secs(7 * 24 * 3600));
 
@@ -539,6 +552,13 @@ pub fn resolve(s: Settings, config: &[(String, String)]) -> Result<PipelineConfi
     cfg.attempts = s.attempts.unwrap_or(cfg.attempts);
     if cfg.attempts == 0 {
         return Err(usage("--attempts must be at least 1 (1 = no retries)"));
+    }
+    cfg.map_threads = s.map_threads.unwrap_or(cfg.map_threads);
+    if !(1..=MAP_THREADS_MAX).contains(&cfg.map_threads) {
+        return Err(usage(format!(
+            "--map-threads must be 1 to {MAP_THREADS_MAX} (it was {})",
+            cfg.map_threads
+        )));
     }
     let defaults = Limits::default();
     let call_timeout = s.plugin_timeout.unwrap_or(defaults.call_timeout);

@@ -1,5 +1,6 @@
-//! One batch: a fetch thread reads the planned ranges in pieces, this
-//! thread maps each piece, a sink thread applies each mapped piece as a part
+//! One batch: a fetch thread reads the planned ranges in pieces, the map
+//! threads (`map_threads`) map them, this thread takes each mapped piece
+//! back in the order it was read, and a sink thread applies each as a part
 //! of its range; the error policy decides about bad records on both sides.
 //! Nothing here commits: the loop in `engine` does, after [`run_batch`]
 //! returned success.
@@ -8,88 +9,20 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use sluice_guest::wire::Record;
-
 use crate::checkpoint::{Counts, DataLossGap, Epoch, OffsetsEntry, Timings};
 use crate::metrics::Metrics;
-use crate::plugin::chain::{
-    ChainResult, DEFAULT_ISOLATION_TRAPS, TrapBudget, isolate_traps, run_chain,
-};
-use crate::plugin::{CallContext, Instance, PluginError};
+use crate::plugin::chain::ChainResult;
+use crate::plugin::{CallContext, PluginError, Trapped};
 use crate::sink::SinkDriver;
 use crate::source::{KafkaSource, Piece, SourceRecord, TopicPartition};
 
-use super::policy::{Rejection, on_bad_record, on_data_loss, with_retries};
+use super::map_threads::{MapEnv, MapPool, Mapped, map_thread};
+use super::policy::{Rejection, on_bad_record, on_data_loss};
 use super::progress::ms;
 use super::revoke::Revocations;
 use super::sink_thread::{SINK_QUEUE, SinkJob, SinkPolicy, run_sink};
 use super::stages::Stages;
-use super::{EngineError, ErrorPolicy, PipelineConfig};
-
-/// Map a piece of a partition's range through the chain, retrying retryable
-/// failures and traps (whole-call `bad-record` errors are handled by the
-/// chain itself). When the call still traps and `isolate` is given (error
-/// policy `dlq` or `skip`; the process's stop flag), the records that make
-/// it trap are found by [`isolate_traps`] and become bad records; under
-/// `fail` the trap stops the batch.
-pub(super) fn map_partition(
-    maps: &mut [Instance],
-    ctx: &CallContext,
-    records: &[Record<'_>],
-    attempts: u32,
-    isolate: Option<(&AtomicBool, &mut RangeTraps)>,
-    metrics: &Metrics,
-) -> Result<ChainResult, PluginError> {
-    let r = with_retries(attempts, "map", PluginError::is_retryable, || {
-        let r = run_chain(maps, ctx, records);
-        if matches!(r, Err(PluginError::Trap(_))) {
-            metrics.trap();
-        }
-        r
-    });
-    match (r, isolate) {
-        (Err(PluginError::Trap(t)), Some((stop, traps))) => {
-            if traps.first.is_none() {
-                traps.first = Some(t.clone());
-            }
-            let mut budget = TrapBudget {
-                stop,
-                traps_left: traps.left,
-                attempts,
-            };
-            let result = isolate_traps(maps, ctx, records, t, &mut budget);
-            traps.left = budget.traps_left;
-            let result = result?;
-            let trapped = result.rejected.iter().filter(|r| r.trapped).count();
-            for _ in 0..trapped {
-                metrics.trap();
-            }
-            traps.trapped += trapped;
-            Ok(result)
-        }
-        (other, _) => other,
-    }
-}
-
-/// Trap isolation across the map calls of one partition's range in a
-/// batch: one budget of trapping calls for the whole range, and the count
-/// of records found trapping (if that is every record of the range, the
-/// plugin is taken as broken; see [`BatchRun::finish`]).
-pub(super) struct RangeTraps {
-    left: u32,
-    trapped: usize,
-    first: Option<Box<crate::plugin::Trapped>>,
-}
-
-impl Default for RangeTraps {
-    fn default() -> Self {
-        RangeTraps {
-            left: DEFAULT_ISOLATION_TRAPS,
-            trapped: 0,
-            first: None,
-        }
-    }
-}
+use super::{EngineError, PipelineConfig};
 
 /// Records handed to one map call at most: the fetch thread delivers
 /// pieces of this size, so the map of one piece overlaps the reading of
@@ -104,7 +37,9 @@ pub(super) struct RangeState {
     records: Vec<SourceRecord>,
     /// Their map results (source indices into `records`).
     mapped: ChainResult,
-    traps: RangeTraps,
+    /// Records of the range found trapping so far, and the first trap.
+    trapped: usize,
+    first_trap: Option<Box<Trapped>>,
     /// Records of the range read so far, sunk or held.
     seen: usize,
     /// Offsets below this were handed to the sink thread (`None`: nothing
@@ -119,18 +54,15 @@ pub(super) struct RangeState {
 /// their own).
 pub(super) struct BatchRun<'a> {
     cfg: &'a PipelineConfig,
-    maps: &'a mut [Instance],
     /// Digest → file, for messages.
     files: &'a BTreeMap<String, String>,
     entry: &'a OffsetsEntry,
-    ctx: CallContext,
+    ctx: &'a CallContext,
     /// Per-partition owner epochs of a group member ([`BatchEnv::epochs`]).
     epochs: Option<&'a BTreeMap<TopicPartition, Epoch>>,
     /// A group member's partitions dropped during the batch
     /// ([`BatchEnv::revocations`]).
     revocations: Option<&'a Revocations>,
-    metrics: &'a Metrics,
-    stop: &'a AtomicBool,
     states: Vec<RangeState>,
     counts: Counts,
     map_time: Duration,
@@ -151,14 +83,35 @@ impl BatchRun<'_> {
             .is_some_and(|rv| rv.is_dropped(&(r.topic.clone(), r.partition)))
     }
 
-    /// Map the next piece of range `i` and sink it as a part of the range,
-    /// unless it is the range's last piece (`done`: [`BatchRun::finish`]
-    /// sinks it, up to the planned end).
-    fn map_piece(
+    /// Take a map thread's answer for the next piece of its range and sink
+    /// it as a part of the range, unless it is the range's last piece
+    /// ([`BatchRun::finish`] sinks that, up to the planned end, and runs
+    /// next).
+    fn take_mapped(&mut self, m: Mapped) -> Result<(), EngineError> {
+        let Mapped {
+            range: i,
+            records,
+            done,
+            result,
+            trapped,
+            first_trap,
+            took,
+        } = m;
+        self.map_time += took;
+        self.take_piece(i, records, done, result?, (trapped, first_trap))?;
+        if done {
+            self.finish(i)?;
+        }
+        Ok(())
+    }
+
+    fn take_piece(
         &mut self,
         i: usize,
         records: Vec<SourceRecord>,
         done: bool,
+        mapped: ChainResult,
+        (trapped, first_trap): (usize, Option<Box<Trapped>>),
     ) -> Result<(), EngineError> {
         if records.is_empty() || self.dropped(i) {
             return Ok(());
@@ -170,25 +123,11 @@ impl BatchRun<'_> {
                 range.topic, range.partition, range.start, range.end
             )));
         }
-        let views: Vec<Record<'_>> = records
-            .iter()
-            .map(|r| r.view(&range.topic, range.partition))
-            .collect();
-        let t = Instant::now();
-        // With no map stage the chain passes every record through.
-        let isolate = (self.cfg.on_error != ErrorPolicy::Fail)
-            .then_some((self.stop, &mut self.states[i].traps));
-        let mapped = map_partition(
-            self.maps,
-            &self.ctx,
-            &views,
-            self.cfg.attempts,
-            isolate,
-            self.metrics,
-        )?;
-        self.map_time += t.elapsed();
-        drop(views);
         let st = &mut self.states[i];
+        st.trapped = trapped;
+        if st.first_trap.is_none() {
+            st.first_trap = first_trap;
+        }
         let base = st.records.len();
         st.mapped
             .outputs
@@ -216,7 +155,7 @@ impl BatchRun<'_> {
         // which must stop the batch rather than dead-letter or skip the
         // range.
         if !done
-            && st.traps.trapped < st.seen
+            && st.trapped < st.seen
             && let Some(next) = next
         {
             self.sink_held(i, next)?;
@@ -238,8 +177,8 @@ impl BatchRun<'_> {
             )));
         }
         if st.seen > 1
-            && st.traps.trapped == st.seen
-            && let Some(first) = st.traps.first.take()
+            && st.trapped == st.seen
+            && let Some(first) = st.first_trap.take()
         {
             // Not one record could be mapped: a broken plugin (or limit)
             // rather than bad records. Stop instead of dead-lettering or
@@ -271,7 +210,7 @@ impl BatchRun<'_> {
     fn sink_held(&mut self, i: usize, end: i64) -> Result<(), EngineError> {
         let range = &self.entry.ranges[i];
         let cfg = self.cfg;
-        let ctx = &self.ctx;
+        let ctx = self.ctx;
         let counts = &mut self.counts;
         let st = &mut self.states[i];
         let start = st.sunk_to.unwrap_or(range.start);
@@ -450,11 +389,21 @@ pub(super) fn run_batch(
     let (sink_tx, sink_rx) = std::sync::mpsc::sync_channel::<SinkJob>(SINK_QUEUE);
     let sink_policy = SinkPolicy {
         on_error: cfg.on_error,
-        stage: maps.len(),
+        stage: maps.first().map_or(0, Vec::len),
         attempts: cfg.attempts,
     };
-    // Three threads: the fetch reads pieces, this thread maps each piece as
-    // it arrives, and the sink thread applies each mapped piece as a part
+    let map_env = MapEnv {
+        ranges: &entry.ranges,
+        ctx: &ctx,
+        on_error: cfg.on_error,
+        attempts: cfg.attempts,
+        revocations,
+        metrics,
+        stop,
+    };
+    // The fetch thread reads pieces, this thread hands each to a map
+    // thread (`--map-threads`) as it arrives and takes the mapped pieces
+    // back in the same order, and the sink thread applies each as a part
     // of its range while the next is read and mapped.
     let mut fetch_time = Duration::ZERO;
     let cancel = AtomicBool::new(false);
@@ -479,14 +428,11 @@ pub(super) fn run_batch(
         // queue's sender and the sink thread ends (the scope joins it).
         let mut run = BatchRun {
             cfg,
-            maps,
             files,
             entry,
-            ctx,
+            ctx: &ctx,
             epochs,
             revocations,
-            metrics,
-            stop,
             states: entry.ranges.iter().map(|_| RangeState::default()).collect(),
             counts: Counts::default(),
             map_time: Duration::ZERO,
@@ -527,6 +473,20 @@ pub(super) fn run_batch(
             }
             (r, took)
         });
+        // One sender and one receiver per map thread; dropping the pool
+        // ends the threads (after the call they are in).
+        let mut pool = {
+            let (mut jobs, mut answers) = (Vec::new(), Vec::new());
+            for chain in maps.iter_mut() {
+                let (job_tx, job_rx) = std::sync::mpsc::channel::<Piece>();
+                let (answer_tx, answer_rx) = std::sync::mpsc::channel::<Mapped>();
+                let env = &map_env;
+                s.spawn(move || map_thread(chain, env, job_rx, answer_tx));
+                jobs.push(job_tx);
+                answers.push(answer_rx);
+            }
+            MapPool::new(jobs, answers)
+        };
         let processed = (|| -> Result<(), EngineError> {
             // Planned ranges that a re-run found wholly deleted: nothing to
             // read, but their sinks still record the range as applied.
@@ -536,15 +496,19 @@ pub(super) fn run_batch(
                 }
             }
             for piece in rx.iter() {
-                let done = piece.done;
-                let i = piece.range;
-                run.map_piece(i, piece.records, done)?;
-                if done {
-                    run.finish(i)?;
+                pool.hand_out(piece)?;
+                while pool.full()
+                    && let Some(mapped) = pool.next()?
+                {
+                    run.take_mapped(mapped)?;
                 }
+            }
+            while let Some(mapped) = pool.next()? {
+                run.take_mapped(mapped)?;
             }
             Ok(())
         })();
+        drop(pool);
         // Stops the fetch thread if we failed.
         cancel.store(true, Ordering::Relaxed);
         drop(rx);

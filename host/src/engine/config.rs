@@ -119,10 +119,26 @@ pub struct PipelineConfig {
     pub kafka_timeout: Duration,
     /// Attempts for a retryable stage failure or trap (1 = no retry).
     pub attempts: u32,
+    /// Map threads (`--map-threads`, at least 1): each runs its own
+    /// instances of the map chain, and the ranges of a batch are spread
+    /// over them ([`default_map_threads`]).
+    pub map_threads: usize,
     /// How each committed batch is reported.
     pub progress: ProgressMode,
     /// Serve Prometheus metrics on this address.
     pub metrics_addr: Option<std::net::SocketAddr>,
+}
+
+/// The default of `--map-threads`: the cores this process may use
+/// ([`std::thread::available_parallelism`], which honours CPU affinity and
+/// cgroup quotas) less the two that the fetch and the sink threads keep
+/// busy, and at least 1. A 2-core machine thus maps on one thread, as
+/// before the option existed.
+pub fn default_map_threads() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, std::num::NonZeroUsize::get)
+        .saturating_sub(2)
+        .max(1)
 }
 
 /// `s` as one POSIX shell word (single-quoted unless it is plain), for
@@ -224,6 +240,7 @@ impl PipelineConfig {
             wait: None,
             kafka_timeout: Duration::from_secs(30),
             attempts: 3,
+            map_threads: default_map_threads(),
             progress: ProgressMode::Json,
             metrics_addr: None,
         }

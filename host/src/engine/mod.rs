@@ -4,9 +4,11 @@
 //!
 //! Within a batch the stages overlap: a fetch thread reads the planned
 //! ranges and hands over pieces of at most `MAP_PIECE_RECORDS` (2,000) records,
-//! this thread maps each piece while the next is read, and a sink thread
-//! applies each mapped piece, in order, while the next is mapped (the map
-//! and sink stages are separate instances). A partition's range thus
+//! `--map-threads` map threads (each with its own instances of the map
+//! chain; a range sticks to one) map the pieces while the next are read,
+//! this thread takes the mapped pieces back in the order they were read,
+//! and a sink thread applies each mapped piece, in order, while the next is
+//! mapped (the map and sink stages are separate instances). A partition's range thus
 //! reaches the sink in consecutive parts, each its own
 //! `open`/`write`/`close` (one transaction with the SQL capability, whose
 //! progress row records the part's end). Keys depend only on source
@@ -21,8 +23,8 @@
 //! `startup` claims the checkpoint and assembles the pipeline,
 //! `boundary` acts on control requests (swap, handover) between batches,
 //! `plan` chooses the ranges, `batch` runs one batch's fetch and map (with
-//! `sink_thread` applying the parts), `stages` loads, assembles and swaps
-//! the plugins, `error` holds [`EngineError`], `config` the settings,
+//! `map_threads` mapping the pieces and `sink_thread` applying the parts),
+//! `stages` loads, assembles and swaps the plugins, `error` holds [`EngineError`], `config` the settings,
 //! `policy` the error policy (bad records, lost data, retries),
 //! `progress` the per-batch report, `revoke` what a group member's batch
 //! does when a rebalance takes some of its partitions.
@@ -43,6 +45,7 @@ mod boundary;
 mod config;
 mod error;
 mod group;
+mod map_threads;
 mod plan;
 mod policy;
 mod progress;
@@ -60,8 +63,8 @@ use crate::util::now_ms;
 
 use batch::{BatchEnv, run_batch};
 pub use config::{
-    DataLossPolicy, ErrorPolicy, PipelineConfig, ProgressMode, StartingOffsets, redact_property,
-    shell_word,
+    DataLossPolicy, ErrorPolicy, PipelineConfig, ProgressMode, StartingOffsets,
+    default_map_threads, redact_property, shell_word,
 };
 pub use error::EngineError;
 pub use group::run_group;

@@ -16,7 +16,9 @@ use super::{EngineError, PipelineConfig};
 
 /// The loaded stages of the pipeline.
 pub(super) struct Stages {
-    pub(super) maps: Vec<Instance>,
+    /// The map chain, once per map thread (`--map-threads`): every chain
+    /// holds its own instances of the same map stages, in order.
+    pub(super) maps: Vec<Vec<Instance>>,
     pub(super) sink: Option<Instance>,
     pub(super) refs: Vec<PluginRef>,
     /// Digest → file, for messages.
@@ -83,7 +85,7 @@ pub(super) fn assemble(
     sql: Option<&SqlGrant>,
 ) -> Result<Stages, EngineError> {
     let mut refs = Vec::new();
-    let mut maps = Vec::new();
+    let mut maps: Vec<Vec<Instance>> = (0..cfg.map_threads.max(1)).map(|_| Vec::new()).collect();
     let mut sink = None;
     let mut files = BTreeMap::new();
     let mut sink_ref: Option<String> = None;
@@ -106,7 +108,9 @@ pub(super) fn assemble(
                 stage: StageKind::Map,
                 digest: p.digest().to_string(),
             });
-            maps.push(p.instance());
+            for chain in &mut maps {
+                chain.push(p.instance());
+            }
         }
         if wants(StageKind::Sink) {
             if let Some(other) = &sink_ref {
@@ -266,7 +270,9 @@ pub(super) fn install_swap(
     );
     stages.refs = swapped_refs(&stages.refs, plugin.digest(), (map_index, want_sink));
     if let Some(i) = map_index {
-        stages.maps[i] = plugin.instance();
+        for slot in stages.maps.iter_mut().filter_map(|chain| chain.get_mut(i)) {
+            *slot = plugin.instance();
+        }
     }
     if want_sink {
         stages.sink = Some(plugin.instance_with_sql(sql.cloned()));
