@@ -364,13 +364,15 @@ fn swap_under_load_switches_exactly_at_the_reported_batch_and_bad_swaps_are_reje
     let ckpt = dir.path().join("ckpt");
     let db = Db::sqlite();
     let feed = produce_steadily(tansu.bootstrap(), "events", 6000, 300);
+    // On three map threads (one per partition): the swap must replace the
+    // map instance of every thread at the same boundary.
     let mut run = HostProcess::start(&args(
         &tansu,
         "events",
         &ckpt,
         &db,
         &[plugin("tag_v1"), plugin("sql_counter")],
-        &[],
+        &["--map-threads", "3"],
     ));
     run.wait_for("batch committed", Duration::from_secs(60));
     // Some records must have gone through v1 before the swap.
