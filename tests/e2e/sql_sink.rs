@@ -783,6 +783,69 @@ fn company_upserts_and_deletes_end_in_the_right_table_state() {
     }
 }
 
+/// Long runs of one kind go in multi-row statements: 100 keys upserted,
+/// every third one twice more right away (only each key's last change
+/// counts, and a 64-row `INSERT … ON CONFLICT` on PostgreSQL must not meet
+/// a key twice), 70 deletes, then 5 re-inserts, in one chunk.
+#[test]
+fn company_runs_longer_than_one_statement_keep_the_last_change_per_key() {
+    let mut events = Vec::new();
+    // pk → (row_json, offset) of the change that must win.
+    let mut want = std::collections::BTreeMap::new();
+    let mut change = |kind: &str, id: u32, name: Option<String>| {
+        let offset = events.len() as i64;
+        let pk = format!(r#"{{"id":{id}}}"#);
+        match name {
+            Some(name) => {
+                let data = format!(r#"{{"id":{id},"name":"{name}"}}"#);
+                events.push(format!(
+                    r#"{{"database":"shop","table":"company","type":"{kind}","ts":1,"data":{data}}}"#
+                ));
+                want.insert(pk, (data, offset));
+            }
+            None => {
+                events.push(format!(
+                    r#"{{"database":"shop","table":"company","type":"{kind}","ts":2,"data":{{"id":{id}}}}}"#
+                ));
+                want.remove(&pk);
+            }
+        }
+    };
+    for id in 0..100 {
+        change("insert", id, Some(format!("N{id}-0")));
+        if id % 3 == 0 {
+            change("update", id, Some(format!("N{id}-1")));
+            change("update", id, Some(format!("N{id}-2")));
+        }
+    }
+    for id in 0..70 {
+        change("delete", id, None);
+    }
+    for id in 0..5 {
+        change("insert", id, Some(format!("R{id}")));
+    }
+    assert_eq!(want.len(), 35);
+    for db in Db::both() {
+        let source: Vec<Record<'_>> = events
+            .iter()
+            .enumerate()
+            .map(|(i, e)| Record::with_value("maxwell", 0, i as i64, e.as_bytes()))
+            .collect();
+        map_and_sink("company", &db, &source, 0, events.len() as i64).unwrap();
+        let got: std::collections::BTreeMap<String, (String, i64)> = db
+            .query("SELECT pk, row_json, source_offset FROM companies")
+            .into_iter()
+            .map(|r| match (&r[0], &r[1], &r[2]) {
+                (SqlValue::Text(pk), SqlValue::Text(row), SqlValue::Integer(o)) => {
+                    (pk.clone(), (row.clone(), *o))
+                }
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(got, want, "{}", db.name);
+    }
+}
+
 /// Map `source` (records of one partition) with plugin `name`'s map stage
 /// and apply its outputs to `db` with the same plugin's sink stage, as
 /// the range `[start, end)` of batch 0 (query `q`, epoch 1).
