@@ -125,8 +125,10 @@ pub(super) struct Mapped {
 }
 
 /// Map the pieces `jobs` brings with `chain` and answer on `answers`, until
-/// `jobs` closes, the answers are no longer read, or a call fails (the
-/// batch then stops).
+/// `jobs` closes or the answers are no longer read. After a failed call
+/// (the batch then stops when it reads that answer) later pieces are
+/// taken and dropped unanswered: the thread stays, so handing out a piece
+/// cannot fail first and hide the failure behind "thread ended".
 pub(super) fn map_thread(
     chain: &mut [Instance],
     env: &MapEnv<'_>,
@@ -134,7 +136,11 @@ pub(super) fn map_thread(
     answers: Sender<Mapped>,
 ) {
     let mut traps: HashMap<usize, RangeTraps> = HashMap::new();
+    let mut failed = false;
     for piece in jobs {
+        if failed {
+            continue;
+        }
         let t = Instant::now();
         let st = traps.entry(piece.range).or_default();
         let result = match env.ranges.get(piece.range) {
@@ -155,7 +161,7 @@ pub(super) fn map_thread(
             }
             _ => Ok(ChainResult::default()),
         };
-        let failed = result.is_err();
+        failed = result.is_err();
         let answer = Mapped {
             range: piece.range,
             records: piece.records,
@@ -165,7 +171,7 @@ pub(super) fn map_thread(
             first_trap: st.first.take(),
             took: t.elapsed(),
         };
-        if answers.send(answer).is_err() || failed {
+        if answers.send(answer).is_err() {
             return;
         }
     }
