@@ -32,7 +32,7 @@ says whether its rows are byte-exact).
 Run with `bash bench/long.sh` (builds in release mode and installs the
 Python baseline first). Environment: RUNS (default 3), EVENTS, PARTITIONS,
 BATCH (Sluice's --max-records-per-partition, default 2000: 128,000
-records a batch at 64 partitions), SKIP_PYTHON=1, SKIP_BYTEWAX=1,
+records a batch at 64 partitions), SKIP_PYTHON=1, SKIP_PYTHON_PG=1 (only the python -> PostgreSQL row), SKIP_BYTEWAX=1,
 BENCH_PG_URL. Needs psycopg (in the bench venv) for the PostgreSQL rows.
 """
 import datetime
@@ -165,7 +165,7 @@ def main():
             cells["Bytewax -> SQLite"] = bytewax
         if PG_URL:
             cells["Sluice company -> PostgreSQL"] = lambda i: sluice("company", "postgres", i)
-            if not os.environ.get("SKIP_PYTHON"):
+            if not (os.environ.get("SKIP_PYTHON") or os.environ.get("SKIP_PYTHON_PG")):
                 cells["python consumer -> PostgreSQL"] = lambda i: python("postgres", i)
         results = {k: [] for k in cells}
         for i in range(run.RUNS):

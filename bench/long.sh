@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Steady-state benchmark (not part of the test run): bench/long.py (1,000,000
 # events on 64 partitions by default; see it for the knobs: RUNS, EVENTS,
-# PARTITIONS, BATCH, SKIP_PYTHON, SKIP_BYTEWAX) after the release builds and
+# PARTITIONS, BATCH, SKIP_PYTHON, SKIP_PYTHON_PG, SKIP_BYTEWAX) after the release builds and
 # installs of bench/run.sh, with a throwaway PostgreSQL (scripts/pg.sh) for
 # the PostgreSQL rows unless SKIP_PG=1.
 set -euo pipefail
