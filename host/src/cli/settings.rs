@@ -250,7 +250,7 @@ pub struct Settings {
     pub attempts: Option<u32>,
     /// Threads that run the map stage, each with its own plugin
     /// instances; a batch's partitions are spread over them [default: the
-    /// available cores less 2 (fetch and sink), at least 1].
+    /// available cores less 2 (fetch and sink), at least 1, at most 4].
     #[arg(
         long,
         value_name = "N",

@@ -132,14 +132,20 @@ pub struct PipelineConfig {
 /// The default of `--map-threads`: the cores this process may use
 /// ([`std::thread::available_parallelism`], which honours CPU affinity and
 /// cgroup quotas) less the two that the fetch and the sink threads keep
-/// busy, and at least 1. A 2-core machine thus maps on one thread, as
-/// before the option existed.
+/// busy, at least 1 and at most [`DEFAULT_MAP_THREADS_MAX`]. A 2-core
+/// machine thus maps on one thread, as before the option existed.
 pub fn default_map_threads() -> usize {
     std::thread::available_parallelism()
         .map_or(1, std::num::NonZeroUsize::get)
         .saturating_sub(2)
-        .max(1)
+        .clamp(1, DEFAULT_MAP_THREADS_MAX)
 }
+
+/// The most map threads the default gives: every thread holds its own
+/// instance of each map stage (memory up to `--plugin-memory` each, its
+/// own log allowance), so a big machine does not get dozens of instances
+/// unasked; `--map-threads` goes higher.
+pub const DEFAULT_MAP_THREADS_MAX: usize = 4;
 
 /// `s` as one POSIX shell word (single-quoted unless it is plain), for
 /// commands that messages print for the user to run.

@@ -205,7 +205,8 @@ impl MapPool {
     }
 
     /// Pieces in flight before [`MapPool::hand_out`] wants one answered:
-    /// two per thread, so each has the next piece queued while it maps.
+    /// twice the threads in all, so each thread usually has its next piece
+    /// queued while it maps (ranges stick, so one thread may hold more).
     pub(super) fn full(&self) -> bool {
         self.waiting.len() >= 2 * self.jobs.len()
     }

@@ -30,8 +30,9 @@
 //! JSON, the idempotency key and source offset of the last applied change
 //! and its Kafka timestamp as `updated_at_ms`. `upsert` inserts or
 //! replaces, `delete` removes. Runs of upserts (or deletes) within a write
-//! chunk go in statements of 64 rows, with only the last upsert of each
-//! key in a run.
+//! chunk go in statements of 64 rows (the remainder one row per
+//! statement), with only the last upsert of each key in a run; an SQL
+//! error in a 64-row statement names the group's first record.
 
 use serde::{Deserialize, Serialize};
 use sluice_guest::json::{self, Object, RawValue, Text};
