@@ -92,10 +92,17 @@ fn trap_pipeline<V: AsRef<[u8]>>(
     db: &Db,
 ) -> (Mock, PipelineConfig) {
     let mock = raw_topic(values);
+    let cfg = trap_config(&mock, dir, db);
+    (mock, cfg)
+}
+
+/// The `misbehave` → `sql_counter` chain on `mock`'s topic `raw`, one
+/// attempt per call.
+fn trap_config(mock: &Mock, dir: &std::path::Path, db: &Db) -> PipelineConfig {
     let mut cfg = pipeline(&mock.bootstrap(), "raw", &dir.join("ckpt"), db);
     cfg.plugins = vec![plugin("misbehave"), plugin("sql_counter")];
     cfg.attempts = 1;
-    (mock, cfg)
+    cfg
 }
 
 #[test]
@@ -730,9 +737,7 @@ fn traps_in_ranges_mapped_on_three_threads_are_isolated_per_range() {
     p.flush();
     let dir = tempfile::tempdir().unwrap();
     let db = Db::sqlite();
-    let mut cfg = pipeline(&mock.bootstrap(), "raw", &dir.path().join("ckpt"), &db);
-    cfg.plugins = vec![plugin("misbehave"), plugin("sql_counter")];
-    cfg.attempts = 1;
+    let mut cfg = trap_config(&mock, dir.path(), &db);
     cfg.map_threads = 3;
     let e = engine::run(&cfg, no_stop()).unwrap_err().to_string();
     assert!(e.contains("trapped"), "{e}");
