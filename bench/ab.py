@@ -1,11 +1,12 @@
 """Interleaved A/B of host binaries on the mock cluster: runs each binary's
 `host run --until-caught-up --progress json` in turn, N rounds, and prints
-medians of wall time, the batch's stage times and CPU time (ms), and of
-peak RSS (MiB).
+medians of wall time, the stage times summed over all batches and CPU time
+(ms), and of peak RSS (MiB).
 
 Usage: N=7 PLUGIN=passthrough|company python3 bench/ab.py HOST_A HOST_B ...
 (release helpers, plugins and Tansu as built by bench/run.sh; EVENTS and
-PARTITIONS as in bench/run.py). A HOST given as `HOST@DIR` runs
+PARTITIONS as in bench/run.py; BATCH is --max-records-per-partition,
+default 20000). A HOST given as `HOST@DIR` runs
 `DIR/<PLUGIN>.wasm` instead of the release build's, so a plugin can be
 compared too (`old/host@old old/host@new` times two builds of one plugin
 under one host)."""
@@ -14,6 +15,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import run as R
 plugin = os.environ.get("PLUGIN", "passthrough")
 N = int(os.environ.get("N", "7"))
+BATCH = os.environ.get("BATCH", "20000")
 hosts = sys.argv[1:]
 def split(h):
     b, _, d = h.partition("@")
@@ -27,7 +29,7 @@ with R.Mock() as b:
             binary, wasm = split(h)
             tag = h.replace("/", "_")
             ck = f"{work}/ck{i}{tag}"
-            args = [binary, "run", "--brokers", b.bootstrap, "--topic", "maxwell", "--checkpoint", ck, "--plugin", f"{wasm}/{plugin}.wasm", "--until-caught-up", "--progress", "json", "--max-records-per-partition", "20000", "--trigger-interval", "10ms"]
+            args = [binary, "run", "--brokers", b.bootstrap, "--topic", "maxwell", "--checkpoint", ck, "--plugin", f"{wasm}/{plugin}.wasm", "--until-caught-up", "--progress", "json", "--max-records-per-partition", BATCH, "--trigger-interval", "10ms"]
             if plugin == "company": args += ["--sink-db", f"sqlite:{work}/db{i}{tag}.db"]
             t0 = time.perf_counter()
             r0 = os.times()
@@ -37,10 +39,10 @@ with R.Mock() as b:
             times = [l for l in p.stderr.splitlines() if l.startswith("TIME ")]
             if p.returncode != 0 or not times or not p.stdout.strip():
                 sys.exit(f"{h} failed ({p.returncode}):\n{p.stderr[-2000:]}")
-            ev = json.loads(p.stdout.splitlines()[0])
-            d = ev["durations_ms"]
+            evs = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
+            d = {k: sum(e["durations_ms"][k] for e in evs) for k in evs[0]["durations_ms"]}
             r = res[h]
-            r["wall"].append(wall * 1000); r["total"].append(ev["total_ms"])
+            r["wall"].append(wall * 1000); r["total"].append(sum(e["total_ms"] for e in evs))
             r["rss"].append(int(times[-1].split()[1]) / 1024)
             for k in ("fetch", "map", "sink", "plan", "commit"): r[k].append(d[k])
             r["cpu"].append(((r1.children_user - r0.children_user) + (r1.children_system - r0.children_system)) * 1000)
