@@ -413,8 +413,11 @@ fn a_broker_that_never_returns_fails_clearly_within_the_timeout() {
     cfg.kafka_timeout = Duration::from_secs(3);
     let t = std::time::Instant::now();
     let e = engine::run(&cfg, no_stop()).unwrap_err().to_string();
+    // The bound tells "gives up" from "waits forever", not a speed: alone
+    // the run ends in ~4 s, beside the rest of the suite on 2 cores it
+    // was seen at 20.7 and 21.6 s.
     assert!(
-        t.elapsed() < Duration::from_secs(20),
+        t.elapsed() < Duration::from_secs(60),
         "took {:?}",
         t.elapsed()
     );

@@ -869,11 +869,17 @@ fn map_and_sink(
         epoch: 1,
     };
     let mapped = run_chain(&mut mapper, &ctx, source).unwrap();
+    let keys: Vec<String> = mapped
+        .outputs
+        .iter()
+        .map(|o| o.idempotency_key(&source[o.source_index]))
+        .collect();
     let recs: Vec<SinkRecord<'_>> = mapped
         .outputs
         .iter()
-        .map(|o| SinkRecord {
-            idempotency_key: &o.idempotency_key,
+        .zip(&keys)
+        .map(|(o, key)| SinkRecord {
+            idempotency_key: key,
             record: Record {
                 key: o.key.as_deref(),
                 value: o.value.as_deref(),

@@ -311,6 +311,22 @@ pub(super) struct BatchEnv<'a> {
     pub(super) stop: &'a AtomicBool,
 }
 
+/// `s.spawn(f)` with a thread name (shown by `top -H`, `perf report
+/// --sort comm` and panic messages).
+///
+/// # Panics
+/// When the OS cannot start a thread, as `s.spawn` does.
+fn spawn_named<'scope, 'env, T: Send + 'scope>(
+    s: &'scope std::thread::Scope<'scope, 'env>,
+    name: String,
+    f: impl FnOnce() -> T + Send + 'scope,
+) -> std::thread::ScopedJoinHandle<'scope, T> {
+    std::thread::Builder::new()
+        .name(name.clone())
+        .spawn_scoped(s, f)
+        .unwrap_or_else(|e| panic!("cannot start the {name} thread: {e}"))
+}
+
 /// What a batch did, for its commit entry.
 pub(super) struct BatchDone {
     pub(super) counts: Counts,
@@ -410,7 +426,7 @@ pub(super) fn run_batch(
     // Set once the sink thread has ended: the fetch thread stops serving.
     let sunk = AtomicBool::new(false);
     let (mut counts, map_time, report) = std::thread::scope(|s| {
-        let sinker = s.spawn(|| {
+        let sinker = spawn_named(s, "sluice-sink".into(), || {
             run_sink(
                 sink_rx,
                 sink.as_mut(),
@@ -444,7 +460,7 @@ pub(super) fn run_batch(
         let fetch_ranges = &ranges;
         let cancel_ref = &cancel;
         let sunk_ref = &sunk;
-        let fetcher = s.spawn(move || {
+        let fetcher = spawn_named(s, "sluice-fetch".into(), move || {
             let t = Instant::now();
             let r = source.fetch(fetch_ranges, MAP_PIECE_RECORDS, cancel_ref, &mut |p| {
                 tx.send(p).is_ok()
@@ -477,11 +493,13 @@ pub(super) fn run_batch(
         // ends the threads (after the call they are in).
         let mut pool = {
             let (mut jobs, mut answers) = (Vec::new(), Vec::new());
-            for chain in maps.iter_mut() {
+            for (n, chain) in maps.iter_mut().enumerate() {
                 let (job_tx, job_rx) = std::sync::mpsc::channel::<Piece>();
                 let (answer_tx, answer_rx) = std::sync::mpsc::channel::<Mapped>();
                 let env = &map_env;
-                s.spawn(move || map_thread(chain, env, job_rx, answer_tx));
+                spawn_named(s, format!("sluice-map-{n}"), move || {
+                    map_thread(chain, env, job_rx, answer_tx)
+                });
                 jobs.push(job_tx);
                 answers.push(answer_rx);
             }

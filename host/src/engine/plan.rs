@@ -156,9 +156,10 @@ impl Planner {
         let first_plan = self.targets.is_none();
         let mut targets = self.targets.take().unwrap_or_default();
         for topic in &cfg.topics {
-            for partition in self.check_topic(source, cfg, topic)? {
+            let partitions = self.check_topic(source, cfg, topic)?;
+            let marks = source.watermarks_of(topic, &partitions)?;
+            for (partition, (low, high)) in marks {
                 let tp = (topic.clone(), partition);
-                let (low, high) = source.watermarks(topic, partition)?;
                 self.highs.insert(tp.clone(), high);
                 let known = self.positions.get(&tp).copied();
                 // A topic with no known partition at all (a new checkpoint,

@@ -107,15 +107,29 @@ pub(super) fn run_sink(
         let mut rejected: Vec<usize> = Vec::new();
         let mut dead_letters = job.dead_letters.clone();
         let t = Instant::now();
+        // Only a sink plugin reads idempotency keys: without one (mapped
+        // records counted and discarded) none is made.
+        let keys: Vec<String> = if sink.is_some() {
+            job.outputs
+                .iter()
+                .map(|o| {
+                    let s = &job.records[o.source_index];
+                    o.idempotency_key(&s.view(&job.part.topic, job.part.partition))
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         let applied = loop {
             let sink_records: Vec<SinkRecord<'_>> = job
                 .outputs
                 .iter()
-                .filter(|o| !rejected.contains(&o.source_index))
-                .map(|o| {
+                .zip(keys.iter().map(String::as_str).chain(std::iter::repeat("")))
+                .filter(|(o, _)| !rejected.contains(&o.source_index))
+                .map(|(o, key)| {
                     let s = &job.records[o.source_index];
                     SinkRecord {
-                        idempotency_key: &o.idempotency_key,
+                        idempotency_key: key,
                         record: s.view_with(
                             &job.part.topic,
                             job.part.partition,

@@ -19,14 +19,30 @@ use super::{CallContext, Instance, PluginError, StageFailure, Trapped};
 pub struct ChainOutput {
     /// Index of the source record in the batch.
     pub source_index: usize,
-    /// `{topic}/{partition}/{offset}[#n]`.
-    pub idempotency_key: String,
+    /// Position among its source record's outputs (0-based): the `n` of
+    /// the idempotency key (see [`ChainOutput::idempotency_key`]).
+    pub output_index: u32,
     /// Output key (`None` = null key).
     pub key: Option<Vec<u8>>,
     /// Output value (`None` = tombstone).
     pub value: Option<Vec<u8>>,
     /// Output headers.
     pub headers: OwnedHeaders,
+}
+
+impl ChainOutput {
+    /// `{topic}/{partition}/{offset}[#n]` (DESIGN.md, "Idempotency key"),
+    /// for this output of `source`, its source record. Made when a sink
+    /// needs it, not for every output: most pipelines without a sink
+    /// plugin never use it.
+    pub fn idempotency_key(&self, source: &Record<'_>) -> String {
+        wire::idempotency_key(
+            source.topic,
+            source.partition,
+            source.offset,
+            self.output_index,
+        )
+    }
 }
 
 /// A source record some stage rejected.
@@ -211,10 +227,9 @@ pub fn run_chain(
             _ => 0,
         };
         last = Some((p.source, n));
-        let s = &source[p.source];
         outputs.push(ChainOutput {
             source_index: p.source,
-            idempotency_key: wire::idempotency_key(s.topic, s.partition, s.offset, n),
+            output_index: n,
             key: p.key,
             value: p.value,
             headers: p.headers,

@@ -103,6 +103,68 @@ impl KafkaSource {
         )
     }
 
+    /// [`KafkaSource::watermarks`] of each of `partitions` of `topic`, in
+    /// two ListOffsets requests per leader (earliest, then latest) rather
+    /// than two per partition: planning 64 partitions took ~19 ms per
+    /// batch on the mock cluster one partition at a time, and grows with
+    /// the round-trip time to the brokers (docs/benchmarks.md, session
+    /// 16). When the grouped lookup fails or leaves a partition out, each
+    /// partition is asked alone, with [`KafkaSource::watermarks`]'s
+    /// retries and errors.
+    ///
+    /// # Errors
+    /// As [`KafkaSource::watermarks`].
+    pub fn watermarks_of(
+        &self,
+        topic: &str,
+        partitions: &[i32],
+    ) -> Result<BTreeMap<i32, (i64, i64)>, SourceError> {
+        if let Some(marks) = self.grouped_watermarks(topic, partitions) {
+            return Ok(marks);
+        }
+        partitions
+            .iter()
+            .map(|p| Ok((*p, self.watermarks(topic, *p)?)))
+            .collect()
+    }
+
+    /// ListOffsets for every partition at once: "earliest" (-2) and
+    /// "latest" (-1) are the timestamps that ask for the log start and the
+    /// high watermark (the last stable offset under read_committed, as for
+    /// a single partition: librdkafka sends the consumer's isolation level
+    /// with both). `None` on any error or missing answer.
+    fn grouped_watermarks(
+        &self,
+        topic: &str,
+        partitions: &[i32],
+    ) -> Option<BTreeMap<i32, (i64, i64)>> {
+        let per_call = self.timeout.min(Duration::from_secs(5));
+        let ask = |at: Offset| -> Option<BTreeMap<i32, i64>> {
+            let mut tpl = TopicPartitionList::new();
+            for p in partitions {
+                tpl.add_partition_offset(topic, *p, at).ok()?;
+            }
+            let answer = self.admin().offsets_for_times(tpl, per_call);
+            let answer = answer
+                .inspect_err(|e| tracing::debug!("grouped ListOffsets on {topic}: {e}"))
+                .ok()?;
+            answer
+                .elements()
+                .iter()
+                .map(|e| match (e.error(), e.offset()) {
+                    (Ok(()), Offset::Offset(o)) if o >= 0 => Some((e.partition(), o)),
+                    _ => None,
+                })
+                .collect()
+        };
+        let lows = ask(Offset::Beginning)?;
+        let highs = ask(Offset::End)?;
+        partitions
+            .iter()
+            .map(|p| Some((*p, (*lows.get(p)?, *highs.get(p)?))))
+            .collect()
+    }
+
     /// The earliest offset of each partition whose timestamp is at or after
     /// `ms` (the high watermark when none is). Uses the ListOffsets API.
     ///
