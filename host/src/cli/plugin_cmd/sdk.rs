@@ -122,6 +122,22 @@ mod tests {
         }
         assert!(sdk.contains("wit-bindgen = { version = \"0.63\""));
         assert!(sdk.contains("envy = \"0.4\""));
+        // Every dependency of the SDK in the repository is in the shipped
+        // manifest (a missing one breaks the first build of a new plugin).
+        let deps = |text: &str| -> Vec<String> {
+            let manifest: toml::Table = toml::from_str(text).unwrap();
+            let mut names: Vec<String> = manifest["dependencies"]
+                .as_table()
+                .unwrap()
+                .keys()
+                .cloned()
+                .collect();
+            names.sort();
+            names
+        };
+        let in_repo = std::fs::read_to_string(root.join("guest-sdk/Cargo.toml")).unwrap();
+        let shipped_text = sdk.replace("{{version}}", "0.0.0");
+        assert_eq!(deps(&in_repo), deps(&shipped_text));
         let macro_in_repo =
             std::fs::read_to_string(root.join("guest-sdk/macro/Cargo.toml")).unwrap();
         let macro_shipped = shipped("guest-sdk/macro/Cargo.toml");
