@@ -457,8 +457,8 @@ pub fn decode_sink_records(buf: &[u8]) -> Result<Vec<SinkRecord<'_>>, WireError>
 /// (DESIGN.md, "Idempotency key").
 ///
 /// Written with `itoa` rather than `format!`: the host makes one key per
-/// output record, and `format!` took about a third of passthrough's map
-/// thread (docs/benchmarks.md, session 16).
+/// output record that a sink plugin receives, and `format!` took about a
+/// third of the host's map thread (Sluice's docs/benchmarks.md, session 16).
 pub fn idempotency_key(topic: &str, partition: i32, offset: i64, n: u32) -> String {
     let mut ints = itoa::Buffer::new();
     // "/" + i32 + "/" + i64 + "#" + u32 fit in 1 + 11 + 1 + 20 + 1 + 10.

@@ -84,7 +84,9 @@ pub struct PartitionBatch<'a> {
     /// The part to apply now and the batch context (the whole planned range
     /// when it is applied at once).
     pub range: PartitionContext,
-    /// Mapped records with their idempotency keys, in offset order.
+    /// Mapped records in offset order, with their idempotency keys when a
+    /// sink plugin reads them (the host makes none for a built-in table
+    /// sink or `--no-sink`: the key is then `""`).
     pub records: &'a [SinkRecord<'a>],
     /// Bad records to dead-letter (policy `dlq`).
     pub dead_letters: &'a [DeadLetter],
