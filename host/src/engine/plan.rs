@@ -137,9 +137,14 @@ impl Planner {
         source: &KafkaSource,
         entry: &OffsetsEntry,
     ) -> Result<(), EngineError> {
+        let mut by_topic: BTreeMap<&str, Vec<i32>> = BTreeMap::new();
         for r in &entry.ranges {
-            let (_, high) = source.watermarks(&r.topic, r.partition)?;
-            self.highs.insert((r.topic.clone(), r.partition), high);
+            by_topic.entry(&r.topic).or_default().push(r.partition);
+        }
+        for (topic, partitions) in by_topic {
+            for (partition, (_, high)) in source.watermarks_of(topic, &partitions)? {
+                self.highs.insert((topic.to_string(), partition), high);
+            }
         }
         Ok(())
     }
