@@ -17,31 +17,38 @@
 //! - malformed JSON, a DML event without a `data` object or without a
 //!   primary key is a bad record for that record only.
 //!
-//! Output value, one per kept event:
-//! `{"op":"upsert","database":"shop","table":"company","pk":{"id":1},"data":{…},"ts":1449786310}`
-//! where `pk` comes from the key's `pk.*` fields when present, else
-//! `data.id`, and `data` and every `pk` value are the source bytes, unchanged
+//! Output, one record per kept event, in Kafka's upsert convention (the
+//! one a compacted topic and Kafka Connect's JDBC sink with
+//! `pk.mode=record_key` and `delete.enabled=true` use):
+//! - key: the primary key object, e.g. `{"id":1}`, from the key's `pk.*`
+//!   fields when present, else `data.id`;
+//! - value: for an `upsert`, the row (`data`) itself; for a `delete`,
+//!   none (a tombstone), so a compacted output topic keeps exactly the
+//!   current rows.
+//!
+//! `data` and every `pk` value are the source bytes, unchanged
 //! (`999999999999.999998` and `"0000-00-00 00:00:00"` survive exactly).
-//! Output key: the `pk` object, so a compacted output topic keeps one row
-//! per primary key.
+//! Maxwell's `database`, `table` and `ts` are not carried: the table is
+//! the configured one, and the sink stamps rows with the Kafka timestamp.
 //!
 //! Sink stage (uses the host's `sql` capability): keeps table `companies`
 //! (config `sink_table`) current — one row per primary key with the row
 //! JSON, the idempotency key and source offset of the last applied change
-//! and its Kafka timestamp as `updated_at_ms`. `upsert` inserts or
-//! replaces, `delete` removes. Runs of upserts (or deletes) within a write
-//! chunk go in statements of 64 rows (the remainder one row per
+//! and its Kafka timestamp as `updated_at_ms`. A record with a value
+//! inserts or replaces the row of its key, a tombstone removes it; the
+//! sink takes both from the record as they are, without parsing them
+//! again (the map stage wrote them). Runs of upserts (or deletes) within
+//! a write chunk go in statements of 64 rows (the remainder one row per
 //! statement), with only the last upsert of each key in a run; an SQL
 //! error in a 64-row statement names the group's first record.
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use sluice_guest::json::{self, Object, RawValue, Text};
 use sluice_guest::sql::{self, Value};
 use sluice_guest::{Config, Emit, Error, Mapper, Record, Sink, SinkRecord};
 
 /// What a Maxwell `type` means for the `companies` table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
     /// Insert or replace the row.
     Upsert,
@@ -91,37 +98,11 @@ struct Event<'a> {
     kind: Option<Text<'a>>,
     #[serde(borrow)]
     data: Option<&'a RawValue>,
-    #[serde(borrow)]
-    ts: Option<&'a RawValue>,
-}
-
-/// The change record, as the map stage writes it (the sink reads it as a
-/// [`Change`]).
-#[derive(Serialize)]
-struct ChangeOut<'a> {
-    op: Op,
-    database: Option<&'a str>,
-    table: &'a str,
-    pk: &'a Object<'a>,
-    data: &'a RawValue,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    ts: Option<&'a RawValue>,
-}
-
-/// The fields of a change record the sink reads.
-#[derive(Deserialize)]
-struct Change<'a> {
-    op: Op,
-    #[serde(borrow)]
-    pk: &'a RawValue,
-    #[serde(borrow)]
-    data: Option<&'a RawValue>,
 }
 
 /// The company map stage.
 pub struct Company {
     settings: Settings,
-    out: Vec<u8>,
     pk: Vec<u8>,
 }
 
@@ -130,7 +111,6 @@ impl Mapper for Company {
         let settings = config.parse()?;
         Ok(Company {
             settings,
-            out: Vec::with_capacity(512),
             pk: Vec::with_capacity(64),
         })
     }
@@ -167,18 +147,11 @@ impl Mapper for Company {
         let pk = primary_key(key.as_ref(), data)?;
         self.pk.clear();
         json::write(&mut self.pk, &pk);
-        let (database, table) = (event.database.as_deref(), s.table.as_str());
-        let change = ChangeOut {
-            op,
-            database,
-            table,
-            pk: &pk,
-            data,
-            ts: event.ts,
+        let row = match op {
+            Op::Upsert => Some(data.get().as_bytes()),
+            Op::Delete => None,
         };
-        self.out.clear();
-        json::write(&mut self.out, &change);
-        out.emit(Some(&self.pk), Some(&self.out));
+        out.emit(Some(&self.pk), row);
         Ok(())
     }
 }
@@ -361,29 +334,23 @@ impl CompanySink {
     }
 }
 
-/// A change record's kind and statement parameters: `[pk]` for a delete,
-/// `[pk, row_json, idempotency_key, source_topic, source_partition,
-/// source_offset, updated_at_ms]` for an upsert.
+/// A change's kind and statement parameters: `[pk]` for a delete (a
+/// tombstone), `[pk, row_json, idempotency_key, source_topic,
+/// source_partition, source_offset, updated_at_ms]` for an upsert. The
+/// key and value are the map stage's output, taken as they are.
 fn change_row(r: &SinkRecord<'_>) -> Result<(Op, Vec<Value>), Error> {
-    let value = r
-        .record
-        .value
-        .ok_or_else(|| Error::bad_record("tombstone: the company sink expects change records"))?;
-    let change: Change<'_> = json::from_slice(value)?;
-    let pk = Value::from(change.pk.get());
     let rec = &r.record;
-    Ok(match change.op {
-        Op::Delete => (Op::Delete, vec![pk]),
-        Op::Upsert => (
+    let key = rec
+        .key
+        .ok_or_else(|| Error::bad_record("no key: the company sink keys rows by the record key"))?;
+    let pk = Value::from(text("key", key)?);
+    Ok(match rec.value {
+        None => (Op::Delete, vec![pk]),
+        Some(row) => (
             Op::Upsert,
             vec![
                 pk,
-                Value::from(
-                    change
-                        .data
-                        .ok_or_else(|| Error::bad_record("upsert without `data`"))?
-                        .get(),
-                ),
+                Value::from(text("value", row)?),
                 Value::from(r.idempotency_key),
                 Value::from(rec.topic),
                 Value::from(rec.partition),
@@ -392,6 +359,13 @@ fn change_row(r: &SinkRecord<'_>) -> Result<(Op, Vec<Value>), Error> {
             ],
         ),
     })
+}
+
+/// `bytes` as UTF-8 text (the map stage writes JSON), else a bad record
+/// naming the field (`key` or `value`).
+fn text<'a>(field: &str, bytes: &'a [u8]) -> Result<&'a str, Error> {
+    std::str::from_utf8(bytes)
+        .map_err(|e| Error::bad_record(format!("the record {field} is not UTF-8 text: {e}")))
 }
 
 sluice_guest::export!(map: Company, sink: CompanySink);
@@ -416,7 +390,7 @@ mod tests {
         ]);
         assert_eq!(
             value(&m, 0),
-            r#"{"op":"upsert","database":"shop","table":"company","pk":{"id":1},"data":{"id":1,"v":999999999999.999998,"d":"0000-00-00 00:00:00"},"ts":1}"#
+            r#"{"id":1,"v":999999999999.999998,"d":"0000-00-00 00:00:00"}"#
         );
         assert_eq!(m.outputs[0].key.as_deref(), Some(&br#"{"id":1}"#[..]));
     }
@@ -466,7 +440,7 @@ mod tests {
             m.outputs[0].key.as_deref(),
             Some(&br#"{"code":"A","region":2}"#[..])
         );
-        assert!(value(&m, 0).starts_with(r#"{"op":"delete""#));
+        assert_eq!(m.outputs[0].value, None, "a delete is a tombstone");
     }
 
     #[test]
@@ -483,6 +457,63 @@ mod tests {
         let idx: Vec<u32> = m.rejected.iter().map(|r| r.0).collect();
         assert_eq!(idx, vec![3, 4, 5]);
         assert!(m.rejected[0].1.contains("without `data`"));
+    }
+
+    #[test]
+    fn the_sink_takes_key_and_value_as_they_are() {
+        let mut r = Record::with_value("maxwell", 3, 42, br#"{"id":1,"v":1.10}"#);
+        r.key = Some(br#"{"id":1}"#);
+        r.timestamp = 1_700_000_000_123;
+        let rec = SinkRecord {
+            idempotency_key: "maxwell/3/42",
+            record: r.clone(),
+        };
+        let (op, row) = change_row(&rec).unwrap();
+        assert_eq!(op, Op::Upsert);
+        assert_eq!(
+            row,
+            vec![
+                Value::from(r#"{"id":1}"#),
+                Value::from(r#"{"id":1,"v":1.10}"#),
+                Value::from("maxwell/3/42"),
+                Value::from("maxwell"),
+                Value::Integer(3),
+                Value::Integer(42),
+                Value::Integer(1_700_000_000_123),
+            ]
+        );
+
+        let tombstone = SinkRecord {
+            record: Record {
+                value: None,
+                ..r.clone()
+            },
+            ..rec.clone()
+        };
+        assert_eq!(
+            change_row(&tombstone).unwrap(),
+            (Op::Delete, vec![Value::from(r#"{"id":1}"#)])
+        );
+
+        let keyless = SinkRecord {
+            record: Record {
+                key: None,
+                ..r.clone()
+            },
+            ..rec.clone()
+        };
+        let e = change_row(&keyless).unwrap_err().to_string();
+        assert!(e.contains("no key"), "{e}");
+
+        let binary = SinkRecord {
+            record: Record {
+                value: Some(b"\xff"),
+                ..r
+            },
+            ..rec
+        };
+        let e = change_row(&binary).unwrap_err().to_string();
+        assert!(e.contains("value is not UTF-8"), "{e}");
     }
 
     #[test]
