@@ -6,7 +6,7 @@ medians of wall time, the stage times summed over all batches and CPU time
 Usage: N=7 PLUGIN=passthrough|company python3 bench/ab.py HOST_A HOST_B ...
 (release helpers, plugins and Tansu as built by bench/run.sh; EVENTS and
 PARTITIONS as in bench/run.py; BATCH is --max-records-per-partition,
-default 20000). A HOST given as `HOST@DIR` runs
+default 20000; ARGS, split on spaces, is added to every `host run`). A HOST given as `HOST@DIR` runs
 `DIR/<PLUGIN>.wasm` instead of the release build's, so a plugin can be
 compared too (`old/host@old old/host@new` times two builds of one plugin
 under one host)."""
@@ -31,6 +31,7 @@ with R.Mock() as b:
             ck = f"{work}/ck{i}{tag}"
             args = [binary, "run", "--brokers", b.bootstrap, "--topic", "maxwell", "--checkpoint", ck, "--plugin", f"{wasm}/{plugin}.wasm", "--until-caught-up", "--progress", "json", "--max-records-per-partition", BATCH, "--trigger-interval", "10ms"]
             if plugin == "company": args += ["--sink-db", f"sqlite:{work}/db{i}{tag}.db"]
+            args += os.environ.get("ARGS", "").split()
             t0 = time.perf_counter()
             r0 = os.times()
             p = subprocess.run(["/usr/bin/time", "-f", "TIME %M"] + args, capture_output=True, text=True, env=dict(os.environ, RUST_LOG="warn"))
