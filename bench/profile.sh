@@ -6,7 +6,8 @@
 # (cpu-clock: works where hardware counters are not exposed) and prints the
 # top functions of each. Not part of the test run.
 #
-# Environment: EVENTS (default 60000), PARTITIONS (default 6), TOP (default
+# Environment: EVENTS (default 60000), PARTITIONS (default 6), BATCH
+# (--max-records-per-partition, default 20000), TOP (default
 # 25 lines), OUT (default target/profile) for the perf.data files.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,13 +24,13 @@ W=target/wasm32-wasip2/release
 mkdir -p "$OUT"
 coproc MB { "$R/mock-broker" maxwell "$PARTS"; }
 # The broker stops when its stdin closes; kill it if this script fails.
-trap 'kill "$MB_PID" 2>/dev/null || true' EXIT
+trap 'kill "${MB_PID:-}" 2>/dev/null || true' EXIT
 read -r BOOT <&"${MB[0]}"
 "$R/produce" "$BOOT" maxwell "$PARTS" "$EVENTS" "$OUT/expected.json" >/dev/null
 for row in passthrough company; do
   rm -rf "$OUT/ck-$row" "$OUT/sink-$row.db"*
   args=(run --brokers "$BOOT" --topic maxwell --checkpoint "$OUT/ck-$row" --plugin "$W/$row.wasm"
-        --until-caught-up --progress json --max-records-per-partition 20000 --trigger-interval 10ms)
+        --until-caught-up --progress json --max-records-per-partition "${BATCH:-20000}" --trigger-interval 10ms)
   [ "$row" = company ] && args+=(--sink-db "sqlite:$OUT/sink-$row.db")
   SLUICE_PERF_MAP=1 RUST_LOG=warn perf record -q -e cpu-clock -F 4000 -g -o "$OUT/$row.data" \
     "$R/host" "${args[@]}" > "$OUT/$row.progress.jsonl"
