@@ -127,7 +127,10 @@ fn company_maps_every_kind_of_maxwell_event() {
 
 #[test]
 fn lines_format_and_chained_stages() {
-    let input = write_input(&[maxwell("insert", Some(r#"{"id":5}"#), ""), "".to_string()]);
+    let input = write_input(&[
+        maxwell("insert", Some(r#"{"id":5,"name":"Acme"}"#), ""),
+        "".to_string(),
+    ]);
     let out = host(&[
         "test",
         "--plugin",
@@ -142,8 +145,11 @@ fn lines_format_and_chained_stages() {
     let got = json_lines(&out);
     assert_eq!(got.len(), 2, "{got:?}");
     assert_eq!(got[0]["idempotency_key"], "test/0/0");
-    assert_eq!(got[0]["key"], r#"{"id":5}"#);
-    assert_eq!(got[0]["value"], r#"{"id":5}"#);
+    assert_eq!(got[0]["key"], r#"{"id":5}"#, "the key is the primary key");
+    assert_eq!(
+        got[0]["value"], r#"{"id":5,"name":"Acme"}"#,
+        "the value is the row"
+    );
     assert_eq!(got[1]["type"], "bad_record", "an empty line is not JSON");
 }
 

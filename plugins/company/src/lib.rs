@@ -1,4 +1,4 @@
-//! `company`: Maxwell CDC events of one table → change records.
+//! `company`: Maxwell CDC events of one table → upsert records.
 //!
 //! Input: Maxwell's daemon JSON (<https://maxwells-daemon.io/dataformat/>),
 //! one event per Kafka record, e.g.
@@ -23,13 +23,14 @@
 //! - key: the primary key object, e.g. `{"id":1}`, from the key's `pk.*`
 //!   fields when present, else `data.id`;
 //! - value: for an `upsert`, the row (`data`) itself; for a `delete`,
-//!   none (a tombstone), so a compacted output topic keeps exactly the
-//!   current rows.
+//!   none (a tombstone).
 //!
 //! `data` and every `pk` value are the source bytes, unchanged
 //! (`999999999999.999998` and `"0000-00-00 00:00:00"` survive exactly).
 //! Maxwell's `database`, `table` and `ts` are not carried: the table is
 //! the configured one, and the sink stamps rows with the Kafka timestamp.
+//! Maxwell's `old` is not read either, so an `update` that changes the
+//! primary key upserts the new key and leaves the old key's row in place.
 //!
 //! Sink stage (uses the host's `sql` capability): keeps table `companies`
 //! (config `sink_table`) current — one row per primary key with the row
@@ -177,7 +178,8 @@ fn primary_key<'a>(key: Option<&'a Object<'a>>, data: &'a RawValue) -> Result<Ob
     Ok(pk)
 }
 
-/// The company sink stage: applies change records to a SQL table.
+/// The company sink stage: applies upsert records (key = primary key,
+/// value = row, tombstone = delete) to a SQL table.
 pub struct CompanySink {
     create: String,
     upsert: String,
