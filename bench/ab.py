@@ -6,8 +6,8 @@ medians of wall time, the stage times summed over all batches and CPU time
 Usage: N=7 PLUGIN=passthrough|company python3 bench/ab.py HOST_A HOST_B ...
 (release helpers, plugins and Tansu as built by bench/run.sh; EVENTS and
 PARTITIONS as in bench/run.py; BATCH is --max-records-per-partition,
-default 20000; ARGS, split on spaces, is added to every `host run`). A HOST given as `HOST@DIR` runs
-`DIR/<PLUGIN>.wasm` instead of the release build's, so a plugin can be
+default 20000; ARGS, split on spaces, is added to every `host run`). A
+HOST given as `HOST@DIR` runs `DIR/<PLUGIN>.wasm` instead of the release build's, so a plugin can be
 compared too (`old/host@old old/host@new` times two builds of one plugin
 under one host)."""
 import sys, os, subprocess, time, json, tempfile, statistics
