@@ -506,7 +506,7 @@ fn a_rolling_upgrade_tags_each_record_with_exactly_one_version() {
         &mock,
         &db,
         &member_args(&mock, &db, "g4", &["--plugin", &tag("tag_v1")]),
-        &member_args(&mock, &db, "g4", &["--plugin", &tag("tag_v2")]),
+        &member_args(&mock, &db, "g4", &["--plugin", &tag("tag_v2"), "--upgrade"]),
         None,
     );
     let values = db.sorted_texts("SELECT value FROM seen");
@@ -601,6 +601,107 @@ fn a_group_swap_reaches_every_member_at_a_batch_boundary() {
         Some(0),
         "{status}"
     );
+}
+
+/// Plugin authority: after `host group swap` to `tag-v2`, a member
+/// restarted with the command line it had before the swap (`--plugin
+/// tag-v1`, as a service manager would) is refused with the commands to
+/// run and does not put the group back on v1; a member started without
+/// `--plugin` runs v2; `--upgrade` makes the given plugins the group's
+/// on purpose.
+#[test]
+fn a_member_restarted_with_pre_swap_plugins_does_not_roll_the_group_back() {
+    let db = Db::sqlite();
+    let mock = Mock::new();
+    mock.create_topic("events", 6);
+    let tag = |v: &str| plugin(v).display().to_string();
+    let v1_args = member_args(&mock, &db, "g12", &["--plugin", &tag("tag_v1")]);
+    let a = HostProcess::start(&v1_args);
+    produce(&mock, "events", 0, 120, 6);
+    let within = Duration::from_secs(60);
+    wait_for_count(&db, 120, "the v1 member applies", within, &[&a]);
+    let (code, out) = group_cmd(
+        "swap",
+        &db,
+        "g12",
+        &["--plugin", &tag("tag_v2"), "--stage", "map"],
+    );
+    assert_eq!(
+        code,
+        Some(0),
+        "{out}
+{}",
+        a.log()
+    );
+    let mut a = a;
+    assert_eq!(a.term(), Some(0), "{}", a.log());
+
+    // The pre-swap command line again: refused, nothing applied by v1.
+    let mut again = v1_args.clone();
+    again.push("--until-caught-up".into());
+    produce(&mock, "events", 120, 120, 6);
+    let refs: Vec<&str> = again.iter().map(String::as_str).collect();
+    let out = crate::support::host(&refs);
+    let said = crate::support::stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    for needle in [
+        "group g12 runs",
+        "host group swap` 1",
+        "--upgrade",
+        "without --plugin",
+    ] {
+        assert!(said.contains(needle), "{needle:?} not in: {said}");
+    }
+    assert_eq!(counted(&db), 120, "the refused member applied records");
+
+    // Without --plugin: the group's plugins, v2.
+    let mut plain = Vec::new();
+    let mut it = member_args(&mock, &db, "g12", &[]).into_iter();
+    while let Some(a) = it.next() {
+        if a == "--plugin" {
+            it.next();
+        } else {
+            plain.push(a);
+        }
+    }
+    let b = HostProcess::start(&plain);
+    wait_for_count(
+        &db,
+        240,
+        "the member without --plugin applies",
+        within,
+        &[&b],
+    );
+    let mut b = b;
+    assert_eq!(b.term(), Some(0), "{}", b.log());
+    let values = db.sorted_texts("SELECT value FROM seen");
+    for i in 120..240 {
+        assert!(
+            values.contains(&format!("v2:v{i}")),
+            "record {i}, applied after the swap, is not v2: {values:?}"
+        );
+    }
+
+    // --upgrade: on purpose, the group goes back to v1.
+    let mut upgrade = v1_args.clone();
+    upgrade.extend(["--upgrade".to_string(), "--until-caught-up".to_string()]);
+    produce(&mock, "events", 240, 60, 6);
+    let refs: Vec<&str> = upgrade.iter().map(String::as_str).collect();
+    let out = crate::support::host(&refs);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        crate::support::stderr(&out)
+    );
+    assert_exactly_once(&db, 300);
+    let values = db.sorted_texts("SELECT value FROM seen");
+    for i in 240..300 {
+        assert!(
+            values.contains(&format!("v1:v{i}")),
+            "record {i}, applied after --upgrade, is not v1"
+        );
+    }
 }
 
 /// `host group reset`: refused while a member is live; with --force and

@@ -44,6 +44,15 @@ pub struct RunArgs {
     /// then apply every record.
     #[arg(long)]
     pub allow_shared_sink: bool,
+    /// In a pipeline group: make these --plugin files the group's plugins
+    /// although the group runs others (a rolling upgrade: members started
+    /// later without --plugin take them; running members keep theirs).
+    /// Without it a member whose --plugin files differ from the group's
+    /// is refused, so a restart with old files never undoes a swap. A
+    /// single host (--checkpoint) takes a differing --plugin as an
+    /// upgrade already.
+    #[arg(long)]
+    pub upgrade: bool,
     /// Queue for the checkpoint lock instead of failing when another
     /// process owns it (optionally at most this long) [default: 1h].
     #[arg(long, value_name = "TIMEOUT", num_args = 0..=1, default_missing_value = "1h", value_parser = parse_duration)]
@@ -68,6 +77,7 @@ pub fn pipeline(args: &RunArgs) -> Result<PipelineConfig, CliError> {
     let mut cfg = settings::resolve(merged, &args.config)?;
     cfg.allow_fingerprint_change = args.allow_fingerprint_change;
     cfg.allow_shared_sink = args.allow_shared_sink;
+    cfg.upgrade = args.upgrade;
     cfg.wait = args
         .wait
         .map(|d| settings::within("--wait", d, settings::WAIT, settings::show_duration))
@@ -169,7 +179,10 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
         Err(e) => {
             let code = if e.is_owned() || matches!(e, engine::EngineError::Takeover(_)) {
                 ExitCode::Owned
-            } else if matches!(e, engine::EngineError::Config(_))
+            } else if matches!(
+                e,
+                engine::EngineError::Config(_) | engine::EngineError::PluginAuthority { .. }
+            )
                 // A SQLite file that cannot be opened or created is a path
                 // the user gave, not a database that is down.
                 || matches!(&e, engine::EngineError::SinkDb { url, .. } if url.starts_with("sqlite:"))

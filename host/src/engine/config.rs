@@ -113,6 +113,9 @@ pub struct PipelineConfig {
     /// Start although the sink database holds another pipeline's progress
     /// on the same topics (`--allow-shared-sink`).
     pub allow_shared_sink: bool,
+    /// `--upgrade`: a group member's `plugins` replace the group's current
+    /// ones (without it, differing plugins are refused).
+    pub upgrade: bool,
     /// Wait this long for the checkpoint lock.
     pub wait: Option<Duration>,
     /// Bound on each broker operation (metadata, watermarks, fetch).
@@ -243,6 +246,7 @@ impl PipelineConfig {
             retention: crate::checkpoint::DEFAULT_RETENTION,
             allow_fingerprint_change: false,
             allow_shared_sink: false,
+            upgrade: false,
             wait: None,
             kafka_timeout: Duration::from_secs(30),
             attempts: 3,

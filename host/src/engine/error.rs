@@ -141,6 +141,21 @@ pub enum EngineError {
     /// Inconsistent configuration.
     #[error("{0}")]
     Config(String),
+    /// A group member brought other plugins than the group runs, without
+    /// `--upgrade` (DESIGN.md, "Plugin authority").
+    #[error(
+        "group {group} runs [{current}]{by}, and this member was started with [{given}]. Start it without --plugin to run the group's plugins; to make these the group's plugins, either swap every running member at a batch boundary (`host group swap --sink-db URL --group {group} --plugin FILE`) or start this member with --upgrade (a rolling upgrade: members that start later take them, running members keep theirs until they stop)"
+    )]
+    PluginAuthority {
+        /// The group.
+        group: String,
+        /// The group's current plugins (stage and digest prefix).
+        current: String,
+        /// What set them, when known (` (set by host group swap N …)`).
+        by: String,
+        /// The plugins this member was started with.
+        given: String,
+    },
     /// `--takeover` gave up; the checkpoint was not touched.
     #[error("takeover: {0}")]
     Takeover(String),

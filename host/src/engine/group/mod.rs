@@ -37,7 +37,7 @@ use super::config::StartingOffsets;
 use super::policy::on_data_loss;
 use super::progress::{Progress, ms};
 use super::revoke::{DRAIN_WAIT, Revocations};
-use super::stages::{assemble, load_plugins};
+use super::stages::{assemble, load_plugins, show_refs};
 use super::{EngineError, PipelineConfig, RunSummary};
 
 mod swap;
@@ -298,11 +298,7 @@ pub fn run_group(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSumma
             })
     };
     let loaded = load_plugins(cfg, &runtime, &recorded, &stored)?;
-    for (_, bytes) in &loaded {
-        store.store_plugin(bytes)?;
-    }
     let mut stages = assemble(cfg, &loaded, &recorded, Some(&grant))?;
-    drop(loaded);
     if !cfg.plugins.is_empty() {
         let current = store.join(&fingerprint, &stages.refs)?;
         let has_sink = |refs: &[crate::checkpoint::PluginRef]| {
@@ -314,18 +310,44 @@ pub fn run_group(cfg: &PipelineConfig, stop: Arc<AtomicBool>) -> Result<RunSumma
                 "group {group} runs a sink stage and this member's plugins have none: it would record records as applied without writing them. Give it the group's sink plugin (or start it without --plugin to take the group's plugins)"
             )));
         }
-        if current != stages.refs {
-            tracing::warn!(
+        if !current.is_empty() && current != stages.refs {
+            // The group's plugins are its own (a swap, an earlier
+            // upgrade): a member restarted with older files must not put
+            // the group back on them unasked.
+            if !cfg.upgrade {
+                let by = match store.latest_swap()? {
+                    Some(s) if s.plugins == current => format!(
+                        " (set by `host group swap` {}, asked by {})",
+                        s.id, s.requested_by
+                    ),
+                    _ => String::new(),
+                };
+                return Err(EngineError::PluginAuthority {
+                    group: group.clone(),
+                    current: show_refs(&current),
+                    by,
+                    given: show_refs(&stages.refs),
+                });
+            }
+            tracing::info!(
                 group,
-                "this member brings other plugins than the group's current ones (a rolling upgrade): {:?} instead of {:?}; members that start without --plugin take these from now on, and running members keep theirs. If the group's plugins came from `host group swap`, this undoes that swap for new members: start members without --plugin to run the group's current plugins",
-                stages.refs.iter().map(|r| &r.digest).collect::<Vec<_>>(),
-                current.iter().map(|r| &r.digest).collect::<Vec<_>>()
+                "rolling upgrade (--upgrade): the group's plugins become [{}] instead of [{}]; members that start without --plugin take these from now on, and running members keep theirs until they stop",
+                show_refs(&stages.refs),
+                show_refs(&current)
             );
+        }
+        // Stored before they become the group's: a member that starts
+        // without --plugin reads them from the store.
+        for (_, bytes) in &loaded {
+            store.store_plugin(bytes)?;
+        }
+        if current != stages.refs {
             store.set_plugins(&stages.refs)?;
         }
     } else {
         tracing::info!(group, "running the group's current plugins");
     }
+    drop(loaded);
     let owner = format!("pid {} on {}", std::process::id(), crate::util::hostname());
     let driver = Arc::new(
         SinkDriver::new(Some(grant.clone()))
