@@ -289,3 +289,27 @@ impl PluginError {
         )
     }
 }
+
+/// The trap of a call that asked WASI to wait past the call's deadline
+/// (a sleep, or a timer it polls): the epoch deadline cannot interrupt a
+/// host call, so the wait is refused when it is asked for, not served.
+#[derive(Debug)]
+pub(crate) struct WaitPastDeadline {
+    /// The wait asked for.
+    pub(crate) asked: Duration,
+    /// What was left of the call's deadline.
+    pub(crate) left: Duration,
+}
+
+impl std::fmt::Display for WaitPastDeadline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "a WASI sleep of {} ms would pass the call's deadline ({} ms left)",
+            self.asked.as_millis(),
+            self.left.as_millis()
+        )
+    }
+}
+
+impl std::error::Error for WaitPastDeadline {}

@@ -19,7 +19,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxBuilder};
 use super::bindings::exports::sluice::plugin::{mapper, sink};
 use super::bindings::sluice::plugin::types;
 use super::contract::{BadRecord, CallContext, MapResult, OpenAnswer, PartitionContext};
-use super::imports::{LogBudget, SharedLogBudget};
+use super::log_budget::{LogBudget, SharedLogBudget};
 use super::{EPOCH_TICK, Exports, Limits, PluginError, StageFailure, TrapKind, Trapped};
 use crate::capability::sql::SqlGrant;
 
@@ -391,7 +391,7 @@ impl Instance {
                 requested: requested as u64,
             }
         } else {
-            let wait = e.downcast_ref::<super::imports::WaitPastDeadline>();
+            let wait = e.downcast_ref::<super::error::WaitPastDeadline>();
             match e.downcast_ref::<Trap>() {
                 _ if let Some(w) = wait => TrapKind::WaitPastDeadline {
                     limit: self.limits.call_timeout,

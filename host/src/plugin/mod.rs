@@ -19,6 +19,7 @@ mod contract;
 mod error;
 mod imports;
 mod instance;
+mod log_budget;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -42,9 +42,7 @@ use crate::plugin::{Instance, OpenAnswer, PartitionContext, PluginError, StageFa
 use tables::HostTables;
 pub use tables::OtherPipeline;
 
-/// How long the driver keeps reconnecting after losing the sink database
-/// (`--sink-retry-for`).
-pub const DEFAULT_RECONNECT_FOR: std::time::Duration = std::time::Duration::from_secs(300);
+pub use crate::capability::sql::DEFAULT_RECONNECT_FOR;
 
 /// Records per `sink.write` call.
 const CHUNK_RECORDS: usize = 2000;

@@ -119,6 +119,10 @@ impl DbError {
     }
 }
 
+/// How long a lost sink database connection is reconnected before the
+/// job stops (`--sink-retry-for`): 300 s.
+pub const DEFAULT_RECONNECT_FOR: std::time::Duration = std::time::Duration::from_secs(300);
+
 /// Most rows one query returns (a plugin's query results are collected
 /// in host memory, outside the plugin's memory cap).
 pub const QUERY_ROWS: usize = 100_000;

@@ -213,7 +213,7 @@ impl GroupStore {
                     &format!(
                         "SELECT plugins FROM {} WHERE group_name = $1{}",
                         self.tables.groups,
-                        super::for_update(b)
+                        super::fence::for_update(b)
                     ),
                     &[SqlValue::Text(self.group.clone())],
                 )

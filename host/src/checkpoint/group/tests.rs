@@ -1,7 +1,8 @@
 //! The group store on real SQLite and PostgreSQL databases.
 
 use super::*;
-use crate::checkpoint::StageKind;
+use crate::capability::sql::{self, Dialect, SqlValue};
+use crate::checkpoint::{Fingerprint, StageKind};
 
 fn urls(dir: &std::path::Path) -> Vec<String> {
     sql::test_databases(dir, "group.db")

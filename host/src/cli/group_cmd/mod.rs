@@ -10,6 +10,7 @@ use crate::capability::sql::{self, SqlGrant};
 use crate::checkpoint::group::GroupStore;
 use crate::checkpoint::{Fingerprint, PluginRef};
 
+mod reset;
 mod status;
 mod swap;
 
@@ -32,7 +33,7 @@ pub enum GroupCommand {
     /// abandoned, each partition's owner epoch goes up, and the reset is
     /// recorded in `sluice_group_resets`. Refused while members are live
     /// (unless --force).
-    Reset(super::reset::group::GroupResetArgs),
+    Reset(reset::GroupResetArgs),
 }
 
 /// Which group, in which database.
@@ -117,6 +118,6 @@ pub fn run(cmd: GroupCommand) -> Result<(), CliError> {
     match cmd {
         GroupCommand::Status(a) => status::status(a),
         GroupCommand::Swap(a) => swap::swap(a),
-        GroupCommand::Reset(a) => super::reset::group::run(a),
+        GroupCommand::Reset(a) => reset::run(a),
     }
 }

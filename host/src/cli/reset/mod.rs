@@ -15,9 +15,8 @@
 //! was recreated (its re-run would be refused): the reset then abandons
 //! it with an empty, noted commit entry.
 
-pub(super) mod group;
 mod rows;
-mod targets;
+pub(super) mod targets;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -306,7 +305,9 @@ pub fn run(a: ResetArgs) -> Result<(), CliError> {
 }
 
 /// `--config kafka.NAME=VALUE` pairs as librdkafka properties.
-fn kafka_properties(config: &[(String, String)]) -> Result<BTreeMap<String, String>, CliError> {
+pub(super) fn kafka_properties(
+    config: &[(String, String)],
+) -> Result<BTreeMap<String, String>, CliError> {
     let mut kafka = BTreeMap::new();
     for (k, v) in config {
         let Some(name) = k.strip_prefix("kafka.") else {
@@ -356,7 +357,7 @@ fn lock(a: &ResetArgs) -> Result<Option<DirCheckpoint>, CliError> {
 
 /// The topics `--topic` names (each must be one of the checkpoint's
 /// `all`), or all of them.
-fn moving_topics(given: &[String], all: &[String]) -> Result<Vec<String>, CliError> {
+pub(super) fn moving_topics(given: &[String], all: &[String]) -> Result<Vec<String>, CliError> {
     if let Some(t) = given.iter().find(|t| !all.contains(t)) {
         return Err(anyhow!(
             "topic `{t}` is not in this checkpoint (its topics: {})",

@@ -13,7 +13,7 @@ use crate::source::KafkaSource;
 
 /// Where `--to` moves the partitions.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Target {
+pub(in crate::cli) enum Target {
     /// Each partition's log start.
     Earliest,
     /// Each partition's high watermark.
@@ -37,7 +37,7 @@ impl std::fmt::Display for Target {
 
 impl Target {
     /// Parse `--to`.
-    pub(super) fn parse(to: &str) -> Result<Self, CliError> {
+    pub(in crate::cli) fn parse(to: &str) -> Result<Self, CliError> {
         if let Some(json) = to.strip_prefix("offsets:") {
             return Ok(Target::Offsets(json.to_string()));
         }
@@ -76,14 +76,14 @@ pub(super) fn positions(s: &checkpoint::Status) -> BTreeMap<(String, i32), i64> 
 }
 
 /// What the broker says now, per topic.
-pub(super) struct Broker {
+pub(in crate::cli) struct Broker {
     pub(super) identity: BTreeMap<String, TopicIdentity>,
     /// `(log start, high watermark)` per partition.
     pub(super) watermarks: BTreeMap<(String, i32), (i64, i64)>,
     pub(super) source: KafkaSource,
 }
 
-pub(super) fn ask_broker(
+pub(in crate::cli) fn ask_broker(
     brokers: &str,
     kafka: &BTreeMap<String, String>,
     topics: &[String],
@@ -118,7 +118,7 @@ pub(super) fn ask_broker(
 /// (every partition the broker reports for a recreated topic, which starts
 /// at its log start unless `offsets:JSON` names it), the current position
 /// for every other partition.
-pub(super) fn targets(
+pub(in crate::cli) fn targets(
     to: &Target,
     broker: Option<&Broker>,
     moving: &[String],

@@ -24,9 +24,9 @@ use std::collections::BTreeMap;
 use anyhow::anyhow;
 use clap::Args;
 
-use super::targets::{Target, ask_broker, targets};
-use super::{kafka_properties, moving_topics};
-use crate::cli::group_cmd::GroupDb;
+use super::GroupDb;
+use crate::cli::reset::targets::{Target, ask_broker, targets};
+use crate::cli::reset::{kafka_properties, moving_topics};
 use crate::cli::{CliError, ExitCode, WithCode};
 use crate::sink::SinkDriver;
 use crate::sink::applied::AppliedSet;
