@@ -1,5 +1,7 @@
 //! Unit tests of the SQL capability on real SQLite and PostgreSQL databases.
 
+use super::session::{APPROVED_CAP, APPROVED_MAX_LEN};
+use super::sqlite::Sqlite;
 use super::*;
 
 /// The first keyword, as the SQLite guard reads it.

@@ -34,6 +34,11 @@
 //! - The store uses a connection of its own: claims come from the
 //!   consumer's rebalance while a part's transaction may be open on the
 //!   sink's connection.
+//!
+//! Files: this one holds the errors and row types; `tables` the table
+//! names and their creation, `fence` claim and fencing on a partition's
+//! row inside the caller's transaction, `store` the [`GroupStore`],
+//! `members` the members' rows and the swaps.
 
 mod fence;
 mod members;
