@@ -10,8 +10,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sluice_host::checkpoint::{
-    Checkpoint, CommitEntry, Counts, DirCheckpoint, OffsetsEntry, OpenOptions, PartitionRange,
-    Recovery, Timings,
+    CommitEntry, Counts, DirCheckpoint, OffsetsEntry, OpenOptions, PartitionRange, Recovery,
+    Timings,
 };
 use sluice_host::util::now_ms;
 

@@ -704,6 +704,71 @@ fn a_member_restarted_with_pre_swap_plugins_does_not_roll_the_group_back() {
     }
 }
 
+/// A group whose topic was deleted and created again (here: the same
+/// name on another cluster, a new topic id, as the single-host test does
+/// on the mock cluster) is refused before anything of the new topic is
+/// read: the group's store records the identity its positions belong to,
+/// as a checkpoint directory does. The advised `host group reset` then
+/// lets a member apply the new topic once.
+#[test]
+fn a_group_refuses_a_recreated_topic_before_reading_and_the_advised_reset_moves_it_on() {
+    let db = Db::sqlite();
+    let old = Mock::new();
+    old.create_topic("events", 2);
+    produce(&old, "events", 0, 10, 2);
+    let mut args = member_args(&old, &db, "g13", &["--until-caught-up"]);
+    let out = crate::support::host(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        crate::support::stderr(&out)
+    );
+    assert_exactly_once(&db, 10);
+
+    let new = Mock::new();
+    new.create_topic("events", 2);
+    produce(&new, "events", 100, 16, 2);
+    let at = args.iter().position(|a| a == "--brokers").unwrap();
+    args[at + 1] = new.bootstrap();
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = crate::support::host(&refs);
+    let err = crate::support::stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("was deleted and created again"), "{err}");
+    assert!(err.contains("topic id"), "{err}");
+    assert_eq!(db.counted(), 10, "nothing of the new topic applied: {err}");
+
+    // The advice, as printed.
+    let start = err
+        .find("with `host group reset ")
+        .unwrap_or_else(|| panic!("no reset advice in: {err}"))
+        + "with `".len();
+    let cmd = &err[start..start + err[start..].find('`').unwrap()];
+    let words: Vec<&str> = cmd.split_whitespace().collect();
+    let reset = crate::support::host(&words[1..]);
+    assert!(
+        reset.status.success(),
+        "`{cmd}`: {}{}",
+        String::from_utf8_lossy(&reset.stdout),
+        crate::support::stderr(&reset)
+    );
+    let out = crate::support::host(&refs);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        crate::support::stderr(&out)
+    );
+    // The new topic's offsets (and so its idempotency keys) repeat the old
+    // one's: count by value.
+    assert_eq!(db.counted(), 26);
+    let mut values = db.sorted_texts("SELECT value FROM seen");
+    assert_eq!(values.len(), 26, "{values:?}");
+    values.dedup();
+    assert_eq!(values.len(), 26, "a record applied twice: {values:?}");
+}
+
 /// `host group reset`: refused while a member is live; with --force and
 /// --reapply a running member is fenced, claims again and applies from the
 /// new position; forward, the records jumped over are recorded as never

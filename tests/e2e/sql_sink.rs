@@ -130,6 +130,7 @@ fn apply_counter_in(
     driver.apply(
         Some(&mut inst),
         &PartitionBatch {
+            epoch: sluice_host::checkpoint::Epoch::new(epoch),
             range: range("q1", batch, epoch, "t", 0, start, end),
             records: &v,
             dead_letters: &[],
@@ -371,6 +372,7 @@ fn a_resumed_range_stores_only_the_dead_letters_past_the_applied_part() {
             .apply(
                 Some(&mut inst),
                 &PartitionBatch {
+                    epoch: sluice_host::checkpoint::Epoch::new(1),
                     range: range("q1", 3, 1, "t", 0, 0, 3),
                     records: &views("t", 0, &first),
                     dead_letters: &[dead(1)],
@@ -385,6 +387,7 @@ fn a_resumed_range_stores_only_the_dead_letters_past_the_applied_part() {
             .apply(
                 Some(&mut inst),
                 &PartitionBatch {
+                    epoch: sluice_host::checkpoint::Epoch::new(2),
                     range: range("q1", 3, 2, "t", 0, 0, 6),
                     records: &views("t", 0, &all),
                     dead_letters: &[dead(1), dead(4)],
@@ -507,6 +510,7 @@ fn a_part_waiting_on_another_sessions_lock_is_applied_again_until_it_is_free() {
     let applied = driver.apply(
         Some(&mut inst),
         &PartitionBatch {
+            epoch: sluice_host::checkpoint::Epoch::new(1),
             range: range("q1", 1, 1, "t", 0, 100, 130),
             records: &v,
             dead_letters: &[],
@@ -709,6 +713,7 @@ fn dead_letters_are_stored_with_original_bytes_once() {
             stage: 0,
         }];
         let batch = PartitionBatch {
+            epoch: sluice_host::checkpoint::Epoch::new(1),
             range: range("q1", 0, 1, "t", 0, 0, 4),
             records: &v,
             dead_letters: &dl,
@@ -892,6 +897,7 @@ fn map_and_sink(
     driver.apply(
         Some(&mut sink),
         &PartitionBatch {
+            epoch: sluice_host::checkpoint::Epoch::new(1),
             range: range("q", 0, 1, topic, partition, start, end),
             records: &recs,
             dead_letters: &[],
@@ -990,6 +996,7 @@ fn the_guest_reaches_the_database_only_through_the_capability() {
         .apply(
             Some(&mut inst),
             &PartitionBatch {
+                epoch: sluice_host::checkpoint::Epoch::new(1),
                 range: range("q1", 0, 1, "t", 0, 1, 2),
                 records: &v,
                 dead_letters: &[],
@@ -1003,6 +1010,7 @@ fn the_guest_reaches_the_database_only_through_the_capability() {
         .apply(
             Some(&mut ungranted),
             &PartitionBatch {
+                epoch: sluice_host::checkpoint::Epoch::new(1),
                 range: range("q1", 0, 1, "t", 0, 2, 3),
                 records: &v,
                 dead_letters: &[],

@@ -13,8 +13,8 @@ use sha2::{Digest, Sha256};
 use super::entry::{self, CommitEntry, Counts, OffsetsEntry, PluginRef, Timings, TopicIdentity};
 use super::recovery::{analyze, list_ids};
 use super::{
-    Checkpoint, CheckpointError, Epoch, Fingerprint, Metadata, OpenOptions, OwnerInfo, Recovery,
-    ResetRecord, fsio, io_err, lock, trust,
+    CheckpointError, Epoch, Fingerprint, Metadata, OpenOptions, OwnerInfo, Recovery, ResetRecord,
+    fsio, io_err, lock, trust,
 };
 use crate::source::PartitionRange;
 use crate::util::now_ms;
@@ -355,32 +355,50 @@ impl DirCheckpoint {
     }
 }
 
-impl Checkpoint for DirCheckpoint {
-    fn location(&self) -> String {
+impl DirCheckpoint {
+    /// The directory, for messages.
+    pub fn location(&self) -> String {
         self.dir.display().to_string()
     }
 
-    fn query_id(&self) -> &str {
+    /// Stable id of the pipeline (a UUID v4); sinks key progress by it.
+    pub fn query_id(&self) -> &str {
         &self.metadata.query_id
     }
 
-    fn epoch(&self) -> Epoch {
+    /// Our fencing epoch, issued when it was opened.
+    pub fn epoch(&self) -> Epoch {
         self.epoch
     }
 
-    fn recovery(&self) -> &Recovery {
+    /// Where processing continues (as found when opened).
+    pub fn recovery(&self) -> &Recovery {
         &self.recovery
     }
 
-    fn topic_identities(&self) -> &BTreeMap<String, TopicIdentity> {
+    /// Topic identities of the newest offsets entry.
+    pub fn topic_identities(&self) -> &BTreeMap<String, TopicIdentity> {
         &self.topics
     }
 
-    fn last_committed(&self) -> Option<u64> {
+    /// Newest committed batch id.
+    pub fn last_committed(&self) -> Option<u64> {
         self.last_committed
     }
 
-    fn append_offsets(&mut self, entry: &OffsetsEntry) -> Result<(), CheckpointError> {
+    /// Id the next planned batch must have.
+    pub fn next_batch_id(&self) -> u64 {
+        self.last_committed.map_or(0, |c| c + 1)
+    }
+
+    /// Write the write-ahead entry of batch `entry.batch_id`, durably,
+    /// before any of its records is read.
+    ///
+    /// # Errors
+    /// [`CheckpointError::Misuse`] when the id is not the next one or the
+    /// previous batch is uncommitted; [`CheckpointError::Fenced`];
+    /// [`CheckpointError::Io`].
+    pub fn append_offsets(&mut self, entry: &OffsetsEntry) -> Result<(), CheckpointError> {
         let expected = self.next_batch_id();
         if entry.batch_id != expected || self.last_planned.is_some_and(|p| p >= expected) {
             return Err(CheckpointError::Misuse {
@@ -415,7 +433,14 @@ impl Checkpoint for DirCheckpoint {
         Ok(())
     }
 
-    fn commit(&mut self, entry: &CommitEntry) -> Result<(), CheckpointError> {
+    /// Write the commit entry of the planned batch `entry.batch_id`, after
+    /// re-checking that our epoch is still the newest.
+    ///
+    /// # Errors
+    /// [`CheckpointError::Fenced`] (nothing written),
+    /// [`CheckpointError::Misuse`] when that batch is not the planned,
+    /// uncommitted one; [`CheckpointError::Io`].
+    pub fn commit(&mut self, entry: &CommitEntry) -> Result<(), CheckpointError> {
         if self.last_planned != Some(entry.batch_id) || self.last_committed == Some(entry.batch_id)
         {
             return Err(CheckpointError::Misuse {
@@ -439,7 +464,12 @@ impl Checkpoint for DirCheckpoint {
         Ok(())
     }
 
-    fn store_plugin(&self, bytes: &[u8]) -> Result<String, CheckpointError> {
+    /// Keep a component's bytes, by SHA-256 (idempotent). Returns the
+    /// digest, lower-case hex.
+    ///
+    /// # Errors
+    /// [`CheckpointError::Io`].
+    pub fn store_plugin(&self, bytes: &[u8]) -> Result<String, CheckpointError> {
         let digest = crate::plugin::digest(bytes);
         let pdir = self.dir.join("plugins");
         match fsio::write_new(&pdir, &digest, bytes, "plugin") {
@@ -449,7 +479,11 @@ impl Checkpoint for DirCheckpoint {
         }
     }
 
-    fn load_plugin(&self, digest: &str) -> Result<(PathBuf, Vec<u8>), CheckpointError> {
+    /// Read a stored component and verify its digest.
+    ///
+    /// # Errors
+    /// [`CheckpointError::Corrupt`] when missing or altered.
+    pub fn load_plugin(&self, digest: &str) -> Result<(PathBuf, Vec<u8>), CheckpointError> {
         read_stored_plugin(&self.dir, digest)
     }
 }

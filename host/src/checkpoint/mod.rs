@@ -22,6 +22,7 @@
 //!   damage is [`CheckpointError::Corrupt`], never a silent fallback.
 
 mod dir;
+mod dir_store;
 mod entry;
 mod fsio;
 pub mod group;
@@ -41,10 +42,12 @@ use serde::{Deserialize, Serialize};
 /// it).
 pub use crate::source::PartitionRange;
 pub use dir::{DirCheckpoint, check_fingerprint, exists, read_stored_plugin};
+pub use dir_store::DirStore;
 pub use entry::{
     CommitEntry, Counts, DataLossGap, EnvelopeError, FORMAT_VERSION, OffsetsEntry, PluginRef,
     StageKind, Timings, TopicIdentity, decode,
 };
+pub use group::Planned;
 pub use lock::OwnerInfo;
 pub use status::{Status, status};
 
@@ -156,6 +159,9 @@ pub enum CheckpointError {
         /// What was wrong.
         reason: String,
     },
+    /// The sink database's store of a pipeline group.
+    #[error(transparent)]
+    Group(#[from] group::GroupError),
     /// An OS error.
     #[error("checkpoint {}: {op}: {source}", .path.display())]
     Io {
@@ -340,61 +346,152 @@ pub struct ResetRecord {
     pub sink_db: Option<String>,
 }
 
-/// A checkpoint as the batch loop sees it: claimed with a fencing epoch
-/// when opened, then write-ahead ([`Checkpoint::append_offsets`]) and
-/// commit ([`Checkpoint::commit`]) in strict alternation, plus the
-/// content-addressed plugin store. Dropping it releases the claim.
+/// Where a claimed partition continues (DESIGN.md, "Recovery" and "Claim
+/// on assign").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Start {
+    /// At this offset: the end of the last committed batch (a directory),
+    /// or the end the partition's progress row shows applied (a group).
+    At(i64),
+    /// A range planned and not committed: run it again with exactly these
+    /// bounds, so its records get the same idempotency keys.
+    Rerun(Planned),
+    /// No position yet: the planner decides (the configured starting
+    /// offsets for a new pipeline or a topic new to it, else the log
+    /// start).
+    New,
+}
+
+/// A claimed partition: the owner epoch that fences every write of it,
+/// and where reading continues.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claimed {
+    /// The fencing token of this partition for this process.
+    pub epoch: Epoch,
+    /// Where it continues.
+    pub start: Start,
+}
+
+/// A batch as the store writes it ahead and commits it.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    /// Id, ranges (one per partition planned, empty ones included),
+    /// plugins, topic identities, config digest, sink database.
+    pub entry: OffsetsEntry,
+    /// Each planned partition's owner epoch (the one its claim returned).
+    pub epochs: BTreeMap<(String, i32), Epoch>,
+    /// The ranges were planned earlier and not committed: this is their
+    /// re-run, with the same bounds.
+    pub rerun: bool,
+    /// Partitions whose start was set at the high watermark without
+    /// reading (`--starting-offsets latest`): the store records it, so
+    /// whoever holds the partition next starts there too.
+    pub started_latest: BTreeSet<(String, i32)>,
+}
+
+/// What the sink applied of a partition, as the sink database's store
+/// reads it when claiming (the sink driver owns `sluice_progress` and
+/// implements this; the store stays below it).
+pub trait AppliedProgress: Send + Sync {
+    /// The end `query_id`'s progress row on `topic/partition` shows
+    /// applied and the epoch it was written with (`None`: no row), read
+    /// on `b` inside the caller's transaction.
+    ///
+    /// # Errors
+    /// The database's.
+    fn applied_on(
+        &self,
+        b: &mut dyn crate::capability::sql::Backend,
+        query_id: &str,
+        topic: &str,
+        partition: i32,
+    ) -> Result<Option<(i64, Epoch)>, crate::capability::sql::DbError>;
+    /// Record that `topic/partition` starts at `at` (no row yet: the
+    /// offsets below `at` become a hole), fenced by `epoch`.
+    ///
+    /// # Errors
+    /// [`group::GroupError::Fenced`] when another member holds it now;
+    /// [`group::GroupError::Db`].
+    fn start_at(
+        &self,
+        query_id: &str,
+        topic: &str,
+        partition: i32,
+        epoch: Epoch,
+        at: i64,
+    ) -> Result<(), group::GroupError>;
+}
+
+/// The checkpoint seam (DESIGN.md, "One engine, two stores"): what the
+/// one batch loop needs of the store that holds a pipeline's checkpoint.
+/// [`DirStore`] (a directory, one host, one epoch for every partition)
+/// and [`group::DbStore`] (the sink database, a pipeline group, one owner
+/// epoch per partition) implement it.
 ///
-/// [`DirCheckpoint`] (a directory guarded by `flock`) is today's one
-/// implementation. The batch loop and the batch boundary use only this
-/// trait; opening is implementation-specific, and so is what startup and
-/// `--takeover` read before opening (the directory's status, fingerprint
-/// and plugin store, and the control socket and handover note that live
-/// in it). Another store (the sink database, for pipeline groups) brings
-/// its own opener and needs no change to the loop.
-///
-/// Every write checks that our epoch is still the newest and fails with
-/// [`CheckpointError::Fenced`] otherwise, writing nothing.
-pub trait Checkpoint: Send {
-    /// Where it lives, for messages (the directory today).
+/// Order: partitions are claimed ([`Checkpoint::claim`]); each batch is
+/// written ahead ([`Checkpoint::write_ahead`]) before any of its records
+/// is read, and committed ([`Checkpoint::commit`]) only after every
+/// partition's sink closed cleanly. Every write checks the epochs it
+/// carries: a store that finds a newer one writes nothing for that
+/// partition (the whole batch, for a directory) and says so.
+pub trait Checkpoint: Send + Sync {
+    /// Where it lives, for messages (the directory, or the group and
+    /// database).
     fn location(&self) -> String;
-    /// Our fencing epoch, issued when it was opened.
-    fn epoch(&self) -> Epoch;
-    /// Stable id of the pipeline's checkpoint (a UUID v4); sinks key their
-    /// progress rows by it.
+    /// The key sinks record progress under: the directory's query id (a
+    /// UUID v4), or the group's name.
     fn query_id(&self) -> &str;
-    /// Where processing continues (as found when opened).
-    fn recovery(&self) -> &Recovery;
-    /// Identity of each topic when the newest batch was planned (empty for
-    /// a new checkpoint or one written by a host before 0.3).
-    fn topic_identities(&self) -> &BTreeMap<String, TopicIdentity>;
-    /// Newest committed batch id.
+    /// The one epoch of a store claimed as a whole (a directory), `None`
+    /// when each partition has its own (a group).
+    fn epoch(&self) -> Option<Epoch>;
+    /// True when this process holds every partition of the pipeline's
+    /// topics (a directory: the planner claims each partition it
+    /// discovers); false when partitions are claimed as the group
+    /// coordinator assigns them.
+    fn holds_all(&self) -> bool;
+    /// True for a pipeline with no position yet: partitions with
+    /// [`Start::New`] start at the configured starting offsets.
+    fn is_new(&self) -> bool;
+    /// Claim `tp` for this process (`member`: its Kafka member id, empty
+    /// for a single host): its owner epoch and where it continues.
+    ///
+    /// # Errors
+    /// The store's (a group's database down, a row changed by hand).
+    fn claim(&self, tp: &(String, i32), member: &str) -> Result<Claimed, CheckpointError>;
+    /// Identity of each topic when the newest batch was planned.
+    fn topic_identities(&self) -> BTreeMap<String, TopicIdentity>;
+    /// Newest committed batch id of this store (a directory), or of this
+    /// process (a group member).
     fn last_committed(&self) -> Option<u64>;
-    /// Id the next planned batch must have.
-    fn next_batch_id(&self) -> u64 {
-        self.last_committed().map_or(0, |c| c + 1)
-    }
-    /// Write the write-ahead entry of batch `entry.batch_id`, durably,
-    /// before any of its records is read.
+    /// Id the next planned batch gets (for a re-run, the id it had).
+    fn next_batch_id(&self) -> u64;
+    /// Write `batch` ahead, durably, before any of its records is read.
+    /// A re-run's ranges were written already; a directory checks them,
+    /// a group records them under the new owner epochs.
     ///
     /// # Errors
-    /// [`CheckpointError::Misuse`] when the id is not the next one or the
-    /// previous batch is uncommitted; [`CheckpointError::Fenced`];
-    /// [`CheckpointError::Io`].
-    fn append_offsets(&mut self, entry: &OffsetsEntry) -> Result<(), CheckpointError>;
-    /// Write the commit entry of the planned batch `entry.batch_id`, after
-    /// re-checking that our epoch is still the newest.
+    /// [`CheckpointError::Fenced`] (a directory: stop);
+    /// [`CheckpointError::Group`] with [`group::GroupError::Fenced`] for a
+    /// partition another member holds now (drop it and plan again);
+    /// [`CheckpointError::Misuse`], [`CheckpointError::Io`].
+    fn write_ahead(&self, batch: &Batch) -> Result<(), CheckpointError>;
+    /// Commit `batch`, whose ranges are now applied (`done`: counts,
+    /// timings, plugins, data loss). Returns the partitions another member
+    /// took meanwhile (a group; their planned ranges are left to it).
     ///
     /// # Errors
-    /// [`CheckpointError::Fenced`] (nothing written),
-    /// [`CheckpointError::Misuse`] when that batch is not the planned,
-    /// uncommitted one; [`CheckpointError::Io`].
-    fn commit(&mut self, entry: &CommitEntry) -> Result<(), CheckpointError>;
+    /// [`CheckpointError::Fenced`], [`CheckpointError::Group`],
+    /// [`CheckpointError::Io`]; nothing is committed then.
+    fn commit(
+        &self,
+        batch: &Batch,
+        done: &CommitEntry,
+    ) -> Result<Vec<group::GroupError>, CheckpointError>;
     /// Keep a component's bytes, by SHA-256 (idempotent). Returns the
     /// digest, lower-case hex.
     ///
     /// # Errors
-    /// [`CheckpointError::Io`].
+    /// [`CheckpointError::Io`], [`CheckpointError::Group`].
     fn store_plugin(&self, bytes: &[u8]) -> Result<String, CheckpointError>;
     /// Read a stored component and verify its digest. Returns where it
     /// was read from (for messages) and its bytes.

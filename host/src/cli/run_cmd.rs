@@ -155,7 +155,7 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
             ))
             .code(ExitCode::Usage);
         }
-        engine::run_group(&cfg, stop)
+        engine::run_with(&cfg, stop, acquire)
     } else {
         engine::run_with(&cfg, stop, acquire)
     };

@@ -17,9 +17,9 @@ use crate::sink::SinkDriver;
 use crate::source::{KafkaSource, Piece, SourceRecord, TopicPartition};
 
 use super::map_threads::{MapEnv, MapPool, Mapped, map_thread};
+use super::member::revoke::Revocations;
 use super::policy::{Rejection, on_bad_record, on_data_loss};
 use super::progress::ms;
-use super::revoke::Revocations;
 use super::sink_thread::{SINK_QUEUE, SinkJob, SinkPolicy, run_sink};
 use super::stages::Stages;
 use super::{EngineError, PipelineConfig};
@@ -57,9 +57,10 @@ pub(super) struct BatchRun<'a> {
     /// Digest → file, for messages.
     files: &'a BTreeMap<String, String>,
     entry: &'a OffsetsEntry,
-    ctx: &'a CallContext,
-    /// Per-partition owner epochs of a group member ([`BatchEnv::epochs`]).
-    epochs: Option<&'a BTreeMap<TopicPartition, Epoch>>,
+    /// The call context of each range (its owner epoch included).
+    ctxs: &'a [CallContext],
+    /// Each range's owner epoch, typed (the sink fences on it).
+    epochs: &'a [Epoch],
     /// A group member's partitions dropped during the batch
     /// ([`BatchEnv::revocations`]).
     revocations: Option<&'a Revocations>,
@@ -210,7 +211,8 @@ impl BatchRun<'_> {
     fn sink_held(&mut self, i: usize, end: i64) -> Result<(), EngineError> {
         let range = &self.entry.ranges[i];
         let cfg = self.cfg;
-        let ctx = self.ctx;
+        let ctx = &self.ctxs[i];
+        let epoch = self.epochs[i];
         let counts = &mut self.counts;
         let st = &mut self.states[i];
         let start = st.sunk_to.unwrap_or(range.start);
@@ -246,17 +248,9 @@ impl BatchRun<'_> {
 
         let job = SinkJob {
             range: i,
+            epoch,
             part: crate::plugin::PartitionContext {
-                batch: match self
-                    .epochs
-                    .and_then(|e| e.get(&(range.topic.clone(), range.partition)))
-                {
-                    Some(owner) => CallContext {
-                        epoch: owner.get(),
-                        ..ctx.clone()
-                    },
-                    None => ctx.clone(),
-                },
+                batch: ctx.clone(),
                 topic: range.topic.clone(),
                 partition: range.partition,
                 start_offset: start,
@@ -295,12 +289,11 @@ pub(super) struct BatchEnv<'a> {
     pub(super) driver: &'a SinkDriver,
     /// The checkpoint's query id (in every idempotency key).
     pub(super) query_id: &'a str,
-    /// Our epoch, also when re-running a batch planned by an older owner:
-    /// sinks fence on it.
-    pub(super) epoch: Epoch,
-    /// A pipeline group's member: each partition's own owner epoch, which
-    /// its parts carry instead of `epoch` (the sink fences on it).
-    pub(super) epochs: Option<&'a BTreeMap<TopicPartition, Epoch>>,
+    /// Each planned partition's owner epoch (one for every partition of a
+    /// checkpoint directory, also when re-running a batch planned by an
+    /// older owner): its map and sink calls carry it, and the sink fences
+    /// on it.
+    pub(super) epochs: &'a BTreeMap<TopicPartition, Epoch>,
     /// A pipeline group's member: the partitions a rebalance or the
     /// database's fencing takes during the batch. Their parts not started
     /// are abandoned, the batch goes on with the others, and the fetch
@@ -352,7 +345,6 @@ pub(super) fn run_batch(
         stages,
         driver,
         query_id,
-        epoch,
         epochs,
         revocations,
         metrics,
@@ -394,11 +386,25 @@ pub(super) fn run_batch(
             }
         }
     }
-    let ctx = CallContext {
-        query_id: query_id.to_string(),
-        batch_id: entry.batch_id,
-        epoch: epoch.get(),
-    };
+    // Each range's calls carry its partition's owner epoch.
+    let range_epochs: Vec<Epoch> = entry
+        .ranges
+        .iter()
+        .map(|r| {
+            epochs
+                .get(&(r.topic.clone(), r.partition))
+                .copied()
+                .unwrap_or_default()
+        })
+        .collect();
+    let ctxs: Vec<CallContext> = range_epochs
+        .iter()
+        .map(|e| CallContext {
+            query_id: query_id.to_string(),
+            batch_id: entry.batch_id,
+            epoch: e.get(),
+        })
+        .collect();
     let Stages {
         maps, sink, files, ..
     } = stages;
@@ -410,7 +416,7 @@ pub(super) fn run_batch(
     };
     let map_env = MapEnv {
         ranges: &entry.ranges,
-        ctx: &ctx,
+        ctxs: &ctxs,
         on_error: cfg.on_error,
         attempts: cfg.attempts,
         revocations,
@@ -446,8 +452,8 @@ pub(super) fn run_batch(
             cfg,
             files,
             entry,
-            ctx: &ctx,
-            epochs,
+            ctxs: &ctxs,
+            epochs: &range_epochs,
             revocations,
             states: entry.ranges.iter().map(|_| RangeState::default()).collect(),
             counts: Counts::default(),
@@ -578,7 +584,7 @@ pub(super) fn run_batch(
         if skipped.offsets == 0 {
             continue;
         }
-        if skipped.by_other_batch && epochs.is_none() {
+        if skipped.by_other_batch && revocations.is_none() {
             tracing::warn!(topic = %range.topic, partition = range.partition, skipped = skipped.offsets, "{} of the {} offsets of [{}, {}) were skipped: the sink's progress rows (sluice_progress) show them applied by an earlier batch, so this is a reset back or a restored checkpoint. Nothing to do if that is what you meant; if the destination no longer holds them (its tables were emptied), stop the pipeline and `host checkpoint reset … --sink-db URL --reapply` to a position before them (on a destination that still holds them, that applies them twice)", skipped.offsets, range.end - range.start, range.start, range.end);
         } else {
             tracing::info!(topic = %range.topic, partition = range.partition, skipped = skipped.offsets, "{} of the {} offsets of [{}, {}) were applied by an earlier run of this batch; skipped", skipped.offsets, range.end - range.start, range.start, range.end);

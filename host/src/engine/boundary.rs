@@ -21,7 +21,7 @@ pub(super) fn serve_requests(p: &mut Pipeline, cfg: &PipelineConfig) -> Option<H
             Request::Swap(swap) => swap_in(p, *swap),
             Request::Handover(h) => {
                 let note = HandoverNote {
-                    epoch: p.epoch,
+                    epoch: p.cp.epoch().unwrap_or_default(),
                     last_batch: p.cp.last_committed(),
                     last_commit_ms: p.last_commit_ms,
                     released_at_ms: now_ms(),

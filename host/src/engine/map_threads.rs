@@ -24,8 +24,8 @@ use crate::plugin::chain::{
 use crate::plugin::{CallContext, Instance, PluginError, Trapped};
 use crate::source::{Piece, SourceRecord};
 
+use super::member::revoke::Revocations;
 use super::policy::with_retries;
-use super::revoke::Revocations;
 use super::{EngineError, ErrorPolicy};
 
 /// Map a piece of a partition's range through the chain, retrying retryable
@@ -96,7 +96,8 @@ impl Default for RangeTraps {
 /// What every map thread of a batch shares.
 pub(super) struct MapEnv<'a> {
     pub(super) ranges: &'a [PartitionRange],
-    pub(super) ctx: &'a CallContext,
+    /// The call context of each range (index as in `ranges`).
+    pub(super) ctxs: &'a [CallContext],
     pub(super) on_error: ErrorPolicy,
     pub(super) attempts: u32,
     pub(super) revocations: Option<&'a Revocations>,
@@ -157,7 +158,8 @@ pub(super) fn map_thread(
                     .collect();
                 // With no map stage the chain passes every record through.
                 let isolate = (env.on_error != ErrorPolicy::Fail).then_some((env.stop, &mut *st));
-                map_partition(chain, env.ctx, &views, env.attempts, isolate, env.metrics)
+                let ctx = &env.ctxs[piece.range];
+                map_partition(chain, ctx, &views, env.attempts, isolate, env.metrics)
             }
             _ => Ok(ChainResult::default()),
         };

@@ -1,35 +1,104 @@
-//! Planning a batch: discover partitions, read watermarks, and choose each
-//! partition's `[start, end)`.
+//! Planning a batch, for a single host and a group member alike: which
+//! partitions are held, and each one's `[start, end)`.
 //!
-//! `start` is the previous batch's end (numeric, from the checkpoint). A
-//! partition never seen before starts at the configured starting offset on
-//! a new checkpoint, and at its log start offset when discovered later.
-//! `end = min(high watermark, start + max records per partition)`, and,
-//! with `--until-caught-up`, no further than the high watermark seen at the
-//! first plan of this run.
+//! The partitions held are in [`Holdings`], each with its owner epoch and
+//! where it continues ([`Start`]). A store that holds every partition (a
+//! checkpoint directory) has the planner claim each partition it
+//! discovers; a group member's holdings change in the rebalance callback
+//! (claim on assign, drop on revoke).
 //!
-//! Every plan (and the start of a re-run) first asks the broker for each
-//! topic's identity and refuses a topic that is not the one the
-//! checkpoint's offsets belong to ([`TopicIdentity::changed`]): the
-//! offsets of a deleted and recreated topic name other records, so
-//! nothing is read until `host checkpoint reset` says where to go.
+//! - A partition with a range planned and not committed ([`Start::Rerun`])
+//!   is run again with exactly those bounds, so its records get the same
+//!   idempotency keys; while any is held, the batch is made of those
+//!   re-runs only.
+//! - Otherwise `start` is the partition's position (the end of its last
+//!   committed range, or what its progress row shows applied). A partition
+//!   with none starts at the configured starting offsets in a new
+//!   pipeline (or, for a single host, a topic it never read), at its log
+//!   start when it appears later. `end = min(high watermark, start + max
+//!   records per partition)`, and, with `--until-caught-up`, no further
+//!   than the high watermark seen when the partition was first planned.
+//!
+//! Every plan (and a re-run) first asks the broker for each topic's
+//! identity and refuses a topic that is not the one the positions belong
+//! to ([`TopicIdentity::changed`]): the offsets of a deleted and recreated
+//! topic name other records, so nothing is read until a reset says where
+//! to go.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Mutex, MutexGuard};
 
-use crate::checkpoint::{DataLossGap, OffsetsEntry, PartitionRange, Recovery, TopicIdentity};
+use crate::checkpoint::{
+    Checkpoint, Claimed, DataLossGap, Epoch, PartitionRange, Start, TopicIdentity,
+};
 use crate::source::{KafkaSource, TopicInfo, TopicPartition};
 
 use super::policy::on_data_loss;
 use super::{EngineError, PipelineConfig, StartingOffsets};
 
+/// The partitions this process holds and where each continues: filled by
+/// the planner (a single host) or by the rebalance callback (a group
+/// member), advanced by each commit.
+#[derive(Default)]
+pub(crate) struct Holdings(Mutex<BTreeMap<TopicPartition, Claimed>>);
+
+impl Holdings {
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<TopicPartition, Claimed>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// What is held now.
+    pub(crate) fn snapshot(&self) -> BTreeMap<TopicPartition, Claimed> {
+        self.lock().clone()
+    }
+
+    /// Hold `tp` as claimed.
+    pub(crate) fn hold(&self, tp: TopicPartition, claimed: Claimed) {
+        self.lock().insert(tp, claimed);
+    }
+
+    /// Hold `tp` no longer.
+    pub(crate) fn release(&self, tp: &TopicPartition) {
+        self.lock().remove(tp);
+    }
+
+    /// Whether a range planned and not committed is held.
+    pub(crate) fn any_rerun(&self) -> bool {
+        self.lock()
+            .values()
+            .any(|c| matches!(c.start, Start::Rerun(_)))
+    }
+
+    /// Whether `tp` is held.
+    pub(crate) fn holds(&self, tp: &TopicPartition) -> bool {
+        self.lock().contains_key(tp)
+    }
+
+    /// The committed ranges' ends become their partitions' positions.
+    fn advance(&self, ranges: &[PartitionRange]) {
+        let mut held = self.lock();
+        for r in ranges {
+            if let Some(c) = held.get_mut(&(r.topic.clone(), r.partition)) {
+                c.start = Start::At(r.end);
+            }
+        }
+    }
+}
+
 /// A planned batch.
 pub(crate) struct Planned {
-    /// One range per known partition (empty ranges included, so every
+    /// One range per partition planned (empty ranges included, so every
     /// position is recorded).
     pub(crate) ranges: Vec<PartitionRange>,
+    /// Each range's owner epoch.
+    pub(crate) epochs: BTreeMap<TopicPartition, Epoch>,
+    /// The ranges are re-runs of ranges planned and not committed.
+    pub(crate) rerun: bool,
+    /// Partitions started at the high watermark (`latest`) without reading.
+    pub(crate) started_latest: BTreeSet<TopicPartition>,
     /// Ranges skipped under `--on-data-loss skip`.
     pub(crate) gaps: Vec<DataLossGap>,
-    /// False when nothing would change (no data, no new partition).
+    /// False when nothing would change (no data, no new position).
     pub(crate) worth_a_batch: bool,
     /// Some partition hit the per-batch cap: more data is waiting.
     pub(crate) full: bool,
@@ -37,41 +106,28 @@ pub(crate) struct Planned {
     pub(crate) topics: BTreeMap<String, TopicIdentity>,
 }
 
-/// Positions and targets across batches of one run.
+/// Targets and watermarks across batches of one run.
 pub(crate) struct Planner {
-    positions: BTreeMap<TopicPartition, i64>,
-    new_checkpoint: bool,
-    targets: Option<BTreeMap<TopicPartition, i64>>,
+    new_pipeline: bool,
+    /// With `--until-caught-up`: each partition's high watermark when it
+    /// was first planned.
+    targets: BTreeMap<TopicPartition, i64>,
+    /// Whether a plan ran (targets are set from the first one on).
+    planned_once: bool,
     highs: BTreeMap<TopicPartition, i64>,
     /// The identity the positions belong to, per topic.
     identities: BTreeMap<String, TopicIdentity>,
 }
 
 impl Planner {
-    /// Positions from `recovery`, belonging to the topics `identities`
-    /// describe (the newest offsets entry's).
-    pub(crate) fn new(recovery: &Recovery, identities: &BTreeMap<String, TopicIdentity>) -> Self {
-        let (positions, new_checkpoint) = match recovery {
-            Recovery::Resume {
-                positions,
-                next_batch,
-                ..
-            } => (positions.clone(), *next_batch == 0 && positions.is_empty()),
-            Recovery::Rerun { entry } => (
-                entry
-                    .ranges
-                    .iter()
-                    .map(|r| ((r.topic.clone(), r.partition), r.start))
-                    .collect(),
-                false,
-            ),
-        };
+    /// A planner for the pipeline whose checkpoint is `cp`.
+    pub(crate) fn new(cp: &dyn Checkpoint) -> Self {
         Planner {
-            positions,
-            new_checkpoint,
-            targets: None,
+            new_pipeline: cp.is_new(),
+            targets: BTreeMap::new(),
+            planned_once: false,
             highs: BTreeMap::new(),
-            identities: identities.clone(),
+            identities: cp.topic_identities(),
         }
     }
 
@@ -82,6 +138,7 @@ impl Planner {
         source: &KafkaSource,
         cfg: &PipelineConfig,
         topic: &str,
+        known: bool,
     ) -> Result<Vec<i32>, EngineError> {
         let TopicInfo { id, partitions } = source.describe(topic)?;
         let now = TopicIdentity::new(id, partitions.len());
@@ -99,7 +156,7 @@ impl Planner {
                 was.updated(&now)
             }
             None => {
-                if self.positions.keys().any(|(t, _)| t == topic) {
+                if known {
                     // A checkpoint from before identities were recorded.
                     tracing::info!(topic, "recording the topic's identity: {}", now.describe());
                 }
@@ -110,74 +167,92 @@ impl Planner {
         Ok(partitions)
     }
 
-    /// Check every topic of `entry` before the batch is re-run with its
-    /// planned ranges.
+    /// Plan the next batch of the partitions held (claiming, when `cp`
+    /// holds every partition, those discovered since the last plan).
     ///
     /// # Errors
-    /// [`EngineError::TopicRecreated`], or the source's error.
-    pub(crate) fn check_topics(
-        &mut self,
-        source: &KafkaSource,
-        cfg: &PipelineConfig,
-        entry: &OffsetsEntry,
-    ) -> Result<(), EngineError> {
-        let topics: std::collections::BTreeSet<&String> =
-            entry.ranges.iter().map(|r| &r.topic).collect();
-        for topic in topics {
-            self.check_topic(source, cfg, topic)?;
-        }
-        Ok(())
-    }
-
-    /// Read the high watermark of each partition a re-run batch reads, so
-    /// that its progress reports the lag behind it (a re-run is planned
-    /// from the write-ahead log, not by [`Planner::plan`]).
-    pub(crate) fn observe_highs(
-        &mut self,
-        source: &KafkaSource,
-        entry: &OffsetsEntry,
-    ) -> Result<(), EngineError> {
-        let mut by_topic: BTreeMap<&str, Vec<i32>> = BTreeMap::new();
-        for r in &entry.ranges {
-            by_topic.entry(&r.topic).or_default().push(r.partition);
-        }
-        for (topic, partitions) in by_topic {
-            for (partition, (_, high)) in source.watermarks_of(topic, &partitions)? {
-                self.highs.insert((topic.to_string(), partition), high);
-            }
-        }
-        Ok(())
-    }
-
+    /// [`EngineError::TopicRecreated`], [`EngineError::BeyondEnd`], the
+    /// data-loss policy's, the source's, a claim's.
     pub(crate) fn plan(
         &mut self,
         source: &KafkaSource,
         cfg: &PipelineConfig,
+        cp: &dyn Checkpoint,
+        holdings: &Holdings,
     ) -> Result<Planned, EngineError> {
-        let mut ranges = Vec::new();
-        let mut gaps = Vec::new();
-        let mut worth = false;
-        let mut full = false;
-        let first_plan = self.targets.is_none();
-        let mut targets = self.targets.take().unwrap_or_default();
+        let first_plan = !self.planned_once;
+        self.planned_once = true;
+        let held = holdings.snapshot();
+        if held.values().any(|c| matches!(c.start, Start::Rerun(_))) {
+            return self.plan_reruns(source, cfg, cp, &held);
+        }
+        let mut planned = Planned {
+            ranges: Vec::new(),
+            epochs: BTreeMap::new(),
+            rerun: false,
+            started_latest: BTreeSet::new(),
+            gaps: Vec::new(),
+            worth_a_batch: false,
+            full: false,
+            topics: BTreeMap::new(),
+        };
         for topic in &cfg.topics {
-            let partitions = self.check_topic(source, cfg, topic)?;
-            let marks = source.watermarks_of(topic, &partitions)?;
-            for (partition, (low, high)) in marks {
+            let position = |c: &Claimed| match c.start {
+                Start::At(p) => Some(p),
+                _ => None,
+            };
+            let topic_known = held
+                .iter()
+                .any(|(tp, c)| &tp.0 == topic && position(c).is_some());
+            let mut mine: BTreeMap<i32, Claimed> = held
+                .iter()
+                .filter(|(tp, _)| &tp.0 == topic)
+                .map(|(tp, c)| (tp.1, c.clone()))
+                .collect();
+            if !cp.holds_all() && mine.is_empty() {
+                // A group member holds none of it (it may not even exist
+                // yet: the coordinator assigns its partitions once it
+                // does).
+                continue;
+            }
+            let partitions = self.check_topic(source, cfg, topic, topic_known)?;
+            if cp.holds_all() {
+                for &p in &partitions {
+                    if let std::collections::btree_map::Entry::Vacant(v) = mine.entry(p) {
+                        let tp = (topic.clone(), p);
+                        let claimed = cp.claim(&tp, "")?;
+                        holdings.hold(tp, claimed.clone());
+                        v.insert(claimed);
+                    }
+                }
+            }
+            let wanted: Vec<i32> = mine.keys().copied().collect();
+            if wanted.is_empty() {
+                continue;
+            }
+            for (partition, (low, high)) in source.watermarks_of(topic, &wanted)? {
+                let Some(claimed) = mine.get(&partition) else {
+                    continue;
+                };
                 let tp = (topic.clone(), partition);
                 self.highs.insert(tp.clone(), high);
-                let known = self.positions.get(&tp).copied();
-                // A topic with no known partition at all (a new checkpoint,
-                // or a topic added with --allow-fingerprint-change) starts
-                // at the configured starting offsets; a new partition of a
-                // known topic at its log start.
-                let topic_known = self.positions.keys().any(|(t, _)| t == topic);
+                let known = position(claimed);
                 let mut start = match known {
                     Some(p) => p,
-                    None if self.new_checkpoint || !topic_known => match cfg.starting_offsets {
-                        StartingOffsets::Earliest => low,
-                        StartingOffsets::Latest => high,
-                    },
+                    // A new pipeline, or (single host) a topic with no
+                    // known partition at all (added with
+                    // --allow-fingerprint-change): the configured starting
+                    // offsets; a partition that appeared later: its log
+                    // start.
+                    None if self.new_pipeline || (cp.holds_all() && !topic_known) => {
+                        match cfg.starting_offsets {
+                            StartingOffsets::Earliest => low,
+                            StartingOffsets::Latest => {
+                                planned.started_latest.insert(tp.clone());
+                                high
+                            }
+                        }
+                    }
                     None => {
                         tracing::info!(
                             topic,
@@ -190,13 +265,13 @@ impl Planner {
                 if start < low {
                     let gap =
                         on_data_loss(cfg.on_data_loss, topic, partition, (start, low), "planning")?;
-                    gaps.push(gap);
+                    planned.gaps.push(gap);
                     start = low;
                 }
                 if start > high {
                     // A topic deleted and recreated since its identity was
                     // read above shows as a short log: say which it is.
-                    self.check_topic(source, cfg, topic)?;
+                    self.check_topic(source, cfg, topic, true)?;
                     return Err(EngineError::BeyondEnd {
                         topic: topic.clone(),
                         partition,
@@ -205,21 +280,22 @@ impl Planner {
                         reset: cfg.reset_command(topic),
                     });
                 }
-                if cfg.until_caught_up && (first_plan || !targets.contains_key(&tp)) {
-                    targets.insert(tp.clone(), high);
+                if cfg.until_caught_up && (first_plan || !self.targets.contains_key(&tp)) {
+                    self.targets.insert(tp.clone(), high);
                 }
                 let cap = start.saturating_add(
                     i64::try_from(cfg.max_records_per_partition).unwrap_or(i64::MAX),
                 );
                 let mut end = high.min(cap);
                 if cfg.until_caught_up
-                    && let Some(t) = targets.get(&tp)
+                    && let Some(t) = self.targets.get(&tp)
                 {
                     end = end.min((*t).max(start));
                 }
-                full |= end == cap && end > start;
-                worth |= end > start || known != Some(start);
-                ranges.push(PartitionRange {
+                planned.full |= end == cap && end > start;
+                planned.worth_a_batch |= end > start || known != Some(start);
+                planned.epochs.insert(tp, claimed.epoch);
+                planned.ranges.push(PartitionRange {
                     topic: topic.clone(),
                     partition,
                     start,
@@ -228,48 +304,122 @@ impl Planner {
             }
             // Once more after the watermarks: a topic recreated while they
             // were read must not be planned under the old one's identity.
-            self.check_topic(source, cfg, topic)?;
+            self.check_topic(source, cfg, topic, true)?;
         }
-        self.targets = Some(targets);
+        planned.topics = self.topics(cfg);
+        Ok(planned)
+    }
+
+    /// The re-run of every range held that was planned and not committed,
+    /// with its bounds, after checking its topics and reading its high
+    /// watermarks (for the lag its progress reports).
+    fn plan_reruns(
+        &mut self,
+        source: &KafkaSource,
+        cfg: &PipelineConfig,
+        cp: &dyn Checkpoint,
+        held: &BTreeMap<TopicPartition, Claimed>,
+    ) -> Result<Planned, EngineError> {
+        let mut ranges = Vec::new();
+        let mut epochs = BTreeMap::new();
+        for (tp, c) in held {
+            if let Start::Rerun(p) = &c.start {
+                ranges.push(PartitionRange {
+                    topic: tp.0.clone(),
+                    partition: tp.1,
+                    start: p.start,
+                    end: p.end,
+                });
+                epochs.insert(tp.clone(), c.epoch);
+            }
+        }
+        let next = cp.next_batch_id();
+        let batches: BTreeSet<u64> = held
+            .values()
+            .filter_map(|c| match &c.start {
+                Start::Rerun(p) => Some(p.batch),
+                _ => None,
+            })
+            .collect();
+        tracing::info!(
+            batch = next,
+            "re-running uncommitted batch {} with its planned ranges",
+            batches
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let mut by_topic: BTreeMap<&str, Vec<i32>> = BTreeMap::new();
+        for r in &ranges {
+            by_topic.entry(&r.topic).or_default().push(r.partition);
+        }
+        for (topic, partitions) in by_topic {
+            self.check_topic(source, cfg, topic, true)?;
+            for (partition, (_, high)) in source.watermarks_of(topic, &partitions)? {
+                self.highs.insert((topic.to_string(), partition), high);
+            }
+        }
         Ok(Planned {
             ranges,
-            gaps,
-            worth_a_batch: worth,
-            full,
-            topics: self
-                .identities
-                .iter()
-                .filter(|(t, _)| cfg.topics.contains(t))
-                .map(|(t, i)| (t.clone(), i.clone()))
-                .collect(),
+            epochs,
+            rerun: true,
+            started_latest: BTreeSet::new(),
+            gaps: Vec::new(),
+            worth_a_batch: true,
+            full: true,
+            topics: self.topics(cfg),
         })
     }
 
-    /// Record a committed batch.
-    pub(crate) fn committed(&mut self, entry: &OffsetsEntry) {
-        self.positions.extend(ends(&entry.ranges));
-        self.new_checkpoint = false;
+    /// The identities of the pipeline's topics, as last checked.
+    fn topics(&self, cfg: &PipelineConfig) -> BTreeMap<String, TopicIdentity> {
+        self.identities
+            .iter()
+            .filter(|(t, _)| cfg.topics.contains(t))
+            .map(|(t, i)| (t.clone(), i.clone()))
+            .collect()
     }
 
-    /// With `--until-caught-up`: every partition reached its target.
-    pub(crate) fn caught_up(&self) -> bool {
-        match &self.targets {
-            Some(t) => t
-                .iter()
-                .all(|(tp, target)| self.positions.get(tp).is_some_and(|p| p >= target)),
-            None => false,
+    /// Record a committed batch's ranges (those still held).
+    pub(crate) fn committed(&mut self, holdings: &Holdings, ranges: &[PartitionRange]) {
+        holdings.advance(ranges);
+        self.new_pipeline = false;
+    }
+
+    /// Forget `tp`'s target and watermark (it was revoked).
+    pub(crate) fn forget(&mut self, tp: &TopicPartition) {
+        self.targets.remove(tp);
+        self.highs.remove(tp);
+    }
+
+    /// With `--until-caught-up`: every partition held reached its target.
+    pub(crate) fn caught_up(&self, holdings: &Holdings) -> bool {
+        if !self.planned_once {
+            return false;
         }
+        let held = holdings.snapshot();
+        held.iter()
+            .all(|(tp, c)| match (&c.start, self.targets.get(tp)) {
+                (Start::At(p), Some(t)) => p >= t,
+                (Start::At(_), None) => true,
+                _ => false,
+            })
     }
 
-    /// Records between each position and the last high watermark seen.
-    pub(crate) fn lag(&self) -> BTreeMap<TopicPartition, i64> {
+    /// Records between each position held and the last high watermark
+    /// seen.
+    pub(crate) fn lag(&self, holdings: &Holdings) -> BTreeMap<TopicPartition, i64> {
+        let held = holdings.snapshot();
         self.highs
             .iter()
+            .filter(|(tp, _)| held.contains_key(*tp))
             .map(|(tp, h)| {
-                (
-                    tp.clone(),
-                    (h - self.positions.get(tp).copied().unwrap_or(0)).max(0),
-                )
+                let at = match held.get(tp).map(|c| &c.start) {
+                    Some(Start::At(p)) => *p,
+                    _ => 0,
+                };
+                (tp.clone(), (h - at).max(0))
             })
             .collect()
     }

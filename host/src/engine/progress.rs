@@ -28,6 +28,8 @@ pub struct PartitionProgress {
     pub end: i64,
     /// Records left between `end` and the high watermark at plan time.
     pub lag: i64,
+    /// The partition's owner epoch (its fencing token).
+    pub epoch: Epoch,
 }
 
 /// A committed batch, as reported.
@@ -37,7 +39,8 @@ pub struct Progress {
     pub event: &'static str,
     /// Batch id.
     pub batch_id: u64,
-    /// Fencing epoch.
+    /// Fencing epoch of a checkpoint directory (0 for a group member:
+    /// each partition's owner epoch is in `partitions`).
     pub epoch: Epoch,
     /// True when this batch re-ran an uncommitted batch of a previous run.
     pub rerun: bool,
@@ -65,11 +68,13 @@ pub struct Progress {
 }
 
 impl Progress {
-    /// Build the event of a committed batch.
+    /// Build the event of a committed batch, whose partitions ran under
+    /// `epochs` (the top-level epoch is `entry.epoch`: a checkpoint
+    /// directory's, 0 in a group, where each partition has its own).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         entry: &OffsetsEntry,
-        epoch: Epoch,
+        epochs: &BTreeMap<TopicPartition, Epoch>,
         rerun: bool,
         counts: &Counts,
         timings: &Timings,
@@ -81,7 +86,7 @@ impl Progress {
         Progress {
             event: "batch",
             batch_id: entry.batch_id,
-            epoch,
+            epoch: entry.epoch,
             rerun,
             committed_at: rfc3339_millis(crate::util::now_ms()),
             counts: counts.clone(),
@@ -100,6 +105,10 @@ impl Progress {
                         .get(&(r.topic.clone(), r.partition))
                         .copied()
                         .unwrap_or(0),
+                    epoch: epochs
+                        .get(&(r.topic.clone(), r.partition))
+                        .copied()
+                        .unwrap_or(entry.epoch),
                 })
                 .collect(),
             data_loss: gaps.to_vec(),
@@ -195,7 +204,7 @@ mod tests {
         let lag = BTreeMap::from([(("t".to_string(), 0), 5)]);
         let plain = Progress::new(
             &entry,
-            Epoch::new(1),
+            &BTreeMap::new(),
             false,
             &Counts::default(),
             &Timings::default(),

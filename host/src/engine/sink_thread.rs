@@ -11,8 +11,8 @@ use crate::plugin::{Instance, PluginError};
 use crate::sink::{Applied, DeadLetter, PartitionBatch, SinkDriver, SinkError, Skipped};
 use crate::source::SourceRecord;
 
+use super::member::revoke::Revocations;
 use super::policy::{Rejection, on_bad_record, with_retries};
-use super::revoke::Revocations;
 use super::{EngineError, ErrorPolicy};
 use crate::checkpoint::Counts;
 
@@ -26,6 +26,8 @@ pub(super) const SINK_QUEUE: usize = 2;
 pub(super) struct SinkJob {
     /// Index of the range in the batch.
     pub(super) range: usize,
+    /// The partition's owner epoch: the sink fences the part on it.
+    pub(super) epoch: crate::checkpoint::Epoch,
     pub(super) part: crate::plugin::PartitionContext,
     pub(super) records: Vec<SourceRecord>,
     pub(super) outputs: Vec<crate::plugin::chain::ChainOutput>,
@@ -141,6 +143,7 @@ pub(super) fn run_sink(
                 })
                 .collect();
             let batch = PartitionBatch {
+                epoch: job.epoch,
                 range: job.part.clone(),
                 records: &sink_records,
                 dead_letters: &dead_letters,

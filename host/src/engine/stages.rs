@@ -30,12 +30,12 @@ pub(super) struct Stages {
 pub(super) type ReadStored<'a> = &'a dyn Fn(&str) -> Result<(PathBuf, Vec<u8>), CheckpointError>;
 
 /// Read and compile the pipeline's plugins: the `--plugin` files, or the
-/// components the checkpoint recorded, read by `stored` (digest → file
+/// components `recorded` in the checkpoint at `location`, read by `stored` (digest → file
 /// name for messages and bytes) from its content-addressed store.
 pub(super) fn load_plugins(
     cfg: &PipelineConfig,
     runtime: &Runtime,
-    recorded: &[PluginRef],
+    (recorded, location): (&[PluginRef], &str),
     stored: ReadStored<'_>,
 ) -> Result<Vec<(Plugin, Vec<u8>)>, EngineError> {
     let config = Arc::new(cfg.plugin_config.clone());
@@ -43,8 +43,7 @@ pub(super) fn load_plugins(
     if cfg.plugins.is_empty() {
         if recorded.is_empty() {
             return Err(EngineError::Config(format!(
-                "no plugins: pass --plugin FILE (the checkpoint {} records none to resume with)",
-                cfg.checkpoint.display()
+                "no plugins: pass --plugin FILE ({location} records none to resume with)"
             )));
         }
         let mut seen: Vec<&str> = Vec::new();
@@ -59,7 +58,7 @@ pub(super) fn load_plugins(
                 .map_err(EngineError::PluginLoad)?;
             loaded.push((plugin, bytes));
         }
-        tracing::info!("resuming with the plugins recorded in the checkpoint");
+        tracing::info!("running the plugins recorded in {location}");
     } else {
         for path in &cfg.plugins {
             let bytes = std::fs::read(path).map_err(|source| {

@@ -1,8 +1,11 @@
-//! Startup: everything between `host run` and the first plan. Checks what
-//! the user gave (plugins, sink database, topics) before touching the
-//! checkpoint, asks a running owner to hand over (`--takeover`), opens and
-//! claims the checkpoint, and assembles the running [`Pipeline`]: stages,
-//! Kafka reader, sink driver, metrics and the control socket.
+//! Startup: everything between `host run` and the first plan, for a
+//! single host and a group member alike. Checks what the user gave
+//! (plugins, sink database, topics) before touching the checkpoint,
+//! opens the store (a checkpoint directory, asking a running owner to
+//! hand over with `--takeover`; or the group's store in the sink
+//! database, `member::join`), and assembles the running [`Pipeline`]:
+//! stages, Kafka reader, sink driver, metrics, status and, for a
+//! directory, the control socket.
 //!
 //! Order matters for what a failure leaves behind: a mistyped plugin path,
 //! an unreachable database or a missing topic fails before a new
@@ -17,7 +20,7 @@ use std::time::Duration;
 
 use crate::capability::sql::{self, SqlGrant};
 use crate::checkpoint::{
-    self, Checkpoint, DirCheckpoint, Epoch, OffsetsEntry, OpenOptions, PluginRef, Recovery,
+    self, Checkpoint, DirCheckpoint, DirStore, OpenOptions, PluginRef, Recovery,
 };
 use crate::control::Handover;
 use crate::control::handover::{self, Takeover};
@@ -28,7 +31,9 @@ use crate::sink::SinkDriver;
 use crate::source::KafkaSource;
 use crate::util::now_ms;
 
-use super::plan::Planner;
+use super::member::Member;
+use super::member::swap::GroupSwaps;
+use super::plan::{Holdings, Planner};
 use super::stages::{Stages, assemble, config_digest, load_plugins};
 use super::{EngineError, ErrorPolicy, PipelineConfig};
 
@@ -42,20 +47,27 @@ pub enum Acquire {
     Takeover(Duration),
 }
 
+/// What a group member has besides the pipeline.
+pub(super) struct GroupParts {
+    /// The group's name.
+    pub(super) name: String,
+    /// This member (pid, host), for progress and metrics.
+    pub(super) owner: String,
+    pub(super) member: Arc<Member>,
+    pub(super) swaps: GroupSwaps,
+}
+
 /// A started pipeline: the claimed checkpoint and everything a batch
 /// needs. Dropping it releases the checkpoint and removes the control
 /// socket.
 pub(super) struct Pipeline {
-    pub(super) cp: Box<dyn Checkpoint>,
-    pub(super) epoch: Epoch,
-    pub(super) query_id: String,
+    pub(super) cp: Arc<dyn Checkpoint>,
+    pub(super) holdings: Arc<Holdings>,
+    pub(super) planner: Planner,
     pub(super) stages: Stages,
     pub(super) sql: Option<SqlGrant>,
     pub(super) source: KafkaSource,
-    pub(super) driver: SinkDriver,
-    pub(super) planner: Planner,
-    /// A batch planned but not committed by an earlier run: run it first.
-    pub(super) pending_rerun: Option<OffsetsEntry>,
+    pub(super) driver: Arc<SinkDriver>,
     /// With `--takeover`: the old owner, to tell when we first wrote.
     pub(super) takeover: Option<Takeover>,
     /// Written into every write-ahead entry.
@@ -71,6 +83,8 @@ pub(super) struct Pipeline {
     pub(super) control: Option<ControlServer>,
     /// When this run last committed, ms since the Unix epoch.
     pub(super) last_commit_ms: Option<i64>,
+    /// A group member's parts (`None` for a single host).
+    pub(super) group: Option<GroupParts>,
 }
 
 /// The plugins a checkpoint directory records for resuming, read without
@@ -88,11 +102,24 @@ fn recorded_plugins(cfg: &PipelineConfig) -> Vec<PluginRef> {
         .unwrap_or_default()
 }
 
-fn sink_db_error(url: &str) -> impl FnOnce(sql::DbError) -> EngineError + '_ {
+pub(super) fn sink_db_error(url: &str) -> impl FnOnce(sql::DbError) -> EngineError + '_ {
     move |error| EngineError::SinkDb {
         url: sql::redact(url),
         error,
     }
+}
+
+/// What opening the store gave: the store, the plugins to run, and the
+/// store's own parts.
+pub(super) struct Opened {
+    pub(super) cp: Arc<dyn Checkpoint>,
+    pub(super) stages: Stages,
+    pub(super) driver: Arc<SinkDriver>,
+    pub(super) takeover: Option<Takeover>,
+    /// For a group member: its answers to the coordinator and the
+    /// group's store (for the swaps), the last swap asked before it read
+    /// the group's plugins, and who it is.
+    pub(super) group: Option<(Arc<Member>, Arc<checkpoint::group::GroupStore>, u64, String)>,
 }
 
 /// Check the configuration, claim the checkpoint and assemble the
@@ -102,7 +129,8 @@ fn sink_db_error(url: &str) -> impl FnOnce(sql::DbError) -> EngineError + '_ {
 /// [`EngineError::Config`] for flags that do not fit together,
 /// [`EngineError::PluginLoad`], [`EngineError::SinkDb`],
 /// [`EngineError::Source`] (a missing topic), [`EngineError::Takeover`],
-/// [`EngineError::Checkpoint`] (owned, corrupt, fingerprint).
+/// [`EngineError::Checkpoint`] (owned, corrupt, fingerprint),
+/// [`EngineError::PluginAuthority`].
 pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, EngineError> {
     if cfg.topics.is_empty() {
         return Err(EngineError::Config("no topics: pass --topic NAME".into()));
@@ -113,7 +141,188 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
         ));
     }
     let runtime = Arc::new(Runtime::new(cfg.limits).map_err(EngineError::Config)?);
+    let holdings = Arc::new(Holdings::default());
+    let opened = match &cfg.group {
+        Some(group) => super::member::join(cfg, group, &runtime, &holdings)?,
+        None => open_dir(cfg, &runtime, acquire, &holdings)?,
+    };
+    let Opened {
+        cp,
+        stages,
+        driver,
+        takeover,
+        group,
+    } = opened;
+    let sql = driver.grant().cloned();
+    let sink_identity = match cfg.sink_db.as_deref() {
+        Some(url) => Some(
+            sql::sink_identity_in(url, cfg.sink_schema.as_deref())
+                .map_err(|e| EngineError::Config(format!("--sink-db {}: {e}", sql::redact(url))))?,
+        ),
+        None => None,
+    };
+    // A pipeline of its own on the same sink and topics (another
+    // checkpoint directory, or a group where this is one) would apply
+    // every record again: its progress rows are its own.
+    if !cfg.allow_shared_sink {
+        refuse_shared_sink(cfg, &driver, cp.query_id(), sink_identity.as_deref())?;
+    }
+    if let Some(g) = &sql
+        && let Some(user) = g
+            .unconfined_superuser()
+            .map_err(sink_db_error(cfg.sink_db.as_deref().unwrap_or_default()))?
+    {
+        tracing::warn!(
+            "the sink database login role {user} is a superuser and no --sink-plugin-role is set: plugin SQL runs as a superuser, which the host's statement checks cannot fully confine (server files, settings, other databases); run plugins under a role of their own (README, \"Sink stages and the SQL capability\")"
+        );
+    }
+
+    let (source, metrics, group) = match group {
+        None => {
+            let consumer_group = cfg
+                .commit_offsets_to
+                .clone()
+                .unwrap_or_else(|| format!("sluice-{}", cp.query_id()));
+            let source = KafkaSource::new(
+                &cfg.brokers,
+                &cfg.kafka,
+                &consumer_group,
+                cfg.commit_offsets_to.is_some(),
+                cfg.kafka_timeout,
+            )?;
+            let metrics = Metrics::new();
+            if let Some(e) = cp.epoch() {
+                metrics.set_epoch(e);
+            }
+            (source, metrics, None)
+        }
+        Some((member, store, swaps_before, owner)) => {
+            let name = cp.query_id().to_string();
+            let source = KafkaSource::member(
+                &cfg.brokers,
+                &cfg.kafka,
+                &name,
+                &cfg.topics,
+                member.clone(),
+                // Offsets are committed to the Kafka group too, for lag
+                // dashboards and tools that read them (the database stays
+                // the checkpoint).
+                true,
+                cfg.kafka_timeout,
+            )?;
+            tracing::info!(group = name, "joined the pipeline group");
+            let swaps =
+                GroupSwaps::start(store, runtime.clone(), owner.clone(), &stages, swaps_before)?;
+            let metrics = Metrics::in_group(&name, &owner);
+            (
+                source,
+                metrics,
+                Some(GroupParts {
+                    name,
+                    owner,
+                    member,
+                    swaps,
+                }),
+            )
+        }
+    };
+    let metrics = Arc::new(metrics);
+    let metrics_server = match cfg.metrics_addr {
+        Some(addr) => {
+            Some(MetricsServer::start(addr, metrics.clone()).map_err(EngineError::Config)?)
+        }
+        None => None,
+    };
+
+    // The status the control socket serves (a checkpoint directory's):
+    // status, handover, swap.
+    let status = Arc::new(Mutex::new(LiveStatus {
+        pid: std::process::id(),
+        hostname: crate::util::hostname(),
+        epoch: cp.epoch().unwrap_or_default(),
+        since_ms: now_ms(),
+        query_id: cp.query_id().to_string(),
+        last_committed: cp.last_committed(),
+        plugins: stages.refs.clone(),
+        ..LiveStatus::default()
+    }));
+    let (tx, requests) = std::sync::mpsc::channel();
+    let wake = Arc::new(AtomicBool::new(false));
+    let control = if group.is_none() {
+        Some(
+            ControlServer::start(
+                &cfg.checkpoint,
+                ServerContext {
+                    runtime: runtime.clone(),
+                    config: Arc::new(cfg.plugin_config.clone()),
+                    status: status.clone(),
+                    requests: tx,
+                    wake: wake.clone(),
+                },
+            )
+            .map_err(|e| {
+                EngineError::Config(format!(
+                    "control socket in {}: {e}",
+                    cfg.checkpoint.display()
+                ))
+            })?,
+        )
+    } else {
+        None
+    };
+
+    let planner = Planner::new(cp.as_ref());
+    Ok(Pipeline {
+        cp,
+        holdings,
+        planner,
+        stages,
+        sql,
+        source,
+        driver,
+        takeover,
+        config_digest: config_digest(cfg),
+        sink_identity,
+        metrics,
+        _metrics_server: metrics_server,
+        status,
+        requests,
+        wake,
+        control,
+        last_commit_ms: None,
+        group,
+    })
+}
+
+/// Connect the sink database of `cfg` (if any) as the SQL capability,
+/// with the statement limit, host schema and plugin role set.
+///
+/// # Errors
+/// [`EngineError::SinkDb`].
+pub(super) fn connect_sink(cfg: &PipelineConfig) -> Result<Option<SqlGrant>, EngineError> {
+    let Some(url) = cfg.sink_db.as_deref() else {
+        return Ok(None);
+    };
+    let g = SqlGrant::connect_with(url, cfg.sink_db_password_file.as_deref())
+        .map_err(sink_db_error(url))?;
+    g.limit_statements(cfg.limits.call_timeout)
+        .and_then(|()| g.set_host_schema(cfg.sink_schema.clone()))
+        .and_then(|()| g.set_plugin_role(cfg.sink_plugin_role.clone()))
+        .map_err(sink_db_error(url))?;
+    Ok(Some(g))
+}
+
+/// Open and claim the checkpoint directory of `cfg` (after a handover
+/// with `--takeover`), and load the plugins: `--plugin`, or those it
+/// records.
+fn open_dir(
+    cfg: &PipelineConfig,
+    runtime: &Runtime,
+    acquire: Acquire,
+    holdings: &Holdings,
+) -> Result<Opened, EngineError> {
     let read_stored = |digest: &str| checkpoint::read_stored_plugin(&cfg.checkpoint, digest);
+    let location = format!("the checkpoint {}", cfg.checkpoint.display());
 
     // Validate what the user gave before creating or touching the
     // checkpoint: the plugins (with --takeover, also the ones the
@@ -125,34 +334,23 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
     };
     let mut preloaded = None;
     if !cfg.plugins.is_empty() || matches!(acquire, Acquire::Takeover(_)) {
-        preloaded = Some(load_plugins(cfg, &runtime, &recorded, &read_stored)?);
+        preloaded = Some(load_plugins(
+            cfg,
+            runtime,
+            (&recorded, &location),
+            &read_stored,
+        )?);
     }
     if matches!(acquire, Acquire::Takeover(_)) && !cfg.allow_fingerprint_change {
         // A pipeline the checkpoint would refuse must not make the owner
         // hand over and exit first.
         checkpoint::check_fingerprint(&cfg.checkpoint, &cfg.topics)?;
     }
-    let sql = match &cfg.sink_db {
-        Some(url) => Some(
-            SqlGrant::connect_with(url, cfg.sink_db_password_file.as_deref())
-                .map_err(sink_db_error(url))?,
-        ),
-        None => None,
-    };
-    if let Some(g) = &sql {
-        let url = cfg.sink_db.as_deref().unwrap_or_default();
-        g.limit_statements(cfg.limits.call_timeout)
-            .and_then(|()| g.set_host_schema(cfg.sink_schema.clone()))
-            .and_then(|()| g.set_plugin_role(cfg.sink_plugin_role.clone()))
-            .map_err(sink_db_error(url))?;
+    let sql = connect_sink(cfg)?;
+    if let Some(url) = cfg.sink_db.as_deref() {
+        sql::sink_identity_in(url, cfg.sink_schema.as_deref())
+            .map_err(|e| EngineError::Config(format!("--sink-db {}: {e}", sql::redact(url))))?;
     }
-    let sink_identity = match cfg.sink_db.as_deref() {
-        Some(url) => Some(
-            sql::sink_identity_in(url, cfg.sink_schema.as_deref())
-                .map_err(|e| EngineError::Config(format!("--sink-db {}: {e}", sql::redact(url))))?,
-        ),
-        None => None,
-    };
     let mut takeover = None;
     let mut wait = cfg.wait;
     if let Acquire::Takeover(timeout) = acquire {
@@ -179,7 +377,7 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
         }
     }
 
-    let cp: Box<dyn Checkpoint> = Box::new(DirCheckpoint::open(
+    let dir = DirCheckpoint::open(
         &cfg.checkpoint,
         &OpenOptions {
             topics: cfg.topics.clone(),
@@ -188,10 +386,16 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
             retention: cfg.retention,
             create: true,
         },
-    )?);
-    let epoch = cp.epoch();
-    let query_id = cp.query_id().to_string();
-    tracing::info!(checkpoint = %cp.location(), epoch = epoch.get(), query_id, "checkpoint opened");
+    )?;
+    let store = DirStore::new(dir);
+    tracing::info!(checkpoint = %store.location(), epoch = store.epoch().unwrap_or_default().get(), query_id = store.query_id(), "checkpoint opened");
+
+    // Every partition the checkpoint knows is ours from here on; the
+    // planner claims those that appear later.
+    for tp in store.known_partitions() {
+        let claimed = store.claim(&tp, "")?;
+        holdings.hold(tp, claimed);
+    }
 
     let checkpoint_dir =
         std::path::absolute(&cfg.checkpoint).unwrap_or_else(|_| cfg.checkpoint.clone());
@@ -204,25 +408,14 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
             crate::util::hostname(),
             checkpoint_dir.display()
         ));
-    if !cfg.allow_shared_sink {
-        refuse_shared_sink(cfg, &driver, &query_id, sink_identity.as_deref())?;
-    }
-    if let Some(g) = &sql
-        && let Some(user) = g
-            .unconfined_superuser()
-            .map_err(sink_db_error(cfg.sink_db.as_deref().unwrap_or_default()))?
-    {
-        tracing::warn!(
-            "the sink database login role {user} is a superuser and no --sink-plugin-role is set: plugin SQL runs as a superuser, which the host's statement checks cannot fully confine (server files, settings, other databases); run plugins under a role of their own (README, \"Sink stages and the SQL capability\")"
-        );
-    }
-    let (recorded, pending_rerun) = match cp.recovery() {
+    let (recorded, pending_rerun) = match store.recovery() {
         Recovery::Resume { plugins, .. } => (plugins.clone(), None),
         Recovery::Rerun { entry } => (entry.plugins.clone(), Some(entry.clone())),
     };
     // A batch planned against one sink and re-run against another would
     // be applied without the progress rows that show what of it was.
-    if let (Some(entry), Some(ours)) = (&pending_rerun, &sink_identity)
+    if let (Some(entry), Some(url)) = (&pending_rerun, cfg.sink_db.as_deref())
+        && let Ok(ours) = sql::sink_identity_in(url, cfg.sink_schema.as_deref())
         && let Some(planned) = &entry.sink_db
         // A password given another way (the URL, a file) is the same sink.
         && planned.replace(":***@", "@") != ours.replace(":***@", "@")
@@ -243,85 +436,20 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
     };
     let loaded = match preloaded {
         Some(l) if preloaded_ok(&l) => l,
-        _ => load_plugins(cfg, &runtime, &recorded, &|d: &str| cp.load_plugin(d))?,
+        _ => load_plugins(cfg, runtime, (&recorded, &location), &|d: &str| {
+            store.load_plugin(d)
+        })?,
     };
     for (_, bytes) in &loaded {
-        cp.store_plugin(bytes)?;
+        store.store_plugin(bytes)?;
     }
     let stages = assemble(cfg, &loaded, &recorded, sql.as_ref())?;
-    drop(loaded);
-
-    let group = cfg
-        .commit_offsets_to
-        .clone()
-        .unwrap_or_else(|| format!("sluice-{query_id}"));
-    let source = KafkaSource::new(
-        &cfg.brokers,
-        &cfg.kafka,
-        &group,
-        cfg.commit_offsets_to.is_some(),
-        cfg.kafka_timeout,
-    )?;
-    let metrics = Arc::new(Metrics::new());
-    metrics.set_epoch(epoch);
-    let metrics_server = match cfg.metrics_addr {
-        Some(addr) => {
-            Some(MetricsServer::start(addr, metrics.clone()).map_err(EngineError::Config)?)
-        }
-        None => None,
-    };
-
-    // The control socket: status, handover, swap.
-    let status = Arc::new(Mutex::new(LiveStatus {
-        pid: std::process::id(),
-        hostname: crate::util::hostname(),
-        epoch,
-        since_ms: now_ms(),
-        query_id: query_id.clone(),
-        last_committed: cp.last_committed(),
-        plugins: stages.refs.clone(),
-        ..LiveStatus::default()
-    }));
-    let (tx, requests) = std::sync::mpsc::channel();
-    let wake = Arc::new(AtomicBool::new(false));
-    let control = ControlServer::start(
-        &cfg.checkpoint,
-        ServerContext {
-            runtime: runtime.clone(),
-            config: Arc::new(cfg.plugin_config.clone()),
-            status: status.clone(),
-            requests: tx,
-            wake: wake.clone(),
-        },
-    )
-    .map_err(|e| {
-        EngineError::Config(format!(
-            "control socket in {}: {e}",
-            cfg.checkpoint.display()
-        ))
-    })?;
-
-    let planner = Planner::new(cp.recovery(), cp.topic_identities());
-    Ok(Pipeline {
-        cp,
-        epoch,
-        query_id,
+    Ok(Opened {
+        cp: Arc::new(store),
         stages,
-        sql,
-        source,
-        driver,
-        planner,
-        pending_rerun,
+        driver: Arc::new(driver),
         takeover,
-        config_digest: config_digest(cfg),
-        sink_identity,
-        metrics,
-        _metrics_server: metrics_server,
-        status,
-        requests,
-        wake,
-        control: Some(control),
-        last_commit_ms: None,
+        group: None,
     })
 }
 
@@ -331,9 +459,13 @@ impl Pipeline {
     /// gap gets logged, then stop serving the control socket.
     pub(super) fn hand_over(self, h: Handover) {
         let Pipeline {
-            cp, control, epoch, ..
+            cp, control, group, ..
         } = self;
+        let epoch = cp.epoch().unwrap_or_default();
         let last_batch = cp.last_committed();
+        // The only holder of the store (a directory: no member): dropping
+        // it releases the lock.
+        drop(group);
         drop(cp);
         tracing::info!(epoch = epoch.get(), last_batch = ?last_batch, "handed over: lock released");
         handover::finish(h);

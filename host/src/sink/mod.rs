@@ -79,6 +79,10 @@ pub struct DeadLetter {
 /// for the sink.
 #[derive(Debug)]
 pub struct PartitionBatch<'a> {
+    /// The partition's owner epoch (the fencing token this part is
+    /// written under: the progress row's epoch, and a group's
+    /// `owner_epoch`).
+    pub epoch: crate::checkpoint::Epoch,
     /// The part to apply now and the batch context (the whole planned range
     /// when it is applied at once).
     pub range: PartitionContext,
@@ -105,6 +109,7 @@ impl<'a> PartitionBatch<'a> {
             dead.partition_point(|d| d.offset < offsets.end),
         );
         PartitionBatch {
+            epoch: self.epoch,
             range: PartitionContext {
                 start_offset: offsets.start,
                 end_offset: offsets.end,
@@ -305,6 +310,12 @@ impl SinkDriver {
     ) -> Self {
         self.group = Some((tables, group.into()));
         self
+    }
+
+    /// The SQL capability this driver writes through (`None`: no sink
+    /// database).
+    pub fn grant(&self) -> Option<&SqlGrant> {
+        self.sql.as_ref()
     }
 
     /// Record `owner` (who runs the pipeline: pid, host, checkpoint) in
@@ -627,3 +638,36 @@ pub(super) fn run_plugin(
 
 #[cfg(test)]
 mod tests;
+
+impl crate::checkpoint::AppliedProgress for SinkDriver {
+    fn applied_on(
+        &self,
+        b: &mut dyn crate::capability::sql::Backend,
+        query_id: &str,
+        topic: &str,
+        partition: i32,
+    ) -> Result<Option<(i64, crate::checkpoint::Epoch)>, DbError> {
+        self.applied_end_and_epoch_on(b, query_id, topic, partition)
+    }
+
+    fn start_at(
+        &self,
+        query_id: &str,
+        topic: &str,
+        partition: i32,
+        epoch: crate::checkpoint::Epoch,
+        at: i64,
+    ) -> Result<(), crate::checkpoint::group::GroupError> {
+        SinkDriver::start_at(self, query_id, topic, partition, epoch, at).map_err(|e| match e {
+            SinkError::Group(e) => e,
+            other => crate::checkpoint::group::GroupError::Db {
+                group: query_id.to_string(),
+                during: "recording where a partition starts",
+                error: DbError {
+                    message: other.to_string(),
+                    code: "sluice".into(),
+                },
+            },
+        })
+    }
+}

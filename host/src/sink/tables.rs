@@ -116,17 +116,7 @@ impl HostTables {
             ("holes", "holes TEXT NOT NULL DEFAULT '[]'"),
             ("owner", "owner TEXT NOT NULL DEFAULT ''"),
         ] {
-            match b.query(&format!("SELECT {column} FROM {progress} WHERE 1 = 0"), &[]) {
-                Ok(_) => {}
-                Err(e) if e.code == "42703" || e.message.contains("no such column") => {
-                    match b.batch(&format!("ALTER TABLE {progress} ADD COLUMN {ddl}")) {
-                        // Another host upgrading at the same moment added it.
-                        Err(e) if e.code == "42701" || e.message.contains("duplicate column") => {}
-                        other => other?,
-                    }
-                }
-                Err(e) => return Err(e),
-            }
+            sql::add_column(b, &progress, column, ddl)?;
         }
         Ok(tables)
     }
@@ -138,6 +128,7 @@ impl HostTables {
         &self,
         b: &mut dyn sql::Backend,
         r: &PartitionContext,
+        epoch: crate::checkpoint::Epoch,
     ) -> Result<(AppliedSet, Option<StoredRow>), SinkError> {
         let bad_row = |message: String| SinkError::Sql {
             during: "reading sluice_progress",
@@ -167,21 +158,21 @@ impl HostTables {
         let Some(row) = stored.rows.first() else {
             return Ok((AppliedSet::empty(), None));
         };
-        let (end, epoch, batch_id, holes) = match (row.first(), row.get(1), row.get(2), row.get(3))
-        {
-            (
-                Some(SqlValue::Integer(e)),
-                Some(SqlValue::Integer(p)),
-                Some(SqlValue::Integer(b)),
-                Some(SqlValue::Text(h)),
-            ) => (*e, *p as u64, *b, h.clone()),
-            _ => return Err(bad_row(format!("unexpected row {row:?}"))),
-        };
-        if epoch > r.batch.epoch {
+        let (end, stored_epoch, batch_id, holes) =
+            match (row.first(), row.get(1), row.get(2), row.get(3)) {
+                (
+                    Some(SqlValue::Integer(e)),
+                    Some(SqlValue::Integer(p)),
+                    Some(SqlValue::Integer(b)),
+                    Some(SqlValue::Text(h)),
+                ) => (*e, *p as u64, *b, h.clone()),
+                _ => return Err(bad_row(format!("unexpected row {row:?}"))),
+            };
+        if crate::checkpoint::Epoch::new(stored_epoch) > epoch {
             return Err(SinkError::Fenced {
                 site: site(r),
-                stored: epoch,
-                ours: r.batch.epoch,
+                stored: stored_epoch,
+                ours: epoch.get(),
             });
         }
         let applied = AppliedSet::from_row(end, &holes).map_err(|e| {
@@ -260,7 +251,7 @@ impl HostTables {
     pub(super) fn write_progress(
         &self,
         b: &mut dyn sql::Backend,
-        r: &PartitionContext,
+        (r, epoch): (&PartitionContext, crate::checkpoint::Epoch),
         applied: &AppliedSet,
         read: Option<StoredRow>,
         owner: &str,
@@ -284,7 +275,7 @@ impl HostTables {
                     SqlValue::Integer(r.partition.into()),
                     SqlValue::Integer(new_end),
                     SqlValue::Integer(r.batch.batch_id as i64),
-                    SqlValue::Integer(r.batch.epoch as i64),
+                    SqlValue::Integer(epoch.get() as i64),
                     SqlValue::Integer(crate::util::now_ms()),
                     SqlValue::Text(applied.holes_text()),
                     // -1 matches no row: a row that appeared since the read

@@ -28,6 +28,7 @@ fn apply_empty(driver: &SinkDriver, range: PartitionContext) -> Result<Applied, 
     driver.apply(
         None,
         &PartitionBatch {
+            epoch: crate::checkpoint::Epoch::new(range.batch.epoch),
             range,
             records: &[],
             dead_letters: &[],

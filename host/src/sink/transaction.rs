@@ -186,13 +186,15 @@ impl SinkDriver {
                 group,
                 &r.topic,
                 r.partition,
-                crate::checkpoint::Epoch::new(r.batch.epoch),
+                batch.epoch,
             )
             .map_err(SinkError::Group)?;
         }
         // What the row shows applied, and the row as read (the update
         // below is conditional on it being unchanged).
-        let (mut applied, row) = self.tables.read_progress(g.lock().backend(), r)?;
+        let (mut applied, row) = self
+            .tables
+            .read_progress(g.lock().backend(), r, batch.epoch)?;
         let (missing, skipped) = missing(&applied, row.as_ref(), r);
         if missing.is_empty() {
             return Ok(Outcome::NothingToDo(skipped));
@@ -210,13 +212,15 @@ impl SinkDriver {
         record_pieces(&mut applied, &missing, row.as_ref(), r)?;
         let changed = self
             .tables
-            .write_progress(b, r, &applied, row, &self.owner)
+            .write_progress(b, (r, batch.epoch), &applied, row, &self.owner)
             .map_err(sql_error(r, "updating sluice_progress"))?;
         drop(s);
         if changed == 0 {
             // The row changed since it was read: a newer epoch (fenced), or
             // another writer of the same query id.
-            let (_, now) = self.tables.read_progress(g.lock().backend(), r)?;
+            let (_, now) = self
+                .tables
+                .read_progress(g.lock().backend(), r, batch.epoch)?;
             return Err(SinkError::ProgressChanged {
                 site: site(r),
                 now: now.map_or_else(

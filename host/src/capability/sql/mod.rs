@@ -12,7 +12,8 @@
 //! Files: this one holds the shared types ([`SqlValue`], [`DbError`],
 //! [`Dialect`], the [`Backend`] trait); `url` the URL handling
 //! ([`connect`], [`redact`], [`sink_identity`]), `session` the session the
-//! driver and plugins share ([`SqlGrant`]); `sqlite` and `postgres` are
+//! driver and plugins share ([`SqlGrant`]), `ddl` creating the host's
+//! tables and adding columns; `sqlite` and `postgres` are
 //! the backends, `guard`
 //! the checks on plugin statements before they run, `role` the plugin
 //! role's check on PostgreSQL, `dry` the backend of `host test`'s dry run
@@ -21,6 +22,7 @@
 #[cfg(test)]
 use std::path::Path;
 
+mod ddl;
 mod dry;
 mod guard;
 pub mod password;
@@ -294,10 +296,9 @@ pub trait Backend: Send {
     }
 }
 
+pub use ddl::{add_column, create_tables};
 pub use session::{Session, SqlGrant};
-pub use url::{
-    check_url, connect, connect_with, create_tables, redact, sink_identity, sink_identity_in,
-};
+pub use url::{check_url, connect, connect_with, redact, sink_identity, sink_identity_in};
 
 /// For unit tests of the modules above that run on real databases: a
 /// SQLite file `file` in `dir` always, and a fresh PostgreSQL database too

@@ -102,27 +102,6 @@ pub fn sink_identity_in(url: &str, schema: Option<&str>) -> std::io::Result<Stri
     })
 }
 
-/// Run `ddl` (`CREATE TABLE IF NOT EXISTS …` statements) on `b`, again
-/// when another host running the same at the same moment made it fail:
-/// [`DbError::is_concurrent_create`] (up to 3 more times), or SQLite busy
-/// (for up to 5 s). Hosts of one pipeline group start together.
-///
-/// # Errors
-/// The database's error.
-pub fn create_tables(b: &mut dyn Backend, ddl: &str) -> Result<(), DbError> {
-    let (mut raced, mut busy) = (0, 0);
-    loop {
-        match b.batch(ddl) {
-            Err(e) if e.is_concurrent_create() && raced < 3 => raced += 1,
-            Err(e) if e.code == "SQLITE_BUSY" && busy < 50 => {
-                busy += 1;
-                std::thread::sleep(std::time::Duration::from_millis(100));
-            }
-            r => return r,
-        }
-    }
-}
-
 /// Open a backend from a `--sink-db` URL: `sqlite:PATH` (also
 /// `sqlite://PATH`) or `postgres://…` / `postgresql://…`.
 ///

@@ -40,6 +40,7 @@
 //! row inside the caller's transaction, `store` the [`GroupStore`],
 //! `members` the members' rows and the swaps.
 
+mod db_store;
 mod fence;
 mod members;
 mod store;
@@ -50,6 +51,7 @@ use serde::{Deserialize, Serialize};
 use super::{Epoch, PluginRef};
 use crate::capability::sql::DbError;
 
+pub use db_store::DbStore;
 pub use fence::{RESET_OWNER, abandon_planned, claim_on, fence, record_reset};
 pub use members::{GONE_AFTER_MS, MemberRow, Swap};
 pub use store::GroupStore;

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use super::fence::{claim_on, fence, for_update, in_tx, row_key};
 use super::{Claim, GroupError, GroupTables, PartitionRow, Planned};
 use crate::capability::sql::{self, Backend, DbError, Dialect, SqlValue};
-use crate::checkpoint::{Epoch, Fingerprint, PluginRef};
+use crate::checkpoint::{Epoch, Fingerprint, PluginRef, TopicIdentity};
 
 /// A group's checkpoint, on a connection of its own.
 pub struct GroupStore {
@@ -195,6 +195,11 @@ impl GroupStore {
         Ok(Some((fp, plugins)))
     }
 
+    /// The group's name.
+    pub fn group(&self) -> &str {
+        &self.group
+    }
+
     /// The table names (for [`fence`] on the sink's connection).
     pub fn tables(&self) -> &GroupTables {
         &self.tables
@@ -275,6 +280,64 @@ impl GroupStore {
             }
             serde_json::from_str(stored_plugins)
                 .map_err(|e| self.bad_row(&self.tables.groups, e.to_string()))
+        })
+    }
+
+    /// The identity of each of the group's topics its positions belong
+    /// to (empty for a group made before they were recorded, or after a
+    /// reset of every topic).
+    ///
+    /// # Errors
+    /// [`GroupError::Db`]; [`GroupError::BadRow`].
+    pub fn topics(&self) -> Result<BTreeMap<String, TopicIdentity>, GroupError> {
+        let rows = self.read(|b| {
+            b.query(
+                &format!(
+                    "SELECT topics FROM {} WHERE group_name = $1",
+                    self.tables.groups
+                ),
+                &[SqlValue::Text(self.group.clone())],
+            )
+            .map_err(self.err("reading the group's topics"))
+        })?;
+        match rows.rows.first().map(Vec::as_slice) {
+            Some([SqlValue::Text(t)]) => serde_json::from_str(t)
+                .map_err(|e| self.bad_row(&self.tables.groups, format!("topics: {e}"))),
+            _ => Ok(BTreeMap::new()),
+        }
+    }
+
+    /// Record the identities of the group's topics (at a write-ahead that
+    /// saw them change); `None` forgets `topic`'s (a reset: the next plan
+    /// records the topic there is then).
+    ///
+    /// # Errors
+    /// [`GroupError::Db`]; [`GroupError::BadRow`].
+    pub fn set_topics(
+        &self,
+        topics: &BTreeMap<String, Option<TopicIdentity>>,
+    ) -> Result<(), GroupError> {
+        let mut now = self.topics()?;
+        for (t, i) in topics {
+            match i {
+                Some(i) => now.insert(t.clone(), i.clone()),
+                None => now.remove(t),
+            };
+        }
+        let text = serde_json::to_string(&now).unwrap_or_else(|_| "{}".into());
+        self.tx(|b| {
+            b.execute(
+                &format!(
+                    "UPDATE {} SET topics = $2 WHERE group_name = $1",
+                    self.tables.groups
+                ),
+                &[
+                    SqlValue::Text(self.group.clone()),
+                    SqlValue::Text(text.clone()),
+                ],
+            )
+            .map(drop)
+            .map_err(self.err("recording the group's topics"))
         })
     }
 

@@ -46,7 +46,7 @@ impl GroupTables {
             &format!(
                 "CREATE TABLE IF NOT EXISTS {} (\
                group_name TEXT PRIMARY KEY, fingerprint TEXT NOT NULL, \
-               plugins TEXT NOT NULL DEFAULT '[]', \
+               plugins TEXT NOT NULL DEFAULT '[]', topics TEXT NOT NULL DEFAULT '{{}}', \
                created_at_ms BIGINT NOT NULL, updated_at_ms BIGINT NOT NULL);\
              CREATE TABLE IF NOT EXISTS {} (\
                digest TEXT PRIMARY KEY, bytes {blob} NOT NULL, stored_at_ms BIGINT NOT NULL);\
@@ -69,6 +69,13 @@ impl GroupTables {
                target TEXT NOT NULL, moves TEXT NOT NULL);",
                 self.groups, self.plugins, self.partitions, self.members, self.swaps, self.resets
             ),
+        )?;
+        // A group made before topic identities were recorded (host 0.2).
+        sql::add_column(
+            b,
+            &self.groups,
+            "topics",
+            "topics TEXT NOT NULL DEFAULT '{}'",
         )
     }
 }

@@ -215,6 +215,14 @@ pub fn run(a: GroupResetArgs) -> Result<(), CliError> {
                 "group {group}: {e}; nothing was changed (are members running? stop them first)"
             )
         })?;
+    // The positions now belong to the topics the broker has: the next
+    // plan records their identities anew (a recreated topic is refused
+    // until then).
+    o.store
+        .set_topics(&moving.iter().map(|t| (t.clone(), None)).collect())
+        .map_err(|e| {
+            anyhow!("group {group}: the partitions were moved, but the topics' identities could not be cleared ({e}): run the same reset again")
+        })?;
     outln!(
         "group {group} reset: {} partition(s) moved; members read from the new positions when they claim them",
         moves.len()

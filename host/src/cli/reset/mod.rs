@@ -26,7 +26,7 @@ use clap::Args;
 
 use super::{CliError, ExitCode, WithCode};
 use crate::capability::sql::{SqlGrant, redact};
-use crate::checkpoint::{self, Checkpoint, DirCheckpoint, OpenOptions, ResetRecord, TopicIdentity};
+use crate::checkpoint::{self, DirCheckpoint, OpenOptions, ResetRecord, TopicIdentity};
 use crate::engine::{redact_property, shell_word};
 use crate::sink::SinkDriver;
 use crate::util::rfc3339_ms;

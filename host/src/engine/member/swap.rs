@@ -35,7 +35,7 @@ struct NotCompiled {
 type Compiled = Result<Vec<(Plugin, Vec<u8>)>, NotCompiled>;
 
 /// Watches the group's swaps for one member and reports what it runs.
-pub(super) struct GroupSwaps {
+pub(in crate::engine) struct GroupSwaps {
     store: Arc<GroupStore>,
     runtime: Arc<Runtime>,
     member: String,
@@ -64,7 +64,7 @@ impl GroupSwaps {
     ///
     /// # Errors
     /// The group store's.
-    pub(super) fn start(
+    pub(in crate::engine) fn start(
         store: Arc<GroupStore>,
         runtime: Arc<Runtime>,
         member: String,
@@ -120,11 +120,11 @@ impl GroupSwaps {
     /// thread keeps it fresh otherwise). Store errors are logged,
     /// not returned: the pipeline goes on with the plugins it has. True
     /// when a swap was installed.
-    pub(super) fn at_boundary(
+    pub(in crate::engine) fn at_boundary(
         &mut self,
         cfg: &PipelineConfig,
         stages: &mut Stages,
-        grant: &SqlGrant,
+        grant: Option<&SqlGrant>,
         next_batch: u64,
     ) -> bool {
         let mut changed = false;
@@ -236,7 +236,7 @@ impl GroupSwaps {
         &mut self,
         cfg: &PipelineConfig,
         stages: &mut Stages,
-        grant: &SqlGrant,
+        grant: Option<&SqlGrant>,
         swap: &Swap,
         compiled: Compiled,
         next_batch: u64,
@@ -245,7 +245,7 @@ impl GroupSwaps {
         let mut from_store = cfg.clone();
         from_store.plugins.clear();
         let assembled = compiled.map_err(|e| e.why).and_then(|loaded| {
-            assemble(&from_store, &loaded, &swap.plugins, Some(grant)).map_err(|e| e.to_string())
+            assemble(&from_store, &loaded, &swap.plugins, grant).map_err(|e| e.to_string())
         });
         match assembled {
             Ok(new) if new.refs == swap.plugins => {
@@ -282,7 +282,7 @@ impl GroupSwaps {
     }
 
     /// The member leaves the group: its heartbeat stops, its row goes.
-    pub(super) fn leave(&self) {
+    pub(in crate::engine) fn leave(&self) {
         self.alive.store(false, Ordering::Relaxed);
         if let Err(e) = self.store.leave(&self.member) {
             tracing::warn!("could not remove this member's row from the group: {e}");

@@ -1,0 +1,147 @@
+//! Opening a pipeline group's store for a member (`host run --group`):
+//! the group's tables in the sink database, its fingerprint, its plugins
+//! (plugin authority: a member runs the group's, or changes them only
+//! with `--upgrade`), and the member that answers the coordinator.
+
+use std::sync::Arc;
+
+use crate::checkpoint::group::{DbStore, GroupStore};
+use crate::checkpoint::{Checkpoint, Fingerprint, PluginRef, StageKind};
+use crate::plugin::Runtime;
+use crate::sink::SinkDriver;
+
+use super::super::plan::Holdings;
+use super::super::stages::{assemble, load_plugins, show_refs};
+use super::super::startup::{Opened, connect_sink, sink_db_error};
+use super::super::{EngineError, PipelineConfig};
+use super::Member;
+
+/// Open group `group`'s store in `cfg`'s sink database, check this
+/// member's pipeline against it and settle the plugins to run.
+///
+/// # Errors
+/// [`EngineError::Config`] without `--sink-db` or plugins;
+/// [`EngineError::SinkDb`]; [`EngineError::Group`] (another pipeline
+/// under that name, the database); [`EngineError::PluginAuthority`].
+pub(in crate::engine) fn join(
+    cfg: &PipelineConfig,
+    group: &str,
+    runtime: &Runtime,
+    holdings: &Arc<Holdings>,
+) -> Result<Opened, EngineError> {
+    let Some(url) = cfg.sink_db.clone() else {
+        return Err(EngineError::Config(format!(
+            "--group {group} needs --sink-db: a pipeline group keeps its checkpoint (owners, planned ranges, progress) in the sink database"
+        )));
+    };
+    let db_err = sink_db_error(&url);
+    let Some(grant) = connect_sink(cfg)? else {
+        return Err(EngineError::Config("--group needs --sink-db".into()));
+    };
+    let schema = grant.host_schema();
+    let store = Arc::new(
+        GroupStore::open(&url, cfg.sink_db_password_file.as_deref(), &schema, group)?
+            .retry_for(cfg.sink_retry_for),
+    );
+    // The last swap asked before this member reads the group's plugins:
+    // one asked while it starts is installed at its first batch boundary.
+    let swaps_before = store.latest_swap()?.map_or(0, |s| s.id);
+    let owner = format!("pid {} on {}", std::process::id(), crate::util::hostname());
+    let driver = Arc::new(
+        SinkDriver::new(Some(grant.clone()))
+            .map_err(sink_db_error(&url))?
+            .reconnect_for(cfg.sink_retry_for)
+            .owner(format!("{owner}, group {group}"))
+            .in_group(store.tables().clone(), group.to_string()),
+    );
+    let cp = DbStore::new(
+        store.clone(),
+        driver.clone(),
+        owner.clone(),
+        format!("group {group} in {}", crate::capability::sql::redact(&url)),
+    )?;
+
+    // Without --plugin a member runs the group's current plugins, read
+    // from the group's store; with --plugin it brings its own, which must
+    // be the group's unless --upgrade says to make them the group's.
+    let fingerprint = Fingerprint::new(&cfg.topics);
+    let recorded = if cfg.plugins.is_empty() {
+        let current = store.join(&fingerprint, &[])?;
+        if current.is_empty() {
+            return Err(EngineError::Config(format!(
+                "no plugins: pass --plugin FILE (group {group} records none for new members to take)"
+            )));
+        }
+        current
+    } else {
+        Vec::new()
+    };
+    let location = format!("group {group}");
+    let loaded = load_plugins(cfg, runtime, (&recorded, &location), &|d: &str| {
+        cp.load_plugin(d)
+    })?;
+    let stages = assemble(cfg, &loaded, &recorded, Some(&grant))?;
+    if !cfg.plugins.is_empty() {
+        let current = store.join(&fingerprint, &stages.refs)?;
+        let has_sink = |refs: &[PluginRef]| refs.iter().any(|r| r.stage == StageKind::Sink);
+        if has_sink(&current) && !has_sink(&stages.refs) {
+            return Err(EngineError::Config(format!(
+                "group {group} runs a sink stage and this member's plugins have none: it would record records as applied without writing them. Give it the group's sink plugin (or start it without --plugin to take the group's plugins)"
+            )));
+        }
+        if !current.is_empty() && current != stages.refs {
+            // The group's plugins are its own (a swap, an earlier
+            // upgrade): a member restarted with older files must not put
+            // the group back on them unasked.
+            if !cfg.upgrade {
+                let by = match store.latest_swap()? {
+                    Some(s) if s.plugins == current => format!(
+                        " (set by `host group swap` {}, asked by {})",
+                        s.id, s.requested_by
+                    ),
+                    _ => String::new(),
+                };
+                return Err(EngineError::PluginAuthority {
+                    group: group.to_string(),
+                    current: show_refs(&current),
+                    by,
+                    given: show_refs(&stages.refs),
+                });
+            }
+            tracing::info!(
+                group,
+                "rolling upgrade (--upgrade): the group's plugins become [{}] instead of [{}]; members that start without --plugin take these from now on, and running members keep theirs until they stop",
+                show_refs(&stages.refs),
+                show_refs(&current)
+            );
+        }
+        // Stored before they become the group's: a member that starts
+        // without --plugin reads them from the store.
+        for (_, bytes) in &loaded {
+            cp.store_plugin(bytes)?;
+        }
+        if current != stages.refs {
+            store.set_plugins(&stages.refs)?;
+        }
+    } else {
+        tracing::info!(group, "running the group's current plugins");
+    }
+    if let Some(role) = grant.plugin_role() {
+        grant
+            .check_plugin_role(&role, &store.tables().all())
+            .map_err(db_err)?;
+    }
+    let cp: Arc<dyn Checkpoint> = Arc::new(cp);
+    let member = Arc::new(Member::new(
+        cp.clone(),
+        holdings.clone(),
+        cfg.starting_offsets,
+    ));
+    Ok(Opened {
+        cp,
+        stages,
+        driver,
+        takeover: None,
+        group: Some((member, store, swaps_before, owner)),
+    })
+}
