@@ -116,7 +116,7 @@ impl HostTables {
             ("holes", "holes TEXT NOT NULL DEFAULT '[]'"),
             ("owner", "owner TEXT NOT NULL DEFAULT ''"),
         ] {
-            sql::add_column(b, &progress, column, ddl)?;
+            sql::add_column(b, progress, column, ddl)?;
         }
         Ok(tables)
     }
