@@ -7,7 +7,7 @@ HOST=${HOST:-target/debug/host}
   echo "# CLI reference"
   echo
   echo "Generated from \`host … --help\` by \`scripts/cli-docs.sh\`; a test fails when it is out of date."
-  for cmd in "" "run" "demo" "test" "swap" "status" "plugin new" "plugin inspect" "checkpoint show" "checkpoint reset" "group status" "group swap" "group reset"; do
+  for cmd in "" "run" "demo" "test" "swap" "status" "plugin new" "plugin inspect" "checkpoint show" "checkpoint reset" "group status" "group swap" "group reset" "group adopt" "group disband"; do
     echo
     echo "## host${cmd:+ $cmd}"
     echo

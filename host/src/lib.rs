@@ -12,16 +12,22 @@
 //!   (SQLite and PostgreSQL sessions, the statement guard).
 //! - [`plugin`]: wasmtime engine, sandbox limits, component loading, the
 //!   WIT host imports, the map chain.
-//! - [`checkpoint`]: the [`checkpoint::Checkpoint`] seam and its directory
-//!   implementation: write-ahead offset log, commit log, lock, fencing
-//!   [`checkpoint::Epoch`], plugin store.
+//! - [`checkpoint`]: the [`checkpoint::Checkpoint`] seam (claim with an
+//!   owner epoch per partition, write-ahead, commit, plugin store) and its
+//!   two stores: a directory ([`checkpoint::DirStore`]: offset log, commit
+//!   log, lock, fencing [`checkpoint::Epoch`]) and a pipeline group's
+//!   tables in the sink database ([`checkpoint::group::DbStore`]), and a
+//!   pipeline's moves between them.
 //! - [`sink`]: the sink driver (one transaction per part of a partition's
-//!   range, with its progress row) and `checkpoint reset`'s row moves.
+//!   range, with its progress row), the resets' row moves and the rows a
+//!   pipeline takes along between its stores.
 //! - [`metrics`]: the Prometheus endpoint.
 //! - [`control`]: the owner's control socket (status, handover, swap).
 //! - [`status_line`]: the one-line progress display.
-//! - [`engine`]: the micro-batch loop: startup, batch boundary, plan,
-//!   batch (fetch, map, sink thread), error policy, commit, progress.
+//! - [`engine`]: the one micro-batch loop, for a single host and a group
+//!   member: startup, batch boundary, plan, batch (fetch, map, sink
+//!   thread), error policy, commit, progress; what a group member adds
+//!   (claims on assign, revokes, group swaps).
 //! - [`demo`]: `host demo` (embedded broker and SQLite).
 //! - [`cli`]: command-line parsing and the subcommands; `main` owns exit
 //!   codes.

@@ -769,6 +769,70 @@ fn a_group_refuses_a_recreated_topic_before_reading_and_the_advised_reset_moves_
     assert_eq!(values.len(), 26, "a record applied twice: {values:?}");
 }
 
+/// `host status --group` against a running member: the member's own view
+/// (its last committed batch and progress, recorded by its heartbeat) and
+/// the group's (topics, plugins, each partition's owner and applied end),
+/// from the sink database; as a table and as JSON.
+#[test]
+fn host_status_shows_a_group_members_view_and_the_groups() {
+    let db = Db::sqlite();
+    let mock = Mock::new();
+    mock.create_topic("events", 2);
+    produce(&mock, "events", 0, 60, 2);
+    let a = HostProcess::start(&member_args(&mock, &db, "g14", &[]));
+    wait_for_count(
+        &db,
+        60,
+        "the member applies",
+        Duration::from_secs(60),
+        &[&a],
+    );
+    let status = |json: bool| {
+        let mut args = vec!["status", "--group", "g14", "--sink-db", &db.url];
+        if json {
+            args.push("--json");
+        }
+        let out = crate::support::host(&args);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            crate::support::stderr(&out)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // The heartbeat records the member's view every 5 s.
+    let started = std::time::Instant::now();
+    let v = loop {
+        let v: serde_json::Value = serde_json::from_str(&status(true)).unwrap();
+        if v["members"][0]["live"]["last_committed"].is_u64() {
+            break v;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no member view: {v}\n{}",
+            a.log()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let live = &v["members"][0]["live"];
+    assert_eq!(live["pid"].as_u64(), Some(u64::from(a.pid())), "{v}");
+    assert_eq!(live["last_progress"]["group"], "g14", "{v}");
+    assert_eq!(v["partitions"].as_array().map(Vec::len), Some(2), "{v}");
+    let applied: i64 = v["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["applied_end"].as_i64().unwrap_or(0))
+        .sum();
+    assert_eq!(applied, 60, "{v}");
+    let text = status(false);
+    assert!(text.contains("group       g14"), "{text}");
+    assert!(text.contains("last batch"), "{text}");
+    let mut a = a;
+    assert_eq!(a.term(), Some(0), "{}", a.log());
+}
+
 /// `host group reset`: refused while a member is live; with --force and
 /// --reapply a running member is fenced, claims again and applies from the
 /// new position; forward, the records jumped over are recorded as never

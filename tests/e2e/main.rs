@@ -22,6 +22,7 @@ mod groups;
 mod handover;
 mod kafka;
 mod maxwell;
+mod moves;
 mod pipeline;
 mod plugin_cli;
 mod plugin_runtime;

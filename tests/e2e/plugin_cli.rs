@@ -389,6 +389,8 @@ fn cli_reference_matches_help() {
         "group status",
         "group swap",
         "group reset",
+        "group adopt",
+        "group disband",
     ] {
         let mut args: Vec<&str> = cmd.split_whitespace().collect();
         args.push("--help");

@@ -877,7 +877,10 @@ fn map_and_sink(
     let keys: Vec<String> = mapped
         .outputs
         .iter()
-        .map(|o| o.idempotency_key(&source[o.source_index]))
+        .map(|o| {
+            let s = &source[o.source_index];
+            o.idempotency_key(s.topic, s.partition)
+        })
         .collect();
     let recs: Vec<SinkRecord<'_>> = mapped
         .outputs

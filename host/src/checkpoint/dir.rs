@@ -13,8 +13,8 @@ use sha2::{Digest, Sha256};
 use super::entry::{self, CommitEntry, Counts, OffsetsEntry, PluginRef, Timings, TopicIdentity};
 use super::recovery::{analyze, list_ids};
 use super::{
-    CheckpointError, Epoch, Fingerprint, Metadata, OpenOptions, OwnerInfo, Recovery, ResetRecord,
-    fsio, io_err, lock, trust,
+    CheckpointError, Epoch, Fingerprint, Metadata, Moved, OpenOptions, OwnerInfo, Recovery,
+    ResetRecord, fsio, io_err, lock, trust,
 };
 use crate::source::PartitionRange;
 use crate::util::now_ms;
@@ -103,6 +103,14 @@ impl DirCheckpoint {
             });
         }
         trust::check(dir)?;
+        if !opts.allow_moved
+            && let Some(moved) = moved_marker(dir)?
+        {
+            return Err(CheckpointError::Moved {
+                dir: dir.to_path_buf(),
+                moved,
+            });
+        }
         let mut lock_file =
             match lock::acquire(dir, opts.wait).map_err(io_err(dir.join("lock"), "lock"))? {
                 lock::LockAttempt::Held(f) => f,
@@ -158,7 +166,7 @@ impl DirCheckpoint {
             });
         }
         let analysis = analyze(dir, previous)?;
-        let epoch = previous.next();
+        let epoch = previous.max(opts.min_epoch).next();
         lock::write_epoch(dir, epoch).map_err(io_err(dir.join("epoch"), "write epoch"))?;
         lock::write_owner(
             &mut lock_file,
@@ -349,6 +357,31 @@ impl DirCheckpoint {
         Ok(batch_id)
     }
 
+    /// Record that the pipeline moved to a group (`host group adopt`), or
+    /// is moving here from one (`host group disband`, until it is done):
+    /// `host run` refuses the directory meanwhile.
+    ///
+    /// # Errors
+    /// [`CheckpointError::Io`].
+    pub fn mark_moved(&self, moved: &Moved) -> Result<(), CheckpointError> {
+        let bytes = serde_json::to_vec_pretty(moved)
+            .map_err(|e| io_err(&self.dir, "encode moved")(io::Error::other(e)))?;
+        fsio::write_replace(&self.dir, MOVED, &bytes, "moved")
+            .map_err(io_err(self.dir.join(MOVED), "write moved marker"))
+    }
+
+    /// The pipeline runs from this directory again: remove the marker.
+    ///
+    /// # Errors
+    /// [`CheckpointError::Io`].
+    pub fn clear_moved(&self) -> Result<(), CheckpointError> {
+        match std::fs::remove_file(self.dir.join(MOVED)) {
+            Ok(()) => fsio::sync_dir(&self.dir).map_err(io_err(&self.dir, "sync directory")),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_err(self.dir.join(MOVED), "remove moved marker")(e)),
+        }
+    }
+
     /// Path of a stored component.
     pub fn plugin_path(&self, digest: &str) -> PathBuf {
         self.dir.join("plugins").join(digest)
@@ -485,6 +518,30 @@ impl DirCheckpoint {
     /// [`CheckpointError::Corrupt`] when missing or altered.
     pub fn load_plugin(&self, digest: &str) -> Result<(PathBuf, Vec<u8>), CheckpointError> {
         read_stored_plugin(&self.dir, digest)
+    }
+}
+
+/// The marker file of a pipeline that moved to a group.
+const MOVED: &str = "moved";
+
+/// The `moved` marker of the checkpoint at `dir`, if it has one.
+///
+/// # Errors
+/// [`CheckpointError::Corrupt`] for an unreadable marker.
+pub fn moved_marker(dir: &Path) -> Result<Option<Moved>, CheckpointError> {
+    match std::fs::read(dir.join(MOVED)) {
+        Ok(bytes) => {
+            serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|e| CheckpointError::Corrupt {
+                    file: dir.join(MOVED),
+                    reason: format!(
+                        "{e}; it records the group the pipeline moved to (`host group adopt`)"
+                    ),
+                })
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(io_err(dir.join(MOVED), "read moved marker")(e)),
     }
 }
 

@@ -41,7 +41,7 @@ use serde::{Deserialize, Serialize};
 /// The offset range entries record (defined with the reader that fetches
 /// it).
 pub use crate::source::PartitionRange;
-pub use dir::{DirCheckpoint, check_fingerprint, exists, read_stored_plugin};
+pub use dir::{DirCheckpoint, check_fingerprint, exists, moved_marker, read_stored_plugin};
 pub use dir_store::DirStore;
 pub use entry::{
     CommitEntry, Counts, DataLossGap, EnvelopeError, FORMAT_VERSION, OffsetsEntry, PluginRef,
@@ -150,6 +150,16 @@ pub enum CheckpointError {
     NotACheckpoint {
         /// The directory.
         dir: PathBuf,
+    },
+    /// The pipeline runs in a pipeline group now (`host group adopt`).
+    #[error(
+        "checkpoint {}: the pipeline moved to {} ({}); run it as a group member (`host run --group {} --sink-db URL …`), or bring it back here with `host group disband --group {} --sink-db URL --checkpoint {}`", .dir.display(), .moved.to, crate::util::rfc3339_ms(.moved.at_ms), .moved.group, .moved.group, .dir.display()
+    )]
+    Moved {
+        /// The checkpoint directory.
+        dir: PathBuf,
+        /// Where the pipeline went.
+        moved: Moved,
     },
     /// A call out of the documented order (a bug in the caller).
     #[error("checkpoint {dir}: {reason}")]
@@ -298,6 +308,12 @@ pub struct OpenOptions {
     pub retention: u64,
     /// Create the directory if it does not exist.
     pub create: bool,
+    /// The epoch issued is above this one too (a pipeline coming from a
+    /// group, whose progress rows carry the group's owner epochs).
+    pub min_epoch: Epoch,
+    /// Open a checkpoint whose pipeline moved to a group (only `host group
+    /// adopt` and `host group disband` do).
+    pub allow_moved: bool,
 }
 
 impl Default for OpenOptions {
@@ -308,8 +324,22 @@ impl Default for OpenOptions {
             wait: None,
             retention: DEFAULT_RETENTION,
             create: true,
+            min_epoch: Epoch::default(),
+            allow_moved: false,
         }
     }
+}
+
+/// The `moved` marker of a checkpoint directory whose pipeline runs in a
+/// pipeline group (JSON).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Moved {
+    /// The group.
+    pub group: String,
+    /// The group and its database, for messages.
+    pub to: String,
+    /// When, ms since the Unix epoch.
+    pub at_ms: i64,
 }
 
 /// Where processing continues after opening a checkpoint.

@@ -22,11 +22,12 @@ macro_rules! outln {
 
 mod checkpoint_cmd;
 mod demo_cmd;
-mod group_cmd;
+pub(crate) mod group_cmd;
 mod plugin_cmd;
 mod reset;
 pub mod run_cmd;
 pub mod settings;
+mod status_cmd;
 pub(crate) mod swap_cmd;
 mod test_cmd;
 
@@ -118,7 +119,7 @@ pub enum Command {
     /// effect).
     Swap(swap_cmd::SwapArgs),
     /// Show the owner, epoch, current batch, plugins and last progress.
-    Status(swap_cmd::StatusArgs),
+    Status(status_cmd::StatusArgs),
     /// Run a plugin's map stage(s) over records from a file and print the
     /// outputs as JSON lines (no Kafka, no checkpoint).
     Test(test_cmd::TestArgs),
@@ -360,7 +361,7 @@ pub fn main() -> std::process::ExitCode {
         Command::Demo(args) => demo_cmd::run(args),
         Command::Run(args) => run_cmd::run(*args),
         Command::Swap(args) => swap_cmd::swap(args),
-        Command::Status(args) => swap_cmd::status(args),
+        Command::Status(args) => status_cmd::status(args),
         Command::Test(args) => test_cmd::run(args),
         Command::Plugin(cmd) => plugin_cmd::run(cmd),
         Command::Checkpoint(cmd) => checkpoint_cmd::run(cmd),

@@ -45,9 +45,13 @@ pub enum EngineError {
     },
     /// The sink database holds another pipeline's progress on our topics.
     #[error(
-        "sink database {url} already holds the progress of another pipeline (another checkpoint) on these topics: {others}. If both write the same tables, each record is applied twice. To go on with that pipeline, run with its checkpoint; to start over on purpose, delete its rows first ({delete}); if both pipelines should apply every record (say, into different tables), pass --allow-shared-sink to each of them"
+        "sink database {url} already holds the progress of another pipeline (another checkpoint) on these topics: {others}. If both write the same tables, each record is applied twice. {moving}To go on with that pipeline, run with its checkpoint; to start over on purpose, delete its rows first ({delete}); if both pipelines should apply every record (say, into different tables), pass --allow-shared-sink to each of them"
     )]
     SharedSink {
+        /// How to move that pipeline to this store (`host group adopt` or
+        /// `host group disband`), when it is ours in another store; empty
+        /// otherwise.
+        moving: String,
         /// The `--sink-db` URL, password redacted.
         url: String,
         /// The other pipelines: query id, topic, partitions, last update

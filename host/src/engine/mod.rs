@@ -27,7 +27,8 @@
 //!
 //! Files: this one is the loop ([`run_with`]: startup, then per batch
 //! boundary → plan → write-ahead → fetch, map, sink → commit → report);
-//! `startup` opens the store and assembles the pipeline, `boundary` acts
+//! `startup` assembles the pipeline, `open` opens a checkpoint directory
+//! (`member::join` a group's store), `boundary` acts
 //! on control requests (swap, handover) and group swaps between batches,
 //! `plan` holds the partitions and chooses the ranges, `batch` runs one
 //! batch's fetch and map (with `map_threads` mapping the pieces and
@@ -54,6 +55,7 @@ mod config;
 mod error;
 mod map_threads;
 mod member;
+mod open;
 mod plan;
 mod policy;
 mod progress;
@@ -80,11 +82,11 @@ pub use config::{
     default_map_threads, redact_property, shell_word,
 };
 pub use error::EngineError;
+pub use open::Acquire;
 pub use plan::ends;
 use progress::ms;
 pub use progress::{PartitionProgress, Progress};
 pub use stages::{swap_targets, swapped_refs};
-pub use startup::Acquire;
 
 /// What a run did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -112,7 +112,8 @@ pub(crate) struct Planner {
     /// With `--until-caught-up`: each partition's high watermark when it
     /// was first planned.
     targets: BTreeMap<TopicPartition, i64>,
-    /// Whether a plan ran (targets are set from the first one on).
+    /// Whether a plan of new ranges ran (targets are set from the first
+    /// one on).
     planned_once: bool,
     highs: BTreeMap<TopicPartition, i64>,
     /// The identity the positions belong to, per topic.
@@ -180,12 +181,14 @@ impl Planner {
         cp: &dyn Checkpoint,
         holdings: &Holdings,
     ) -> Result<Planned, EngineError> {
-        let first_plan = !self.planned_once;
-        self.planned_once = true;
         let held = holdings.snapshot();
         if held.values().any(|c| matches!(c.start, Start::Rerun(_))) {
             return self.plan_reruns(source, cfg, cp, &held);
         }
+        // Targets are set from the first plan of new ranges on (a re-run
+        // runs before it).
+        let first_plan = !self.planned_once;
+        self.planned_once = true;
         let mut planned = Planned {
             ranges: Vec::new(),
             epochs: BTreeMap::new(),

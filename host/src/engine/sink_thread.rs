@@ -114,10 +114,7 @@ pub(super) fn run_sink(
         let keys: Vec<String> = if sink.is_some() {
             job.outputs
                 .iter()
-                .map(|o| {
-                    let s = &job.records[o.source_index];
-                    o.idempotency_key(&s.view(&job.part.topic, job.part.partition))
-                })
+                .map(|o| o.idempotency_key(&job.part.topic, job.part.partition))
                 .collect()
         } else {
             Vec::new()

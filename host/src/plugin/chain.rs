@@ -19,6 +19,9 @@ use super::{CallContext, Instance, PluginError, StageFailure, Trapped};
 pub struct ChainOutput {
     /// Index of the source record in the batch.
     pub source_index: usize,
+    /// The source record's offset (its topic and partition are the
+    /// batch's): with `output_index`, all the idempotency key needs.
+    pub offset: i64,
     /// Position among its source record's outputs (0-based): the `n` of
     /// the idempotency key (see [`ChainOutput::idempotency_key`]).
     pub output_index: u32,
@@ -32,16 +35,11 @@ pub struct ChainOutput {
 
 impl ChainOutput {
     /// `{topic}/{partition}/{offset}[#n]` (DESIGN.md, "Idempotency key"),
-    /// for this output of `source`, its source record. Made when a sink
+    /// for this output of a record of `topic/partition`. Made when a sink
     /// needs it, not for every output: most pipelines without a sink
     /// plugin never use it.
-    pub fn idempotency_key(&self, source: &Record<'_>) -> String {
-        wire::idempotency_key(
-            source.topic,
-            source.partition,
-            source.offset,
-            self.output_index,
-        )
+    pub fn idempotency_key(&self, topic: &str, partition: i32) -> String {
+        wire::idempotency_key(topic, partition, self.offset, self.output_index)
     }
 }
 
@@ -229,6 +227,7 @@ pub fn run_chain(
         last = Some((p.source, n));
         outputs.push(ChainOutput {
             source_index: p.source,
+            offset: source[p.source].offset,
             output_index: n,
             key: p.key,
             value: p.value,

@@ -172,6 +172,43 @@ impl AppliedSet {
     }
 }
 
+/// The group store reads what was applied through the driver, which
+/// owns `sluice_progress` (the store stays below the sink).
+impl crate::checkpoint::AppliedProgress for super::SinkDriver {
+    fn applied_on(
+        &self,
+        b: &mut dyn crate::capability::sql::Backend,
+        query_id: &str,
+        topic: &str,
+        partition: i32,
+    ) -> Result<Option<(i64, crate::checkpoint::Epoch)>, crate::capability::sql::DbError> {
+        self.applied_end_and_epoch_on(b, query_id, topic, partition)
+    }
+
+    fn start_at(
+        &self,
+        query_id: &str,
+        topic: &str,
+        partition: i32,
+        epoch: crate::checkpoint::Epoch,
+        at: i64,
+    ) -> Result<(), crate::checkpoint::group::GroupError> {
+        super::SinkDriver::start_at(self, query_id, topic, partition, epoch, at).map_err(
+            |e| match e {
+                super::SinkError::Group(e) => e,
+                other => crate::checkpoint::group::GroupError::Db {
+                    group: query_id.to_string(),
+                    during: "recording where a partition starts",
+                    error: crate::capability::sql::DbError {
+                        message: other.to_string(),
+                        code: "sluice".into(),
+                    },
+                },
+            },
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

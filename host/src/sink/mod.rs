@@ -28,9 +28,11 @@
 //! Files: this one holds the driver and the plugin calls; `transaction`
 //! applies a part in one database transaction, `tables` reads and writes
 //! the host's tables, `applied` is the applied-offsets set of a progress
-//! row, `reset` moves rows for `host checkpoint reset`.
+//! row, `reset` moves rows for `host checkpoint reset` and `host group
+//! reset`, `moves` hands them over between a checkpoint and a group.
 
 pub mod applied;
+mod moves;
 pub mod reset;
 mod tables;
 mod transaction;
@@ -638,36 +640,3 @@ pub(super) fn run_plugin(
 
 #[cfg(test)]
 mod tests;
-
-impl crate::checkpoint::AppliedProgress for SinkDriver {
-    fn applied_on(
-        &self,
-        b: &mut dyn crate::capability::sql::Backend,
-        query_id: &str,
-        topic: &str,
-        partition: i32,
-    ) -> Result<Option<(i64, crate::checkpoint::Epoch)>, DbError> {
-        self.applied_end_and_epoch_on(b, query_id, topic, partition)
-    }
-
-    fn start_at(
-        &self,
-        query_id: &str,
-        topic: &str,
-        partition: i32,
-        epoch: crate::checkpoint::Epoch,
-        at: i64,
-    ) -> Result<(), crate::checkpoint::group::GroupError> {
-        SinkDriver::start_at(self, query_id, topic, partition, epoch, at).map_err(|e| match e {
-            SinkError::Group(e) => e,
-            other => crate::checkpoint::group::GroupError::Db {
-                group: query_id.to_string(),
-                during: "recording where a partition starts",
-                error: DbError {
-                    message: other.to_string(),
-                    code: "sluice".into(),
-                },
-            },
-        })
-    }
-}

@@ -42,20 +42,20 @@ pub struct RowReport {
 }
 
 /// A progress row as a reset or a recorded start writes it.
-struct RowWrite<'a> {
-    query_id: &'a str,
-    topic: &'a str,
-    partition: i32,
-    epoch: u64,
-    batch_id: u64,
+pub(super) struct RowWrite<'a> {
+    pub(super) query_id: &'a str,
+    pub(super) topic: &'a str,
+    pub(super) partition: i32,
+    pub(super) epoch: u64,
+    pub(super) batch_id: u64,
     /// Recorded as the row's writer; `None` keeps an existing row's.
-    owner: Option<&'a str>,
+    pub(super) owner: Option<&'a str>,
 }
 
 impl SinkDriver {
     /// Make `w`'s progress row `after` (`None`: delete it), inside the
     /// transaction open on `b`.
-    fn write_row(
+    pub(super) fn write_row(
         &self,
         b: &mut dyn Backend,
         w: &RowWrite<'_>,
@@ -108,7 +108,7 @@ impl SinkDriver {
     /// succeeds (rolled back instead with `dry_run`), rolled back when it
     /// fails. `err` turns a database error of begin/commit into the
     /// caller's.
-    fn in_own_transaction<T>(
+    pub(super) fn in_own_transaction<T>(
         &self,
         g: &crate::capability::sql::SqlGrant,
         err: impl Fn(DbError) -> SinkError,
@@ -151,7 +151,7 @@ impl SinkDriver {
     }
 
     /// [`SinkDriver::progress_rows`] on `b`.
-    fn read_rows(
+    pub(super) fn read_rows(
         &self,
         b: &mut dyn Backend,
         query_id: &str,

@@ -98,6 +98,11 @@ impl HostProcess {
         }
     }
 
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Everything logged so far.
     pub fn log(&self) -> String {
         self.lines.lock().unwrap().join("\n")

@@ -137,6 +137,15 @@ pub fn claim_on(
         table: tables.partitions.clone(),
         why,
     };
+    // A group whose pipeline moved to a checkpoint directory (`host group
+    // disband`) is claimed by nobody: its progress rows are that
+    // directory's now.
+    if let Some(to) = moved_to(b, tables, group)? {
+        return Err(GroupError::Moved {
+            group: group.to_string(),
+            to,
+        });
+    }
     let key = row_key(group, topic, partition);
     let before = b
         .query(
@@ -253,3 +262,64 @@ pub fn record_reset(
 /// member fenced by it claims the partition again (it is still assigned
 /// to it).
 pub const RESET_OWNER: &str = "host group reset";
+
+/// Make `planned` the range in flight of `topic/partition` (`None`: none),
+/// inside the caller's transaction on `b`.
+///
+/// # Errors
+/// [`GroupError::Db`].
+pub fn set_planned_on(
+    b: &mut dyn Backend,
+    tables: &GroupTables,
+    group: &str,
+    (topic, partition): (&str, i32),
+    planned: Option<&Planned>,
+) -> Result<(), GroupError> {
+    let mut params = row_key(group, topic, partition);
+    params.push(match planned {
+        Some(p) => SqlValue::Text(serde_json::to_string(p).unwrap_or_default()),
+        None => SqlValue::Null,
+    });
+    b.execute(
+        &format!(
+            "UPDATE {} SET planned = $4 WHERE group_name = $1 AND topic = $2 AND \"partition\" = $3",
+            tables.partitions
+        ),
+        &params,
+    )
+    .map(drop)
+    .map_err(|error| GroupError::Db {
+        group: group.to_string(),
+        during: "writing a planned range",
+        error,
+    })
+}
+
+/// Where the group's pipeline moved (`host group disband`), if it did, read
+/// on `b`.
+///
+/// # Errors
+/// [`GroupError::Db`].
+pub fn moved_to(
+    b: &mut dyn Backend,
+    tables: &GroupTables,
+    group: &str,
+) -> Result<Option<String>, GroupError> {
+    let rows = b
+        .query(
+            &format!(
+                "SELECT moved_to FROM {} WHERE group_name = $1",
+                tables.groups
+            ),
+            &[SqlValue::Text(group.to_string())],
+        )
+        .map_err(|error| GroupError::Db {
+            group: group.to_string(),
+            during: "reading where the group's pipeline is",
+            error,
+        })?;
+    Ok(match rows.rows.first().map(Vec::as_slice) {
+        Some([SqlValue::Text(to)]) => Some(to.clone()),
+        _ => None,
+    })
+}

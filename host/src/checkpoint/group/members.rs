@@ -25,6 +25,11 @@ pub struct MemberRow {
     pub started_at_ms: i64,
     /// When it last reported, ms since the Unix epoch.
     pub seen_at_ms: i64,
+    /// Its own view, as of `seen_at_ms` (refreshed every 5 s): pid, host,
+    /// the batch in flight, the last committed batch and its progress
+    /// event (the fields of `host status` for a single host). `None` from
+    /// a host before 0.3.
+    pub live: Option<serde_json::Value>,
 }
 
 /// A member not seen for this long (ms) counts as gone: a live member's
@@ -94,23 +99,24 @@ impl GroupStore {
         })
     }
 
-    /// `member` is alive: its `seen_at_ms` becomes now (a heartbeat).
-    /// False when it has no row (never reported, or deleted by hand): the
-    /// caller reports again.
+    /// `member` is alive: its `seen_at_ms` becomes now (a heartbeat), and
+    /// its own view `live` (JSON) is recorded. False when it has no row
+    /// (never reported, or deleted by hand): the caller reports again.
     ///
     /// # Errors
     /// [`GroupError::Db`].
-    pub fn touch(&self, member: &str) -> Result<bool, GroupError> {
+    pub fn touch(&self, member: &str, live: &str) -> Result<bool, GroupError> {
         self.tx(|b| {
             b.execute(
                 &format!(
-                    "UPDATE {} SET seen_at_ms = $3 WHERE group_name = $1 AND member = $2",
+                    "UPDATE {} SET seen_at_ms = $3, live = $4 WHERE group_name = $1 AND member = $2",
                     self.tables.members
                 ),
                 &[
                     SqlValue::Text(self.group.clone()),
                     SqlValue::Text(member.to_string()),
                     SqlValue::Integer(crate::util::now_ms()),
+                    SqlValue::Text(live.to_string()),
                 ],
             )
             .map(|n| n > 0)
@@ -144,19 +150,28 @@ impl GroupStore {
     /// # Errors
     /// [`GroupError::Db`]; [`GroupError::BadRow`].
     pub fn members(&self) -> Result<Vec<MemberRow>, GroupError> {
-        let rows = match self.read(|b| {
-            b.query(
-                &format!(
-                    "SELECT member, plugins, swap_id, swap_error, started_at_ms, seen_at_ms FROM {} \
-                     WHERE group_name = $1 ORDER BY member",
-                    self.tables.members
-                ),
-                &[SqlValue::Text(self.group.clone())],
+        let select = |live: &str| {
+            format!(
+                "SELECT member, plugins, swap_id, swap_error, started_at_ms, seen_at_ms, {live} FROM {} \
+                 WHERE group_name = $1 ORDER BY member",
+                self.tables.members
             )
-            .map_err(self.err("reading the group's members"))
-        }) {
+        };
+        let query = |sql: String| {
+            self.read(|b| {
+                b.query(&sql, &[SqlValue::Text(self.group.clone())])
+                    .map_err(self.err("reading the group's members"))
+            })
+        };
+        let rows = match query(select("live")) {
             Ok(rows) => rows,
-            // Tables of an older host, read by `host group status`.
+            // Tables of an older host, read by `host group status`: no
+            // `live` column yet, or no tables at all.
+            Err(GroupError::Db { error, .. })
+                if error.code == "42703" || error.message.contains("no such column") =>
+            {
+                query(select("NULL"))?
+            }
             Err(GroupError::Db { error, .. }) if error.is_missing_table() => return Ok(Vec::new()),
             Err(e) => return Err(e),
         };
@@ -170,6 +185,7 @@ impl GroupStore {
                     swap_error,
                     SqlValue::Integer(started_at_ms),
                     SqlValue::Integer(seen_at_ms),
+                    live,
                 ] => Ok(MemberRow {
                     member: member.clone(),
                     plugins: serde_json::from_str(plugins)
@@ -181,6 +197,10 @@ impl GroupStore {
                     },
                     started_at_ms: *started_at_ms,
                     seen_at_ms: *seen_at_ms,
+                    live: match live {
+                        SqlValue::Text(l) => serde_json::from_str(l).ok(),
+                        _ => None,
+                    },
                 }),
                 other => {
                     Err(self.bad_row(&self.tables.members, format!("unexpected row {other:?}")))

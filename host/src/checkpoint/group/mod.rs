@@ -38,11 +38,14 @@
 //! Files: this one holds the errors and row types; `tables` the table
 //! names and their creation, `fence` claim and fencing on a partition's
 //! row inside the caller's transaction, `store` the [`GroupStore`],
-//! `members` the members' rows and the swaps.
+//! `members` the members' rows and the swaps, `moves` a pipeline moving
+//! between a checkpoint directory and a group, `db_store` the group's
+//! store behind the checkpoint seam.
 
 mod db_store;
 mod fence;
 mod members;
+mod moves;
 mod store;
 mod tables;
 
@@ -52,8 +55,11 @@ use super::{Epoch, PluginRef};
 use crate::capability::sql::DbError;
 
 pub use db_store::DbStore;
-pub use fence::{RESET_OWNER, abandon_planned, claim_on, fence, record_reset};
+pub use fence::{
+    RESET_OWNER, abandon_planned, claim_on, fence, moved_to, record_reset, set_planned_on,
+};
 pub use members::{GONE_AFTER_MS, MemberRow, Swap};
+pub use moves::{Adopted, DISBAND_OWNER, adopt_on, disband_on};
 pub use store::GroupStore;
 pub use tables::GroupTables;
 
@@ -105,6 +111,24 @@ pub enum GroupError {
         group: String,
         /// The plugins now (JSON).
         now: String,
+    },
+    /// The group's pipeline runs from a checkpoint directory now.
+    #[error(
+        "group {group}: its pipeline moved to {to} (`host group disband`), which holds its progress now; run it there (`host run --checkpoint DIR`), or make it a group again with `host group adopt`"
+    )]
+    Moved {
+        /// The group.
+        group: String,
+        /// Where it went (the checkpoint directory).
+        to: String,
+    },
+    /// `host group adopt` into a group that exists and runs.
+    #[error(
+        "group {group} exists already and runs its own pipeline: adopt the checkpoint under another --group name (or disband that group first)"
+    )]
+    Exists {
+        /// The group.
+        group: String,
     },
     /// A stored row cannot be read.
     #[error(

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Mutex;
 
-use super::fence::{claim_on, fence, for_update, in_tx, row_key};
+use super::fence::{claim_on, fence, for_update, in_tx, row_key, set_planned_on};
 use super::{Claim, GroupError, GroupTables, PartitionRow, Planned};
 use crate::capability::sql::{self, Backend, DbError, Dialect, SqlValue};
 use crate::checkpoint::{Epoch, Fingerprint, PluginRef, TopicIdentity};
@@ -195,6 +195,15 @@ impl GroupStore {
         Ok(Some((fp, plugins)))
     }
 
+    /// Where the group's pipeline moved (`host group disband`), if it
+    /// did: members are refused then.
+    ///
+    /// # Errors
+    /// [`GroupError::Db`].
+    pub fn moved_to(&self) -> Result<Option<String>, GroupError> {
+        self.read(|b| super::fence::moved_to(b, &self.tables, &self.group))
+    }
+
     /// The group's name.
     pub fn group(&self) -> &str {
         &self.group
@@ -239,6 +248,12 @@ impl GroupStore {
         let fp = serde_json::to_string(fingerprint).unwrap_or_default();
         let mine = serde_json::to_string(plugins).unwrap_or_default();
         self.tx(|b| {
+            if let Some(to) = super::fence::moved_to(b, &self.tables, &self.group)? {
+                return Err(GroupError::Moved {
+                    group: self.group.clone(),
+                    to,
+                });
+            }
             let now = crate::util::now_ms();
             b.execute(
                 &format!(
@@ -560,20 +575,7 @@ impl GroupStore {
         partition: i32,
         planned: Option<&Planned>,
     ) -> Result<(), GroupError> {
-        let mut params = row_key(&self.group, topic, partition);
-        params.push(match planned {
-            Some(p) => SqlValue::Text(serde_json::to_string(p).unwrap_or_default()),
-            None => SqlValue::Null,
-        });
-        b.execute(
-            &format!(
-                "UPDATE {} SET planned = $4 WHERE group_name = $1 AND topic = $2 AND \"partition\" = $3",
-                self.tables.partitions
-            ),
-            &params,
-        )
-        .map(drop)
-        .map_err(self.err("writing a planned range"))
+        set_planned_on(b, &self.tables, &self.group, (topic, partition), planned)
     }
 
     /// Every partition row of the group, by topic and partition.

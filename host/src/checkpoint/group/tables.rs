@@ -70,12 +70,17 @@ impl GroupTables {
                 self.groups, self.plugins, self.partitions, self.members, self.swaps, self.resets
             ),
         )?;
-        // A group made before topic identities were recorded (host 0.2).
-        sql::add_column(
-            b,
-            &self.groups,
-            "topics",
-            "topics TEXT NOT NULL DEFAULT '{}'",
-        )
+        // Columns a group made by an older host lacks: the topic
+        // identities, where its pipeline came from and went
+        // (`host group adopt`, `host group disband`).
+        for (column, ddl) in [
+            ("topics", "topics TEXT NOT NULL DEFAULT '{}'"),
+            ("adopted_from", "adopted_from TEXT"),
+            ("moved_to", "moved_to TEXT"),
+        ] {
+            sql::add_column(b, &self.groups, column, ddl)?;
+        }
+        // And a member's own view, recorded by its heartbeat.
+        sql::add_column(b, &self.members, "live", "live TEXT")
     }
 }

@@ -287,10 +287,10 @@ fn members_report_what_they_run_and_leave_without_a_trace() {
         assert_eq!(rows[1].swap_id, 3, "{url}");
         assert_eq!(rows[1].swap_error.as_deref(), Some("does not compile"));
         assert!(rows[1].seen_at_ms >= rows[1].started_at_ms, "{url}");
-        assert!(g.touch("pid 1 on a").unwrap(), "{url}");
+        assert!(g.touch("pid 1 on a", "{}").unwrap(), "{url}");
         g.leave("pid 1 on a").unwrap();
         // Gone: the heartbeat says so, and the member reports again.
-        assert!(!g.touch("pid 1 on a").unwrap(), "{url}");
+        assert!(!g.touch("pid 1 on a", "{}").unwrap(), "{url}");
         let rows = g.members().unwrap();
         assert_eq!(rows.len(), 1, "{url}: {rows:?}");
         assert_eq!(rows[0].member, "pid 2 on b", "{url}");

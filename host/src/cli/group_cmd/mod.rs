@@ -1,5 +1,6 @@
 //! `host group …`: a pipeline group's checkpoint in the sink database,
-//! looked at (`status`) and acted on (`swap`).
+//! looked at (`status`) and acted on (`swap`, `reset`), and a pipeline
+//! moved between a checkpoint directory and a group (`adopt`, `disband`).
 
 use std::path::PathBuf;
 
@@ -10,8 +11,9 @@ use crate::capability::sql::{self, SqlGrant};
 use crate::checkpoint::group::GroupStore;
 use crate::checkpoint::{Fingerprint, PluginRef};
 
+mod moves;
 mod reset;
-mod status;
+pub(super) mod status;
 mod swap;
 
 /// `host group …` subcommands.
@@ -34,6 +36,17 @@ pub enum GroupCommand {
     /// recorded in `sluice_group_resets`. Refused while members are live
     /// (unless --force).
     Reset(reset::GroupResetArgs),
+    /// Make a stopped pipeline that ran with `--checkpoint DIR` this
+    /// pipeline group, exactly once: its progress rows, ranges in flight,
+    /// plugins and topics become the group's in one transaction, and the
+    /// directory is marked as moved (`host run --checkpoint DIR` then
+    /// refuses it and names the group).
+    Adopt(moves::AdoptArgs),
+    /// Make a stopped pipeline group the pipeline of a checkpoint
+    /// directory (a new one, or the one it adopted), exactly once: its
+    /// positions and ranges in flight are written there, and its progress
+    /// rows become the directory's; members are refused from then on.
+    Disband(moves::DisbandArgs),
 }
 
 /// Which group, in which database.
@@ -119,5 +132,7 @@ pub fn run(cmd: GroupCommand) -> Result<(), CliError> {
         GroupCommand::Status(a) => status::status(a),
         GroupCommand::Swap(a) => swap::swap(a),
         GroupCommand::Reset(a) => reset::run(a),
+        GroupCommand::Adopt(a) => moves::adopt(a),
+        GroupCommand::Disband(a) => moves::disband(a),
     }
 }

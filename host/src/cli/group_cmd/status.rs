@@ -50,9 +50,19 @@ struct Shown {
 /// Exit 1 when the database cannot be read; 2 for a group it does not
 /// hold.
 pub(super) fn status(a: StatusArgs) -> Result<(), CliError> {
-    let url = a.db.shown();
-    let group = &a.db.group;
-    let o = a.db.open()?;
+    show(&a.db, a.brokers.as_deref(), a.json)
+}
+
+/// Show group `db.group` (with `brokers`: also watermarks and lag), as a
+/// table or one JSON object: `host group status`, and `host status
+/// --group`.
+///
+/// # Errors
+/// As [`status`].
+pub(crate) fn show(db: &GroupDb, brokers: Option<&str>, json: bool) -> Result<(), CliError> {
+    let url = db.shown();
+    let group = &db.group;
+    let o = db.open()?;
     let (store, fingerprint, plugins) = (o.store, o.fingerprint, o.plugins);
     let members = store.members()?;
     let rows = store.partitions()?;
@@ -60,7 +70,7 @@ pub(super) fn status(a: StatusArgs) -> Result<(), CliError> {
     // (log start, high watermark) of every partition of the group's
     // topics, from the broker.
     let mut marks = std::collections::BTreeMap::new();
-    if let Some(brokers) = &a.brokers {
+    if let Some(brokers) = brokers {
         let source = crate::source::KafkaSource::new(
             brokers,
             &Default::default(),
@@ -90,7 +100,7 @@ pub(super) fn status(a: StatusArgs) -> Result<(), CliError> {
     // What is left: partitions of the topics no member claimed yet (added
     // since, or the group is still joining).
     let unclaimed: Vec<String> = marks.keys().map(|(t, p)| format!("{t}/{p}")).collect();
-    if a.json {
+    if json {
         outln!(
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({
@@ -196,6 +206,29 @@ fn show_member(m: &MemberRow) -> String {
     }
     if let Some(e) = &m.swap_error {
         line.push_str(&format!(" NOT installed: {e}"));
+    }
+    // Its own view, as of its last heartbeat.
+    if let Some(v) = &m.live {
+        match v["current_batch"].as_u64() {
+            Some(b) => line.push_str(&format!("\n              batch {b} in flight")),
+            None => line.push_str("\n              between batches"),
+        }
+        if let Some(p) = v["last_progress"].as_object() {
+            let lag: i64 = p["partitions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|x| x["lag"].as_i64().unwrap_or(0))
+                .sum();
+            line.push_str(&format!(
+                "; last batch {} at {}: {} in, {} out, {} rows/s; lag {lag} records",
+                p["batch_id"],
+                p["committed_at"].as_str().unwrap_or_default(),
+                p["counts"]["input"],
+                p["counts"]["output"],
+                p["rows_per_sec"],
+            ));
+        }
     }
     line
 }

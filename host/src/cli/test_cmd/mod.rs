@@ -280,7 +280,10 @@ pub fn run(args: TestArgs) -> Result<(), CliError> {
             any = true;
             let mut obj = serde_json::Map::new();
             obj.insert("type".into(), "output".into());
-            obj.insert("idempotency_key".into(), o.idempotency_key(r).into());
+            obj.insert(
+                "idempotency_key".into(),
+                o.idempotency_key(r.topic, r.partition).into(),
+            );
             obj.insert("topic".into(), r.topic.into());
             obj.insert("partition".into(), r.partition.into());
             obj.insert("offset".into(), r.offset.into());

@@ -267,7 +267,7 @@ fn attempt(
                 &o.headers,
             );
             let mut enc = wire::Encoder::with_capacity(256);
-            enc.push_sink_record(&o.idempotency_key(&rec), &rec);
+            enc.push_sink_record(&o.idempotency_key(&s.topic, s.partition), &rec);
             let site = || format!("{}/{} offset {}", s.topic, s.partition, s.record.offset);
             let w = sink.sink_write(enc.finish(), site);
             for ran in grant.take_ran() {

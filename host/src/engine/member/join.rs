@@ -5,14 +5,14 @@
 
 use std::sync::Arc;
 
-use crate::checkpoint::group::{DbStore, GroupStore};
+use crate::checkpoint::group::{DbStore, GroupError, GroupStore};
 use crate::checkpoint::{Checkpoint, Fingerprint, PluginRef, StageKind};
 use crate::plugin::Runtime;
 use crate::sink::SinkDriver;
 
+use super::super::open::{Opened, connect_sink, refuse_shared_sink, sink_db_error};
 use super::super::plan::Holdings;
 use super::super::stages::{assemble, load_plugins, show_refs};
-use super::super::startup::{Opened, connect_sink, sink_db_error};
 use super::super::{EngineError, PipelineConfig};
 use super::Member;
 
@@ -54,6 +54,19 @@ pub(in crate::engine) fn join(
             .owner(format!("{owner}, group {group}"))
             .in_group(store.tables().clone(), group.to_string()),
     );
+    if let Some(to) = store.moved_to()? {
+        return Err(GroupError::Moved {
+            group: group.to_string(),
+            to,
+        }
+        .into());
+    }
+    // A pipeline of its own on the same sink and topics (a checkpoint
+    // directory, say this one before it became a group) would apply every
+    // record again: refused before the group is created.
+    if !cfg.allow_shared_sink {
+        refuse_shared_sink(cfg, &driver, group)?;
+    }
     let cp = DbStore::new(
         store.clone(),
         driver.clone(),

@@ -70,6 +70,7 @@ impl GroupSwaps {
         member: String,
         stages: &Stages,
         seen: u64,
+        live: Arc<Mutex<crate::control::LiveStatus>>,
     ) -> Result<Self, crate::checkpoint::group::GroupError> {
         store.report(&member, &stages.refs, seen, None)?;
         let alive = Arc::new(AtomicBool::new(true));
@@ -87,7 +88,14 @@ impl GroupSwaps {
                 if last.elapsed() >= HEARTBEAT_EVERY && running.load(Ordering::Relaxed) {
                     last = Instant::now();
                     // A row that is gone (deleted by hand) is written again.
-                    let r = beat.touch(&who).and_then(|found| {
+                    // The member's own view (what `host status` shows of a
+                    // single host), for `host status --group`.
+                    let view = live
+                        .lock()
+                        .ok()
+                        .and_then(|l| serde_json::to_string(&*l).ok())
+                        .unwrap_or_else(|| "null".into());
+                    let r = beat.touch(&who, &view).and_then(|found| {
                         if found {
                             return Ok(());
                         }

@@ -1,0 +1,450 @@
+//! `host group adopt` and `host group disband`: a pipeline moves between
+//! its two stores, exactly once, in one command each way (DESIGN.md, "One
+//! engine, two stores").
+//!
+//! - **adopt**: a stopped pipeline that ran with `--checkpoint DIR` becomes
+//!   pipeline group NAME. In one database transaction the group's row is
+//!   made (topics, plugins, topic identities), the uncommitted batch's
+//!   ranges (if any) become the partitions' ranges in flight, and the
+//!   checkpoint's progress rows and dead letters become the group's. Then
+//!   the directory's uncommitted batch is closed and the directory is
+//!   marked as moved (`host run --checkpoint DIR` refuses it, naming the
+//!   group).
+//! - **disband**: a stopped group becomes the pipeline of a checkpoint
+//!   directory (a new one, or the one it was adopted from). The directory
+//!   is marked as moving first, gets an entry with the group's positions
+//!   (or, for ranges in flight, an uncommitted batch to run again with
+//!   their bounds), under an epoch above every epoch the group wrote;
+//!   then in one transaction the group records where it went, its
+//!   partitions are fenced and its rows become the directory's; then the
+//!   mark goes.
+//!
+//! Either command can be run again after a crash at any point: each step
+//! sees what the previous run finished and goes on from there. Between
+//! the steps, whichever store is not the pipeline's refuses to run it.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use anyhow::anyhow;
+use clap::Args;
+
+use super::GroupDb;
+use crate::capability::sql::{self, SqlGrant};
+use crate::checkpoint::group::{Adopted, GroupStore, Planned};
+use crate::checkpoint::{
+    self, DirCheckpoint, Fingerprint, Moved, OffsetsEntry, OpenOptions, PartitionRange, Recovery,
+    ResetRecord,
+};
+use crate::cli::{CliError, ExitCode, WithCode};
+use crate::sink::SinkDriver;
+use crate::util::now_ms;
+
+/// Flags of `host group adopt`.
+#[derive(Debug, Args)]
+pub struct AdoptArgs {
+    #[command(flatten)]
+    db: GroupDb,
+    /// The checkpoint directory of the pipeline to adopt. Its host must be
+    /// stopped (SIGTERM: it commits the batch in flight and exits).
+    #[arg(long, value_name = "DIR")]
+    checkpoint: PathBuf,
+}
+
+/// Flags of `host group disband`.
+#[derive(Debug, Args)]
+pub struct DisbandArgs {
+    #[command(flatten)]
+    db: GroupDb,
+    /// The checkpoint directory that takes the pipeline over: a new one,
+    /// or the one the group adopted. Every member must be stopped.
+    #[arg(long, value_name = "DIR")]
+    checkpoint: PathBuf,
+}
+
+/// The sink database of `db`, as the SQL capability.
+fn connect(db: &GroupDb) -> Result<SqlGrant, CliError> {
+    SqlGrant::connect_with(&db.sink_db, db.sink_db_password_file.as_deref())
+        .and_then(|g| g.set_host_schema(db.sink_schema.clone()).map(|()| g))
+        .map_err(|e| anyhow!("sink database {}: {e}", db.shown()))
+        .code(ExitCode::Failed)
+}
+
+/// Open the checkpoint at `dir` (its owner stopped), whatever its mark.
+fn open_dir(dir: &std::path::Path, options: OpenOptions) -> Result<DirCheckpoint, CliError> {
+    DirCheckpoint::open(
+        dir,
+        &OpenOptions {
+            allow_moved: true,
+            ..options
+        },
+    )
+    .map_err(|e| {
+        let code = if e.is_owned() {
+            ExitCode::Owned
+        } else {
+            ExitCode::Failed
+        };
+        CliError {
+            code,
+            error: anyhow!("{e}; stop its host first (SIGTERM: it commits the batch in flight)"),
+        }
+    })
+}
+
+/// Run `host group adopt`.
+///
+/// # Errors
+/// Exit 3 while the checkpoint's host runs; 2 for a checkpoint that
+/// moved to another group, records no plugins, or a group that exists
+/// and runs; 1 when a database or file operation fails (run it again).
+pub(super) fn adopt(a: AdoptArgs) -> Result<(), CliError> {
+    let group = a.db.group.clone();
+    let url = a.db.shown();
+    let status = checkpoint::status(&a.checkpoint).code(ExitCode::Usage)?;
+    let mut cp = open_dir(
+        &a.checkpoint,
+        OpenOptions {
+            topics: status.metadata.fingerprint.topics.clone(),
+            create: false,
+            ..OpenOptions::default()
+        },
+    )?;
+    if let Some(m) = checkpoint::moved_marker(&a.checkpoint)? {
+        if m.group == group {
+            outln!(
+                "checkpoint {} moved to {} already; nothing to do",
+                a.checkpoint.display(),
+                m.to
+            )?;
+            return Ok(());
+        }
+        return Err(anyhow!(
+            "checkpoint {}: its pipeline moved to {} already",
+            a.checkpoint.display(),
+            m.to
+        ))
+        .code(ExitCode::Usage);
+    }
+    let (positions, reruns, plugins) = match cp.recovery() {
+        Recovery::Resume {
+            positions, plugins, ..
+        } => (positions.clone(), BTreeMap::new(), plugins.clone()),
+        Recovery::Rerun { entry } => {
+            let mut positions = BTreeMap::new();
+            let mut reruns = BTreeMap::new();
+            for r in &entry.ranges {
+                let tp = (r.topic.clone(), r.partition);
+                if r.end > r.start {
+                    reruns.insert(
+                        tp,
+                        Planned {
+                            batch: entry.batch_id,
+                            start: r.start,
+                            end: r.end,
+                            plugins: entry.plugins.clone(),
+                        },
+                    );
+                } else {
+                    positions.insert(tp, r.start);
+                }
+            }
+            (positions, reruns, entry.plugins.clone())
+        }
+    };
+    if plugins.is_empty() {
+        return Err(anyhow!(
+            "checkpoint {} records no plugins (it never ran a batch): start the group with `host run --group {group} --plugin FILE …` instead",
+            a.checkpoint.display()
+        ))
+        .code(ExitCode::Usage);
+    }
+    let grant = connect(&a.db)?;
+    let store = GroupStore::open(
+        &a.db.sink_db,
+        a.db.sink_db_password_file.as_deref(),
+        &grant.host_schema(),
+        &group,
+    )?;
+    for r in &plugins {
+        let (_, bytes) = cp.load_plugin(&r.digest)?;
+        store.store_plugin(&bytes)?;
+    }
+    let driver = SinkDriver::new(Some(grant)).map_err(|e| anyhow!("{url}: {e}"))?;
+    let fingerprint = Fingerprint::new(&status.metadata.fingerprint.topics);
+    let query_id = cp.query_id().to_string();
+    let adopted = Adopted {
+        query_id: &query_id,
+        fingerprint: &fingerprint,
+        plugins: &plugins,
+        topics: cp.topic_identities(),
+        epoch: cp.epoch(),
+        reruns: &reruns,
+    };
+    let changed = driver
+        .adopt_into_group(store.tables(), &group, &adopted, &positions)
+        .map_err(|e| match e {
+            crate::sink::SinkError::Group(
+                g @ crate::checkpoint::group::GroupError::Exists { .. },
+            ) => CliError {
+                code: ExitCode::Usage,
+                error: g.into(),
+            },
+            other => CliError {
+                code: ExitCode::Failed,
+                error: anyhow!("{other}; nothing was moved: run the same command again"),
+            },
+        })?;
+    crate::util::failpoint("adopt:after-db");
+    // The group runs the uncommitted batch's ranges now: close it here.
+    if !reruns.is_empty() {
+        cp.abandon(format!(
+            "its ranges moved to pipeline group {group} (host group adopt), which runs them again"
+        ))?;
+    }
+    cp.mark_moved(&Moved {
+        group: group.clone(),
+        to: format!("pipeline group {group} in {url}"),
+        at_ms: now_ms(),
+    })?;
+    outln!(
+        "checkpoint {} (query id {query_id}) is now pipeline group {group} in {url}{}",
+        a.checkpoint.display(),
+        if changed {
+            ""
+        } else {
+            " (its rows had moved already)"
+        }
+    )?;
+    outln!(
+        "  {} partition position(s), {} range(s) in flight to run again, plugins [{}]",
+        positions.len() + reruns.len(),
+        reruns.len(),
+        plugins
+            .iter()
+            .map(|p| format!(
+                "{:?} sha256:{}",
+                p.stage,
+                &p.digest[..12.min(p.digest.len())]
+            ))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )?;
+    outln!(
+        "start its members (no --plugin: they run the group's) with\n  host run --group {} --sink-db {} --brokers SERVERS{}",
+        crate::engine::shell_word(&group),
+        crate::engine::shell_word(&url),
+        fingerprint
+            .topics
+            .iter()
+            .map(|t| format!(" --topic {}", crate::engine::shell_word(t)))
+            .collect::<String>()
+    )?;
+    Ok(())
+}
+
+/// Run `host group disband`.
+///
+/// # Errors
+/// Exit 3 while a member is live; 2 for a directory that holds another
+/// pipeline, or a group that moved elsewhere; 1 when a database or file
+/// operation fails (run it again).
+pub(super) fn disband(a: DisbandArgs) -> Result<(), CliError> {
+    let group = a.db.group.clone();
+    let url = a.db.shown();
+    let dir = std::path::absolute(&a.checkpoint).unwrap_or_else(|_| a.checkpoint.clone());
+    let to = format!("checkpoint {}", dir.display());
+    let o = a.db.open()?;
+    // Made by an older host, the group's row may lack the columns a move
+    // writes: opening the store adds them.
+    let store = GroupStore::open(
+        &a.db.sink_db,
+        a.db.sink_db_password_file.as_deref(),
+        &o.grant.host_schema(),
+        &group,
+    )?;
+    let moved = {
+        let mut s = o.grant.lock();
+        crate::checkpoint::group::moved_to(s.backend(), store.tables(), &group)?
+    };
+    let marker = checkpoint::moved_marker(&dir).ok().flatten();
+    if let Some(where_) = &moved {
+        if *where_ != to {
+            return Err(anyhow!(
+                "group {group}: its pipeline moved to {where_} already"
+            ))
+            .code(ExitCode::Usage);
+        }
+        // The rows moved; only the directory's mark may be left.
+        if marker.is_some() {
+            let cp = open_dir(
+                &dir,
+                OpenOptions {
+                    topics: o.fingerprint.topics.clone(),
+                    create: false,
+                    ..OpenOptions::default()
+                },
+            )?;
+            cp.clear_moved()?;
+        }
+        outln!("group {group} was disbanded into {to} already; nothing to do")?;
+        return Ok(());
+    }
+    let now = now_ms();
+    let live: Vec<String> = o
+        .store
+        .members()?
+        .into_iter()
+        .filter(|m| m.live(now))
+        .map(|m| m.member)
+        .collect();
+    if !live.is_empty() {
+        return Err(anyhow!(
+            "group {group} has live members ({}): stop them first (SIGTERM: each commits its batch and leaves)",
+            live.join(", ")
+        ))
+        .code(ExitCode::Owned);
+    }
+    if checkpoint::exists(&dir) && marker.as_ref().is_none_or(|m| m.group != group) {
+        return Err(anyhow!(
+            "{} is the checkpoint of another pipeline: give a new directory, or the one group {group} adopted",
+            dir.display()
+        ))
+        .code(ExitCode::Usage);
+    }
+
+    // Where the group is: the end each progress row shows applied, and
+    // the ranges in flight.
+    let driver = SinkDriver::new(Some(o.grant.clone())).map_err(|e| anyhow!("{url}: {e}"))?;
+    let applied = driver.progress_rows(&group)?;
+    let rows = o.store.partitions()?;
+    if let Some(r) = rows.iter().find(|r| r.planned_unreadable.is_some()) {
+        return Err(anyhow!(
+            "group {group}: the range in flight of {}/{} cannot be read; mend it with `host group reset` first",
+            r.topic,
+            r.partition
+        ))
+        .code(ExitCode::Usage);
+    }
+    let floor = rows
+        .iter()
+        .map(|r| r.owner_epoch.next())
+        .chain([driver.progress_epoch(&group)?])
+        .max()
+        .unwrap_or_default();
+    let mut cp = open_dir(
+        &dir,
+        OpenOptions {
+            topics: o.fingerprint.topics.clone(),
+            allow_fingerprint_change: true,
+            min_epoch: floor,
+            ..OpenOptions::default()
+        },
+    )?;
+    cp.mark_moved(&Moved {
+        group: group.clone(),
+        to: format!("pipeline group {group} in {url} (moving here: run the same `host group disband` again to finish)"),
+        at_ms: now,
+    })?;
+    // A batch left uncommitted here is an earlier attempt's (adopt closes
+    // the directory's own): its ranges are written again below.
+    if matches!(cp.recovery(), Recovery::Rerun { .. }) {
+        cp.abandon("superseded by a repeated host group disband".into())?;
+    }
+    for p in &o.plugins {
+        cp.store_plugin(&o.store.load_plugin(&p.digest)?)?;
+    }
+    let positions: BTreeMap<(String, i32), i64> = applied
+        .iter()
+        .filter_map(|(tp, a)| a.end().map(|e| (tp.clone(), e)))
+        .collect();
+    let in_flight: BTreeMap<(String, i32), (i64, i64)> = rows
+        .iter()
+        .filter_map(|r| {
+            r.planned
+                .as_ref()
+                .map(|p| ((r.topic.clone(), r.partition), (p.start, p.end)))
+        })
+        .collect();
+    let note = format!("moved from pipeline group {group} in {url} (host group disband)");
+    let sink_db = sql::sink_identity_in(&a.db.sink_db, a.db.sink_schema.as_deref()).ok();
+    let topics = o.store.topics()?;
+    if in_flight.is_empty() {
+        cp.reset(
+            &positions,
+            o.plugins.clone(),
+            ResetRecord {
+                note,
+                topics,
+                sink_db,
+            },
+        )?;
+    } else {
+        // The ranges in flight run again with their bounds (the same
+        // idempotency keys): an uncommitted batch, with every other
+        // partition at its position.
+        let mut ranges: BTreeMap<(String, i32), PartitionRange> = positions
+            .iter()
+            .map(|((t, p), e)| {
+                (
+                    (t.clone(), *p),
+                    PartitionRange {
+                        topic: t.clone(),
+                        partition: *p,
+                        start: *e,
+                        end: *e,
+                    },
+                )
+            })
+            .collect();
+        for ((t, p), (start, end)) in &in_flight {
+            ranges.insert(
+                (t.clone(), *p),
+                PartitionRange {
+                    topic: t.clone(),
+                    partition: *p,
+                    start: *start,
+                    end: *end,
+                },
+            );
+        }
+        cp.append_offsets(&OffsetsEntry {
+            batch_id: cp.next_batch_id(),
+            epoch: cp.epoch(),
+            planned_at_ms: now,
+            ranges: ranges.into_values().collect(),
+            plugins: o.plugins.clone(),
+            config_digest: String::new(),
+            note: Some(note),
+            topics,
+            sink_db,
+        })?;
+    }
+    crate::util::failpoint("disband:after-dir");
+    driver
+        .disband_group(o.store.tables(), &group, cp.query_id(), &to)
+        .map_err(|e| anyhow!("{e}; the group is unchanged: run the same command again"))?;
+    crate::util::failpoint("disband:after-db");
+    cp.clear_moved()?;
+    outln!(
+        "pipeline group {group} in {url} is now the pipeline of {to} (query id {}, epoch {})",
+        cp.query_id(),
+        cp.epoch()
+    )?;
+    outln!(
+        "  {} partition position(s), {} range(s) in flight to run again",
+        positions.len(),
+        in_flight.len()
+    )?;
+    outln!(
+        "start it (no --plugin: it runs the plugins the group ran) with\n  host run --checkpoint {} --sink-db {} --brokers SERVERS{}",
+        crate::engine::shell_word(&dir.display().to_string()),
+        crate::engine::shell_word(&url),
+        o.fingerprint
+            .topics
+            .iter()
+            .map(|t| format!(" --topic {}", crate::engine::shell_word(t)))
+            .collect::<String>()
+    )?;
+    Ok(())
+}

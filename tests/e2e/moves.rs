@@ -1,0 +1,211 @@
+//! A pipeline moving between its two stores: `host group adopt` (a
+//! checkpoint directory becomes a pipeline group) and `host group
+//! disband` (a group becomes a checkpoint directory's pipeline again),
+//! with the non-idempotent `sql-counter` sink counting every record, a
+//! batch left uncommitted by a SIGKILL before the move, and each command
+//! SIGKILLed half-way and run again.
+
+use std::time::Duration;
+
+use crate::kafka::{Broker, Mock, producer};
+use crate::support::{Db, HostProcess, host, plugin, stderr};
+
+fn produce(b: &dyn Broker, from: usize, n: usize) {
+    let p = producer(&b.bootstrap());
+    for i in from..from + n {
+        p.send(
+            "events",
+            (i % 4) as i32,
+            Some(format!("k{i}").as_bytes()),
+            Some(format!("v{i}").as_bytes()),
+            &[],
+        );
+    }
+    p.flush();
+}
+
+/// The pipeline's flags, with the store's (`--checkpoint DIR` or
+/// `--group NAME`) and `extra` after them.
+fn run_args(b: &dyn Broker, db: &Db, store: &[&str], extra: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = [
+        "run",
+        "--brokers",
+        &b.bootstrap(),
+        "--topic",
+        "events",
+        "--sink-db",
+        &db.url,
+        "--max-records-per-partition",
+        "20",
+        "--trigger-interval",
+        "100ms",
+        "--config",
+        "kafka.session.timeout.ms=6000",
+        "--config",
+        "kafka.heartbeat.interval.ms=500",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    v.extend(store.iter().map(|s| s.to_string()));
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
+/// `host group SUB --sink-db DB --group g --checkpoint DIR`, killed at
+/// `failpoint` when one is given (then run again to the end). Returns the
+/// finishing run's exit code and output.
+fn group_move(sub: &str, db: &Db, dir: &str, failpoint: Option<&str>) -> (Option<i32>, String) {
+    let args: Vec<String> = [
+        "group",
+        sub,
+        "--sink-db",
+        &db.url,
+        "--group",
+        "g",
+        "--checkpoint",
+        dir,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    if let Some(fp) = failpoint {
+        let mut p = HostProcess::spawn(&args, &[("SLUICE_FAILPOINT", fp)]);
+        p.wait_for("FAILPOINT", Duration::from_secs(60));
+        p.kill();
+    }
+    let out = host(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    (
+        out.status.code(),
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), stderr(&out)),
+    )
+}
+
+fn wait_for_count(db: &Db, n: i64, what: &str, members: &[&HostProcess]) {
+    let started = std::time::Instant::now();
+    while db.counted() != n {
+        if started.elapsed() > Duration::from_secs(90) {
+            let logs: Vec<String> = members.iter().map(|m| m.log()).collect();
+            panic!("{what}: {} of {n}\n{}", db.counted(), logs.join("\n---\n"));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Every record counted once and seen once.
+fn assert_exactly_once(db: &Db, n: i64) {
+    assert_eq!(db.counted(), n, "counter");
+    assert_eq!(
+        db.scalar("SELECT count(DISTINCT idempotency_key) FROM seen"),
+        n,
+        "distinct keys"
+    );
+    assert_eq!(db.scalar("SELECT count(*) FROM seen"), n, "rows");
+}
+
+/// A single host's pipeline, with a batch planned and not committed,
+/// becomes a group of two members and then a single host again: every
+/// record counted once across both moves, each move killed half-way and
+/// finished by running it again, and each store refusing to run the
+/// pipeline while the other holds it.
+#[test]
+fn a_single_host_pipeline_becomes_a_group_and_back_exactly_once() {
+    let db = Db::sqlite();
+    let mock = Mock::new();
+    mock.create_topic("events", 4);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("ckpt");
+    let dir_s = dir.display().to_string();
+    let counter = plugin("sql_counter").display().to_string();
+    let single = |extra: &[&str]| run_args(&mock, &db, &["--checkpoint", &dir_s], extra);
+
+    // A single host applies 200 records, then is killed with its next
+    // batch planned (written ahead) and not committed.
+    produce(&mock, 0, 200);
+    let out = host(
+        &single(&["--plugin", &counter, "--until-caught-up"])
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_exactly_once(&db, 200);
+    produce(&mock, 200, 100);
+    let mut p = HostProcess::spawn(
+        &single(&["--until-caught-up"]),
+        &[("SLUICE_FAILPOINT", "engine:after-write-ahead")],
+    );
+    p.wait_for("FAILPOINT", Duration::from_secs(60));
+    p.kill();
+    assert_eq!(db.counted(), 200, "the killed batch applied nothing");
+
+    // A group on the same sink is refused, and told to adopt.
+    let members = |extra: &[&str]| run_args(&mock, &db, &["--group", "g"], extra);
+    let out = host(
+        &members(&["--plugin", &counter, "--until-caught-up"])
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    let err = stderr(&out);
+    assert_ne!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("host group adopt"), "{err}");
+
+    // Adopt, killed after its database transaction, then run again.
+    let (code, said) = group_move("adopt", &db, &dir_s, Some("adopt:after-db"));
+    assert_eq!(code, Some(0), "{said}");
+    assert!(said.contains("now pipeline group g"), "{said}");
+    let out = host(
+        &single(&["--until-caught-up"])
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    let err = stderr(&out);
+    assert_ne!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("moved to pipeline group g"), "{err}");
+    assert_eq!(db.counted(), 200);
+
+    // Two members without --plugin: the group's plugins. The range the
+    // single host planned is run again by whoever claims it.
+    let a = HostProcess::start(&members(&[]));
+    let b = HostProcess::start(&members(&[]));
+    wait_for_count(
+        &db,
+        300,
+        "the group applies what the single host left",
+        &[&a, &b],
+    );
+    produce(&mock, 300, 100);
+    wait_for_count(&db, 400, "the group applies new records", &[&a, &b]);
+    let (mut a, mut b) = (a, b);
+    assert_eq!(a.term(), Some(0), "{}", a.log());
+    assert_eq!(b.term(), Some(0), "{}", b.log());
+    assert_exactly_once(&db, 400);
+
+    // Disband into the same directory, killed after writing it, then run
+    // again; members are refused from then on.
+    let (code, said) = group_move("disband", &db, &dir_s, Some("disband:after-dir"));
+    assert_eq!(code, Some(0), "{said}");
+    assert!(said.contains("is now the pipeline of checkpoint"), "{said}");
+    let out = host(
+        &members(&["--until-caught-up"])
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    let err = stderr(&out);
+    assert_ne!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("host group disband"), "{err}");
+
+    // The single host again, without --plugin.
+    produce(&mock, 400, 100);
+    let out = host(
+        &single(&["--until-caught-up"])
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_exactly_once(&db, 500);
+}
