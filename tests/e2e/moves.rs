@@ -53,9 +53,9 @@ fn run_args(b: &dyn Broker, db: &Db, store: &[&str], extra: &[&str]) -> Vec<Stri
 }
 
 /// `host group SUB --sink-db DB --group g --checkpoint DIR`, killed at
-/// `failpoint` when one is given (then run again to the end). Returns the
-/// finishing run's exit code and output.
-fn group_move(sub: &str, db: &Db, dir: &str, failpoint: Option<&str>) -> (Option<i32>, String) {
+/// each of `failpoints` in turn (each run a new process), then run to the
+/// end. Returns the finishing run's exit code and output.
+fn group_move(sub: &str, db: &Db, dir: &str, failpoints: &[&str]) -> (Option<i32>, String) {
     let args: Vec<String> = [
         "group",
         sub,
@@ -69,7 +69,7 @@ fn group_move(sub: &str, db: &Db, dir: &str, failpoint: Option<&str>) -> (Option
     .iter()
     .map(|s| s.to_string())
     .collect();
-    if let Some(fp) = failpoint {
+    for fp in failpoints {
         let mut p = HostProcess::spawn(&args, &[("SLUICE_FAILPOINT", fp)]);
         p.wait_for("FAILPOINT", Duration::from_secs(60));
         p.kill();
@@ -151,8 +151,14 @@ fn a_single_host_pipeline_becomes_a_group_and_back_exactly_once() {
     assert_ne!(out.status.code(), Some(0), "{err}");
     assert!(err.contains("host group adopt"), "{err}");
 
-    // Adopt, killed after its database transaction, then run again.
-    let (code, said) = group_move("adopt", &db, &dir_s, Some("adopt:after-db"));
+    // Adopt, killed after it marked the directory and again after its
+    // database transaction, then run to the end.
+    let (code, said) = group_move(
+        "adopt",
+        &db,
+        &dir_s,
+        &["adopt:after-mark", "adopt:after-db"],
+    );
     assert_eq!(code, Some(0), "{said}");
     assert!(said.contains("now pipeline group g"), "{said}");
     let out = host(
@@ -183,9 +189,15 @@ fn a_single_host_pipeline_becomes_a_group_and_back_exactly_once() {
     assert_eq!(b.term(), Some(0), "{}", b.log());
     assert_exactly_once(&db, 400);
 
-    // Disband into the same directory, killed after writing it, then run
-    // again; members are refused from then on.
-    let (code, said) = group_move("disband", &db, &dir_s, Some("disband:after-dir"));
+    // Disband into the same directory, killed after writing it and again
+    // after its database transaction, then run to the end; members are
+    // refused from then on.
+    let (code, said) = group_move(
+        "disband",
+        &db,
+        &dir_s,
+        &["disband:after-dir", "disband:after-db"],
+    );
     assert_eq!(code, Some(0), "{said}");
     assert!(said.contains("is now the pipeline of checkpoint"), "{said}");
     let out = host(

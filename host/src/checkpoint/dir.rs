@@ -103,14 +103,6 @@ impl DirCheckpoint {
             });
         }
         trust::check(dir)?;
-        if !opts.allow_moved
-            && let Some(moved) = moved_marker(dir)?
-        {
-            return Err(CheckpointError::Moved {
-                dir: dir.to_path_buf(),
-                moved,
-            });
-        }
         let mut lock_file =
             match lock::acquire(dir, opts.wait).map_err(io_err(dir.join("lock"), "lock"))? {
                 lock::LockAttempt::Held(f) => f,
@@ -122,7 +114,17 @@ impl DirCheckpoint {
                     });
                 }
             };
-        // From here on we are the only writer.
+        // From here on we are the only writer. A pipeline that moved to a
+        // group is checked under the lock: a `host group adopt` that held
+        // it until now may have just marked it.
+        if !opts.allow_moved
+            && let Some(moved) = moved_marker(dir)?
+        {
+            return Err(CheckpointError::Moved {
+                dir: dir.to_path_buf(),
+                moved,
+            });
+        }
         for sub in ["offsets", "commits", "plugins"] {
             trust::create_dir(&dir.join(sub)).map_err(io_err(dir.join(sub), "create directory"))?;
         }

@@ -171,7 +171,7 @@ fn idle(p: &mut startup::Pipeline, stop: &AtomicBool, d: Duration) {
 /// reached the high watermark it had when first planned (and a group
 /// member's assignment settled).
 fn caught_up(p: &startup::Pipeline, cfg: &PipelineConfig) -> Result<bool, EngineError> {
-    if !cfg.until_caught_up || !p.planner.caught_up(&p.holdings) {
+    if !cfg.until_caught_up || !p.planner.caught_up(&p.holdings, &cfg.topics) {
         return Ok(false);
     }
     match &p.group {
@@ -276,9 +276,14 @@ fn run_batches(
         };
         match p.cp.write_ahead(&batch) {
             Ok(()) => {}
-            Err(CheckpointError::Group(e)) if dropped_fenced(p, &e) => continue,
+            Err(CheckpointError::Group(e)) if e.is_fenced() => {
+                p.holdings.started(&batch);
+                dropped_fenced(p, &e);
+                continue;
+            }
             Err(e) => return Err(e.into()),
         }
+        p.holdings.written_ahead(&batch);
         if !batch.rerun {
             crate::util::failpoint("engine:after-write-ahead");
         }

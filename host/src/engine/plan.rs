@@ -74,6 +74,42 @@ impl Holdings {
         self.lock().contains_key(tp)
     }
 
+    /// `batch` was written ahead: its non-empty ranges are in flight (a
+    /// batch that fails is run again with these bounds, as the store
+    /// records them), and a start chosen at the high watermark is the
+    /// partition's position from now on (the store recorded it).
+    pub(crate) fn written_ahead(&self, batch: &crate::checkpoint::Batch) {
+        self.mark_written(batch, true);
+    }
+
+    /// A write-ahead of `batch` was refused (a partition fenced): the
+    /// starts it recorded at the high watermark hold all the same (the
+    /// store records each one before it fails), so the next plan does not
+    /// choose them again.
+    pub(crate) fn started(&self, batch: &crate::checkpoint::Batch) {
+        self.mark_written(batch, false);
+    }
+
+    fn mark_written(&self, batch: &crate::checkpoint::Batch, ranges: bool) {
+        let mut held = self.lock();
+        for r in &batch.entry.ranges {
+            let tp = (r.topic.clone(), r.partition);
+            let Some(c) = held.get_mut(&tp) else {
+                continue;
+            };
+            if ranges && r.end > r.start {
+                c.start = Start::Rerun(crate::checkpoint::Planned {
+                    batch: batch.entry.batch_id,
+                    start: r.start,
+                    end: r.end,
+                    plugins: batch.entry.plugins.clone(),
+                });
+            } else if batch.started_latest.contains(&tp) {
+                c.start = Start::At(r.start);
+            }
+        }
+    }
+
     /// The committed ranges' ends become their partitions' positions.
     fn advance(&self, ranges: &[PartitionRange]) {
         let mut held = self.lock();
@@ -396,8 +432,11 @@ impl Planner {
         self.highs.remove(tp);
     }
 
-    /// With `--until-caught-up`: every partition held reached its target.
-    pub(crate) fn caught_up(&self, holdings: &Holdings) -> bool {
+    /// With `--until-caught-up`: every partition held reached its target
+    /// (a partition of the pipeline's topics claimed since the last plan
+    /// has none yet, so it is not caught up; one of a topic the pipeline
+    /// no longer reads is).
+    pub(crate) fn caught_up(&self, holdings: &Holdings, topics: &[String]) -> bool {
         if !self.planned_once {
             return false;
         }
@@ -405,7 +444,7 @@ impl Planner {
         held.iter()
             .all(|(tp, c)| match (&c.start, self.targets.get(tp)) {
                 (Start::At(p), Some(t)) => p >= t,
-                (Start::At(_), None) => true,
+                (Start::At(_), None) => !topics.contains(&tp.0),
                 _ => false,
             })
     }

@@ -12,7 +12,9 @@ use super::reset::RowWrite;
 use super::{SinkDriver, SinkError};
 use crate::capability::sql::{Backend, DbError, SqlValue};
 use crate::checkpoint::Epoch;
-use crate::checkpoint::group::{Adopted, GroupTables, adopt_on, disband_on};
+use crate::checkpoint::group::{
+    Adopted, GroupTables, Planned, adopt_on, claim_on, disband_on, set_planned_on,
+};
 
 impl SinkDriver {
     /// Rename `from`'s progress rows and dead letters to `to`, on `b`
@@ -103,6 +105,32 @@ impl SinkDriver {
             let rows = self.read_rows(b, group)?;
             for ((topic, partition), at) in positions {
                 let row = rows.get(&(topic.clone(), *partition));
+                // A position behind what its row shows applied (a reset
+                // back into offsets never applied): the group runs
+                // [position, row end) again, which applies only what the
+                // row lacks, as the checkpoint would have.
+                if let Some(end) = row.and_then(|r| r.end())
+                    && end > *at
+                {
+                    claim_on(
+                        b,
+                        tables,
+                        group,
+                        (topic, *partition),
+                        ("host group adopt", ""),
+                        a.epoch,
+                    )
+                    .map_err(SinkError::Group)?;
+                    let planned = Planned {
+                        batch: 0,
+                        start: *at,
+                        end,
+                        plugins: a.plugins.to_vec(),
+                    };
+                    set_planned_on(b, tables, group, (topic, *partition), Some(&planned))
+                        .map_err(SinkError::Group)?;
+                    continue;
+                }
                 let after = match row {
                     Some(r) => r.skip_to(*at).filter(|after| after != r),
                     None => crate::sink::applied::AppliedSet::empty().skip_to(*at),
@@ -136,6 +164,7 @@ impl SinkDriver {
         group: &str,
         query_id: &str,
         to: &str,
+        epoch: Epoch,
     ) -> Result<(), SinkError> {
         let Some(g) = &self.sql else {
             return Ok(());
@@ -146,7 +175,22 @@ impl SinkDriver {
             error,
         };
         self.in_own_transaction(g, err, false, |b| {
-            disband_on(b, tables, group, to).map_err(SinkError::Group)?;
+            let fenced_at = disband_on(b, tables, group, to).map_err(SinkError::Group)?;
+            // A member that claimed a partition after the caller read the
+            // epochs would have the checkpoint's epoch or more: its rows
+            // would fence the checkpoint's writes.
+            if fenced_at >= epoch {
+                return Err(SinkError::Sql {
+                    during: "moving the group's rows to the checkpoint",
+                    site: format!("group {group}"),
+                    error: DbError {
+                        message: format!(
+                            "a member claimed a partition meanwhile (owner epoch {fenced_at}, the checkpoint's is {epoch}): stop every member, then run the same command again"
+                        ),
+                        code: "sluice".into(),
+                    },
+                });
+            }
             self.rename_rows(b, group, query_id).map_err(err)?;
             Ok(())
         })

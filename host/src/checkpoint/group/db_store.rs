@@ -46,7 +46,9 @@ impl DbStore {
         owner: String,
         location: String,
     ) -> Result<Self, GroupError> {
-        let new_group = store.partitions()?.is_empty();
+        // A group that adopted a checkpoint has positions (in its progress
+        // rows) even before any partition was claimed.
+        let new_group = store.partitions()?.is_empty() && store.adopted_from()?.is_none();
         let identities = store.topics()?;
         Ok(DbStore {
             group: store.group().to_string(),
@@ -145,19 +147,28 @@ impl Checkpoint for DbStore {
                 .copied()
                 .unwrap_or_default()
         };
+        // Every start chosen at the high watermark is recorded, also past a
+        // partition that is fenced meanwhile (the caller holds the others
+        // at these starts from now on); the first refusal is returned.
+        let mut refused = None;
         for r in &batch.entry.ranges {
-            if batch
+            let latest = batch
                 .started_latest
-                .contains(&(r.topic.clone(), r.partition))
-            {
-                self.progress.start_at(
+                .contains(&(r.topic.clone(), r.partition));
+            if latest
+                && let Err(e) = self.progress.start_at(
                     &self.group,
                     &r.topic,
                     r.partition,
                     epoch(&r.topic, r.partition),
                     r.start,
-                )?;
+                )
+            {
+                refused.get_or_insert(e);
             }
+        }
+        if let Some(e) = refused {
+            return Err(e.into());
         }
         let parts: Vec<(String, i32, Epoch, Planned)> = batch
             .entry

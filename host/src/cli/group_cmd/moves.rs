@@ -110,19 +110,34 @@ pub(super) fn adopt(a: AdoptArgs) -> Result<(), CliError> {
             ..OpenOptions::default()
         },
     )?;
-    if let Some(m) = checkpoint::moved_marker(&a.checkpoint)? {
-        if m.group == group {
-            outln!(
-                "checkpoint {} moved to {} already; nothing to do",
-                a.checkpoint.display(),
-                m.to
-            )?;
-            return Ok(());
-        }
+    // A marker naming this group is an earlier adopt's (finished, or
+    // killed after it wrote the marker): its steps are run again, each
+    // doing only what is left.
+    if let Some(m) = checkpoint::moved_marker(&a.checkpoint)?
+        && m.group != group
+    {
         return Err(anyhow!(
             "checkpoint {}: its pipeline moved to {} already",
             a.checkpoint.display(),
             m.to
+        ))
+        .code(ExitCode::Usage);
+    }
+    // The uncommitted batch is handed to the group as it was planned: on
+    // the sink it was planned against (a re-run elsewhere could apply
+    // records twice).
+    let here = sql::sink_identity_in(&a.db.sink_db, a.db.sink_schema.as_deref()).ok();
+    if let (Some(planned), Some(here)) = (
+        status
+            .last_planned
+            .as_ref()
+            .and_then(|e| e.sink_db.as_ref()),
+        &here,
+    ) && planned.replace(":***@", "@") != here.replace(":***@", "@")
+    {
+        return Err(anyhow!(
+            "checkpoint {} ran against sink database {planned}, not {here} (`#schema=` is --sink-schema): its progress rows are there. Adopt it into a group on that database",
+            a.checkpoint.display()
         ))
         .code(ExitCode::Usage);
     }
@@ -151,6 +166,17 @@ pub(super) fn adopt(a: AdoptArgs) -> Result<(), CliError> {
             }
             (positions, reruns, entry.plugins.clone())
         }
+    };
+    // The last commit of an abandoned batch or a reset records none: the
+    // newest write-ahead entry does.
+    let plugins = if plugins.is_empty() {
+        status
+            .last_planned
+            .as_ref()
+            .map(|e| e.plugins.clone())
+            .unwrap_or_default()
+    } else {
+        plugins
     };
     if plugins.is_empty() {
         return Err(anyhow!(
@@ -181,8 +207,22 @@ pub(super) fn adopt(a: AdoptArgs) -> Result<(), CliError> {
         epoch: cp.epoch(),
         reruns: &reruns,
     };
+    // Marked first: from here until the group holds the rows, `host run
+    // --checkpoint` is refused; a run of this command again finishes.
+    cp.mark_moved(&Moved {
+        group: group.clone(),
+        to: format!("pipeline group {group} in {url}"),
+        at_ms: now_ms(),
+    })?;
+    crate::util::failpoint("adopt:after-mark");
     let changed = driver
         .adopt_into_group(store.tables(), &group, &adopted, &positions)
+        .inspect_err(|_| {
+            // Nothing changed in the database: the pipeline stays here.
+            if let Err(c) = cp.clear_moved() {
+                tracing::error!("{c}");
+            }
+        })
         .map_err(|e| match e {
             crate::sink::SinkError::Group(
                 g @ crate::checkpoint::group::GroupError::Exists { .. },
@@ -202,11 +242,6 @@ pub(super) fn adopt(a: AdoptArgs) -> Result<(), CliError> {
             "its ranges moved to pipeline group {group} (host group adopt), which runs them again"
         ))?;
     }
-    cp.mark_moved(&Moved {
-        group: group.clone(),
-        to: format!("pipeline group {group} in {url}"),
-        at_ms: now_ms(),
-    })?;
     outln!(
         "checkpoint {} (query id {query_id}) is now pipeline group {group} in {url}{}",
         a.checkpoint.display(),
@@ -287,7 +322,14 @@ pub(super) fn disband(a: DisbandArgs) -> Result<(), CliError> {
             )?;
             cp.clear_moved()?;
         }
-        outln!("group {group} was disbanded into {to} already; nothing to do")?;
+        outln!(
+            "pipeline group {group} in {url} is now the pipeline of {to} ({})",
+            if marker.is_some() {
+                "its rows had moved already; this run finished the move"
+            } else {
+                "it was disbanded already; nothing to do"
+            }
+        )?;
         return Ok(());
     }
     let now = now_ms();
@@ -305,7 +347,10 @@ pub(super) fn disband(a: DisbandArgs) -> Result<(), CliError> {
         ))
         .code(ExitCode::Owned);
     }
-    if checkpoint::exists(&dir) && marker.as_ref().is_none_or(|m| m.group != group) {
+    // A directory of another pipeline is refused; one this command made
+    // and was killed in before it marked it (metadata, no batch) is fine.
+    let fresh = checkpoint::status(&dir).is_ok_and(|s| s.last_planned.is_none());
+    if checkpoint::exists(&dir) && !fresh && marker.as_ref().is_none_or(|m| m.group != group) {
         return Err(anyhow!(
             "{} is the checkpoint of another pipeline: give a new directory, or the one group {group} adopted",
             dir.display()
@@ -422,7 +467,7 @@ pub(super) fn disband(a: DisbandArgs) -> Result<(), CliError> {
     }
     crate::util::failpoint("disband:after-dir");
     driver
-        .disband_group(o.store.tables(), &group, cp.query_id(), &to)
+        .disband_group(o.store.tables(), &group, cp.query_id(), &to, cp.epoch())
         .map_err(|e| anyhow!("{e}; the group is unchanged: run the same command again"))?;
     crate::util::failpoint("disband:after-db");
     cp.clear_moved()?;

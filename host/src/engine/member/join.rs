@@ -95,6 +95,12 @@ pub(in crate::engine) fn join(
     })?;
     let stages = assemble(cfg, &loaded, &recorded, Some(&grant))?;
     if !cfg.plugins.is_empty() {
+        // Stored before they can become the group's (a new group records
+        // them as it is created): a member that starts without --plugin
+        // reads them from the store. Refused ones stay unused.
+        for (_, bytes) in &loaded {
+            cp.store_plugin(bytes)?;
+        }
         let current = store.join(&fingerprint, &stages.refs)?;
         let has_sink = |refs: &[PluginRef]| refs.iter().any(|r| r.stage == StageKind::Sink);
         if has_sink(&current) && !has_sink(&stages.refs) {
@@ -127,11 +133,6 @@ pub(in crate::engine) fn join(
                 show_refs(&stages.refs),
                 show_refs(&current)
             );
-        }
-        // Stored before they become the group's: a member that starts
-        // without --plugin reads them from the store.
-        for (_, bytes) in &loaded {
-            cp.store_plugin(bytes)?;
         }
         if current != stages.refs {
             store.set_plugins(&stages.refs)?;

@@ -226,9 +226,15 @@ impl Member {
             metrics.forget_partition(tp);
         }
         if !changes.assigned.is_empty() || !changes.revoked.is_empty() {
-            *self.joined_at.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+            self.changed();
         }
         Ok(changes)
+    }
+
+    /// The assignment changed now (the quiet time of [`Member::settled`]
+    /// starts again).
+    fn changed(&self) {
+        *self.joined_at.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
     }
 }
 
@@ -239,6 +245,7 @@ impl Membership for Member {
         member_id: &str,
     ) -> Vec<(TopicPartition, Result<i64, String>)> {
         *self.member_id.lock().unwrap_or_else(|p| p.into_inner()) = member_id.to_string();
+        self.changed();
         partitions
             .iter()
             .map(|tp| (tp.clone(), self.claim(tp)))
@@ -249,6 +256,7 @@ impl Membership for Member {
         // Drain, then release: no part of them starts from now on, and the
         // one in flight ends before the revoke is acknowledged.
         self.revocations.revoke(partitions, lost, DRAIN_WAIT);
+        self.changed();
         for tp in partitions {
             self.holdings.release(tp);
             tracing::info!(topic = %tp.0, partition = tp.1, lost, "revoked");
