@@ -52,6 +52,18 @@ fn member_args(b: &dyn Broker, db: &Db, group: &str, extra: &[&str]) -> Vec<Stri
     v
 }
 
+/// Every record `records` (values `v{i}`) was applied by the plugin
+/// version `tag` (the tag-v1 and tag-v2 fixtures prefix `v1:` and `v2:`).
+fn assert_applied_by(db: &Db, records: std::ops::Range<usize>, tag: &str, when: &str) {
+    let values = db.sorted_texts("SELECT value FROM seen");
+    for i in records {
+        assert!(
+            values.contains(&format!("{tag}:v{i}")),
+            "record {i} ({when}) is not {tag}: {values:?}"
+        );
+    }
+}
+
 /// Every record counted once and seen once.
 fn assert_exactly_once(db: &Db, n: i64) {
     assert_eq!(db.counted(), n, "{}: counter", db.name);
@@ -521,12 +533,7 @@ fn a_rolling_upgrade_tags_each_record_with_exactly_one_version() {
     untagged.sort();
     untagged.dedup();
     assert_eq!(untagged.len(), 900, "each record once, by one version");
-    for i in 600..900 {
-        assert!(
-            values.contains(&format!("v2:v{i}")),
-            "record {i} after the old member left is not v2"
-        );
-    }
+    assert_applied_by(&db, 600..900, "v2", "after the old member left");
 }
 
 /// `host group swap` on a running group of two `tag-v1` members: both
@@ -587,12 +594,7 @@ fn a_group_swap_reaches_every_member_at_a_batch_boundary() {
         let tag = v.split_once(':').map_or("", |(t, _)| t);
         assert!(tag == "v1" || tag == "v2", "untagged or doubly tagged: {v}");
     }
-    for i in 300..600 {
-        assert!(
-            values.contains(&format!("v2:v{i}")),
-            "record {i}, produced after the swap, is not v2"
-        );
-    }
+    assert_applied_by(&db, 300..600, "v2", "produced after the swap");
     // Members that left are gone from the group's rows.
     let (_, status) = group(&["status", "--json"]);
     let status: serde_json::Value = serde_json::from_str(&status).unwrap();
@@ -674,13 +676,7 @@ fn a_member_restarted_with_pre_swap_plugins_does_not_roll_the_group_back() {
     );
     let mut b = b;
     assert_eq!(b.term(), Some(0), "{}", b.log());
-    let values = db.sorted_texts("SELECT value FROM seen");
-    for i in 120..240 {
-        assert!(
-            values.contains(&format!("v2:v{i}")),
-            "record {i}, applied after the swap, is not v2: {values:?}"
-        );
-    }
+    assert_applied_by(&db, 120..240, "v2", "applied after the swap");
 
     // --upgrade: on purpose, the group goes back to v1.
     let mut upgrade = v1_args.clone();
@@ -695,13 +691,7 @@ fn a_member_restarted_with_pre_swap_plugins_does_not_roll_the_group_back() {
         crate::support::stderr(&out)
     );
     assert_exactly_once(&db, 300);
-    let values = db.sorted_texts("SELECT value FROM seen");
-    for i in 240..300 {
-        assert!(
-            values.contains(&format!("v1:v{i}")),
-            "record {i}, applied after --upgrade, is not v1"
-        );
-    }
+    assert_applied_by(&db, 240..300, "v1", "applied after --upgrade");
 }
 
 /// A group whose topic was deleted and created again (here: the same

@@ -124,12 +124,10 @@ pub fn status(args: StatusArgs) -> Result<(), CliError> {
                     p["rows_per_sec"],
                     p["total_ms"]
                 )?;
-                let lag: i64 = p["partitions"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|x| x["lag"].as_i64().unwrap_or(0))
-                    .sum();
+                let lag = s
+                    .last_progress
+                    .as_ref()
+                    .map_or(0, crate::cli::group_cmd::status::total_lag);
                 outln!("lag         {lag} records")?;
             }
         }

@@ -13,7 +13,7 @@ use super::{SinkDriver, SinkError};
 use crate::capability::sql::{Backend, DbError, SqlValue};
 use crate::checkpoint::Epoch;
 use crate::checkpoint::group::{
-    Adopted, GroupTables, Planned, adopt_on, claim_on, disband_on, set_planned_on,
+    ADOPT_OWNER, Adopted, GroupTables, Planned, adopt_on, disband_on, hand_over_on,
 };
 
 impl SinkDriver {
@@ -112,23 +112,21 @@ impl SinkDriver {
                 if let Some(end) = row.and_then(|r| r.end())
                     && end > *at
                 {
-                    claim_on(
-                        b,
-                        tables,
-                        group,
-                        (topic, *partition),
-                        ("host group adopt", ""),
-                        a.epoch,
-                    )
-                    .map_err(SinkError::Group)?;
                     let planned = Planned {
                         batch: 0,
                         start: *at,
                         end,
                         plugins: a.plugins.to_vec(),
                     };
-                    set_planned_on(b, tables, group, (topic, *partition), Some(&planned))
-                        .map_err(SinkError::Group)?;
+                    hand_over_on(
+                        b,
+                        tables,
+                        group,
+                        (topic, *partition),
+                        (ADOPT_OWNER, a.epoch),
+                        &planned,
+                    )
+                    .map_err(SinkError::Group)?;
                     continue;
                 }
                 let after = match row {
@@ -142,7 +140,7 @@ impl SinkDriver {
                         partition: *partition,
                         epoch: a.epoch.get(),
                         batch_id: 0,
-                        owner: Some("host group adopt"),
+                        owner: Some(ADOPT_OWNER),
                     };
                     self.write_row(b, &w, Some(&after)).map_err(err)?;
                 }

@@ -323,3 +323,22 @@ pub fn moved_to(
         _ => None,
     })
 }
+
+/// Claim `topic/partition` for `owner` (its owner epoch goes above
+/// `floor` too) and make `planned` its range in flight, inside the
+/// caller's transaction on `b`: the member that claims it next runs that
+/// range again with these bounds (`host group adopt`).
+///
+/// # Errors
+/// As [`claim_on`] and [`set_planned_on`].
+pub fn hand_over_on(
+    b: &mut dyn Backend,
+    tables: &GroupTables,
+    group: &str,
+    (topic, partition): (&str, i32),
+    (owner, floor): (&str, Epoch),
+    planned: &Planned,
+) -> Result<(), GroupError> {
+    claim_on(b, tables, group, (topic, partition), (owner, ""), floor)?;
+    set_planned_on(b, tables, group, (topic, partition), Some(planned))
+}

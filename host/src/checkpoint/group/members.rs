@@ -209,6 +209,18 @@ impl GroupStore {
             .collect()
     }
 
+    /// The members that reported within [`GONE_AFTER_MS`] of `now_ms`.
+    ///
+    /// # Errors
+    /// As [`GroupStore::members`].
+    pub fn live_members(&self, now_ms: i64) -> Result<Vec<MemberRow>, GroupError> {
+        Ok(self
+            .members()?
+            .into_iter()
+            .filter(|m| m.live(now_ms))
+            .collect())
+    }
+
     /// Ask every member to run `plugins` (stored already with
     /// [`GroupStore::store_plugin`]) in place of `base`, the group's
     /// plugins the swap was computed from: a new swap, numbered after the

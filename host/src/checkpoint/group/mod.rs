@@ -56,10 +56,11 @@ use crate::capability::sql::DbError;
 
 pub use db_store::DbStore;
 pub use fence::{
-    RESET_OWNER, abandon_planned, claim_on, fence, moved_to, record_reset, set_planned_on,
+    RESET_OWNER, abandon_planned, claim_on, fence, hand_over_on, moved_to, record_reset,
+    set_planned_on,
 };
 pub use members::{GONE_AFTER_MS, MemberRow, Swap};
-pub use moves::{Adopted, DISBAND_OWNER, adopt_on, disband_on};
+pub use moves::{ADOPT_OWNER, Adopted, DISBAND_OWNER, adopt_on, disband_on};
 pub use store::GroupStore;
 pub use tables::GroupTables;
 

@@ -8,11 +8,14 @@
 //! caller's transaction, which also renames the sink's progress rows
 //! (`sink::moves`), so a move is all or nothing.
 
-use super::fence::{claim_on, set_planned_on};
+use super::fence::hand_over_on;
 use super::{GroupError, GroupTables, Planned};
 use crate::capability::sql::{Backend, SqlValue};
 use crate::checkpoint::{Epoch, Fingerprint, PluginRef, TopicIdentity};
 use std::collections::BTreeMap;
+
+/// The owner recorded on the partitions a `host group adopt` hands over.
+pub const ADOPT_OWNER: &str = "host group adopt";
 
 /// The owner recorded on the partitions of a disbanded group.
 pub const DISBAND_OWNER: &str = "host group disband";
@@ -121,15 +124,14 @@ pub fn adopt_on(
         }
     }
     for ((topic, partition), planned) in a.reruns {
-        claim_on(
+        hand_over_on(
             b,
             tables,
             group,
             (topic, *partition),
-            ("host group adopt", ""),
-            a.epoch,
+            (ADOPT_OWNER, a.epoch),
+            planned,
         )?;
-        set_planned_on(b, tables, group, (topic, *partition), Some(planned))?;
     }
     Ok(true)
 }

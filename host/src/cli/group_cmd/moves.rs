@@ -266,14 +266,8 @@ pub(super) fn adopt(a: AdoptArgs) -> Result<(), CliError> {
             .join(", ")
     )?;
     outln!(
-        "start its members (no --plugin: they run the group's) with\n  host run --group {} --sink-db {} --brokers SERVERS{}",
-        crate::engine::shell_word(&group),
-        crate::engine::shell_word(&url),
-        fingerprint
-            .topics
-            .iter()
-            .map(|t| format!(" --topic {}", crate::engine::shell_word(t)))
-            .collect::<String>()
+        "start its members (no --plugin: they run the group's) with\n  {}",
+        run_command(&["--group", &group], &url, &fingerprint.topics)
     )?;
     Ok(())
 }
@@ -335,9 +329,8 @@ pub(super) fn disband(a: DisbandArgs) -> Result<(), CliError> {
     let now = now_ms();
     let live: Vec<String> = o
         .store
-        .members()?
+        .live_members(now)?
         .into_iter()
-        .filter(|m| m.live(now))
         .map(|m| m.member)
         .collect();
     if !live.is_empty() {
@@ -482,14 +475,24 @@ pub(super) fn disband(a: DisbandArgs) -> Result<(), CliError> {
         in_flight.len()
     )?;
     outln!(
-        "start it (no --plugin: it runs the plugins the group ran) with\n  host run --checkpoint {} --sink-db {} --brokers SERVERS{}",
-        crate::engine::shell_word(&dir.display().to_string()),
-        crate::engine::shell_word(&url),
-        o.fingerprint
-            .topics
-            .iter()
-            .map(|t| format!(" --topic {}", crate::engine::shell_word(t)))
-            .collect::<String>()
+        "start it (no --plugin: it runs the plugins the group ran) with\n  {}",
+        run_command(
+            &["--checkpoint", &dir.display().to_string()],
+            &url,
+            &o.fingerprint.topics
+        )
     )?;
     Ok(())
+}
+
+/// The `host run` command line of the pipeline in its new store (`store`:
+/// `--group NAME` or `--checkpoint DIR`), for the user to copy.
+fn run_command(store: &[&str], url: &str, topics: &[String]) -> String {
+    let word = crate::engine::shell_word;
+    let mut cmd = format!("host run {} {}", store[0], word(store[1]));
+    cmd.push_str(&format!(" --sink-db {} --brokers SERVERS", word(url)));
+    for t in topics {
+        cmd.push_str(&format!(" --topic {}", word(t)));
+    }
+    cmd
 }

@@ -87,9 +87,8 @@ pub fn run(a: GroupResetArgs) -> Result<(), CliError> {
     let now = now_ms();
     let live: Vec<String> = o
         .store
-        .members()?
+        .live_members(now)?
         .into_iter()
-        .filter(|m| m.live(now))
         .map(|m| format!("{} (seen {} s ago)", m.member, m.seen_ago_ms(now) / 1000))
         .collect();
     if !live.is_empty() && !a.force && !a.dry_run {

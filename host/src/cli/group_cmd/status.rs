@@ -214,12 +214,7 @@ fn show_member(m: &MemberRow) -> String {
             None => line.push_str("\n              between batches"),
         }
         if let Some(p) = v["last_progress"].as_object() {
-            let lag: i64 = p["partitions"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|x| x["lag"].as_i64().unwrap_or(0))
-                .sum();
+            let lag = total_lag(&v["last_progress"]);
             line.push_str(&format!(
                 "; last batch {} at {}: {} in, {} out, {} rows/s; lag {lag} records",
                 p["batch_id"],
@@ -231,4 +226,15 @@ fn show_member(m: &MemberRow) -> String {
         }
     }
     line
+}
+
+/// The records left over every partition of a progress event (JSON, as
+/// `host status` reads it from a control socket or a member's row).
+pub(crate) fn total_lag(progress: &serde_json::Value) -> i64 {
+    progress["partitions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|x| x["lag"].as_i64().unwrap_or(0))
+        .sum()
 }
