@@ -118,7 +118,9 @@ pub enum Command {
     /// owner over its control socket; prints the batch id where it took
     /// effect).
     Swap(swap_cmd::SwapArgs),
-    /// Show the owner, epoch, current batch, plugins and last progress.
+    /// Show a pipeline: a single host's owner, epoch, batch in flight,
+    /// plugins and last progress (`--checkpoint`), or each member's own
+    /// view and the group's (`--group`).
     Status(status_cmd::StatusArgs),
     /// Run a plugin's map stage(s) over records from a file and print the
     /// outputs as JSON lines (no Kafka, no checkpoint).

@@ -1,4 +1,7 @@
 //! Unit tests of the SQL capability on real SQLite and PostgreSQL databases.
+//! Longer than a module should be: one short test per rule of the
+//! statement guard and the session, each readable on its own; they share
+//! only the fixtures at the top.
 
 use super::session::{APPROVED_CAP, APPROVED_MAX_LEN};
 use super::sqlite::Sqlite;

@@ -195,37 +195,6 @@ impl GroupStore {
         Ok(Some((fp, plugins)))
     }
 
-    /// Where the group's pipeline moved (`host group disband`), if it
-    /// did: members are refused then.
-    ///
-    /// # Errors
-    /// [`GroupError::Db`].
-    pub fn moved_to(&self) -> Result<Option<String>, GroupError> {
-        self.read(|b| super::fence::moved_to(b, &self.tables, &self.group))
-    }
-
-    /// The query id of the checkpoint directory the group adopted (`host
-    /// group adopt`), if it did.
-    ///
-    /// # Errors
-    /// [`GroupError::Db`].
-    pub fn adopted_from(&self) -> Result<Option<String>, GroupError> {
-        let rows = self.read(|b| {
-            b.query(
-                &format!(
-                    "SELECT adopted_from FROM {} WHERE group_name = $1",
-                    self.tables.groups
-                ),
-                &[SqlValue::Text(self.group.clone())],
-            )
-            .map_err(self.err("reading where the group came from"))
-        })?;
-        Ok(match rows.rows.first().map(Vec::as_slice) {
-            Some([SqlValue::Text(q)]) => Some(q.clone()),
-            _ => None,
-        })
-    }
-
     /// The group's name.
     pub fn group(&self) -> &str {
         &self.group
