@@ -554,3 +554,74 @@ fn a_fifo_or_a_symlinked_entry_file_is_refused_without_blocking() {
         "a symlinked entry is not read through"
     );
 }
+
+/// The directory behind the checkpoint seam: a batch planned and not
+/// committed is claimed as a re-run of exactly its ranges under the new
+/// epoch, its write-ahead is the entry on disk (ranges in any order, but
+/// no others), and after its commit a claim continues at its ends; a
+/// partition the entry does not name is new.
+#[test]
+fn dir_store_claims_an_uncommitted_batch_as_its_rerun_and_checks_it_is_the_same() {
+    let d = tempfile::tempdir().unwrap();
+    run_batches(d.path(), 2);
+    {
+        let mut cp = DirCheckpoint::open(d.path(), &opts(&["t"])).unwrap();
+        plan(&mut cp, 2);
+    }
+    let store = DirStore::new(DirCheckpoint::open(d.path(), &opts(&["t"])).unwrap());
+    assert!(!store.is_new());
+    assert_eq!(store.epoch(), Some(Epoch::new(3)));
+    let mut known = store.known_partitions();
+    known.sort();
+    assert_eq!(known, vec![("t".to_string(), 0), ("t".to_string(), 1)]);
+    let c = store.claim(&("t".into(), 1), "").unwrap();
+    assert_eq!(c.epoch, Epoch::new(3));
+    match c.start {
+        Start::Rerun(p) => assert_eq!((p.batch, p.start, p.end), (2, 20, 30)),
+        other => panic!("expected the re-run, got {other:?}"),
+    }
+    assert_eq!(store.claim(&("t".into(), 7), "").unwrap().start, Start::New);
+
+    let mut reversed = ranges(2);
+    reversed.reverse();
+    let batch = |ranges: Vec<PartitionRange>| Batch {
+        entry: OffsetsEntry {
+            batch_id: store.next_batch_id(),
+            epoch: Epoch::new(3),
+            planned_at_ms: now_ms(),
+            ranges,
+            plugins: Vec::new(),
+            config_digest: String::new(),
+            note: None,
+            topics: Default::default(),
+            sink_db: None,
+        },
+        epochs: Default::default(),
+        rerun: true,
+        started_latest: Default::default(),
+    };
+    let mut other = ranges(2);
+    other[0].end += 1;
+    assert!(matches!(
+        store.write_ahead(&batch(other)),
+        Err(CheckpointError::Misuse { .. })
+    ));
+    let rerun = batch(reversed);
+    store.write_ahead(&rerun).unwrap();
+    let done = CommitEntry {
+        batch_id: 2,
+        epoch: Epoch::new(3),
+        committed_at_ms: now_ms(),
+        counts: Counts::default(),
+        timings_ms: Timings::default(),
+        plugins: vec![],
+        data_loss: vec![],
+        note: None,
+    };
+    assert!(store.commit(&rerun, &done).unwrap().is_empty());
+    assert_eq!(store.last_committed(), Some(2));
+    assert_eq!(
+        store.claim(&("t".into(), 0), "").unwrap().start,
+        Start::At(30)
+    );
+}
