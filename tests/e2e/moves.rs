@@ -107,7 +107,8 @@ fn assert_exactly_once(db: &Db, n: i64) {
 /// becomes a group of two members and then a single host again: every
 /// record counted once across both moves, each move killed half-way and
 /// finished by running it again, and each store refusing to run the
-/// pipeline while the other holds it.
+/// pipeline while the other holds it. Once the group went on to another
+/// directory, adopting the first one again (stale positions) is refused.
 #[test]
 fn a_single_host_pipeline_becomes_a_group_and_back_exactly_once() {
     let db = Db::sqlite();
@@ -220,4 +221,29 @@ fn a_single_host_pipeline_becomes_a_group_and_back_exactly_once() {
     );
     assert!(out.status.success(), "{}", stderr(&out));
     assert_exactly_once(&db, 500);
+
+    // Adopted again, then disbanded into another directory: the first
+    // one's positions are stale now, and adopting it again is refused.
+    let (code, said) = group_move("adopt", &db, &dir_s, &[]);
+    assert_eq!(code, Some(0), "{said}");
+    let other = tmp.path().join("other").display().to_string();
+    let (code, said) = group_move("disband", &db, &other, &[]);
+    assert_eq!(code, Some(0), "{said}");
+    let (code, said) = group_move("adopt", &db, &dir_s, &[]);
+    assert_eq!(code, Some(2), "{said}");
+    assert!(said.contains("stale"), "{said}");
+    produce(&mock, 500, 100);
+    let out = host(
+        &run_args(
+            &mock,
+            &db,
+            &["--checkpoint", &other],
+            &["--until-caught-up"],
+        )
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_exactly_once(&db, 600);
 }

@@ -153,7 +153,7 @@ pub enum CheckpointError {
     },
     /// The pipeline runs in a pipeline group now (`host group adopt`).
     #[error(
-        "checkpoint {}: the pipeline moved to {} ({}); run it as a group member (`host run --group {} --sink-db URL …`), or bring it back here with `host group disband --group {} --sink-db URL --checkpoint {}`", .dir.display(), .moved.to, crate::util::rfc3339_ms(.moved.at_ms), .moved.group, .moved.group, .dir.display()
+        "checkpoint {}: the pipeline {} ({}); run it as a group member (`host run --group {} --sink-db URL …`), or bring it back here with `host group disband --group {} --sink-db URL --checkpoint {}`. If a `host group adopt` or `host group disband` was interrupted, run the same command again: it finishes the move", .dir.display(), if .moved.moving_here { format!("is moving here from {}", .moved.to) } else { format!("moved to {}", .moved.to) }, crate::util::rfc3339_ms(.moved.at_ms), .moved.group, .moved.group, .dir.display()
     )]
     Moved {
         /// The checkpoint directory.
@@ -340,6 +340,10 @@ pub struct Moved {
     pub to: String,
     /// When, ms since the Unix epoch.
     pub at_ms: i64,
+    /// The pipeline is moving here from the group (`host group disband`
+    /// not finished), rather than gone to it.
+    #[serde(default)]
+    pub moving_here: bool,
 }
 
 /// Where processing continues after opening a checkpoint.

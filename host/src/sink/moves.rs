@@ -103,6 +103,30 @@ impl SinkDriver {
             }
             self.rename_rows(b, a.query_id, group).map_err(err)?;
             let rows = self.read_rows(b, group)?;
+            // A range handed over that ends below what its row shows
+            // applied (a reset back, then a capped batch): the group runs
+            // it on to the row's end, which applies only the offsets the
+            // row lacks (the keys are those of the offsets, whatever the
+            // bounds), so no hole below the row's end is left behind.
+            for ((topic, partition), planned) in a.reruns {
+                if let Some(end) = rows.get(&(topic.clone(), *partition)).and_then(|r| r.end())
+                    && end > planned.end
+                {
+                    let planned = Planned {
+                        end,
+                        ..planned.clone()
+                    };
+                    hand_over_on(
+                        b,
+                        tables,
+                        group,
+                        (topic, *partition),
+                        (ADOPT_OWNER, a.epoch),
+                        &planned,
+                    )
+                    .map_err(SinkError::Group)?;
+                }
+            }
             for ((topic, partition), at) in positions {
                 let row = rows.get(&(topic.clone(), *partition));
                 // A position behind what its row shows applied (a reset

@@ -6,10 +6,10 @@
 //!   pipeline group NAME. In one database transaction the group's row is
 //!   made (topics, plugins, topic identities), the uncommitted batch's
 //!   ranges (if any) become the partitions' ranges in flight, and the
-//!   checkpoint's progress rows and dead letters become the group's. Then
-//!   the directory's uncommitted batch is closed and the directory is
-//!   marked as moved (`host run --checkpoint DIR` refuses it, naming the
-//!   group).
+//!   checkpoint's progress rows and dead letters become the group's. The
+//!   directory is marked as moved before that transaction (`host run
+//!   --checkpoint DIR` refuses it, naming the group), and its
+//!   uncommitted batch is closed after it.
 //! - **disband**: a stopped group becomes the pipeline of a checkpoint
 //!   directory (a new one, or the one it was adopted from). The directory
 //!   is marked as moving first, gets an entry with the group's positions
@@ -110,16 +110,23 @@ pub(super) fn adopt(a: AdoptArgs) -> Result<(), CliError> {
             ..OpenOptions::default()
         },
     )?;
+    // Read again under the lock: what the adopt works from.
+    let status = checkpoint::status(&a.checkpoint).code(ExitCode::Usage)?;
     // A marker naming this group is an earlier adopt's (finished, or
     // killed after it wrote the marker): its steps are run again, each
-    // doing only what is left.
-    if let Some(m) = checkpoint::moved_marker(&a.checkpoint)?
-        && m.group != group
+    // doing only what is left. Any other is someone else's move.
+    let marked = checkpoint::moved_marker(&a.checkpoint)?;
+    if let Some(m) = &marked
+        && (m.group != group || m.moving_here)
     {
         return Err(anyhow!(
-            "checkpoint {}: its pipeline moved to {} already",
+            "checkpoint {}: {}",
             a.checkpoint.display(),
-            m.to
+            if m.moving_here {
+                format!("a `host group disband` of group {} into it is not finished: run that command again", m.group)
+            } else {
+                format!("its pipeline moved to {} already", m.to)
+            }
         ))
         .code(ExitCode::Usage);
     }
@@ -192,6 +199,19 @@ pub(super) fn adopt(a: AdoptArgs) -> Result<(), CliError> {
         &grant.host_schema(),
         &group,
     )?;
+    // A group that adopted this checkpoint and has since gone to another
+    // directory holds newer positions than this one: adopting it again
+    // would go back to these.
+    let here_dir = std::path::absolute(&a.checkpoint).unwrap_or_else(|_| a.checkpoint.clone());
+    if store.adopted_from()?.as_deref() == Some(cp.query_id())
+        && let Some(to) = store.moved_to()?
+        && to != format!("checkpoint {}", here_dir.display())
+    {
+        return Err(anyhow!(
+            "group {group} adopted this checkpoint and has since moved to {to}: its positions are there, this directory's are stale. Adopt that directory instead"
+        ))
+        .code(ExitCode::Usage);
+    }
     for r in &plugins {
         let (_, bytes) = cp.load_plugin(&r.digest)?;
         store.store_plugin(&bytes)?;
@@ -213,13 +233,21 @@ pub(super) fn adopt(a: AdoptArgs) -> Result<(), CliError> {
         group: group.clone(),
         to: format!("pipeline group {group} in {url}"),
         at_ms: now_ms(),
+        moving_here: false,
     })?;
     crate::util::failpoint("adopt:after-mark");
     let changed = driver
         .adopt_into_group(store.tables(), &group, &adopted, &positions)
         .inspect_err(|_| {
-            // Nothing changed in the database: the pipeline stays here.
-            if let Err(c) = cp.clear_moved() {
+            // The pipeline stays here only if this run marked the
+            // directory and the group does not hold it (the transaction
+            // did not commit, as far as the database says now).
+            let held = store.adopted_from().ok().flatten().as_deref() == Some(&query_id)
+                && store.moved_to().ok().flatten().is_none();
+            if marked.is_none()
+                && !held
+                && let Err(c) = cp.clear_moved()
+            {
                 tracing::error!("{c}");
             }
         })
@@ -267,7 +295,7 @@ pub(super) fn adopt(a: AdoptArgs) -> Result<(), CliError> {
     )?;
     outln!(
         "start its members (no --plugin: they run the group's) with\n  {}",
-        run_command(&["--group", &group], &url, &fingerprint.topics)
+        run_command(&["--group", &group], &a.db, &fingerprint.topics)
     )?;
     Ok(())
 }
@@ -305,7 +333,10 @@ pub(super) fn disband(a: DisbandArgs) -> Result<(), CliError> {
             .code(ExitCode::Usage);
         }
         // The rows moved; only the directory's mark may be left.
-        if marker.is_some() {
+        let ours = marker
+            .as_ref()
+            .is_some_and(|m| m.group == group && m.moving_here);
+        if ours {
             let cp = open_dir(
                 &dir,
                 OpenOptions {
@@ -318,7 +349,7 @@ pub(super) fn disband(a: DisbandArgs) -> Result<(), CliError> {
         }
         outln!(
             "pipeline group {group} in {url} is now the pipeline of {to} ({})",
-            if marker.is_some() {
+            if ours {
                 "its rows had moved already; this run finished the move"
             } else {
                 "it was disbanded already; nothing to do"
@@ -342,7 +373,8 @@ pub(super) fn disband(a: DisbandArgs) -> Result<(), CliError> {
     }
     // A directory of another pipeline is refused; one this command made
     // and was killed in before it marked it (metadata, no batch) is fine.
-    let fresh = checkpoint::status(&dir).is_ok_and(|s| s.last_planned.is_none());
+    let fresh = checkpoint::status(&dir).is_ok_and(|s| s.last_planned.is_none())
+        && marker.as_ref().is_none_or(|m| m.group == group);
     if checkpoint::exists(&dir) && !fresh && marker.as_ref().is_none_or(|m| m.group != group) {
         return Err(anyhow!(
             "{} is the checkpoint of another pipeline: give a new directory, or the one group {group} adopted",
@@ -381,8 +413,9 @@ pub(super) fn disband(a: DisbandArgs) -> Result<(), CliError> {
     )?;
     cp.mark_moved(&Moved {
         group: group.clone(),
-        to: format!("pipeline group {group} in {url} (moving here: run the same `host group disband` again to finish)"),
+        to: format!("pipeline group {group} in {url}"),
         at_ms: now,
+        moving_here: true,
     })?;
     // A batch left uncommitted here is an earlier attempt's (adopt closes
     // the directory's own): its ranges are written again below.
@@ -478,7 +511,7 @@ pub(super) fn disband(a: DisbandArgs) -> Result<(), CliError> {
         "start it (no --plugin: it runs the plugins the group ran) with\n  {}",
         run_command(
             &["--checkpoint", &dir.display().to_string()],
-            &url,
+            &a.db,
             &o.fingerprint.topics
         )
     )?;
@@ -487,10 +520,20 @@ pub(super) fn disband(a: DisbandArgs) -> Result<(), CliError> {
 
 /// The `host run` command line of the pipeline in its new store (`store`:
 /// `--group NAME` or `--checkpoint DIR`), for the user to copy.
-fn run_command(store: &[&str], url: &str, topics: &[String]) -> String {
+fn run_command(store: &[&str], db: &GroupDb, topics: &[String]) -> String {
     let word = crate::engine::shell_word;
     let mut cmd = format!("host run {} {}", store[0], word(store[1]));
-    cmd.push_str(&format!(" --sink-db {} --brokers SERVERS", word(url)));
+    cmd.push_str(&format!(" --sink-db {}", word(&db.shown())));
+    if let Some(s) = &db.sink_schema {
+        cmd.push_str(&format!(" --sink-schema {}", word(s)));
+    }
+    if let Some(f) = &db.sink_db_password_file {
+        cmd.push_str(&format!(
+            " --sink-db-password-file {}",
+            word(&f.display().to_string())
+        ));
+    }
+    cmd.push_str(" --brokers SERVERS");
     for t in topics {
         cmd.push_str(&format!(" --topic {}", word(t)));
     }
