@@ -1,8 +1,8 @@
 //! The batch boundary (after a commit, before the next plan): the one
-//! moment the engine acts on control requests. A swap replaces a stage's
-//! template, so the next batch runs the new plugin and records its digest
-//! in its write-ahead entry; a handover offers the checkpoint and, once
-//! the requester confirms, gives it up.
+//! moment the engine acts on control requests and on a group's swaps. A
+//! swap replaces a stage's template, so the next batch runs the new
+//! plugin and records its digest in its write-ahead entry; a handover
+//! offers the checkpoint and, once the requester confirms, gives it up.
 
 use crate::control::handover;
 use crate::control::{Handover, HandoverNote, Request, SwapRequest};
@@ -74,4 +74,35 @@ fn swap_in(p: &mut Pipeline, swap: SwapRequest) {
         p.metrics.swap();
     }
     let _ = swap.reply.send(result);
+}
+
+/// A group member's boundary: take the assignment changes since the last
+/// one (the planner forgets what was revoked), start the next batch's
+/// revocations afresh, and install a group swap that compiled.
+///
+/// # Errors
+/// [`super::EngineError::Claim`] for a claim that failed in the rebalance
+/// callback.
+pub(super) fn serve_group(
+    p: &mut Pipeline,
+    cfg: &PipelineConfig,
+) -> Result<(), super::EngineError> {
+    let Some(g) = p.group.as_mut() else {
+        return Ok(());
+    };
+    // Revokes answered between batches are out of the holdings already;
+    // the ones during the last batch were acted on.
+    p.source.serve(std::time::Duration::from_millis(10));
+    let changes = g.member.sync(&mut p.source, &p.metrics)?;
+    for tp in &changes.revoked {
+        p.planner.forget(tp);
+    }
+    g.member.revocations.take();
+    let next = p.cp.next_batch_id();
+    if g.swaps
+        .at_boundary(cfg, &mut p.stages, p.sql.as_ref(), next)
+    {
+        p.metrics.swap();
+    }
+    Ok(())
 }

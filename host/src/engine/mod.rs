@@ -219,22 +219,7 @@ fn run_batches(
             );
             break;
         }
-        if let Some(g) = p.group.as_mut() {
-            // Revokes answered between batches are out of the holdings
-            // already; the ones during the last batch were acted on.
-            p.source.serve(Duration::from_millis(10));
-            let changes = g.member.sync(&mut p.source, &p.metrics)?;
-            for tp in &changes.revoked {
-                p.planner.forget(tp);
-            }
-            g.member.revocations.take();
-            let next = p.cp.next_batch_id();
-            if g.swaps
-                .at_boundary(cfg, &mut p.stages, p.sql.as_ref(), next)
-            {
-                p.metrics.swap();
-            }
-        }
+        boundary::serve_group(p, cfg)?;
 
         // Plan and write ahead.
         let batch_started = Instant::now();
