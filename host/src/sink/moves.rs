@@ -12,9 +12,7 @@ use super::reset::RowWrite;
 use super::{SinkDriver, SinkError};
 use crate::capability::sql::{Backend, DbError, SqlValue};
 use crate::checkpoint::Epoch;
-use crate::checkpoint::group::{
-    ADOPT_OWNER, Adopted, GroupTables, Planned, adopt_on, disband_on, hand_over_on,
-};
+use crate::checkpoint::group::{ADOPT_OWNER, Adopted, GroupTables, Planned, adopt_on, disband_on};
 
 impl SinkDriver {
     /// Rename `from`'s progress rows and dead letters to `to`, on `b`
@@ -75,7 +73,9 @@ impl SinkDriver {
     /// progress rows and dead letters become the group's, and each of the
     /// checkpoint's `positions` that its row does not reach (a `latest`
     /// start, a reset forward) is recorded in the row, the offsets below
-    /// as never applied, so the member that claims it starts there.
+    /// as never applied, so the member that claims it starts there; a
+    /// position (or a range's end) behind what its row shows applied
+    /// becomes a range run again up to the row's end.
     /// Returns false when the group had taken this checkpoint over already
     /// (nothing changed).
     ///
@@ -98,62 +98,54 @@ impl SinkDriver {
             error,
         };
         self.in_own_transaction(g, err, false, |b| {
-            if !adopt_on(b, tables, group, a).map_err(SinkError::Group)? {
+            // What the checkpoint's rows show applied, before they become
+            // the group's. A range handed over that ends below a row's end
+            // (a reset back into offsets never applied; a capped batch
+            // after one) is run on to that end, and a position behind it
+            // becomes the range [position, row end): the member runs it,
+            // applying only what the row lacks (the keys are those of the
+            // offsets, whatever the bounds), as the checkpoint would have.
+            let rows = self.read_rows(b, a.query_id)?;
+            let row_end = |tp: &(String, i32)| rows.get(tp).and_then(|r| r.end());
+            let mut reruns = a.reruns.clone();
+            for (tp, planned) in &mut reruns {
+                if let Some(end) = row_end(tp) {
+                    planned.end = planned.end.max(end);
+                }
+            }
+            for (tp, at) in positions {
+                if let Some(end) = row_end(tp)
+                    && end > *at
+                {
+                    let plugins = a.plugins.to_vec();
+                    reruns.insert(
+                        tp.clone(),
+                        Planned {
+                            batch: 0,
+                            start: *at,
+                            end,
+                            plugins,
+                        },
+                    );
+                }
+            }
+            let adopted = Adopted {
+                reruns: &reruns,
+                ..a.clone()
+            };
+            if !adopt_on(b, tables, group, &adopted).map_err(SinkError::Group)? {
                 return Ok(false);
             }
             self.rename_rows(b, a.query_id, group).map_err(err)?;
-            let rows = self.read_rows(b, group)?;
-            // A range handed over that ends below what its row shows
-            // applied (a reset back, then a capped batch): the group runs
-            // it on to the row's end, which applies only the offsets the
-            // row lacks (the keys are those of the offsets, whatever the
-            // bounds), so no hole below the row's end is left behind.
-            for ((topic, partition), planned) in a.reruns {
-                if let Some(end) = rows.get(&(topic.clone(), *partition)).and_then(|r| r.end())
-                    && end > planned.end
-                {
-                    let planned = Planned {
-                        end,
-                        ..planned.clone()
-                    };
-                    hand_over_on(
-                        b,
-                        tables,
-                        group,
-                        (topic, *partition),
-                        (ADOPT_OWNER, a.epoch),
-                        &planned,
-                    )
-                    .map_err(SinkError::Group)?;
-                }
-            }
+            // The other positions: a row that does not reach one (a
+            // `latest` start, a reset forward) records it, the offsets
+            // below as never applied.
             for ((topic, partition), at) in positions {
-                let row = rows.get(&(topic.clone(), *partition));
-                // A position behind what its row shows applied (a reset
-                // back into offsets never applied): the group runs
-                // [position, row end) again, which applies only what the
-                // row lacks, as the checkpoint would have.
-                if let Some(end) = row.and_then(|r| r.end())
-                    && end > *at
-                {
-                    let planned = Planned {
-                        batch: 0,
-                        start: *at,
-                        end,
-                        plugins: a.plugins.to_vec(),
-                    };
-                    hand_over_on(
-                        b,
-                        tables,
-                        group,
-                        (topic, *partition),
-                        (ADOPT_OWNER, a.epoch),
-                        &planned,
-                    )
-                    .map_err(SinkError::Group)?;
+                let tp = (topic.clone(), *partition);
+                if reruns.contains_key(&tp) {
                     continue;
                 }
-                let after = match row {
+                let after = match rows.get(&tp) {
                     Some(r) => r.skip_to(*at).filter(|after| after != r),
                     None => crate::sink::applied::AppliedSet::empty().skip_to(*at),
                 };
