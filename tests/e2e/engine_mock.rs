@@ -549,14 +549,11 @@ fn metrics_endpoint_is_scraped_and_parsed_as_prometheus_text() {
     }
 }
 
-/// Neither broker available here can add partitions to a live topic (the
-/// mock cluster does not answer CreatePartitions, Tansu 0.6.0 answers
-/// UnsupportedFeature), so the partition appears between two runs: the
-/// topic is recreated with a second partition and partition 0 refilled to
-/// the same offsets. A recreated topic is refused (its topic id changed);
-/// a reset that keeps partition 0's position adopts the new topic, and the
-/// next run must discover partition 1 at planning and read it from
-/// offset 0.
+/// A topic recreated between two runs with a second partition (partition
+/// 0 refilled to the same offsets): refused (its topic id changed); a
+/// reset that keeps partition 0's position adopts the new topic, and the
+/// next run discovers partition 1 at planning and reads it from offset 0.
+/// (Partitions added to a running topic without a recreate: grow.rs.)
 #[test]
 fn a_partition_that_appears_is_picked_up_from_offset_0() {
     let tansu = crate::kafka::Tansu::start();

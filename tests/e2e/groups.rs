@@ -906,12 +906,9 @@ fn a_group_reset_moves_the_group_and_a_running_member_follows() {
 /// over later starts there too, not at the log start. Partitions that
 /// appear while the group runs are read from offset 0 (the records
 /// produced to them before the claim are not skipped): the coordinator
-/// assigns them after the member's next metadata refresh. Neither broker
-/// here can add partitions to a topic (Tansu 0.6.0 answers
-/// CreatePartitions with UnsupportedFeature, the mock cluster does not
-/// answer it), so the new partitions are those of a second topic of the
-/// group, created while it runs: the same path (a partition with no row,
-/// claimed by a running group).
+/// assigns them after the member's next metadata refresh. Here they are
+/// those of a second topic of the group, created while it runs (grow.rs
+/// adds partitions to a running topic).
 #[test]
 fn latest_holds_for_a_new_group_and_partitions_that_appear_later_are_read_from_0() {
     let mock = Mock::new();
@@ -960,7 +957,7 @@ fn latest_holds_for_a_new_group_and_partitions_that_appear_later_are_read_from_0
         "{log}"
     );
     assert!(
-        log.contains("reading from the log start (earliest) topic=\"later\""),
+        log.contains("a partition added since the pipeline began: reading from its log start offset 0 topic=\"later\""),
         "{log}"
     );
     assert_exactly_once(&db, 30);

@@ -136,6 +136,53 @@ impl Tansu {
         self.child = spawn_broker(&self.bin, self._dir.path(), self.port);
     }
 
+    /// Give `topic` `partitions` partitions, as CreatePartitions would:
+    /// neither broker here implements that request (Tansu 0.6.0 answers
+    /// UnsupportedFeature; nisshi 0.8.1 has no handler for it; the mock
+    /// cluster does not answer it), so the new partitions are written
+    /// into the broker's own SQLite storage, the rows its CreateTopics
+    /// writes for each partition (`topition`, `watermark`) and the
+    /// topic's partition count, which its Metadata and
+    /// DescribeTopicPartitions answers read. Clients see the topic grow at
+    /// their next metadata request, as with a real broker.
+    pub fn grow_topic(&self, topic: &str, partitions: i32) {
+        let db = self._dir.path().join("tansu.db");
+        let mut c = sluice_host::capability::sql::connect(&format!("sqlite:{}", db.display()))
+            .expect("the broker's storage");
+        let q = topic.replace('\'', "''");
+        let before = match c
+            .query(
+                &format!("SELECT partitions FROM topic WHERE name = '{q}'"),
+                &[],
+            )
+            .expect("topic row")
+            .rows
+            .first()
+            .and_then(|r| r.first())
+        {
+            Some(sluice_host::capability::sql::SqlValue::Integer(n)) => *n as i32,
+            other => panic!("topic {topic} is not in the broker's storage: {other:?}"),
+        };
+        assert!(
+            partitions > before,
+            "{topic} has {before} partitions already"
+        );
+        let mut sql = format!(
+            "BEGIN; UPDATE topic SET partitions = {partitions}, last_updated = current_timestamp \
+             WHERE name = '{q}';"
+        );
+        for p in before..partitions {
+            sql.push_str(&format!(
+                "INSERT INTO topition (topic, partition) SELECT id, {p} FROM topic WHERE name = '{q}'; \
+                 INSERT INTO watermark (topition) SELECT tp.id FROM topition tp JOIN topic t \
+                 ON tp.topic = t.id WHERE t.name = '{q}' AND tp.partition = {p};"
+            ));
+        }
+        sql.push_str("COMMIT;");
+        c.batch(&sql)
+            .expect("grow the topic in the broker's storage");
+    }
+
     pub fn topic(&self, args: &[&str]) -> std::process::Output {
         Command::new(&self.bin)
             .arg("topic")

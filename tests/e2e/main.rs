@@ -19,6 +19,7 @@ mod engine_mock;
 mod first_hour;
 mod group_source;
 mod groups;
+mod grow;
 mod handover;
 mod kafka;
 mod maxwell;

@@ -210,7 +210,9 @@ pub struct Settings {
     /// `skip` resumes at the log start and records the gap [default: fail].
     #[arg(long, value_name = "POLICY", env = "SLUICE_ON_DATA_LOSS", hide_env_values = true, value_parser = serde_enum::<DataLossPolicy>(&["fail", "skip"]))]
     pub on_data_loss: Option<DataLossPolicy>,
-    /// Where a new checkpoint starts reading [default: earliest].
+    /// Where the partitions of a new pipeline start reading; partitions
+    /// added to its topics later always start at their log start
+    /// [default: earliest].
     #[arg(long, value_name = "WHERE", env = "SLUICE_STARTING_OFFSETS", hide_env_values = true, value_parser = serde_enum::<StartingOffsets>(&["earliest", "latest"]))]
     pub starting_offsets: Option<StartingOffsets>,
     /// Also commit processed offsets to this Kafka consumer group after

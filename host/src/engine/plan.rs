@@ -13,9 +13,14 @@
 //!   re-runs only.
 //! - Otherwise `start` is the partition's position (the end of its last
 //!   committed range, or what its progress row shows applied). A partition
-//!   with none starts at the configured starting offsets in a new
-//!   pipeline (or, for a single host, a topic it never read), at its log
-//!   start when it appears later. `end = min(high watermark, start + max
+//!   with none starts at the configured starting offsets when it existed
+//!   as the pipeline began (a new pipeline's topics, or, for a single
+//!   host, a topic it never read, as first planned in this run), at its
+//!   log start when it appeared later: a partition added to a running
+//!   topic, a topic created while a group runs. Its records were all
+//!   produced after the pipeline began, so `--starting-offsets latest`
+//!   must not skip them (Spark's Kafka source reads partitions it
+//!   discovers later from their earliest offset for the same reason). `end = min(high watermark, start + max
 //!   records per partition)`, and, with `--until-caught-up`, no further
 //!   than the high watermark seen when the partition was first planned.
 //!
@@ -144,7 +149,16 @@ pub(crate) struct Planned {
 
 /// Targets and watermarks across batches of one run.
 pub(crate) struct Planner {
+    /// The checkpoint had no position when this process started, and none
+    /// was committed since.
     new_pipeline: bool,
+    /// Topics new to the pipeline in this run, with the partitions each
+    /// had when first planned: those start at the configured starting
+    /// offsets. Filled until the first plan that planned any range.
+    fresh: BTreeMap<String, BTreeSet<i32>>,
+    /// Topics may still become fresh (no plan planned a range yet: a group
+    /// member may hold nothing at first).
+    fresh_open: bool,
     /// With `--until-caught-up`: each partition's high watermark when it
     /// was first planned.
     targets: BTreeMap<TopicPartition, i64>,
@@ -161,6 +175,8 @@ impl Planner {
     pub(crate) fn new(cp: &dyn Checkpoint) -> Self {
         Planner {
             new_pipeline: cp.is_new(),
+            fresh: BTreeMap::new(),
+            fresh_open: true,
             targets: BTreeMap::new(),
             planned_once: false,
             highs: BTreeMap::new(),
@@ -255,6 +271,11 @@ impl Planner {
                 continue;
             }
             let partitions = self.check_topic(source, cfg, topic, topic_known)?;
+            if self.fresh_open && (self.new_pipeline || (cp.holds_all() && !topic_known)) {
+                self.fresh
+                    .entry(topic.clone())
+                    .or_insert_with(|| partitions.iter().copied().collect());
+            }
             if cp.holds_all() {
                 for &p in &partitions {
                     if let std::collections::btree_map::Entry::Vacant(v) = mine.entry(p) {
@@ -278,12 +299,13 @@ impl Planner {
                 let known = position(claimed);
                 let mut start = match known {
                     Some(p) => p,
-                    // A new pipeline, or (single host) a topic with no
-                    // known partition at all (added with
-                    // --allow-fingerprint-change): the configured starting
-                    // offsets; a partition that appeared later: its log
-                    // start.
-                    None if self.new_pipeline || (cp.holds_all() && !topic_known) => {
+                    // A partition the pipeline met as it began: the
+                    // configured starting offsets.
+                    None if self
+                        .fresh
+                        .get(topic)
+                        .is_some_and(|f| f.contains(&partition)) =>
+                    {
                         match cfg.starting_offsets {
                             StartingOffsets::Earliest => low,
                             StartingOffsets::Latest => {
@@ -292,11 +314,13 @@ impl Planner {
                             }
                         }
                     }
+                    // One that appeared since: every record in it came
+                    // after the pipeline began.
                     None => {
                         tracing::info!(
                             topic,
                             partition,
-                            "new partition: starting at its log start offset {low}"
+                            "a partition added since the pipeline began: reading from its log start offset {low}"
                         );
                         low
                     }
@@ -344,6 +368,9 @@ impl Planner {
             // Once more after the watermarks: a topic recreated while they
             // were read must not be planned under the old one's identity.
             self.check_topic(source, cfg, topic, true)?;
+        }
+        if !planned.ranges.is_empty() {
+            self.fresh_open = false;
         }
         planned.topics = self.topics(cfg);
         Ok(planned)

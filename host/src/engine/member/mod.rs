@@ -90,14 +90,14 @@ impl Member {
                 format!("its planned range [{}, {}), again", p.start, p.end),
                 p.start,
             ),
-            Start::New => match self.starting {
-                StartingOffsets::Earliest => {
-                    ("the log start (earliest)".to_string(), START_EARLIEST)
-                }
-                StartingOffsets::Latest => {
-                    ("the high watermark (latest)".to_string(), START_LATEST)
-                }
-            },
+            // The planner chooses where it starts (and says so).
+            Start::New => (
+                "where the next plan starts it (no position yet)".to_string(),
+                match self.starting {
+                    StartingOffsets::Earliest => START_EARLIEST,
+                    StartingOffsets::Latest => START_LATEST,
+                },
+            ),
         };
         tracing::info!(
             topic = tp.0,

@@ -1,0 +1,200 @@
+//! Partitions added to a running topic, what users do to scale a topic:
+//! a single host and a group of two members read each new partition from
+//! its log start, each record once (the non-idempotent `sql-counter` sink
+//! counts), also under `--starting-offsets latest`: every record of a
+//! partition that appeared after the pipeline began was produced after it
+//! began, so none of them may be skipped.
+//!
+//! The partitions are added in the broker's storage
+//! ([`Tansu::grow_topic`]): no broker that installs here answers
+//! CreatePartitions.
+
+use std::time::{Duration, Instant};
+
+use crate::kafka::{Broker, Tansu, producer};
+use crate::support::{Db, HostProcess, RunArgs, plugin};
+
+const WAIT: Duration = Duration::from_secs(90);
+
+/// Send values `{tag}{i}` for `i` in `range` to `partition`.
+fn produce(b: &dyn Broker, topic: &str, partition: i32, tag: &str, range: std::ops::Range<usize>) {
+    // A new producer: its first metadata request sees the partitions the
+    // topic has now.
+    let p = producer(&b.bootstrap());
+    for i in range {
+        p.send(
+            topic,
+            partition,
+            Some(format!("k{i}").as_bytes()),
+            Some(format!("{tag}{i}").as_bytes()),
+            &[],
+        );
+    }
+    p.flush();
+}
+
+/// Wait until the counter shows `n`; fail naming `what` and the logs.
+fn wait_for_count(db: &Db, n: i64, what: &str, hosts: &[&HostProcess]) {
+    let started = Instant::now();
+    let counted = || {
+        sluice_host::capability::sql::connect(&db.url)
+            .and_then(|mut c| c.query("SELECT n FROM counters WHERE name = 'records'", &[]))
+            .ok()
+            .and_then(|r| r.rows.into_iter().next())
+            .and_then(|r| r.into_iter().next())
+            .map_or(0, |v| match v {
+                sluice_host::capability::sql::SqlValue::Integer(n) => n,
+                _ => 0,
+            })
+    };
+    while counted() != n {
+        if started.elapsed() > WAIT {
+            let logs: Vec<String> = hosts
+                .iter()
+                .enumerate()
+                .map(|(i, h)| format!("--- host {i}\n{}", h.log()))
+                .collect();
+            panic!("{what}: {} of {n}\n{}", counted(), logs.join("\n"));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Each of `values` was applied exactly once, and nothing else was.
+fn assert_applied_once(db: &Db, mut values: Vec<String>) {
+    values.sort();
+    assert_eq!(db.sorted_texts("SELECT value FROM seen"), values);
+    assert_eq!(db.counted(), values.len() as i64, "the counter");
+    assert_eq!(
+        db.scalar("SELECT count(DISTINCT idempotency_key) FROM seen"),
+        values.len() as i64
+    );
+}
+
+fn values(tag: &str, range: std::ops::Range<usize>) -> Vec<String> {
+    range.map(|i| format!("{tag}{i}")).collect()
+}
+
+/// A single host started with `--starting-offsets latest` on a topic of
+/// one partition: what was there before it started is skipped (latest);
+/// two partitions added while it runs are read from offset 0 within a
+/// planning round, each record once.
+#[test]
+fn a_single_host_reads_partitions_added_while_it_runs_from_their_log_start() {
+    let tansu = Tansu::start();
+    tansu.create_topic("grow", 1);
+    produce(&tansu, "grow", 0, "before", 0..10);
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::sqlite();
+    let args = RunArgs::new(&tansu.bootstrap(), &["grow"], &dir.path().join("ckpt"))
+        .sink_db(&db)
+        .plugin("passthrough")
+        .plugin("sql_counter")
+        .args([
+            "--starting-offsets",
+            "latest",
+            "--trigger-interval",
+            "100ms",
+        ])
+        .build();
+    let mut host = HostProcess::start(&args);
+    host.wait_for("batch committed", WAIT);
+    produce(&tansu, "grow", 0, "p0-", 0..5);
+    wait_for_count(&db, 5, "partition 0 after the start", &[&host]);
+
+    tansu.grow_topic("grow", 3);
+    produce(&tansu, "grow", 1, "p1-", 0..7);
+    produce(&tansu, "grow", 2, "p2-", 0..4);
+    wait_for_count(&db, 16, "the added partitions", &[&host]);
+    produce(&tansu, "grow", 2, "p2-", 4..6);
+    wait_for_count(&db, 18, "more in an added partition", &[&host]);
+    assert_eq!(host.term(), Some(0), "{}", host.log());
+    let log = host.log();
+    for p in [1, 2] {
+        assert!(
+            log.contains(&format!(
+                "a partition added since the pipeline began: reading from its log start offset 0 topic=\"grow\" partition={p}"
+            )),
+            "{log}"
+        );
+    }
+    let mut want = values("p0-", 0..5);
+    want.extend(values("p1-", 0..7));
+    want.extend(values("p2-", 0..6));
+    assert_applied_once(&db, want);
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM seen WHERE idempotency_key = 'grow/1/0'"),
+        1,
+        "partition 1 from offset 0"
+    );
+}
+
+/// Two members of a group started with `--starting-offsets latest` on a
+/// topic of two partitions; two partitions added while they run are
+/// assigned after the members' next metadata refresh (lowered to 1 s
+/// here) and read from offset 0, each record once.
+#[test]
+fn a_group_reads_partitions_added_while_it_runs_from_their_log_start() {
+    let tansu = Tansu::start();
+    tansu.create_topic("grow", 2);
+    produce(&tansu, "grow", 0, "before", 0..10);
+    let db = Db::sqlite();
+    let member = || {
+        HostProcess::start(
+            &[
+                "run",
+                "--brokers",
+                &tansu.bootstrap(),
+                "--topic",
+                "grow",
+                "--group",
+                "gg",
+                "--sink-db",
+                &db.url,
+                "--trigger-interval",
+                "100ms",
+                "--starting-offsets",
+                "latest",
+                "--config",
+                "kafka.session.timeout.ms=6000",
+                "--config",
+                "kafka.heartbeat.interval.ms=500",
+                "--config",
+                "kafka.topic.metadata.refresh.interval.ms=1000",
+                "--plugin",
+                &plugin("sql_counter").display().to_string(),
+            ]
+            .map(String::from),
+        )
+    };
+    let mut a = member();
+    a.wait_for("batch committed", WAIT);
+    let mut b = member();
+    b.wait_for("claimed", WAIT);
+    produce(&tansu, "grow", 0, "p0-", 0..3);
+    produce(&tansu, "grow", 1, "p1-", 0..3);
+    wait_for_count(&db, 6, "the first two partitions", &[&a, &b]);
+
+    tansu.grow_topic("grow", 4);
+    produce(&tansu, "grow", 2, "p2-", 0..5);
+    produce(&tansu, "grow", 3, "p3-", 0..4);
+    wait_for_count(&db, 15, "the added partitions", &[&a, &b]);
+    produce(&tansu, "grow", 3, "p3-", 4..6);
+    wait_for_count(&db, 17, "more in an added partition", &[&a, &b]);
+    assert_eq!(a.term(), Some(0), "{}", a.log());
+    assert_eq!(b.term(), Some(0), "{}", b.log());
+    let logs = format!("{}{}", a.log(), b.log());
+    for p in [2, 3] {
+        assert!(
+            logs.contains(&format!(
+                "a partition added since the pipeline began: reading from its log start offset 0 topic=\"grow\" partition={p}"
+            )),
+            "{logs}"
+        );
+    }
+    let mut want = values("p0-", 0..3);
+    want.extend(values("p1-", 0..3));
+    want.extend(values("p2-", 0..5));
+    want.extend(values("p3-", 0..6));
+    assert_applied_once(&db, want);
+}
