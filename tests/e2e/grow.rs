@@ -181,9 +181,9 @@ fn a_group_reads_partitions_added_while_it_runs_from_their_log_start() {
     wait_for_count(&db, 15, "the added partitions", &[&a, &b]);
     produce(&tansu, "grow", 3, "p3-", 4..6);
     wait_for_count(&db, 17, "more in an added partition", &[&a, &b]);
-    assert_eq!(a.term(), Some(0), "{}", a.log());
-    assert_eq!(b.term(), Some(0), "{}", b.log());
-    let logs = format!("{}{}", a.log(), b.log());
+    let (ca, cb) = (a.term(), b.term());
+    let logs = format!("--- a\n{}--- b\n{}", a.log(), b.log());
+    assert_eq!((ca, cb), (Some(0), Some(0)), "{logs}");
     for p in [2, 3] {
         assert!(
             logs.contains(&format!(

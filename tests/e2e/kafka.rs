@@ -215,7 +215,9 @@ impl Broker for Tansu {
         ]);
         assert!(
             out.status.success(),
-            "tansu topic create: {}",
+            "topic create {name}: {:?} {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
     }

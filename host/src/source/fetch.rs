@@ -31,6 +31,8 @@ pub struct Piece {
 /// Per-range buffers of a fetch in progress.
 struct Pieces<'a> {
     bufs: Vec<Vec<SourceRecord>>,
+    /// Per range, the offset after the last record handed over.
+    next: Vec<i64>,
     size: usize,
     /// Set by the receiver when it stops taking pieces; checked every turn
     /// of the poll loop, so a failed batch does not wait for the fetch.
@@ -53,6 +55,13 @@ impl Pieces<'_> {
     }
 
     fn push(&mut self, range: usize, rec: SourceRecord) -> Result<(), SourceError> {
+        // A record the range already handed over (the consumer's position
+        // moved back under it) is not handed over twice.
+        if rec.offset < self.next[range] {
+            tracing::debug!(offset = rec.offset, "record delivered again: dropped");
+            return Ok(());
+        }
+        self.next[range] = rec.offset + 1;
         let buf = &mut self.bufs[range];
         if buf.capacity() == 0 {
             buf.reserve_exact(self.size);
@@ -293,6 +302,7 @@ impl KafkaSource {
         }
         let mut pieces = Pieces {
             bufs: ranges.iter().map(|_| Vec::new()).collect(),
+            next: ranges.iter().map(|r| r.start).collect(),
             size: piece_records.max(1),
             cancel,
             deliver,

@@ -128,18 +128,14 @@ impl SourceContext {
     ) -> KafkaResult<()> {
         let parts = partitions(tpl);
         let claims = m.assigned(&parts, &member_id(consumer));
+        let claims = concrete_starts(consumer, claims);
         let mut take = TopicPartitionList::new();
         let mut changes = self.changes.lock().unwrap_or_else(|p| p.into_inner());
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
         for ((topic, partition), claim) in claims {
             match claim {
                 Ok(start) => {
-                    let at = match start {
-                        START_EARLIEST => Offset::Beginning,
-                        START_LATEST => Offset::End,
-                        n => Offset::Offset(n),
-                    };
-                    take.add_partition_offset(&topic, partition, at)?;
+                    take.add_partition_offset(&topic, partition, Offset::Offset(start))?;
                     held.insert((topic.clone(), partition), start);
                     // A partition revoked and assigned again since the
                     // last take stays in `revoked` too: what was read of
@@ -179,6 +175,111 @@ impl SourceContext {
         }
     }
 }
+
+/// Claims with [`START_EARLIEST`] or [`START_LATEST`] turned into the
+/// partitions' log start offsets or high watermarks, read now with one
+/// ListOffsets request (timestamps -2 and -1; the last stable offset under
+/// `read_committed`). A claim whose offset cannot be read fails (the member
+/// stops and says why).
+///
+/// A partition is never assigned at a logical offset: librdkafka 2.12.1
+/// resolves one with an asynchronous ListOffsets, and when the planner's
+/// seek to the planned start lands while that request is in flight, the
+/// outdated answer restarts the lookup and moves the fetch position to
+/// the logical offset after the seek (librdkafka issue #2256, seen here
+/// on nisshi: a partition added to the topic, assigned at the end and
+/// planned from 0, stalled at its second range). Forward, the rest of the
+/// planned range would be jumped over; backward, read twice.
+fn concrete_starts(
+    consumer: &BaseConsumer<SourceContext>,
+    claims: Vec<(TopicPartition, Result<i64, String>)>,
+) -> Vec<(TopicPartition, Result<i64, String>)> {
+    let logical: Vec<(TopicPartition, i64)> = claims
+        .iter()
+        .filter_map(|(tp, c)| match c {
+            Ok(at @ (START_EARLIEST | START_LATEST)) => Some((tp.clone(), *at)),
+            _ => None,
+        })
+        .collect();
+    if logical.is_empty() {
+        return claims;
+    }
+    let mut ask = TopicPartitionList::new();
+    for ((t, p), at) in &logical {
+        // ListOffsets' timestamps -2 and -1 are Kafka's "earliest" and
+        // "latest"; `Offset::Beginning` and `Offset::End` carry them.
+        let ts = if *at == START_EARLIEST {
+            Offset::Beginning
+        } else {
+            Offset::End
+        };
+        if let Err(e) = ask.add_partition_offset(t, *p, ts) {
+            tracing::debug!("ListOffsets request for {t}/{p}: {e}");
+        }
+    }
+    // The coordinator's assignment can name partitions this consumer's
+    // metadata does not know yet (a partition just added, seen by the
+    // leader first): librdkafka then refuses the lookup locally with
+    // UnknownPartition. Refresh the topics' metadata and ask again.
+    let mut answer = consumer.offsets_for_times(ask.clone(), LIST_OFFSETS_TIMEOUT);
+    for _ in 0..LIST_OFFSETS_TRIES {
+        let unknown = match &answer {
+            Ok(tpl) => tpl
+                .elements()
+                .iter()
+                .any(|e| e.error().is_err() || !matches!(e.offset(), Offset::Offset(o) if o >= 0)),
+            Err(_) => true,
+        };
+        if !unknown {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let topics: std::collections::BTreeSet<&str> =
+            logical.iter().map(|((t, _), _)| t.as_str()).collect();
+        for t in topics {
+            if let Err(e) = consumer.fetch_metadata(Some(t), LIST_OFFSETS_TIMEOUT) {
+                tracing::debug!("metadata of {t}: {e}");
+            }
+        }
+        answer = consumer.offsets_for_times(ask.clone(), LIST_OFFSETS_TIMEOUT);
+    }
+    claims
+        .into_iter()
+        .map(|(tp, c)| {
+            let c = match c {
+                Ok(at @ (START_EARLIEST | START_LATEST)) => {
+                    let which = if at == START_EARLIEST {
+                        "log start offset"
+                    } else {
+                        "high watermark"
+                    };
+                    let got = match &answer {
+                        Ok(tpl) => match tpl.find_partition(&tp.0, tp.1).map(|e| (e.error(), e.offset())) {
+                            Some((Ok(()), Offset::Offset(o))) if o >= 0 => Ok(o),
+                            Some((Err(e), _)) => Err(e.to_string()),
+                            other => Err(format!("no offset in the answer ({other:?})")),
+                        },
+                        Err(e) => Err(e.to_string()),
+                    };
+                    got.map_err(|e| {
+                        format!(
+                            "could not read the {which} of {}/{} to start reading it (ListOffsets: {e}); \
+                             the member stops so that another one, or this one restarted, claims it",
+                            tp.0, tp.1
+                        )
+                    })
+                }
+                c => c,
+            };
+            (tp, c)
+        })
+        .collect()
+}
+
+/// How long [`concrete_starts`] waits for the broker's answer.
+const LIST_OFFSETS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How often [`concrete_starts`] asks again after refreshing metadata.
+const LIST_OFFSETS_TRIES: usize = 5;
 
 /// The member id the group coordinator gave `consumer` (KIP-394: the
 /// coordinator assigns it at the first JoinGroup), empty before it joined.
