@@ -3,10 +3,10 @@
 # builds the host and every plugin/fixture component, starts a throwaway
 # PostgreSQL, then runs the whole suite: unit tests, SDK tests and the
 # end-to-end tests against real built components, real files and real
-# databases, and a Tansu broker started per test. Extra arguments go to
-# `cargo test`.
+# databases, and a nisshi broker (Tansu 0.6.0 for the tests of its
+# faults) started per test. Extra arguments go to `cargo test`.
 #
-# Environment: SLUICE_TOOLS, where Tansu is installed (default
+# Environment: SLUICE_TOOLS, where the brokers are installed (default
 # ~/.cache/sluice-tools).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,11 +16,23 @@ step() { printf '\n== %s\n' "$*"; }
 step "wasm32-wasip2 target"
 rustup target add wasm32-wasip2
 
-step "Tansu 0.6.0 (Kafka-compatible broker for the end-to-end tests)"
-# Installed once into a tools dir outside the repo and reused across runs
-# (a cold `cargo install` took about 20 minutes here on 2 cores, niced and
-# alongside other builds).
+# Kafka-compatible brokers for the end-to-end tests, installed once into a
+# tools dir outside the repo and reused across runs.
 TOOLS=${SLUICE_TOOLS:-$HOME/.cache/sluice-tools}
+
+step "nisshi 0.8.1 (the suite's broker)"
+# Its lockfile pins crates that declare rust-version 1.96 (rama 0.4.0);
+# they build with this machine's 1.95, hence --ignore-rust-version. SQLite
+# storage only. A cold install took about 12 minutes here on 2 cores.
+if [ ! -x "$TOOLS/bin/nisshi" ] || ! grep -qs '^0.8.1$' "$TOOLS/nisshi.version"; then
+  cargo install nisshi --locked --ignore-rust-version --version 0.8.1 \
+    --no-default-features --features libsql --root "$TOOLS"
+  echo 0.8.1 > "$TOOLS/nisshi.version"
+fi
+export SLUICE_NISSHI="$TOOLS/bin/nisshi"
+
+step "Tansu 0.6.0 (for the tests of its faults)"
+# A cold install took about 20 minutes here on 2 cores.
 if [ ! -x "$TOOLS/bin/tansu" ] || ! grep -qs '^0.6.0$' "$TOOLS/tansu.version"; then
   cargo install tansu --locked --version 0.6.0 --features dynostore,libsql --root "$TOOLS"
   echo 0.6.0 > "$TOOLS/tansu.version"

@@ -556,29 +556,29 @@ fn metrics_endpoint_is_scraped_and_parsed_as_prometheus_text() {
 /// (Partitions added to a running topic without a recreate: grow.rs.)
 #[test]
 fn a_partition_that_appears_is_picked_up_from_offset_0() {
-    let tansu = crate::kafka::Tansu::start();
-    tansu.create_topic("grow", 1);
-    let p = producer(&tansu.bootstrap());
+    let kafka = crate::kafka::BrokerProcess::start();
+    kafka.create_topic("grow", 1);
+    let p = producer(&kafka.bootstrap());
     for i in 0..10 {
         p.send("grow", 0, None, Some(format!("a{i}").as_bytes()), &[]);
     }
     p.flush();
     let dir = tempfile::tempdir().unwrap();
     let db = Db::sqlite();
-    let mut cfg = pipeline(&tansu.bootstrap(), "grow", &dir.path().join("ckpt"), &db);
+    let mut cfg = pipeline(&kafka.bootstrap(), "grow", &dir.path().join("ckpt"), &db);
     cfg.plugins = vec![plugin("passthrough"), plugin("sql_counter")];
     engine::run(&cfg, no_stop()).unwrap();
     assert_eq!(db.scalar("SELECT COUNT(*) FROM seen"), 10);
 
-    let broker = format!("tcp://{}", tansu.bootstrap());
-    let out = tansu.topic(&["delete", "grow", "--broker", &broker]);
+    let broker = format!("tcp://{}", kafka.bootstrap());
+    let out = kafka.topic(&["delete", "grow", "--broker", &broker]);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    tansu.create_topic("grow", 2);
-    let p = producer(&tansu.bootstrap()); // fresh metadata: two partitions
+    kafka.create_topic("grow", 2);
+    let p = producer(&kafka.bootstrap()); // fresh metadata: two partitions
     for i in 0..10 {
         p.send("grow", 0, None, Some(format!("a{i}").as_bytes()), &[]);
     }
@@ -595,7 +595,7 @@ fn a_partition_that_appears_is_picked_up_from_offset_0() {
         "--to",
         "offsets:{\"grow\":{\"0\":10}}",
         "--brokers",
-        &tansu.bootstrap(),
+        &kafka.bootstrap(),
         "--keep-sink-progress",
     ]);
     assert!(out.status.success(), "{}", crate::support::stderr(&out));

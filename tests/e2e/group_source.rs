@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use sluice_host::source::{KafkaSource, Membership, PartitionRange, TopicPartition};
 
-use crate::kafka::{Broker, Mock, Tansu, producer};
+use crate::kafka::{Broker, BrokerProcess, Mock, producer};
 
 /// A member's answers: every partition starts at `start`; what was asked
 /// is recorded.
@@ -196,5 +196,5 @@ fn group_members_split_partitions_on_the_mock_cluster() {
 
 #[test]
 fn group_members_split_partitions_on_tansu() {
-    two_members_split_and_hand_back_the_partitions(&Tansu::start());
+    two_members_split_and_hand_back_the_partitions(&BrokerProcess::start());
 }

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::kafka::{Broker, Mock, Tansu, producer};
+use crate::kafka::{Broker, BrokerProcess, Mock, producer};
 use crate::support::{Db, HostProcess, plugin};
 
 fn produce(b: &dyn Broker, topic: &str, from: usize, n: usize, partitions: i32) {
@@ -1006,11 +1006,11 @@ fn a_group_swap_of_one_of_two_map_stages_needs_a_valid_index() {
 #[test]
 fn two_members_apply_each_record_once_on_tansu() {
     let db = Db::sqlite();
-    let tansu = Tansu::start();
-    tansu.create_topic("events", 6);
-    produce(&tansu, "events", 0, 600, 6);
-    let a = HostProcess::start(&member_args(&tansu, &db, "g5", &["--until-caught-up"]));
-    let b = HostProcess::start(&member_args(&tansu, &db, "g5", &["--until-caught-up"]));
+    let kafka = BrokerProcess::tansu();
+    kafka.create_topic("events", 6);
+    produce(&kafka, "events", 0, 600, 6);
+    let a = HostProcess::start(&member_args(&kafka, &db, "g5", &["--until-caught-up"]));
+    let b = HostProcess::start(&member_args(&kafka, &db, "g5", &["--until-caught-up"]));
     let (ca, la) = a.finish();
     let (cb, lb) = b.finish();
     assert_eq!(ca, Some(0), "a\n{la}");

@@ -6,12 +6,12 @@
 //! began, so none of them may be skipped.
 //!
 //! The partitions are added in the broker's storage
-//! ([`Tansu::grow_topic`]): no broker that installs here answers
+//! ([`BrokerProcess::grow_topic`]): no broker that installs here answers
 //! CreatePartitions.
 
 use std::time::{Duration, Instant};
 
-use crate::kafka::{Broker, Tansu, producer};
+use crate::kafka::{Broker, BrokerProcess, producer};
 use crate::support::{Db, HostProcess, RunArgs, plugin};
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -81,12 +81,12 @@ fn values(tag: &str, range: std::ops::Range<usize>) -> Vec<String> {
 /// planning round, each record once.
 #[test]
 fn a_single_host_reads_partitions_added_while_it_runs_from_their_log_start() {
-    let tansu = Tansu::start();
-    tansu.create_topic("grow", 1);
-    produce(&tansu, "grow", 0, "before", 0..10);
+    let kafka = BrokerProcess::start();
+    kafka.create_topic("grow", 1);
+    produce(&kafka, "grow", 0, "before", 0..10);
     let dir = tempfile::tempdir().unwrap();
     let db = Db::sqlite();
-    let args = RunArgs::new(&tansu.bootstrap(), &["grow"], &dir.path().join("ckpt"))
+    let args = RunArgs::new(&kafka.bootstrap(), &["grow"], &dir.path().join("ckpt"))
         .sink_db(&db)
         .plugin("passthrough")
         .plugin("sql_counter")
@@ -99,14 +99,14 @@ fn a_single_host_reads_partitions_added_while_it_runs_from_their_log_start() {
         .build();
     let mut host = HostProcess::start(&args);
     host.wait_for("batch committed", WAIT);
-    produce(&tansu, "grow", 0, "p0-", 0..5);
+    produce(&kafka, "grow", 0, "p0-", 0..5);
     wait_for_count(&db, 5, "partition 0 after the start", &[&host]);
 
-    tansu.grow_topic("grow", 3);
-    produce(&tansu, "grow", 1, "p1-", 0..7);
-    produce(&tansu, "grow", 2, "p2-", 0..4);
+    kafka.grow_topic("grow", 3);
+    produce(&kafka, "grow", 1, "p1-", 0..7);
+    produce(&kafka, "grow", 2, "p2-", 0..4);
     wait_for_count(&db, 16, "the added partitions", &[&host]);
-    produce(&tansu, "grow", 2, "p2-", 4..6);
+    produce(&kafka, "grow", 2, "p2-", 4..6);
     wait_for_count(&db, 18, "more in an added partition", &[&host]);
     assert_eq!(host.term(), Some(0), "{}", host.log());
     let log = host.log();
@@ -135,16 +135,16 @@ fn a_single_host_reads_partitions_added_while_it_runs_from_their_log_start() {
 /// here) and read from offset 0, each record once.
 #[test]
 fn a_group_reads_partitions_added_while_it_runs_from_their_log_start() {
-    let tansu = Tansu::start();
-    tansu.create_topic("grow", 2);
-    produce(&tansu, "grow", 0, "before", 0..10);
+    let kafka = BrokerProcess::start();
+    kafka.create_topic("grow", 2);
+    produce(&kafka, "grow", 0, "before", 0..10);
     let db = Db::sqlite();
     let member = || {
         HostProcess::start(
             &[
                 "run",
                 "--brokers",
-                &tansu.bootstrap(),
+                &kafka.bootstrap(),
                 "--topic",
                 "grow",
                 "--group",
@@ -171,15 +171,15 @@ fn a_group_reads_partitions_added_while_it_runs_from_their_log_start() {
     a.wait_for("batch committed", WAIT);
     let mut b = member();
     b.wait_for("claimed", WAIT);
-    produce(&tansu, "grow", 0, "p0-", 0..3);
-    produce(&tansu, "grow", 1, "p1-", 0..3);
+    produce(&kafka, "grow", 0, "p0-", 0..3);
+    produce(&kafka, "grow", 1, "p1-", 0..3);
     wait_for_count(&db, 6, "the first two partitions", &[&a, &b]);
 
-    tansu.grow_topic("grow", 4);
-    produce(&tansu, "grow", 2, "p2-", 0..5);
-    produce(&tansu, "grow", 3, "p3-", 0..4);
+    kafka.grow_topic("grow", 4);
+    produce(&kafka, "grow", 2, "p2-", 0..5);
+    produce(&kafka, "grow", 3, "p3-", 0..4);
     wait_for_count(&db, 15, "the added partitions", &[&a, &b]);
-    produce(&tansu, "grow", 3, "p3-", 4..6);
+    produce(&kafka, "grow", 3, "p3-", 4..6);
     wait_for_count(&db, 17, "more in an added partition", &[&a, &b]);
     let (ca, cb) = (a.term(), b.term());
     let logs = format!("--- a\n{}--- b\n{}", a.log(), b.log());

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::kafka::{Broker, Tansu, producer};
+use crate::kafka::{Broker, BrokerProcess, producer};
 use crate::support::{Db, HostProcess, RunArgs, host, host_bin, plugin, stderr};
 
 fn args(
@@ -116,20 +116,20 @@ fn epoch_of(ckpt: &Path) -> u64 {
 
 #[test]
 fn a_second_owner_is_refused_and_reads_nothing_and_wait_queues() {
-    let tansu = Tansu::start();
-    tansu.create_topic("events", 3);
+    let kafka = BrokerProcess::start();
+    kafka.create_topic("events", 3);
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("ckpt");
     let db = Db::sqlite();
     let plugins = [plugin("passthrough"), plugin("sql_counter")];
-    let feed = produce_steadily(tansu.bootstrap(), "events", 300, 1000);
+    let feed = produce_steadily(kafka.bootstrap(), "events", 300, 1000);
     feed.join().unwrap();
-    let mut first = HostProcess::start(&args(&tansu, "events", &ckpt, &db, &plugins, &[]));
+    let mut first = HostProcess::start(&args(&kafka, "events", &ckpt, &db, &plugins, &[]));
     first.wait_for("batch committed", Duration::from_secs(60));
     let epoch = epoch_of(&ckpt);
 
     let out = Command::new(host_bin())
-        .args(args(&tansu, "events", &ckpt, &db, &plugins, &[]))
+        .args(args(&kafka, "events", &ckpt, &db, &plugins, &[]))
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
@@ -152,7 +152,7 @@ fn a_second_owner_is_refused_and_reads_nothing_and_wait_queues() {
     assert_eq!(v["owner"], "not answering", "{v}");
     let out = Command::new(host_bin())
         .args(args(
-            &tansu,
+            &kafka,
             "events",
             &ckpt,
             &db,
@@ -170,13 +170,13 @@ fn a_second_owner_is_refused_and_reads_nothing_and_wait_queues() {
     first.signal("CONT");
 
     // The first is unaffected.
-    let more = produce_steadily(tansu.bootstrap(), "events", 60, 1000);
+    let more = produce_steadily(kafka.bootstrap(), "events", 60, 1000);
     more.join().unwrap();
     wait_applied(&db, 360, Duration::from_secs(60));
 
     // --wait queues, and starts as soon as the owner stops.
     let mut waiting = HostProcess::start(&args(
-        &tansu,
+        &kafka,
         "events",
         &ckpt,
         &db,
@@ -202,20 +202,20 @@ fn a_second_owner_is_refused_and_reads_nothing_and_wait_queues() {
 
 #[test]
 fn takeover_under_continuous_load_applies_every_event_once() {
-    let tansu = Tansu::start();
-    tansu.create_topic("events", 3);
+    let kafka = BrokerProcess::start();
+    kafka.create_topic("events", 3);
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("ckpt");
     let db = Db::sqlite();
     let plugins = [plugin("passthrough"), plugin("sql_counter")];
-    let feed = produce_steadily(tansu.bootstrap(), "events", 20_000, 2500);
-    let mut old = HostProcess::start(&args(&tansu, "events", &ckpt, &db, &plugins, &[]));
+    let feed = produce_steadily(kafka.bootstrap(), "events", 20_000, 2500);
+    let mut old = HostProcess::start(&args(&kafka, "events", &ckpt, &db, &plugins, &[]));
     old.wait_for("batch committed", Duration::from_secs(60));
     // A takeover the checkpoint would refuse (other topics) fails before
     // asking for the handover: the owner keeps running.
     let out = Command::new(host_bin())
         .args(args(
-            &tansu,
+            &kafka,
             "other-topic",
             &ckpt,
             &db,
@@ -235,7 +235,7 @@ fn takeover_under_continuous_load_applies_every_event_once() {
     ));
     let out = Command::new(host_bin())
         .args(args(
-            &tansu,
+            &kafka,
             "events",
             &ckpt,
             &unreachable,
@@ -250,7 +250,7 @@ fn takeover_under_continuous_load_applies_every_event_once() {
     assert!(old.running(), "the owner keeps running:\n{}", old.log());
     std::thread::sleep(Duration::from_secs(2));
     let mut new = HostProcess::start(&args(
-        &tansu,
+        &kafka,
         "events",
         &ckpt,
         &db,
@@ -274,19 +274,19 @@ fn takeover_under_continuous_load_applies_every_event_once() {
 
 #[test]
 fn kill_9_of_the_new_owner_right_after_takeover_then_restart_is_exact() {
-    let tansu = Tansu::start();
-    tansu.create_topic("events", 3);
+    let kafka = BrokerProcess::start();
+    kafka.create_topic("events", 3);
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("ckpt");
     let db = Db::sqlite();
     let plugins = [plugin("passthrough"), plugin("sql_counter")];
-    produce_steadily(tansu.bootstrap(), "events", 3000, 100_000)
+    produce_steadily(kafka.bootstrap(), "events", 3000, 100_000)
         .join()
         .unwrap();
-    let mut old = HostProcess::start(&args(&tansu, "events", &ckpt, &db, &plugins, &[]));
+    let mut old = HostProcess::start(&args(&kafka, "events", &ckpt, &db, &plugins, &[]));
     old.wait_for("batch committed", Duration::from_secs(60));
     let mut new = HostProcess::start(&args(
-        &tansu,
+        &kafka,
         "events",
         &ckpt,
         &db,
@@ -298,7 +298,7 @@ fn kill_9_of_the_new_owner_right_after_takeover_then_restart_is_exact() {
     assert_eq!(old.wait(), Some(0));
     let out = Command::new(host_bin())
         .args(args(
-            &tansu,
+            &kafka,
             "events",
             &ckpt,
             &db,
@@ -358,16 +358,16 @@ fn tags_by_batch(db: &Db, ckpt: &Path) -> Vec<(u64, String)> {
 
 #[test]
 fn swap_under_load_switches_exactly_at_the_reported_batch_and_bad_swaps_are_rejected() {
-    let tansu = Tansu::start();
-    tansu.create_topic("events", 3);
+    let kafka = BrokerProcess::start();
+    kafka.create_topic("events", 3);
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("ckpt");
     let db = Db::sqlite();
-    let feed = produce_steadily(tansu.bootstrap(), "events", 6000, 300);
+    let feed = produce_steadily(kafka.bootstrap(), "events", 6000, 300);
     // On three map threads (one per partition): the swap must replace the
     // map instance of every thread at the same boundary.
     let mut run = HostProcess::start(&args(
-        &tansu,
+        &kafka,
         "events",
         &ckpt,
         &db,
@@ -441,11 +441,11 @@ fn swap_under_load_switches_exactly_at_the_reported_batch_and_bad_swaps_are_reje
         assert_eq!(tag, want, "batch {batch}, boundary {boundary}");
     }
     // A restart without --plugin resumes with the swapped-in plugin.
-    let more = produce_steadily(tansu.bootstrap(), "events", 30, 100_000);
+    let more = produce_steadily(kafka.bootstrap(), "events", 30, 100_000);
     more.join().unwrap();
     let out = Command::new(host_bin())
         .args(args(
-            &tansu,
+            &kafka,
             "events",
             &ckpt,
             &db,
@@ -463,18 +463,18 @@ fn swap_under_load_switches_exactly_at_the_reported_batch_and_bad_swaps_are_reje
 
 #[test]
 fn checkpoint_reset_is_refused_while_owned_dry_run_writes_nothing_and_offsets_take_effect() {
-    let tansu = Tansu::start();
-    tansu.create_topic("events", 3);
+    let kafka = BrokerProcess::start();
+    kafka.create_topic("events", 3);
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("ckpt");
     let db = Db::sqlite();
     let plugins = [plugin("passthrough"), plugin("sql_counter")];
-    produce_steadily(tansu.bootstrap(), "events", 90, 100_000)
+    produce_steadily(kafka.bootstrap(), "events", 90, 100_000)
         .join()
         .unwrap();
     let ck = ckpt.to_str().unwrap();
 
-    let mut owner = HostProcess::start(&args(&tansu, "events", &ckpt, &db, &plugins, &[]));
+    let mut owner = HostProcess::start(&args(&kafka, "events", &ckpt, &db, &plugins, &[]));
     owner.wait_for("batch committed", Duration::from_secs(60));
     let out = host(&[
         "checkpoint",
@@ -516,7 +516,7 @@ fn checkpoint_reset_is_refused_while_owned_dry_run_writes_nothing_and_offsets_ta
         "--to",
         "earliest",
         "--brokers",
-        &tansu.bootstrap(),
+        &kafka.bootstrap(),
         "--dry-run",
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -539,7 +539,7 @@ fn checkpoint_reset_is_refused_while_owned_dry_run_writes_nothing_and_offsets_ta
         "--to",
         "timestamp:0",
         "--brokers",
-        &tansu.bootstrap(),
+        &kafka.bootstrap(),
         "--dry-run",
     ]);
     assert!(
@@ -570,7 +570,7 @@ fn checkpoint_reset_is_refused_while_owned_dry_run_writes_nothing_and_offsets_ta
     let fresh = Db::sqlite();
     let out = Command::new(host_bin())
         .args(args(
-            &tansu,
+            &kafka,
             "events",
             &ckpt,
             &fresh,

@@ -1,6 +1,7 @@
 //! Kafka-protocol brokers for tests: librdkafka's in-process mock cluster
-//! (fast, fault injection) and a real Tansu broker process (sqlite
-//! storage) started per test, plus a producer helper.
+//! (fast, fault injection) and a real broker process (nisshi, or Tansu
+//! 0.6.0 where its faults are the subject; SQLite storage) started per
+//! test, plus a producer helper.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -44,8 +45,51 @@ impl Broker for Mock {
     }
 }
 
-/// A Tansu broker process with sqlite storage in a temp dir.
-pub struct Tansu {
+/// Which broker binary a [`BrokerProcess`] runs. Both take the same
+/// command line (nisshi is Tansu renamed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// nisshi 0.8.1, the suite's broker.
+    Nisshi,
+    /// Tansu 0.6.0, kept for what only its faults show: a record over the
+    /// fetch limits that it never sends, and consumer-group generations
+    /// bumped on every join.
+    Tansu,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Nisshi => "nisshi",
+            Kind::Tansu => "tansu",
+        }
+    }
+
+    /// The binary: `SLUICE_NISSHI` / `SLUICE_TANSU`, else where
+    /// scripts/test.sh installs it.
+    fn bin(self) -> PathBuf {
+        let (var, version) = match self {
+            Kind::Nisshi => ("SLUICE_NISSHI", "0.8.1"),
+            Kind::Tansu => ("SLUICE_TANSU", "0.6.0"),
+        };
+        let p = std::env::var_os(var).map(PathBuf::from).unwrap_or_else(|| {
+            PathBuf::from(std::env::var("HOME").unwrap_or_default())
+                .join(".cache/sluice-tools/bin")
+                .join(self.name())
+        });
+        assert!(
+            p.exists(),
+            "{} is missing: scripts/test.sh installs {} {version} (or set {var})",
+            p.display(),
+            self.name()
+        );
+        p
+    }
+}
+
+/// A Kafka-protocol broker process (nisshi, or Tansu 0.6.0) with SQLite
+/// storage in a temp dir, on a free port.
+pub struct BrokerProcess {
     child: Child,
     port: u16,
     bin: PathBuf,
@@ -60,29 +104,14 @@ fn free_port() -> u16 {
         .port()
 }
 
-pub fn tansu_bin() -> PathBuf {
-    let p = std::env::var_os("SLUICE_TANSU")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var("HOME").unwrap_or_default())
-                .join(".cache/sluice-tools/bin/tansu")
-        });
-    assert!(
-        p.exists(),
-        "{} is missing: scripts/test.sh installs Tansu 0.6.0 (or set SLUICE_TANSU)",
-        p.display()
-    );
-    p
-}
-
-/// Start `tansu broker` on `port` with sqlite storage in `dir` (log
-/// appended to `dir/tansu.log`) and wait until it listens.
+/// Start `BIN broker` on `port` with SQLite storage `broker.db` in `dir`
+/// (log appended to `dir/broker.log`) and wait until it listens.
 fn spawn_broker(bin: &std::path::Path, dir: &std::path::Path, port: u16) -> Child {
     let url = format!("tcp://127.0.0.1:{port}");
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(dir.join("tansu.log"))
+        .open(dir.join("broker.log"))
         .unwrap();
     let mut child = Command::new(bin)
         .args([
@@ -92,32 +121,42 @@ fn spawn_broker(bin: &std::path::Path, dir: &std::path::Path, port: u16) -> Chil
             "--advertised-listener-url",
             &url,
             "--storage-engine",
-            "sqlite://tansu.db",
+            "sqlite://broker.db",
         ])
         .current_dir(dir)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
-        .expect("start tansu");
+        .expect("start the broker");
     let deadline = Instant::now() + Duration::from_secs(30);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         if Instant::now() > deadline {
             let _ = child.kill();
-            panic!("tansu did not listen on {port}");
+            panic!("{} did not listen on {port}", bin.display());
         }
         std::thread::sleep(Duration::from_millis(50));
     }
     child
 }
 
-impl Tansu {
-    pub fn start() -> Tansu {
-        let bin = tansu_bin();
+impl BrokerProcess {
+    /// The suite's broker, nisshi.
+    pub fn start() -> BrokerProcess {
+        BrokerProcess::of(Kind::Nisshi)
+    }
+
+    /// Tansu 0.6.0, for the tests of its faults (see [`Kind::Tansu`]).
+    pub fn tansu() -> BrokerProcess {
+        BrokerProcess::of(Kind::Tansu)
+    }
+
+    fn of(kind: Kind) -> BrokerProcess {
+        let bin = kind.bin();
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
         let child = spawn_broker(&bin, dir.path(), port);
-        Tansu {
+        BrokerProcess {
             child,
             port,
             bin,
@@ -137,7 +176,7 @@ impl Tansu {
     }
 
     /// Give `topic` `partitions` partitions, as CreatePartitions would:
-    /// neither broker here implements that request (Tansu 0.6.0 answers
+    /// no broker here implements that request (Tansu 0.6.0 answers
     /// UnsupportedFeature; nisshi 0.8.1 has no handler for it; the mock
     /// cluster does not answer it), so the new partitions are written
     /// into the broker's own SQLite storage, the rows its CreateTopics
@@ -146,7 +185,7 @@ impl Tansu {
     /// DescribeTopicPartitions answers read. Clients see the topic grow at
     /// their next metadata request, as with a real broker.
     pub fn grow_topic(&self, topic: &str, partitions: i32) {
-        let db = self._dir.path().join("tansu.db");
+        let db = self._dir.path().join("broker.db");
         let mut c = sluice_host::capability::sql::connect(&format!("sqlite:{}", db.display()))
             .expect("the broker's storage");
         let q = topic.replace('\'', "''");
@@ -189,17 +228,17 @@ impl Tansu {
             .args(args)
             .current_dir(self._dir.path())
             .output()
-            .expect("tansu topic")
+            .expect("broker topic command")
     }
 }
 
-impl Drop for Tansu {
+impl Drop for BrokerProcess {
     fn drop(&mut self) {
         self.kill();
     }
 }
 
-impl Broker for Tansu {
+impl Broker for BrokerProcess {
     fn bootstrap(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }

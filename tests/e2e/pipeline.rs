@@ -9,7 +9,7 @@ use serde_json::Value;
 use sluice_host::capability::sql::SqlValue;
 
 use crate::engine_mock::{produce, table};
-use crate::kafka::{Broker, Tansu, producer};
+use crate::kafka::{Broker, BrokerProcess, producer};
 use crate::maxwell::Stream;
 use crate::support::{Db, RunArgs, host_bin, plugin, stderr};
 
@@ -44,10 +44,10 @@ fn progress(out: &Output) -> Vec<Value> {
 
 #[test]
 fn settings_come_from_the_environment_and_a_flag_wins_over_it() {
-    let tansu = Tansu::start();
-    tansu.create_topic("maxwell", 2);
+    let kafka = BrokerProcess::start();
+    kafka.create_topic("maxwell", 2);
     let mut stream = Stream::new(5);
-    produce(&tansu, "maxwell", &mut stream, 300, 2);
+    produce(&kafka, "maxwell", &mut stream, 300, 2);
     let dir = tempfile::tempdir().unwrap();
     let db = Db::sqlite();
     // Everything but the plugin from SLUICE_*; --max-records-per-partition
@@ -58,7 +58,7 @@ fn settings_come_from_the_environment_and_a_flag_wins_over_it() {
         .args(["--max-records-per-partition", "1000"])
         .env("RUST_LOG", "info")
         .env_remove("SLUICE_FAILPOINT")
-        .env("SLUICE_BROKERS", tansu.bootstrap())
+        .env("SLUICE_BROKERS", kafka.bootstrap())
         .env("SLUICE_TOPICS", "maxwell,maxwell")
         .env("SLUICE_CHECKPOINT", dir.path().join("ckpt"))
         .env("SLUICE_SINK_DB", &db.url)
@@ -87,16 +87,16 @@ fn settings_come_from_the_environment_and_a_flag_wins_over_it() {
 
 #[test]
 fn the_original_complaint_restart_reruns_nothing_on_a_real_broker() {
-    let tansu = Tansu::start();
-    tansu.create_topic("maxwell", 3);
+    let kafka = BrokerProcess::start();
+    kafka.create_topic("maxwell", 3);
     let mut stream = Stream::new(21);
-    produce(&tansu, "maxwell", &mut stream, 1000, 3);
+    produce(&kafka, "maxwell", &mut stream, 1000, 3);
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("ckpt");
     let db = Db::sqlite();
 
     let out = host_run(&run_args(
-        &tansu,
+        &kafka,
         "maxwell",
         &ckpt,
         &db,
@@ -113,9 +113,9 @@ fn the_original_complaint_restart_reruns_nothing_on_a_real_broker() {
     assert_eq!(input, 1000);
     assert_eq!(table(&db), stream.state);
 
-    produce(&tansu, "maxwell", &mut stream, 250, 3);
+    produce(&kafka, "maxwell", &mut stream, 250, 3);
     let out = host_run(&run_args(
-        &tansu,
+        &kafka,
         "maxwell",
         &ckpt,
         &db,
@@ -152,15 +152,15 @@ fn the_original_complaint_restart_reruns_nothing_on_a_real_broker() {
 
 #[test]
 fn sigterm_finishes_the_batch_commits_and_exits_0() {
-    let tansu = Tansu::start();
-    tansu.create_topic("maxwell", 3);
+    let kafka = BrokerProcess::start();
+    kafka.create_topic("maxwell", 3);
     let mut stream = Stream::new(4);
-    produce(&tansu, "maxwell", &mut stream, 300, 3);
+    produce(&kafka, "maxwell", &mut stream, 300, 3);
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("ckpt");
     let db = Db::sqlite();
     let mut child = Command::new(host_bin())
-        .args(run_args(&tansu, "maxwell", &ckpt, &db, &[]))
+        .args(run_args(&kafka, "maxwell", &ckpt, &db, &[]))
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -197,16 +197,16 @@ const CRASH_POINTS: &[(&str, &str)] = &[
 
 #[test]
 fn crash_matrix_kill_9_then_restart_gives_the_no_crash_table() {
-    let tansu = Tansu::start();
+    let kafka = BrokerProcess::start();
     let mut stream = Stream::new(33);
-    tansu.create_topic("maxwell", 3);
-    produce(&tansu, "maxwell", &mut stream, 600, 3);
+    kafka.create_topic("maxwell", 3);
+    produce(&kafka, "maxwell", &mut stream, 600, 3);
 
     // The run without a crash.
     let dir = tempfile::tempdir().unwrap();
     let clean_db = Db::sqlite();
     let out = host_run(&run_args(
-        &tansu,
+        &kafka,
         "maxwell",
         &dir.path().join("clean"),
         &clean_db,
@@ -222,7 +222,7 @@ fn crash_matrix_kill_9_then_restart_gives_the_no_crash_table() {
         let db = Db::sqlite();
         let mut child = Command::new(host_bin())
             .args(run_args(
-                &tansu,
+                &kafka,
                 "maxwell",
                 &ckpt,
                 &db,
@@ -258,7 +258,7 @@ fn crash_matrix_kill_9_then_restart_gives_the_no_crash_table() {
         let committed = ckpt.join("commits").join(newest.to_string()).exists();
 
         let out = host_run(&run_args(
-            &tansu,
+            &kafka,
             "maxwell",
             &ckpt,
             &db,
@@ -304,20 +304,20 @@ fn crash_matrix_kill_9_then_restart_gives_the_no_crash_table() {
 
 #[test]
 fn poison_record_through_the_binary() {
-    let tansu = Tansu::start();
-    tansu.create_topic("maxwell", 1);
+    let kafka = BrokerProcess::start();
+    kafka.create_topic("maxwell", 1);
     let mut stream = Stream::new(8);
-    produce(&tansu, "maxwell", &mut stream, 30, 1);
-    let p = producer(&tansu.bootstrap());
+    produce(&kafka, "maxwell", &mut stream, 30, 1);
+    let p = producer(&kafka.bootstrap());
     p.send("maxwell", 0, None, Some(b"{\"broken\":"), &[]);
     p.flush();
-    produce(&tansu, "maxwell", &mut stream, 30, 1);
+    produce(&kafka, "maxwell", &mut stream, 30, 1);
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("ckpt");
     let db = Db::sqlite();
 
     let out = host_run(&run_args(
-        &tansu,
+        &kafka,
         "maxwell",
         &ckpt,
         &db,
@@ -331,7 +331,7 @@ fn poison_record_through_the_binary() {
     );
 
     let out = host_run(&run_args(
-        &tansu,
+        &kafka,
         "maxwell",
         &ckpt,
         &db,
@@ -340,7 +340,7 @@ fn poison_record_through_the_binary() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(table(&db), stream.state);
     let out = host_run(&run_args(
-        &tansu,
+        &kafka,
         "maxwell",
         &ckpt,
         &db,
@@ -352,13 +352,13 @@ fn poison_record_through_the_binary() {
 
 #[test]
 fn second_run_on_an_owned_checkpoint_is_refused_with_exit_3() {
-    let tansu = Tansu::start();
-    tansu.create_topic("maxwell", 1);
+    let kafka = BrokerProcess::start();
+    kafka.create_topic("maxwell", 1);
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("ckpt");
     let db = Db::sqlite();
     let mut owner = Command::new(host_bin())
-        .args(run_args(&tansu, "maxwell", &ckpt, &db, &[]))
+        .args(run_args(&kafka, "maxwell", &ckpt, &db, &[]))
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -366,7 +366,7 @@ fn second_run_on_an_owned_checkpoint_is_refused_with_exit_3() {
         .unwrap();
     let mut err = BufReader::new(owner.stderr.take().unwrap()).lines();
     assert!(err.any(|l| l.is_ok_and(|l| l.contains("checkpoint opened"))));
-    let out = host_run(&run_args(&tansu, "maxwell", &ckpt, &db, &[]));
+    let out = host_run(&run_args(&kafka, "maxwell", &ckpt, &db, &[]));
     assert_eq!(out.status.code(), Some(3));
     let msg = stderr(&out);
     assert!(
@@ -380,16 +380,16 @@ fn second_run_on_an_owned_checkpoint_is_refused_with_exit_3() {
 
 #[test]
 fn broker_down_for_a_few_seconds_mid_run_on_tansu() {
-    let mut tansu = Tansu::start();
-    tansu.create_topic("maxwell", 3);
+    let mut kafka = BrokerProcess::start();
+    kafka.create_topic("maxwell", 3);
     let mut stream = Stream::new(77);
-    produce(&tansu, "maxwell", &mut stream, 1500, 3);
+    produce(&kafka, "maxwell", &mut stream, 1500, 3);
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("ckpt");
     let db = Db::sqlite();
     let mut child = Command::new(host_bin())
         .args(run_args(
-            &tansu,
+            &kafka,
             "maxwell",
             &ckpt,
             &db,
@@ -408,9 +408,9 @@ fn broker_down_for_a_few_seconds_mid_run_on_tansu() {
         "no first batch: {}",
         log()
     );
-    tansu.kill();
+    kafka.kill();
     std::thread::sleep(std::time::Duration::from_secs(3));
-    tansu.restart();
+    kafka.restart();
     let mut input = 0u64;
     for line in lines.by_ref() {
         let v: Value = serde_json::from_str(&line.unwrap()).unwrap();
@@ -427,22 +427,19 @@ fn broker_down_for_a_few_seconds_mid_run_on_tansu() {
     assert_eq!(table(&db), stream.state, "nothing lost or duplicated");
 }
 
-#[test]
-fn a_record_larger_than_the_fetch_limits_is_named_as_such_not_as_a_broker_outage() {
-    // Tansu returns nothing for a record over the consumer's fetch limits
-    // (Kafka would send it anyway, KIP-74); the host used to wait for the
-    // broker timeout and call the broker unavailable.
-    let tansu = Tansu::start();
-    tansu.create_topic("big", 1);
-    let p = producer(&tansu.bootstrap());
+/// `host run` of one record of 200,000 bytes on `kafka` with fetch limits
+/// of 1,024 bytes.
+fn run_an_oversized_record(kafka: &BrokerProcess) -> std::process::Output {
+    kafka.create_topic("big", 1);
+    let p = producer(&kafka.bootstrap());
     p.send("big", 0, None, Some(&vec![b'x'; 200_000]), &[]);
     p.flush();
     let dir = tempfile::tempdir().unwrap();
     let passthrough = plugin("passthrough");
-    let out = crate::support::host(&[
+    crate::support::host(&[
         "run",
         "--brokers",
-        &tansu.bootstrap(),
+        &kafka.bootstrap(),
         "--topic",
         "big",
         "--checkpoint",
@@ -451,7 +448,7 @@ fn a_record_larger_than_the_fetch_limits_is_named_as_such_not_as_a_broker_outage
         passthrough.to_str().unwrap(),
         "--until-caught-up",
         "--progress",
-        "none",
+        "json",
         "--kafka-timeout",
         "3s",
         "--config",
@@ -460,7 +457,15 @@ fn a_record_larger_than_the_fetch_limits_is_named_as_such_not_as_a_broker_outage
         "kafka.fetch.max.bytes=1024",
         "--config",
         "kafka.message.max.bytes=1000",
-    ]);
+    ])
+}
+
+/// Tansu 0.6.0 returns nothing for a record over the consumer's fetch
+/// limits; the host used to wait for the broker timeout and call the
+/// broker unavailable. It must name the limits instead.
+#[test]
+fn a_record_larger_than_the_fetch_limits_is_named_as_such_not_as_a_broker_outage() {
+    let out = run_an_oversized_record(&BrokerProcess::tansu());
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
@@ -471,16 +476,29 @@ fn a_record_larger_than_the_fetch_limits_is_named_as_such_not_as_a_broker_outage
     assert!(!err.contains("unavailable"), "{err}");
 }
 
+/// A broker that sends the first record of a partition even when it is
+/// over the fetch limits, as Kafka does (KIP-74; nisshi): it is read.
+#[test]
+fn a_record_larger_than_the_fetch_limits_is_read_where_the_broker_sends_it() {
+    let out = run_an_oversized_record(&BrokerProcess::start());
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let input: u64 = crate::support::json_lines(&out)
+        .iter()
+        .filter_map(|l| l["counts"]["input"].as_u64())
+        .sum();
+    assert_eq!(input, 1, "{}", String::from_utf8_lossy(&out.stdout));
+}
+
 /// `--sink-plugin-role`: the company plugin creates and keeps its table as
 /// a role without privileges on the host's tables (the database, not only
 /// the host's checks, keeps it off them); a role that has such a privilege
 /// is refused at start, naming the fix, before anything is read.
 #[test]
 fn a_plugin_role_applies_the_stream_without_reaching_the_host_tables() {
-    let tansu = Tansu::start();
-    tansu.create_topic("maxwell", 2);
+    let kafka = BrokerProcess::start();
+    kafka.create_topic("maxwell", 2);
     let mut stream = Stream::new(11);
-    produce(&tansu, "maxwell", &mut stream, 300, 2);
+    produce(&kafka, "maxwell", &mut stream, 300, 2);
     let db = Db::postgres();
     let role = format!("sluice_e2e_plugin_{}", std::process::id());
     db.batch(&format!(
@@ -489,7 +507,7 @@ fn a_plugin_role_applies_the_stream_without_reaching_the_host_tables() {
     ));
     let dir = tempfile::tempdir().unwrap();
     let out = host_run(&run_args(
-        &tansu,
+        &kafka,
         "maxwell",
         &dir.path().join("ck"),
         &db,
@@ -513,7 +531,7 @@ fn a_plugin_role_applies_the_stream_without_reaching_the_host_tables() {
 
     // Without a role, a superuser login is named as the risk it is.
     let out = host_run(&run_args(
-        &tansu,
+        &kafka,
         "maxwell",
         &dir.path().join("ck"),
         &db,
@@ -531,7 +549,7 @@ fn a_plugin_role_applies_the_stream_without_reaching_the_host_tables() {
         "GRANT UPDATE (end_offset) ON public.sluice_progress TO {role}"
     ));
     let out = host_run(&run_args(
-        &tansu,
+        &kafka,
         "maxwell",
         &dir.path().join("ck2"),
         &db,
@@ -562,15 +580,15 @@ fn a_plugin_role_applies_the_stream_without_reaching_the_host_tables() {
 /// checkpoint and the SQL that forgets it; `--allow-shared-sink` runs it.
 #[test]
 fn a_second_pipeline_on_the_same_sink_and_topic_is_refused() {
-    let tansu = Tansu::start();
-    tansu.create_topic("maxwell", 2);
+    let kafka = BrokerProcess::start();
+    kafka.create_topic("maxwell", 2);
     let mut stream = Stream::new(3);
-    produce(&tansu, "maxwell", &mut stream, 200, 2);
+    produce(&kafka, "maxwell", &mut stream, 200, 2);
     let dir = tempfile::tempdir().unwrap();
     let db = Db::sqlite();
     let first = dir.path().join("ck1");
     let out = host_run(&run_args(
-        &tansu,
+        &kafka,
         "maxwell",
         &first,
         &db,
@@ -578,7 +596,7 @@ fn a_second_pipeline_on_the_same_sink_and_topic_is_refused() {
     ));
     assert!(out.status.success(), "{}", stderr(&out));
     let out = host_run(&run_args(
-        &tansu,
+        &kafka,
         "maxwell",
         &dir.path().join("ck2"),
         &db,
@@ -602,7 +620,7 @@ fn a_second_pipeline_on_the_same_sink_and_topic_is_refused() {
     let rows_before = db.scalar("SELECT count(*) FROM sluice_progress");
     // The first pipeline goes on as before.
     let out = host_run(&run_args(
-        &tansu,
+        &kafka,
         "maxwell",
         &first,
         &db,
@@ -611,7 +629,7 @@ fn a_second_pipeline_on_the_same_sink_and_topic_is_refused() {
     assert!(out.status.success(), "{}", stderr(&out));
     // Asked for, both apply: the second one's rows appear beside the first's.
     let out = host_run(&run_args(
-        &tansu,
+        &kafka,
         "maxwell",
         &dir.path().join("ck2"),
         &db,

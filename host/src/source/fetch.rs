@@ -166,7 +166,10 @@ impl KafkaSource {
     /// the host in 5 of 6 tries. Fetching only while a batch reads ranges
     /// that the plan just checked against the broker's topic id (see
     /// `engine::plan`) leaves a recreation during that batch's fetch as
-    /// the only window. Records buffered by librdkafka are dropped and
+    /// the only window (nisshi 0.8.1, Tansu's successor, answers as Kafka
+    /// does: no crash in the suite's recreations under a busy host; kept
+    /// for Tansu 0.6.0 and any broker with its fault, and because an idle
+    /// consumer need not fetch). Records buffered by librdkafka are dropped and
     /// fetched again from the next undelivered offset on resume, which
     /// is where `assigned` says the next range starts.
     pub fn pause(&mut self) {
