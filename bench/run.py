@@ -9,7 +9,7 @@ one table (markdown) and writes it to bench/results.md.
 
 Run with `bash bench/run.sh` (it builds everything in release mode first).
 Environment: RUNS (default 3), EVENTS (default 60000), PARTITIONS (default 6),
-TANSU (path of the tansu binary), SLUICE_HOST (host binary to measure,
+TANSU (path of the tansu binary, or of nisshi: the same command line), SLUICE_HOST (host binary to measure,
 default target/release/host), SKIP_QUIX=1, SKIP_PYTHON=1.
 """
 import json
@@ -84,7 +84,7 @@ class Mock:
 
 
 class Tansu:
-    name = "Tansu (sqlite)"
+    name = f"{os.path.basename(TANSU)} (sqlite)"
 
     def __init__(self, topic="maxwell", partitions=None):
         self.topic = topic
