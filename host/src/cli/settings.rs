@@ -210,8 +210,9 @@ pub struct Settings {
     /// `skip` resumes at the log start and records the gap [default: fail].
     #[arg(long, value_name = "POLICY", env = "SLUICE_ON_DATA_LOSS", hide_env_values = true, value_parser = serde_enum::<DataLossPolicy>(&["fail", "skip"]))]
     pub on_data_loss: Option<DataLossPolicy>,
-    /// Where the partitions of a new pipeline start reading; partitions
-    /// added to its topics later always start at their log start
+    /// Where the partitions a pipeline begins with start reading (also
+    /// those of a topic added to a checkpoint later); partitions added to
+    /// a topic while the pipeline runs start at their log start
     /// [default: earliest].
     #[arg(long, value_name = "WHERE", env = "SLUICE_STARTING_OFFSETS", hide_env_values = true, value_parser = serde_enum::<StartingOffsets>(&["earliest", "latest"]))]
     pub starting_offsets: Option<StartingOffsets>,

@@ -152,12 +152,13 @@ pub(crate) struct Planner {
     /// The checkpoint had no position when this process started, and none
     /// was committed since.
     new_pipeline: bool,
-    /// Topics new to the pipeline in this run, with the partitions each
-    /// had when first planned: those start at the configured starting
-    /// offsets. Filled until the first plan that planned any range.
+    /// Topics new to the pipeline in this run, with the partitions held
+    /// of each at the pipeline's beginning: those start at the configured
+    /// starting offsets. Filled by the first plan that knows what this
+    /// process holds.
     fresh: BTreeMap<String, BTreeSet<i32>>,
-    /// Topics may still become fresh (no plan planned a range yet: a group
-    /// member may hold nothing at first).
+    /// That plan has not run yet (a group member waits for its first
+    /// assignment).
     fresh_open: bool,
     /// With `--until-caught-up`: each partition's high watermark when it
     /// was first planned.
@@ -241,6 +242,12 @@ impl Planner {
         // runs before it).
         let first_plan = !self.planned_once;
         self.planned_once = true;
+        // The pipeline begins at the first plan that knows what this
+        // process holds: a single host's first, a member's first after its
+        // first assignment (possibly empty: a member that held nothing then
+        // begins with nothing, and reads what it gets later from the log
+        // start).
+        let at_start = cp.holds_all() || source.context().rebalanced();
         let mut planned = Planned {
             ranges: Vec::new(),
             epochs: BTreeMap::new(),
@@ -271,7 +278,10 @@ impl Planner {
                 continue;
             }
             let partitions = self.check_topic(source, cfg, topic, topic_known)?;
-            if self.fresh_open && (self.new_pipeline || (cp.holds_all() && !topic_known)) {
+            if self.fresh_open
+                && at_start
+                && (self.new_pipeline || (cp.holds_all() && !topic_known))
+            {
                 self.fresh
                     .entry(topic.clone())
                     .or_insert_with(|| partitions.iter().copied().collect());
@@ -369,7 +379,7 @@ impl Planner {
             // were read must not be planned under the old one's identity.
             self.check_topic(source, cfg, topic, true)?;
         }
-        if !planned.ranges.is_empty() {
+        if at_start {
             self.fresh_open = false;
         }
         planned.topics = self.topics(cfg);
