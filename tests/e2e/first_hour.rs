@@ -111,6 +111,52 @@ fn a_broker_list_in_the_wrong_form_fails_at_once_with_the_reason() {
 /// A batch re-run after a crash reports the lag behind the high
 /// watermark, as every other batch does (it reported 0 while thousands of
 /// records were pending: a re-run is planned from the write-ahead log).
+/// A broker that is not there (nothing listens on the port; a host name
+/// that does not resolve) is named at once, with librdkafka's first real
+/// error, not after the broker timeout; the client's repeats of it are
+/// summarised; the error the host stops with names the cause and what to
+/// check, not "BrokerTransportFailure".
+#[test]
+fn a_broker_that_is_not_there_is_named_at_once_with_the_real_cause() {
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let refused = format!("127.0.0.1:{closed}");
+    for (brokers, cause, check) in [
+        (
+            refused.as_str(),
+            "Connection refused",
+            "is the broker running, on that port?",
+        ),
+        (
+            "kafka.invalid:9092",
+            "Failed to resolve 'kafka.invalid:9092'",
+            "check the host name in --brokers",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let args = RunArgs::new(brokers, &["t"], &dir.path().join("ckpt"))
+            .plugin("passthrough")
+            .args(["--kafka-timeout", "8s"])
+            .build();
+        let started = Instant::now();
+        let mut host = HostProcess::start(&args);
+        let line = host.wait_for(cause, Duration::from_secs(5));
+        assert!(line.contains("WARN"), "{line}");
+        assert!(started.elapsed() < Duration::from_secs(5));
+        let (code, log) = host.finish();
+        assert_eq!(code, Some(1), "{log}");
+        let last = log.lines().last().unwrap_or_default();
+        assert!(last.contains(cause) && last.contains(check), "{log}");
+        assert!(!log.contains("BrokerTransportFailure"), "{log}");
+        assert!(
+            log.lines().count() <= 3,
+            "the client's repeats are not shown: {log}"
+        );
+    }
+}
+
 #[test]
 fn a_rerun_batch_reports_the_records_still_pending_as_lag() {
     let mock = raw_topic((0..5000).map(|i| format!("v{i}")));

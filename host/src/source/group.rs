@@ -28,6 +28,7 @@ use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::TopicPartition;
+use super::client_log::{ClientErrors, client_error, client_log};
 
 /// What a group member does when the coordinator changes its assignment.
 pub trait Membership: Send + Sync {
@@ -71,6 +72,9 @@ pub struct AssignmentChanges {
 #[derive(Default)]
 pub struct SourceContext {
     membership: Option<Arc<dyn Membership>>,
+    /// Connection failures its client reported (shared by a source's
+    /// clients).
+    errors: Arc<ClientErrors>,
     /// The partitions held now, with their start offsets when assigned.
     held: Mutex<BTreeMap<TopicPartition, i64>>,
     changes: Mutex<AssignmentChanges>,
@@ -87,6 +91,12 @@ impl SourceContext {
             membership: Some(m),
             ..SourceContext::default()
         }
+    }
+
+    /// This context, reporting connection failures into `errors`.
+    pub(super) fn with_errors(mut self, errors: Arc<ClientErrors>) -> Self {
+        self.errors = errors;
+        self
     }
 
     /// Whether the coordinator has given this member an assignment yet
@@ -277,9 +287,9 @@ fn concrete_starts(
 }
 
 /// How long [`concrete_starts`] waits for the broker's answer.
-const LIST_OFFSETS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+const LIST_OFFSETS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 /// How often [`concrete_starts`] asks again after refreshing metadata.
-const LIST_OFFSETS_TRIES: usize = 5;
+const LIST_OFFSETS_TRIES: usize = 3;
 
 /// The member id the group coordinator gave `consumer` (KIP-394: the
 /// coordinator assigns it at the first JoinGroup), empty before it joined.
@@ -309,7 +319,15 @@ fn partitions(tpl: &TopicPartitionList) -> Vec<TopicPartition> {
         .collect()
 }
 
-impl ClientContext for SourceContext {}
+impl ClientContext for SourceContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
+        client_log(&self.errors, level, fac, log_message);
+    }
+
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        client_error(&self.errors, error, reason);
+    }
+}
 
 impl ConsumerContext for SourceContext {
     fn rebalance(

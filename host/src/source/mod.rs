@@ -31,6 +31,7 @@ use rdkafka::message::{Headers, Message};
 use sluice_guest::wire::{OwnedHeaders, Record, TimestampType, header_views};
 
 mod brokers;
+mod client_log;
 mod describe;
 mod fetch;
 pub mod group;
@@ -225,6 +226,28 @@ pub struct KafkaSource {
     /// from it, even if assigned again meanwhile (their records from then
     /// on belong to the new assignment).
     fetch_dropped: HashSet<TopicPartition>,
+    /// Connection failures the clients reported.
+    errors: Arc<client_log::ClientErrors>,
+}
+
+/// Serve the metadata client's events (its log lines and client errors:
+/// rust-rdkafka queues them, `log.queue=true`, until the client is polled)
+/// every 200 ms on a thread of its own, for as long as the client lives,
+/// so that a connection failure is reported when it happens
+/// ([`client_log`]), not when the client is dropped. The client has no
+/// assignment: a poll returns no record.
+fn serve_events(meta: &Arc<BaseConsumer<SourceContext>>) {
+    let weak = Arc::downgrade(meta);
+    let spawned = std::thread::Builder::new()
+        .name("sluice-meta-events".into())
+        .spawn(move || {
+            while let Some(meta) = weak.upgrade() {
+                let _ = meta.poll(Duration::from_millis(200));
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::debug!("metadata client event thread: {e}");
+    }
 }
 
 /// [`KafkaSource::describe_via`] before a broker is known.
@@ -491,19 +514,22 @@ impl KafkaSource {
         // (measured on Tansu: planning took ~700 ms instead of ~60 ms while
         // the consumer was prefetching). Same settings, so the same
         // read_committed answers; no group.id, so it never closes a group.
+        let errors = Arc::new(client_log::ClientErrors::default());
         let mut meta_cfg = cfg.clone();
         meta_cfg.set("client.id", "sluice-meta");
         let meta: Arc<BaseConsumer<SourceContext>> = Arc::new(
             meta_cfg
-                .create_with_context(SourceContext::default())
+                .create_with_context(SourceContext::default().with_errors(errors.clone()))
                 .map_err(|e| SourceError::Client(hide_secrets(e.to_string(), properties)))?,
         );
+
+        serve_events(&meta);
 
         // librdkafka needs a group.id even for manual assignment; without
         // `subscribe` the consumer never joins the group.
         cfg.set("group.id", group_id);
         let consumer: BaseConsumer<SourceContext> = cfg
-            .create_with_context(context)
+            .create_with_context(context.with_errors(errors.clone()))
             .map_err(|e| SourceError::Client(hide_secrets(e.to_string(), properties)))?;
         // librdkafka's defaults (CONFIGURATION.md of librdkafka 2.12).
         let fetch_limits = [
@@ -540,6 +566,7 @@ impl KafkaSource {
             paused_ahead: HashSet::new(),
             group_changes: AssignmentChanges::default(),
             fetch_dropped: HashSet::new(),
+            errors,
         })
     }
 
@@ -562,7 +589,7 @@ impl KafkaSource {
             brokers: self.brokers.clone(),
             what,
             waited,
-            last,
+            last: self.errors.cause(&last),
         }
     }
 
@@ -576,7 +603,10 @@ impl KafkaSource {
         let mut delay = Duration::from_millis(100);
         loop {
             match f() {
-                Ok(v) => return Ok(v),
+                Ok(v) => {
+                    self.errors.recovered();
+                    return Ok(v);
+                }
                 Err(e) => {
                     if started.elapsed() >= self.timeout {
                         return Err(self.unavailable(what(), started.elapsed(), e.to_string()));
