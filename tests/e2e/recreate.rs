@@ -512,7 +512,11 @@ fn recreate_under_a_busy_host(broker: &BrokerProcess, rounds: usize) -> Vec<Stri
         match out.status.code() {
             Some(1) if err.contains("was deleted and created again") => advice = Some(err),
             _ => {
-                failures.push(format!("round {round}: {:?}", out.status));
+                failures.push(format!(
+                    "round {round}: {:?}: {}",
+                    out.status,
+                    err.lines().last().unwrap_or_default()
+                ));
                 // The next round starts over on the new topic.
                 advice = None;
                 let _ = std::fs::remove_dir_all(&ckpt);

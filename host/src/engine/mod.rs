@@ -305,6 +305,10 @@ fn run_batches(
         for e in &fenced {
             dropped_fenced(p, e);
         }
+        let done = done.map_err(|e| {
+            p.planner
+                .explain_read_error(&p.source, cfg, &batch.entry.ranges, e)
+        });
         let done = match done {
             Ok(d) => d,
             Err(EngineError::Sink(SinkError::Group(e))) if dropped_fenced(p, &e) => continue,

@@ -221,6 +221,30 @@ impl Planner {
         Ok(partitions)
     }
 
+    /// The watermarks of `partitions` of `topic`; when they cannot be read,
+    /// the topic's identity is checked again, so that a topic deleted and
+    /// created again (with fewer partitions) since it was checked is
+    /// reported as such, with its reset, rather than as a broker that does
+    /// not answer.
+    ///
+    /// # Errors
+    /// [`EngineError::TopicRecreated`], or the source's.
+    fn watermarks(
+        &mut self,
+        source: &KafkaSource,
+        cfg: &PipelineConfig,
+        topic: &str,
+        partitions: &[i32],
+    ) -> Result<BTreeMap<i32, (i64, i64)>, EngineError> {
+        match source.watermarks_of(topic, partitions) {
+            Ok(marks) => Ok(marks),
+            Err(e) => {
+                self.check_topic(source, cfg, topic, true)?;
+                Err(e.into())
+            }
+        }
+    }
+
     /// Plan the next batch of the partitions held (claiming, when `cp`
     /// holds every partition, those discovered since the last plan).
     ///
@@ -300,7 +324,8 @@ impl Planner {
             if wanted.is_empty() {
                 continue;
             }
-            for (partition, (low, high)) in source.watermarks_of(topic, &wanted)? {
+            let marks = self.watermarks(source, cfg, topic, &wanted)?;
+            for (partition, (low, high)) in marks {
                 let Some(claimed) = mine.get(&partition) else {
                     continue;
                 };
@@ -432,7 +457,7 @@ impl Planner {
         }
         for (topic, partitions) in by_topic {
             self.check_topic(source, cfg, topic, true)?;
-            for (partition, (_, high)) in source.watermarks_of(topic, &partitions)? {
+            for (partition, (_, high)) in self.watermarks(source, cfg, topic, &partitions)? {
                 self.highs.insert((topic.to_string(), partition), high);
             }
         }
@@ -455,6 +480,33 @@ impl Planner {
             .filter(|(t, _)| cfg.topics.contains(t))
             .map(|(t, i)| (t.clone(), i.clone()))
             .collect()
+    }
+
+    /// `e`, a read of `ranges` that failed, as what it was when one of
+    /// their topics was deleted and created again during the fetch (the
+    /// new log shorter than the position: "offset out of range"):
+    /// [`EngineError::TopicRecreated`], with the reset to run. `e` itself
+    /// otherwise.
+    pub(crate) fn explain_read_error(
+        &mut self,
+        source: &KafkaSource,
+        cfg: &PipelineConfig,
+        ranges: &[PartitionRange],
+        e: EngineError,
+    ) -> EngineError {
+        if !matches!(e, EngineError::Source(_)) {
+            return e;
+        }
+        let topics: BTreeSet<&str> = ranges.iter().map(|r| r.topic.as_str()).collect();
+        for topic in topics {
+            if let Err(recreated @ EngineError::TopicRecreated { .. }) =
+                self.check_topic(source, cfg, topic, true)
+            {
+                tracing::debug!("read failed: {e}");
+                return recreated;
+            }
+        }
+        e
     }
 
     /// Record a committed batch's ranges (those still held).
