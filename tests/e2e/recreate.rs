@@ -335,6 +335,42 @@ fn reapply_on(db: &Db) {
     );
 }
 
+/// `host run` of sql-counter over `raw` with progress lines on stdout,
+/// planning every `trigger`: the process (stderr piped) and its stdout
+/// lines as they come.
+fn counting_host(
+    bootstrap: &str,
+    ckpt: &Path,
+    db: &Db,
+    trigger: &str,
+) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
+    use std::io::{BufRead, BufReader};
+    let args = counter_args(
+        bootstrap,
+        &["raw"],
+        ckpt,
+        db,
+        &["--trigger-interval", trigger, "--progress", "json"],
+    );
+    let mut host = Command::new(host_bin())
+        .args(&args)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = host.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    (host, rx)
+}
+
 #[test]
 fn recreating_a_topic_with_more_partitions_under_a_running_host_never_crashes_it() {
     // librdkafka 2.12.1 crashed (SIGSEGV, exit 139) in 5 of 6 tries when
@@ -356,37 +392,11 @@ fn recreating_a_topic_with_more_partitions_under_a_running_host_never_crashes_it
         if let Some(err) = advice.take() {
             follow_advice(&err);
         }
-        let args = counter_args(
-            &kafka.bootstrap(),
-            &["raw"],
-            &ckpt,
-            &db,
-            &["--trigger-interval", "50ms", "--progress", "json"],
-        );
-        let mut host = Command::new(host_bin())
-            .args(&args)
-            .env("RUST_LOG", "warn")
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+        let (host, lines) = counting_host(&kafka.bootstrap(), &ckpt, &db, "50ms");
         // Idle by then: the previous round's records applied (one batch
         // line), and the next plan found nothing to read. A deletion in
         // the middle of a fetch can still crash librdkafka on Tansu (see
         // KafkaSource::pause); an idle host must never.
-        let lines = {
-            use std::io::{BufRead, BufReader};
-            let out = host.stdout.take().unwrap();
-            let (tx, rx) = std::sync::mpsc::channel();
-            std::thread::spawn(move || {
-                for l in BufReader::new(out).lines().map_while(Result::ok) {
-                    if tx.send(l).is_err() {
-                        break;
-                    }
-                }
-            });
-            rx
-        };
         if round > 0 {
             let line = lines
                 .recv_timeout(std::time::Duration::from_secs(60))
@@ -435,7 +445,6 @@ fn recreating_a_topic_with_more_partitions_under_a_running_host_never_crashes_it
 /// a Fetch for the deleted topic's id with fields the negotiated version
 /// lacks (see `KafkaSource::pause`).
 fn recreate_under_a_busy_host(broker: &BrokerProcess, rounds: usize) -> Vec<String> {
-    use std::io::{BufRead, BufReader};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
     broker.create_topic("raw", 1);
@@ -464,29 +473,7 @@ fn recreate_under_a_busy_host(broker: &BrokerProcess, rounds: usize) -> Vec<Stri
         if let Some(err) = advice.take() {
             follow_advice(&err);
         }
-        let args = counter_args(
-            &bootstrap,
-            &["raw"],
-            &ckpt,
-            &db,
-            &["--trigger-interval", "20ms", "--progress", "json"],
-        );
-        let mut host = Command::new(host_bin())
-            .args(&args)
-            .env("RUST_LOG", "warn")
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let out = host.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
+        let (host, rx) = counting_host(&bootstrap, &ckpt, &db, "20ms");
         // Busy: three batches that read records.
         let mut busy = 0;
         while busy < 3 {
