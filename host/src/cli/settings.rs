@@ -137,7 +137,9 @@ pub struct Settings {
     #[serde(default)]
     pub kafka: BTreeMap<String, String>,
     /// Sink database: `sqlite:PATH` or `postgres://USER@HOST:PORT/DB`.
-    /// Sink plugins reach it through the sql capability, exactly once.
+    /// Sink plugins reach it through the sql capability, exactly once. A
+    /// SQLite file the host creates is readable by its owner only (0600);
+    /// an existing one keeps its mode.
     #[arg(
         long,
         value_name = "URL",

@@ -263,8 +263,31 @@ pub(super) fn numbered_placeholders(sql: &str) -> Option<String> {
     Some(out)
 }
 
+/// Create the database file `path` readable by its owner only (mode
+/// 0600, as the checkpoint directory is private) when it does not exist
+/// yet: SQLite would create it with the process's umask (usually 0644,
+/// readable by every local user), and gives its `-wal` and `-shm` files
+/// the main file's mode. An existing file keeps its mode; `:memory:` and
+/// `file:` URIs are left to SQLite, as is any error here (SQLite reports
+/// its own on open).
+fn create_private(path: &str) {
+    if path == ":memory:" || path.is_empty() || path.starts_with("file:") {
+        return;
+    }
+    let mut o = std::fs::OpenOptions::new();
+    o.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
+    if let Err(e) = o.open(path)
+        && e.kind() != std::io::ErrorKind::AlreadyExists
+    {
+        tracing::debug!("creating {path}: {e}");
+    }
+}
+
 impl Sqlite {
     pub(super) fn open(path: &str) -> Result<Self, DbError> {
+        create_private(path);
         let conn = rusqlite::Connection::open(path).map_err(sqlite_err)?;
         // WAL with synchronous=FULL: a COMMIT is durable when it returns,
         // which the checkpoint's commit entry relies on.

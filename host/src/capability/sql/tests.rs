@@ -860,3 +860,27 @@ fn concurrent_create_answers_are_recognised() {
         .is_concurrent_create()
     );
 }
+
+/// A SQLite database the host creates is private to its owner, as the
+/// checkpoint directory is, and so are its WAL files; an existing file
+/// keeps its mode.
+#[cfg(unix)]
+#[test]
+fn a_sqlite_file_the_host_creates_is_readable_by_its_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("new.db");
+    let mut c = connect(&format!("sqlite:{}", db.display())).unwrap();
+    c.batch("CREATE TABLE t (x INTEGER); INSERT INTO t VALUES (1)")
+        .unwrap();
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&db), 0o600);
+    let wal = dir.path().join("new.db-wal");
+    assert!(wal.exists());
+    assert_eq!(mode(&wal), 0o600);
+    let shared = dir.path().join("shared.db");
+    std::fs::write(&shared, b"").unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o640)).unwrap();
+    connect(&format!("sqlite:{}", shared.display())).unwrap();
+    assert_eq!(mode(&shared), 0o640);
+}
