@@ -441,7 +441,7 @@ fn closed_stdout_ends_quietly_with_141() {
 /// database: each partition in its own transaction, rolled back, the next
 /// one on a fresh instance whose `init` creates the table again; nothing
 /// stays. Without --dry-run the same parts are committed, as `host run`
-/// would apply them.
+/// would apply them; without a database they are `not_run`.
 #[test]
 fn a_sink_test_commits_per_partition_and_a_dry_run_keeps_nothing() {
     let record = |partition: i32, id: i32| {
@@ -523,6 +523,23 @@ fn a_sink_test_commits_per_partition_and_a_dry_run_keeps_nothing() {
         db.scalar("SELECT COUNT(*) FROM sqlite_master WHERE name = 'sluice_progress'"),
         0,
         "host test keeps no progress"
+    );
+
+    // Without a database nothing runs: the parts say so.
+    let out = host(&[
+        "test",
+        "--plugin",
+        company.to_str().unwrap(),
+        "--format",
+        "records",
+        "--input",
+        input.path().to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let not_run = |p: i64, s: i64, e: i64| (p, s, e, "not_run".to_string());
+    assert_eq!(
+        parts(&json_lines(&out)),
+        [not_run(1, 1, 2), not_run(0, 0, 3)]
     );
 }
 

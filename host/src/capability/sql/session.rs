@@ -95,6 +95,11 @@ impl SqlGrant {
         g
     }
 
+    /// Whether this is a session with no database ([`SqlGrant::dry`]).
+    pub fn is_dry(&self) -> bool {
+        self.lock().dry
+    }
+
     /// Keep every plugin statement from now on, with its parameters and
     /// outcome, until taken with [`SqlGrant::take_ran`].
     pub fn record(&self) {

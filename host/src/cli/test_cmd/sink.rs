@@ -8,7 +8,8 @@
 //! `batch_rows` does, shows them at the record that made it flush, or at
 //! `close`), then `close`. The part runs inside a transaction of its own,
 //! committed (`keep`) or rolled back, or on a session with no database
-//! ([`SqlGrant::dry`]); a `part` line after its last record says which. A
+//! ([`SqlGrant::dry`]: `not_run`); a `part` line after its last record
+//! says which. A
 //! record the sink rejects is taken out and the part rehearsed again
 //! without it on a fresh instance, as `host run --on-error dlq` applies a
 //! part again without its dead letters; only the last rehearsal's
@@ -180,6 +181,8 @@ pub(super) fn rehearse(
                 map.entry(i).or_default().push(v);
             }
             let outcome = match (&r, keep) {
+                // No database: nothing ran, nothing to roll back.
+                (Ok(()), _) if grant.is_dry() => "not_run",
                 (Ok(()), true) => "committed",
                 (Ok(()), false) => "rolled_back",
                 (Err(_), _) => "failed",
