@@ -20,9 +20,10 @@
 //!   topic, a topic created while a group runs. Its records were all
 //!   produced after the pipeline began, so `--starting-offsets latest`
 //!   must not skip them (Spark's Kafka source reads partitions it
-//!   discovers later from their earliest offset for the same reason). `end = min(high watermark, start + max
-//!   records per partition)`, and, with `--until-caught-up`, no further
-//!   than the high watermark seen when the partition was first planned.
+//!   discovers later from their earliest offset for the same reason).
+//!   `end = min(high watermark, start + max records per partition)`, and,
+//!   with `--until-caught-up`, no further than the high watermark seen
+//!   when the partition was first planned.
 //!
 //! Every plan (and a re-run) first asks the broker for each topic's
 //! identity and refuses a topic that is not the one the positions belong
@@ -152,10 +153,10 @@ pub(crate) struct Planner {
     /// The checkpoint had no position when this process started, and none
     /// was committed since.
     new_pipeline: bool,
-    /// Topics new to the pipeline in this run, with the partitions held
-    /// of each at the pipeline's beginning: those start at the configured
+    /// Topics new to the pipeline in this run, each with the partitions
+    /// it had at the pipeline's beginning: those start at the configured
     /// starting offsets. Filled by the first plan that knows what this
-    /// process holds.
+    /// process holds (for a member, only the topics it held some of).
     fresh: BTreeMap<String, BTreeSet<i32>>,
     /// That plan has not run yet (a group member waits for its first
     /// assignment).
