@@ -175,13 +175,19 @@ fn a_member_that_began_with_nothing_reads_an_added_partition_from_its_log_start(
     for m in &mut members {
         m.wait_for("joined the pipeline group", WAIT);
     }
-    let claimed = |ms: &[HostProcess]| {
+    // Both partitions claimed and planned (`latest` is the high watermark
+    // at a partition's first plan): their holders have committed a batch.
+    let started_at = |ms: &[HostProcess]| {
         ms.iter()
+            .filter(|m| {
+                let log = m.log();
+                log.contains("claimed;") && log.contains("batch committed")
+            })
             .map(|m| m.log().matches("claimed;").count())
             .sum::<usize>()
     };
     let started = Instant::now();
-    while claimed(&members) < 2 {
+    while started_at(&members) < 2 {
         assert!(started.elapsed() < WAIT, "no assignment");
         std::thread::sleep(Duration::from_millis(100));
     }
