@@ -487,7 +487,8 @@ impl Planner {
     /// their topics was deleted and created again during the fetch (the
     /// new log shorter than the position: "offset out of range"):
     /// [`EngineError::TopicRecreated`], with the reset to run. `e` itself
-    /// otherwise.
+    /// otherwise, and without asking when the brokers did not answer (a
+    /// second wait of the broker timeout would only delay the error).
     pub(crate) fn explain_read_error(
         &mut self,
         source: &KafkaSource,
@@ -495,7 +496,11 @@ impl Planner {
         ranges: &[PartitionRange],
         e: EngineError,
     ) -> EngineError {
-        if !matches!(e, EngineError::Source(_)) {
+        use crate::source::SourceError as S;
+        if !matches!(
+            e,
+            EngineError::Source(S::OutOfRange { .. } | S::Client(_) | S::FetchStalled { .. })
+        ) {
             return e;
         }
         let topics: BTreeSet<&str> = ranges.iter().map(|r| r.topic.as_str()).collect();

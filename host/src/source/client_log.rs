@@ -118,7 +118,6 @@ fn is_connection(code: RDKafkaErrorCode) -> bool {
         code,
         RDKafkaErrorCode::BrokerTransportFailure
             | RDKafkaErrorCode::Resolve
-            | RDKafkaErrorCode::AllBrokersDown
             | RDKafkaErrorCode::SSL
             | RDKafkaErrorCode::Authentication
     )

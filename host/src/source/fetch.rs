@@ -169,9 +169,9 @@ impl KafkaSource {
     /// the only window (nisshi 0.8.1, Tansu's successor, answers as Kafka
     /// does: no crash in the suite's recreations under a busy host; kept
     /// for Tansu 0.6.0 and any broker with its fault, and because an idle
-    /// consumer need not fetch). Records buffered by librdkafka are dropped and
-    /// fetched again from the next undelivered offset on resume, which
-    /// is where `assigned` says the next range starts.
+    /// consumer need not fetch). Records buffered by librdkafka are
+    /// dropped and fetched again from the next undelivered offset on
+    /// resume, which is where `assigned` says the next range starts.
     pub fn pause(&mut self) {
         if self.paused || self.assigned.is_empty() {
             return;

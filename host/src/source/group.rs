@@ -231,22 +231,15 @@ fn concrete_starts(
     // metadata does not know yet (a partition just added, seen by the
     // leader first): librdkafka then refuses the lookup locally with
     // UnknownPartition. Refresh the topics' metadata and ask again.
+    let topics: std::collections::BTreeSet<&str> =
+        logical.iter().map(|((t, _), _)| t.as_str()).collect();
     let mut answer = consumer.offsets_for_times(ask.clone(), LIST_OFFSETS_TIMEOUT);
     for _ in 0..LIST_OFFSETS_TRIES {
-        let unknown = match &answer {
-            Ok(tpl) => tpl
-                .elements()
-                .iter()
-                .any(|e| e.error().is_err() || !matches!(e.offset(), Offset::Offset(o) if o >= 0)),
-            Err(_) => true,
-        };
-        if !unknown {
+        if logical.iter().all(|(tp, _)| answered(&answer, tp).is_ok()) {
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(200));
-        let topics: std::collections::BTreeSet<&str> =
-            logical.iter().map(|((t, _), _)| t.as_str()).collect();
-        for t in topics {
+        for t in &topics {
             if let Err(e) = consumer.fetch_metadata(Some(t), LIST_OFFSETS_TIMEOUT) {
                 tracing::debug!("metadata of {t}: {e}");
             }
@@ -263,14 +256,7 @@ fn concrete_starts(
                     } else {
                         "high watermark"
                     };
-                    let got = match &answer {
-                        Ok(tpl) => match tpl.find_partition(&tp.0, tp.1).map(|e| (e.error(), e.offset())) {
-                            Some((Ok(()), Offset::Offset(o))) if o >= 0 => Ok(o),
-                            Some((Err(e), _)) => Err(e.to_string()),
-                            other => Err(format!("no offset in the answer ({other:?})")),
-                        },
-                        Err(e) => Err(e.to_string()),
-                    };
+                    let got = answered(&answer, &tp);
                     got.map_err(|e| {
                         format!(
                             "could not read the {which} of {}/{} to start reading it (ListOffsets: {e}); \
@@ -284,6 +270,22 @@ fn concrete_starts(
             (tp, c)
         })
         .collect()
+}
+
+/// The offset a ListOffsets `answer` gives `tp`, or why there is none.
+fn answered(
+    answer: &rdkafka::error::KafkaResult<TopicPartitionList>,
+    tp: &TopicPartition,
+) -> Result<i64, String> {
+    let tpl = answer.as_ref().map_err(|e| e.to_string())?;
+    match tpl
+        .find_partition(&tp.0, tp.1)
+        .map(|e| (e.error(), e.offset()))
+    {
+        Some((Ok(()), Offset::Offset(o))) if o >= 0 => Ok(o),
+        Some((Err(e), _)) => Err(e.to_string()),
+        other => Err(format!("no offset in the answer ({other:?})")),
+    }
 }
 
 /// How long [`concrete_starts`] waits for the broker's answer.

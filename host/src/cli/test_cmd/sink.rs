@@ -9,11 +9,10 @@
 //! `close`), then `close`. The part runs inside a transaction of its own,
 //! committed (`keep`) or rolled back, or on a session with no database
 //! ([`SqlGrant::dry`]: `not_run`); a `part` line after its last record
-//! says which. A
-//! record the sink rejects is taken out and the part rehearsed again
-//! without it on a fresh instance, as `host run --on-error dlq` applies a
-//! part again without its dead letters; only the last rehearsal's
-//! statements are printed. Each part after the first also starts on a
+//! says which. A record the sink rejects is taken out and the part
+//! rehearsed again without it on a fresh instance, as `host run
+//! --on-error dlq` applies a part again without its dead letters; only
+//! the last rehearsal's statements are printed. Each part after the first also starts on a
 //! fresh instance, as its `init` may have been rolled back with the part
 //! before.
 
