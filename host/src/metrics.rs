@@ -126,7 +126,7 @@ impl Metrics {
         );
         registry.register(
             "records_skipped",
-            "Bad records skipped by policy",
+            "Bad records set aside by --on-error skip",
             m.skipped.clone(),
         );
         registry.register(

@@ -45,7 +45,7 @@ fn a_crash_between_parts_of_a_range_resumes_after_the_last_part_applied() {
     let log = run_to_end(&args);
     assert!(
         log.contains(
-            "2000 of the 5000 offsets of [0, 5000) were applied by an earlier run of this batch; skipped"
+            "2000 of the 5000 offsets of [0, 5000) were already applied by an earlier run of this batch; not applied again"
         ),
         "{log}"
     );

@@ -874,7 +874,7 @@ fn a_group_reset_moves_the_group_and_a_running_member_follows() {
     let (code, out) = reset(&["--to", "latest"]);
     assert_eq!(code, Some(0), "{out}");
     assert!(
-        out.contains("events/1: applied to 55 -> reads from 65 next; [55, 65) skipped, recorded as never applied"),
+        out.contains("events/1: applied to 55 -> reads from 65 next; [55, 65) jumped over, recorded as never applied"),
         "{out}"
     );
     let (code, log) =

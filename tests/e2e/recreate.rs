@@ -232,14 +232,14 @@ fn the_beyond_the_end_advice_followed_literally_applies_the_rest_once() {
     let reset = follow_advice(&err);
     let said = String::from_utf8_lossy(&reset.stdout);
     assert!(
-        said.contains("10 offsets from 0 on are already applied and will be skipped"),
+        said.contains("10 offsets from 0 on are already applied and will not be applied again"),
         "{said}"
     );
     let out = run(&mock.bootstrap(), "raw", &ckpt, &db);
     let log = stderr(&out);
     assert!(out.status.success(), "{log}");
     assert!(
-        log.contains("WARN") && log.contains("were skipped"),
+        log.contains("WARN") && log.contains("were already applied by an earlier batch"),
         "{log}"
     );
     assert_eq!(db.counted(), 15);

@@ -12,7 +12,9 @@ use sluice_guest::wire::{Record, SinkRecord};
 use sluice_host::capability::sql::{SqlGrant, SqlValue, connect};
 use sluice_host::plugin::chain::run_chain;
 use sluice_host::plugin::{CallContext, Limits, PartitionContext, Runtime};
-use sluice_host::sink::{Applied, DeadLetter, PartitionBatch, SinkDriver, SinkError, Skipped};
+use sluice_host::sink::{
+    Applied, AppliedBefore, DeadLetter, PartitionBatch, SinkDriver, SinkError,
+};
 
 use crate::support::{Db, plugin};
 
@@ -92,10 +94,10 @@ fn config(pairs: &[(&str, &str)]) -> Arc<BTreeMap<String, String>> {
 
 /// Apply `[start, end)` of topic t/0 with plain values through sql-counter
 /// as batch 0.
-/// What the sink reports as skipped: `offsets` already applied, last by
+/// What the sink reports as applied before: `offsets` already applied, last by
 /// another batch or not.
-fn skipped(offsets: u64, by_other_batch: bool) -> Skipped {
-    Skipped {
+fn before(offsets: u64, by_other_batch: bool) -> AppliedBefore {
+    AppliedBefore {
         offsets,
         by_other_batch,
     }
@@ -152,7 +154,7 @@ fn a_rerun_writes_only_what_an_earlier_run_of_its_batch_left() {
             Applied::Written {
                 records: 60,
                 dead_lettered: 0,
-                skipped: skipped(40, false),
+                applied_before: before(40, false),
             },
             "{}",
             db.name
@@ -177,7 +179,7 @@ fn a_rerun_writes_only_what_an_earlier_run_of_its_batch_left() {
             Applied::Written {
                 records: 30,
                 dead_lettered: 0,
-                skipped: skipped(20, true),
+                applied_before: before(20, true),
             },
             "{}",
             db.name
@@ -186,7 +188,7 @@ fn a_rerun_writes_only_what_an_earlier_run_of_its_batch_left() {
         assert_eq!(
             apply_counter_in(&db, 9, 2, 90, 100, plain).unwrap(),
             Applied::AlreadyApplied {
-                skipped: skipped(10, true)
+                applied_before: before(10, true)
             }
         );
         assert_eq!(
@@ -220,7 +222,7 @@ fn a_range_skipped_by_a_reset_forward_is_applied_when_a_reset_back_reaches_it() 
         assert_eq!(
             apply_counter_in(&db, 3, 1, 0, 100, plain).unwrap(),
             Applied::AlreadyApplied {
-                skipped: skipped(100, true)
+                applied_before: before(100, true)
             }
         );
         // Batch 4 covers the rest of what was applied and a first part of
@@ -231,7 +233,7 @@ fn a_range_skipped_by_a_reset_forward_is_applied_when_a_reset_back_reaches_it() 
             Applied::Written {
                 records: 50,
                 dead_lettered: 0,
-                skipped: skipped(50, true),
+                applied_before: before(50, true),
             },
             "{}",
             db.name
@@ -243,7 +245,7 @@ fn a_range_skipped_by_a_reset_forward_is_applied_when_a_reset_back_reaches_it() 
             Applied::Written {
                 records: 100,
                 dead_lettered: 0,
-                skipped: skipped(50, false),
+                applied_before: before(50, false),
             },
             "{}",
             db.name
@@ -256,7 +258,7 @@ fn a_range_skipped_by_a_reset_forward_is_applied_when_a_reset_back_reaches_it() 
             Applied::Written {
                 records: 200,
                 dead_lettered: 0,
-                skipped: skipped(50, true),
+                applied_before: before(50, true),
             },
             "{}",
             db.name
@@ -267,7 +269,7 @@ fn a_range_skipped_by_a_reset_forward_is_applied_when_a_reset_back_reaches_it() 
         assert_eq!(
             apply_counter_in(&db, 7, 2, 500, 600, plain).unwrap(),
             Applied::AlreadyApplied {
-                skipped: skipped(100, true)
+                applied_before: before(100, true)
             }
         );
         // Two more jumps forward, then one range over both holes and what
@@ -281,7 +283,7 @@ fn a_range_skipped_by_a_reset_forward_is_applied_when_a_reset_back_reaches_it() 
             Applied::Written {
                 records: 200,
                 dead_lettered: 0,
-                skipped: skipped(250, true),
+                applied_before: before(250, true),
             },
             "{}",
             db.name
@@ -321,7 +323,7 @@ fn a_progress_table_from_before_holes_gets_the_column_and_keeps_its_rows() {
         assert_eq!(
             apply_counter_in(&db, 1, 1, 0, 100, plain).unwrap(),
             Applied::AlreadyApplied {
-                skipped: skipped(100, false)
+                applied_before: before(100, false)
             },
             "{}",
             db.name
@@ -399,7 +401,7 @@ fn a_resumed_range_stores_only_the_dead_letters_past_the_applied_part() {
             Applied::Written {
                 records: 2,
                 dead_lettered: 2,
-                skipped: skipped(3, false),
+                applied_before: before(3, false),
             },
             "{}",
             db.name
@@ -437,7 +439,7 @@ fn non_idempotent_sql_is_applied_once_and_a_replay_is_skipped() {
             Applied::Written {
                 records: 100,
                 dead_lettered: 0,
-                skipped: Skipped::default(),
+                applied_before: AppliedBefore::default(),
             },
             "{}",
             db.name
@@ -450,7 +452,7 @@ fn non_idempotent_sql_is_applied_once_and_a_replay_is_skipped() {
         assert_eq!(
             apply_counter(&db, 1, 0, 100, plain).unwrap(),
             Applied::AlreadyApplied {
-                skipped: skipped(100, false)
+                applied_before: before(100, false)
             }
         );
         assert_eq!(
@@ -523,7 +525,7 @@ fn a_part_waiting_on_another_sessions_lock_is_applied_again_until_it_is_free() {
         Applied::Written {
             records: 30,
             dead_lettered: 0,
-            skipped: Skipped::default(),
+            applied_before: AppliedBefore::default(),
         }
     );
     // Measured against the moment the lock was let go, not against the

@@ -275,9 +275,17 @@ pub struct Counts {
     /// Bad records written to the dead-letter table.
     #[serde(default)]
     pub dead_lettered: u64,
-    /// Bad records skipped by policy.
+    /// Bad records set aside by `--on-error skip` (counted and logged, not
+    /// written anywhere). The only meaning of "skipped" in Sluice.
     #[serde(default)]
     pub skipped: u64,
+    /// Offsets of the batch's ranges that the sink's progress rows showed
+    /// applied before — by an earlier run of this batch that was killed
+    /// after some parts committed, or by an earlier batch after a reset
+    /// back — and that were therefore not applied again (offsets, not
+    /// records: control records and compaction gaps count too).
+    #[serde(default)]
+    pub already_applied: u64,
 }
 
 impl Counts {
@@ -289,6 +297,7 @@ impl Counts {
         self.bad_records += other.bad_records;
         self.dead_lettered += other.dead_lettered;
         self.skipped += other.skipped;
+        self.already_applied += other.already_applied;
     }
 }
 

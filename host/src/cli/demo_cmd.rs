@@ -88,16 +88,16 @@ pub fn run(args: DemoArgs) -> Result<(), CliError> {
                     summary.applied_before_kill
                 )?;
                 outln!(
-                    "  restart                        re-ran batch {b} {}: skipped the {} applied, applied the other {} once",
+                    "  restart                        re-ran batch {b} {}: {} records already applied by those parts (not applied again), the other {} applied once",
                     if summary.rerun_with_same_offsets {
                         "with the same offsets"
                     } else {
                         "WITH OTHER OFFSETS"
                     },
-                    summary.applied_before_kill,
+                    summary.already_applied_on_restart,
                     summary
                         .records_in_killed_batch
-                        .saturating_sub(summary.applied_before_kill)
+                        .saturating_sub(summary.already_applied_on_restart)
                 )?;
             }
             None => outln!(

@@ -3,12 +3,15 @@
 //! its write-ahead entry, before its commit entry — exactly as `kill -9`
 //! or a lost machine would end it.
 //!
-//! The child is watched through the checkpoint (read-only, as `host
-//! checkpoint show` does). When a batch is planned and not committed the
-//! child is frozen with SIGSTOP, the checkpoint read again (the commit may
-//! have landed in between; then it runs on to the next batch), and then
-//! killed. What its committed parts had applied is read from the sink's
-//! progress rows after the kill.
+//! The child is watched as a user could watch it: through the checkpoint
+//! (read-only, as `host checkpoint show` does) and the sink's progress
+//! rows (`sluice_progress`). When a batch is planned and not committed,
+//! and at least one of its parts has committed (a progress row ends inside
+//! the batch's ranges), the child is frozen with SIGSTOP, the checkpoint
+//! read again (the commit may have landed in between; then it runs on to
+//! the next batch), and then killed. So the restart has something to show:
+//! the parts that committed before the kill are not applied again, the
+//! rest of the batch is applied once.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -19,6 +22,11 @@ use rustix::process::{Pid, Signal, kill_process};
 use crate::capability::sql::{SqlValue, connect};
 use crate::checkpoint::{OffsetsEntry, status};
 use crate::engine::PipelineConfig;
+
+/// Records per partition in a batch of the killed run and the restart:
+/// sunk in parts of 2,000 and 500, so several batches each have a moment
+/// when one part has committed and the batch has not.
+pub(super) const BACKLOG_BATCH: u64 = 2_500;
 
 /// How long the child may take to reach a batch in flight.
 const WAIT: Duration = Duration::from_secs(120);
@@ -58,8 +66,9 @@ fn signal(child: &Child, sig: Signal) -> Result<(), String> {
 }
 
 /// Run `host run` (the recorded plugin, until caught up) on `cfg`'s
-/// broker, checkpoint and sink, and kill it mid-batch. `Ok(None)` when it
-/// finished before a batch could be caught in flight.
+/// broker, checkpoint and sink, and kill it mid-batch, after a part of
+/// the batch committed. `Ok(None)` when it finished before a batch could
+/// be caught so.
 ///
 /// # Errors
 /// The child could not start, failed, or took longer than two minutes.
@@ -82,7 +91,7 @@ pub(super) fn kill_mid_batch(cfg: &PipelineConfig, dir: &Path) -> Result<Option<
             "--progress",
             "none",
         ])
-        .args(["--max-records-per-partition", "100000"])
+        .args(["--max-records-per-partition", &BACKLOG_BATCH.to_string()])
         .env("RUST_LOG", "warn")
         .env_remove("SLUICE_FAILPOINT")
         .stdin(Stdio::null())
@@ -106,7 +115,9 @@ pub(super) fn kill_mid_batch(cfg: &PipelineConfig, dir: &Path) -> Result<Option<
             let _ = child.kill();
             return Err("`host run` planned no batch within two minutes".into());
         }
-        if in_flight(ckpt).is_none() {
+        let part_committed =
+            in_flight(ckpt).is_some_and(|(entry, _)| applied_of(cfg, &entry).is_ok_and(|n| n > 0));
+        if !part_committed {
             std::thread::sleep(Duration::from_millis(1));
             continue;
         }

@@ -10,7 +10,8 @@
 //! in the middle of its batch (`crash`); restarts, and reports what
 //! happened: how many records the killed batch had and how many of them
 //! its committed parts had applied, that the restart re-ran it with the
-//! same offsets, and that the table equals the expected state.
+//! same offsets, did not apply those again and applied the rest once, and
+//! that the table equals the expected state.
 
 mod crash;
 
@@ -60,6 +61,9 @@ pub struct DemoSummary {
     /// Of those, records the batch's committed parts had applied before
     /// the kill (the restart skips them).
     pub applied_before_kill: u64,
+    /// Offsets the restart found applied already (the progress rows of the
+    /// parts that committed before the kill) and did not apply again.
+    pub already_applied_on_restart: u64,
     /// The restart committed the killed batch with the ranges it had
     /// planned.
     pub rerun_with_same_offsets: bool,
@@ -284,8 +288,10 @@ pub fn run(dir: &Path, plugin: &Path) -> Result<DemoSummary, String> {
         "demo: produced a backlog; running `host run` on it and killing it (SIGKILL) mid-batch"
     );
     let killed = crash::kill_mid_batch(&cfg, dir)?;
-    // Restart: resume from the checkpoint with the recorded plugin.
+    // Restart: resume from the checkpoint with the recorded plugin, in
+    // batches as large as the killed run's.
     cfg.plugins.clear();
+    cfg.max_records_per_partition = crash::BACKLOG_BATCH;
     let second = engine::run(&cfg, stop).map_err(|e| format!("restart: {e}"))?;
     let rerun_with_same_offsets = match &killed {
         Some(k) => crash::committed_with(&cfg.checkpoint, k)?,
@@ -313,6 +319,7 @@ pub fn run(dir: &Path, plugin: &Path) -> Result<DemoSummary, String> {
         killed_batch: killed.as_ref().map(|k| k.entry.batch_id),
         records_in_killed_batch: killed.as_ref().map_or(0, |k| k.planned),
         applied_before_kill: killed.as_ref().map_or(0, |k| k.applied),
+        already_applied_on_restart: second.counts.already_applied,
         rerun_with_same_offsets,
         table_matches_expected: rows == maxwell.expected,
         kept_in: None,

@@ -580,14 +580,15 @@ pub(super) fn run_batch(
         Ok((run.counts, run.map_time, report))
     })?;
     timings.fetch = ms(fetch_time);
-    for (range, skipped) in entry.ranges.iter().zip(&report.already_applied) {
-        if skipped.offsets == 0 {
+    for (range, before) in entry.ranges.iter().zip(&report.already_applied) {
+        if before.offsets == 0 {
             continue;
         }
-        if skipped.by_other_batch && revocations.is_none() {
-            tracing::warn!(topic = %range.topic, partition = range.partition, skipped = skipped.offsets, "{} of the {} offsets of [{}, {}) were skipped: the sink's progress rows (sluice_progress) show them applied by an earlier batch, so this is a reset back or a restored checkpoint. Nothing to do if that is what you meant; if the destination no longer holds them (its tables were emptied), stop the pipeline and `host checkpoint reset … --sink-db URL --reapply` to a position before them (on a destination that still holds them, that applies them twice)", skipped.offsets, range.end - range.start, range.start, range.end);
+        counts.already_applied += before.offsets;
+        if before.by_other_batch && revocations.is_none() {
+            tracing::warn!(topic = %range.topic, partition = range.partition, already_applied = before.offsets, "{} of the {} offsets of [{}, {}) were already applied by an earlier batch (the sink's progress rows, sluice_progress, show them), so they were not applied again: this is a reset back or a restored checkpoint. Nothing to do if that is what you meant; if the destination no longer holds them (its tables were emptied), stop the pipeline and `host checkpoint reset … --sink-db URL --reapply` to a position before them (on a destination that still holds them, that applies them twice)", before.offsets, range.end - range.start, range.start, range.end);
         } else {
-            tracing::info!(topic = %range.topic, partition = range.partition, skipped = skipped.offsets, "{} of the {} offsets of [{}, {}) were applied by an earlier run of this batch; skipped", skipped.offsets, range.end - range.start, range.start, range.end);
+            tracing::info!(topic = %range.topic, partition = range.partition, already_applied = before.offsets, "{} of the {} offsets of [{}, {}) were already applied by an earlier run of this batch; not applied again", before.offsets, range.end - range.start, range.start, range.end);
         }
     }
     counts.add(&report.counts);

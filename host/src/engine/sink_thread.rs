@@ -8,7 +8,7 @@ use sluice_guest::wire::SinkRecord;
 
 use crate::metrics::Metrics;
 use crate::plugin::{Instance, PluginError};
-use crate::sink::{Applied, DeadLetter, PartitionBatch, SinkDriver, SinkError, Skipped};
+use crate::sink::{Applied, AppliedBefore, DeadLetter, PartitionBatch, SinkDriver, SinkError};
 use crate::source::SourceRecord;
 
 use super::member::revoke::Revocations;
@@ -42,8 +42,9 @@ pub(super) struct SinkReport {
     /// Outputs of the records the sink rejected (counted as outputs when
     /// the map stage made them).
     pub(super) rejected_outputs: u64,
-    /// Per range: the offsets found applied already and skipped.
-    pub(super) already_applied: Vec<Skipped>,
+    /// Per range: the offsets the progress rows showed applied before (not
+    /// applied again).
+    pub(super) already_applied: Vec<AppliedBefore>,
     /// Source records and outputs of parts abandoned because their
     /// partition was taken from this group member (counted by the map
     /// side when it handed them over).
@@ -86,7 +87,7 @@ pub(super) fn run_sink(
     let mut report = SinkReport {
         counts: Counts::default(),
         rejected_outputs: 0,
-        already_applied: vec![Skipped::default(); ranges],
+        already_applied: vec![AppliedBefore::default(); ranges],
         abandoned: (0, 0),
         time: Duration::ZERO,
     };
@@ -215,24 +216,24 @@ pub(super) fn run_sink(
             }
             (other, _) => other?,
         };
-        let skipped = match applied {
+        let before = match applied {
             Applied::Written {
                 dead_lettered,
-                skipped,
+                applied_before,
                 ..
             } => {
                 report.counts.dead_lettered += dead_lettered;
-                skipped
+                applied_before
             }
-            Applied::AlreadyApplied { skipped } => {
-                tracing::debug!(topic = %job.part.topic, partition = job.part.partition, "[{}, {}) already applied by the sink; skipped", job.part.start_offset, job.part.end_offset);
+            Applied::AlreadyApplied { applied_before } => {
+                tracing::debug!(topic = %job.part.topic, partition = job.part.partition, "[{}, {}) was applied before; not applied again", job.part.start_offset, job.part.end_offset);
                 report.counts.dead_lettered += dead_letters.len() as u64;
-                skipped
+                applied_before
             }
         };
         if let Some(a) = report.already_applied.get_mut(job.range) {
-            a.offsets += skipped.offsets;
-            a.by_other_batch |= skipped.by_other_batch;
+            a.offsets += before.offsets;
+            a.by_other_batch |= before.by_other_batch;
         }
     }
     Ok(report)

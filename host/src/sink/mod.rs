@@ -133,20 +133,22 @@ pub enum Applied {
         records: u64,
         /// Dead letters stored.
         dead_lettered: u64,
-        /// Offsets of the range not written: already applied.
-        skipped: Skipped,
+        /// Offsets of the range not written: applied before.
+        applied_before: AppliedBefore,
     },
     /// Already applied by an earlier run; nothing was done.
     AlreadyApplied {
-        /// The offsets that were skipped.
-        skipped: Skipped,
+        /// The offsets of the range, all applied before.
+        applied_before: AppliedBefore,
     },
 }
 
-/// Offsets of a range that were not written because they were already
-/// applied.
+/// Offsets of a range that were not written because the progress row
+/// showed them applied before (by an earlier run of the batch, or another
+/// batch). Never called "skipped": that word is for bad records under
+/// `--on-error skip`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Skipped {
+pub struct AppliedBefore {
     /// How many offsets (records, control records and compaction gaps
     /// alike) of the range.
     pub offsets: u64,
@@ -553,7 +555,7 @@ impl SinkDriver {
                     None => Ok(Applied::Written {
                         records: batch.records.len() as u64,
                         dead_lettered: 0,
-                        skipped: Skipped::default(),
+                        applied_before: AppliedBefore::default(),
                     }),
                 }
             }
@@ -583,7 +585,7 @@ pub(super) fn run_plugin(
     let r = &batch.range;
     if instance.sink_open(r)? == OpenAnswer::AlreadyApplied {
         return Ok(Applied::AlreadyApplied {
-            skipped: Skipped {
+            applied_before: AppliedBefore {
                 offsets: (r.end_offset - r.start_offset).max(0) as u64,
                 by_other_batch: false,
             },
@@ -634,7 +636,7 @@ pub(super) fn run_plugin(
     Ok(Applied::Written {
         records: batch.records.len() as u64,
         dead_lettered: 0,
-        skipped: Skipped::default(),
+        applied_before: AppliedBefore::default(),
     })
 }
 

@@ -64,7 +64,7 @@ fn a_temporary_table_named_like_a_host_table_does_not_fool_the_host() {
             Applied::Written {
                 records: 0,
                 dead_lettered: 0,
-                skipped: Skipped::default(),
+                applied_before: AppliedBefore::default(),
             },
             "{url}"
         );

@@ -8,14 +8,14 @@ use std::ops::Range;
 
 use super::applied::AppliedSet;
 use super::tables::StoredRow;
-use super::{Applied, PartitionBatch, SinkDriver, SinkError, Skipped, run_plugin, site};
+use super::{Applied, AppliedBefore, PartitionBatch, SinkDriver, SinkError, run_plugin, site};
 use crate::capability::sql::{DbError, SqlGrant};
 use crate::plugin::{Instance, PartitionContext};
 
 /// What a part's transaction found to do.
 enum Outcome {
     /// The progress row shows every offset applied: nothing to write.
-    NothingToDo(Skipped),
+    NothingToDo(AppliedBefore),
     /// Written; commit.
     Applied(Applied),
 }
@@ -31,12 +31,12 @@ fn sql_error(r: &PartitionContext, during: &'static str) -> impl FnOnce(DbError)
 }
 
 /// The offsets of `r` that `applied` does not show applied, and what is
-/// skipped; logs when only some of the range is missing.
+/// was applied before; logs when only some of the range is missing.
 fn missing(
     applied: &AppliedSet,
     row: Option<&StoredRow>,
     r: &PartitionContext,
-) -> (Vec<Range<i64>>, Skipped) {
+) -> (Vec<Range<i64>>, AppliedBefore) {
     // Usually the whole range; after a crash, the rest of a range an
     // earlier run of this batch applied in part; after a reset back, a hole
     // a reset forward left, and not what was applied around it.
@@ -44,7 +44,7 @@ fn missing(
     let missing = applied.missing(&range);
     let by_other_batch = row.is_some_and(|row| row.batch_id != r.batch.batch_id as i64);
     let offsets = applied.applied_in(&range);
-    let skipped = Skipped {
+    let applied_before = AppliedBefore {
         offsets,
         by_other_batch: by_other_batch && offsets > 0,
     };
@@ -61,7 +61,7 @@ fn missing(
             tracing::info!(topic = %r.topic, partition = r.partition, "some offsets of [{}, {}) were applied by an earlier run of batch {by}; writing only the missing ones: {}", r.start_offset, r.end_offset, pieces.join(", "));
         }
     }
-    (missing, skipped)
+    (missing, applied_before)
 }
 
 /// Run the plugin over each piece (its own `open`/`write`/`close`, all in
@@ -156,9 +156,9 @@ impl SinkDriver {
         let result = self.in_transaction(g, instance, batch);
         let mut s = g.lock();
         match result {
-            Ok(Outcome::NothingToDo(skipped)) => {
+            Ok(Outcome::NothingToDo(applied_before)) => {
                 s.rollback();
-                Ok(Applied::AlreadyApplied { skipped })
+                Ok(Applied::AlreadyApplied { applied_before })
             }
             Ok(Outcome::Applied(a)) => {
                 s.commit().map_err(sql_error(r, "commit"))?;
@@ -195,9 +195,9 @@ impl SinkDriver {
         let (mut applied, row) = self
             .tables
             .read_progress(g.lock().backend(), r, batch.epoch)?;
-        let (missing, skipped) = missing(&applied, row.as_ref(), r);
+        let (missing, applied_before) = missing(&applied, row.as_ref(), r);
         if missing.is_empty() {
-            return Ok(Outcome::NothingToDo(skipped));
+            return Ok(Outcome::NothingToDo(applied_before));
         }
         let pieces: Vec<PartitionBatch<'_>> = missing.iter().map(|m| batch.slice(m)).collect();
         let (written, said_applied) = write_pieces(g, instance, &pieces, r)?;
@@ -237,9 +237,9 @@ impl SinkDriver {
         crate::util::failpoint("sink:before-db-commit");
         Ok(Outcome::Applied(if said_applied == pieces.len() {
             Applied::AlreadyApplied {
-                skipped: Skipped {
+                applied_before: AppliedBefore {
                     offsets: (r.end_offset - r.start_offset).max(0) as u64,
-                    ..skipped
+                    ..applied_before
                 },
             }
         } else {
@@ -248,7 +248,7 @@ impl SinkDriver {
                 // Dead letters of the whole range, stored now or by an
                 // earlier run.
                 dead_lettered: batch.dead_letters.len() as u64,
-                skipped,
+                applied_before,
             }
         }))
     }

@@ -169,7 +169,7 @@ pub fn run(a: GroupResetArgs) -> Result<(), CliError> {
                 )
             }
             (e, Some(f)) if f > e.unwrap_or(0) && *to == f => format!(
-                "; [{}, {f}) skipped, recorded as never applied",
+                "; [{}, {f}) jumped over, recorded as never applied",
                 e.unwrap_or(0)
             ),
             _ => String::new(),

@@ -432,7 +432,7 @@ fn rows_advice(
     CliError {
         code: ExitCode::Usage,
         error: anyhow!(
-            "{}. The pipeline's sink database keeps progress rows that must be checked or moved with the checkpoint, or their offsets would be skipped as already applied; nothing was changed. Run `{cmd}`{}{}",
+            "{}. The pipeline's sink database keeps progress rows that must be checked or moved with the checkpoint, or the next run would take the new records at their offsets as already applied; nothing was changed. Run `{cmd}`{}{}",
             notes.join("; "),
             if cmd.contains("***") {
                 " (with the secrets where *** stands)"

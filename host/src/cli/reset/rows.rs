@@ -132,7 +132,7 @@ fn show(set: Option<&AppliedSet>) -> String {
 
 /// What the reset does to each row, one line per row that changes, and,
 /// unless `reapply`, the offsets at or after the new position that a row
-/// it keeps shows applied (they will be skipped).
+/// it keeps shows applied (they will not be applied again).
 pub(super) fn describe_moves(
     rows: &BTreeMap<(String, i32), AppliedSet>,
     changes: &BTreeMap<(String, i32), RowChange>,
@@ -166,7 +166,7 @@ pub(super) fn describe_moves(
         let n = row.applied_in(&(*o..row.end().unwrap_or(*o).max(*o)));
         if n > 0 {
             lines.push(format!(
-                "sink progress {}/{}: {n} offsets from {o} on are already applied and will be skipped (--reapply applies them again: only for a destination that lost them, or they are applied twice)",
+                "sink progress {}/{}: {n} offsets from {o} on are already applied and will not be applied again (--reapply applies them again: only for a destination that lost them, or they are applied twice)",
                 tp.0, tp.1
             ));
         }
