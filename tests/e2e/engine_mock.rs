@@ -670,9 +670,11 @@ fn ranges_ending_on_transaction_markers_finish_without_a_message() {
 
 #[test]
 fn a_record_that_always_traps_is_isolated_and_dead_lettered_the_rest_flows() {
-    // Under `fail` a trap stops the batch; under `dlq` the host re-runs the
-    // call in halves until the trapping records are alone, dead-letters
-    // them with the trap as the error and maps every other record.
+    // Under `fail` a trap stops the batch, naming the first record that
+    // traps alone (found by running the call again in halves) and what to
+    // do; under `dlq` the host re-runs the call in halves until the
+    // trapping records are alone, dead-letters them with the trap as the
+    // error and maps every other record.
     let values = (0..40).map(|i| match i {
         7 => "panic".to_string(),
         23 => "loop".to_string(),
@@ -683,7 +685,9 @@ fn a_record_that_always_traps_is_isolated_and_dead_lettered_the_rest_flows() {
     let (_mock, mut cfg) = trap_pipeline(values, dir.path(), &db);
     cfg.limits.call_timeout = Duration::from_millis(300);
     let e = engine::run(&cfg, no_stop()).unwrap_err().to_string();
-    assert!(e.contains("trapped"), "{e}");
+    assert!(e.contains("trapped in map on raw/0 offset 7:"), "{e}");
+    assert!(e.contains("panicked on purpose at offset 7"), "{e}");
+    assert!(e.contains("`--on-error dlq`"), "{e}");
     assert_eq!(db.scalar("SELECT COUNT(*) FROM sluice_progress"), 0);
 
     cfg.on_error = ErrorPolicy::Dlq;
@@ -740,7 +744,12 @@ fn traps_in_ranges_mapped_on_three_threads_are_isolated_per_range() {
     let mut cfg = trap_config(&mock, dir.path(), &db);
     cfg.map_threads = 3;
     let e = engine::run(&cfg, no_stop()).unwrap_err().to_string();
-    assert!(e.contains("trapped"), "{e}");
+    // Whichever range failed first, the error names its trapping offset.
+    assert!(
+        (0..4).any(|p| e.contains(&format!("trapped in map on raw/{p} offset {}:", 5 + 3 * p))),
+        "{e}"
+    );
+    assert!(e.contains("`--on-error dlq`"), "{e}");
     assert_eq!(db.scalar("SELECT COUNT(*) FROM sluice_progress"), 0);
 
     cfg.on_error = ErrorPolicy::Dlq;

@@ -16,6 +16,16 @@ fn secrets_hint(cmd: &str) -> &'static str {
     }
 }
 
+/// What to do about a plugin that failed the batch, when the error alone
+/// does not say.
+fn next_step(e: &PluginError) -> String {
+    match e {
+        PluginError::Trap(t) if t.site.contains(" offset ") => ". Reproduce it with `host test` and the pipeline's plugins on that record alone (one line of `--format records`); to set the records that trap aside and go on, run with `--on-error dlq` (the trap becomes their error in sluice_dead_letters), and fix the plugin".to_string(),
+        PluginError::Trap(_) => ". Under `--on-error dlq` the records that make it trap are set aside and the rest goes on".to_string(),
+        _ => String::new(),
+    }
+}
+
 /// Why the job stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -30,7 +40,7 @@ pub enum EngineError {
     PluginLoad(PluginError),
     /// A plugin failed (after retries). (Not a `source`: the message
     /// already contains it, and an error chain would print it twice.)
-    #[error("{0}; batch not committed, it is re-run on the next start")]
+    #[error("{0}; batch not committed, it is re-run on the next start{hint}", hint = next_step(.0))]
     Plugin(PluginError),
     /// The sink failed (after retries).
     #[error("{0}; batch not committed, it is re-run on the next start")]

@@ -19,7 +19,7 @@ use sluice_guest::wire::Record;
 use crate::checkpoint::PartitionRange;
 use crate::metrics::Metrics;
 use crate::plugin::chain::{
-    ChainResult, DEFAULT_ISOLATION_TRAPS, TrapBudget, isolate_traps, run_chain,
+    ChainResult, DEFAULT_ISOLATION_TRAPS, TrapBudget, isolate_traps, narrow_trap, run_chain,
 };
 use crate::plugin::{CallContext, Instance, PluginError, Trapped};
 use crate::source::{Piece, SourceRecord};
@@ -33,13 +33,16 @@ use super::{EngineError, ErrorPolicy};
 /// chain itself). When the call still traps and `isolate` is given (error
 /// policy `dlq` or `skip`; the process's stop flag), the records that make
 /// it trap are found by [`isolate_traps`] and become bad records; under
-/// `fail` the trap stops the batch.
+/// `fail` (`isolate` is `None`) the trap stops the batch, naming the first
+/// record that traps on its own ([`narrow_trap`]). `stop` is the process's
+/// stop flag: a stop request ends either search early.
 pub(super) fn map_partition(
     maps: &mut [Instance],
     ctx: &CallContext,
     records: &[Record<'_>],
     attempts: u32,
-    isolate: Option<(&AtomicBool, &mut RangeTraps)>,
+    stop: &AtomicBool,
+    isolate: Option<&mut RangeTraps>,
     metrics: &Metrics,
 ) -> Result<ChainResult, PluginError> {
     let r = with_retries(attempts, "map", PluginError::is_retryable, || {
@@ -50,7 +53,10 @@ pub(super) fn map_partition(
         r
     });
     match (r, isolate) {
-        (Err(PluginError::Trap(t)), Some((stop, traps))) => {
+        (Err(PluginError::Trap(t)), None) => {
+            Err(PluginError::Trap(narrow_trap(maps, ctx, records, t, stop)))
+        }
+        (Err(PluginError::Trap(t)), Some(traps)) => {
             if traps.first.is_none() {
                 traps.first = Some(t.clone());
             }
@@ -157,9 +163,17 @@ pub(super) fn map_thread(
                     .map(|r| r.view(&range.topic, range.partition))
                     .collect();
                 // With no map stage the chain passes every record through.
-                let isolate = (env.on_error != ErrorPolicy::Fail).then_some((env.stop, &mut *st));
+                let isolate = (env.on_error != ErrorPolicy::Fail).then_some(&mut *st);
                 let ctx = &env.ctxs[piece.range];
-                map_partition(chain, ctx, &views, env.attempts, isolate, env.metrics)
+                map_partition(
+                    chain,
+                    ctx,
+                    &views,
+                    env.attempts,
+                    env.stop,
+                    isolate,
+                    env.metrics,
+                )
             }
             _ => Ok(ChainResult::default()),
         };

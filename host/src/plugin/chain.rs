@@ -326,6 +326,58 @@ pub fn isolate_traps(
     }
 }
 
+/// Find the first record whose map call traps on its own, for
+/// `--on-error fail`: `source` is a call that trapped with `trap` after its
+/// attempts. The first half is run again; if it traps the search goes on
+/// inside it, else inside the second half, until one record is left. So the
+/// error names an offset rather than a range of up to 2,000 records, at the
+/// cost of about log2(records) more calls (for a timeout, up to one
+/// deadline each; at most 11 for 2,000 records).
+///
+/// Returns the lone record's own trap; `trap` itself when the records do
+/// not trap in smaller calls (the fault depends on what ran before it in
+/// the instance), when the search meets an error that is not a trap, or
+/// when `stop` is set (a stop request does not wait for the search).
+pub fn narrow_trap(
+    stages: &mut [Instance],
+    ctx: &CallContext,
+    source: &[Record<'_>],
+    trap: Box<Trapped>,
+    stop: &std::sync::atomic::AtomicBool,
+) -> Box<Trapped> {
+    let mut part = source;
+    let mut found = trap.clone();
+    while part.len() > 1 {
+        if stop.load(std::sync::atomic::Ordering::Relaxed) {
+            return trap;
+        }
+        let (first, second) = part.split_at(part.len() / 2);
+        match run_chain(stages, ctx, first) {
+            Err(PluginError::Trap(t)) => {
+                found = t;
+                part = first;
+            }
+            Ok(_) => match run_chain(stages, ctx, second) {
+                Err(PluginError::Trap(t)) => {
+                    found = t;
+                    part = second;
+                }
+                _ => return trap,
+            },
+            Err(_) => return trap,
+        }
+    }
+    if part.len() == 1 && part.len() < source.len() {
+        tracing::info!(
+            plugin = %found.digest,
+            "the call on {} trapped; run again in halves, the first record that traps alone is at {}",
+            trap.site,
+            found.site
+        );
+    }
+    found
+}
+
 fn run_part(
     stages: &mut [Instance],
     ctx: &CallContext,
