@@ -617,6 +617,13 @@ fn a_second_pipeline_on_the_same_sink_and_topic_is_refused() {
         "{err}"
     );
     assert!(err.contains("--allow-shared-sink"), "{err}");
+    // The refused start leaves no checkpoint behind (a directory that
+    // looked like a pipeline, with a query id of its own).
+    assert!(
+        !dir.path().join("ck2").exists(),
+        "the refused start left {}",
+        dir.path().join("ck2").display()
+    );
     let rows_before = db.scalar("SELECT count(*) FROM sluice_progress");
     // The first pipeline goes on as before.
     let out = host_run(&run_args(

@@ -69,6 +69,10 @@ fn write_metadata(dir: &Path, m: &Metadata) -> Result<(), CheckpointError> {
         .map_err(io_err(dir.join("metadata"), "write metadata"))
 }
 
+/// File name of the owner's control socket in a checkpoint directory
+/// (served by `control`).
+pub const CONTROL_SOCKET: &str = "control.sock";
+
 /// An open, locked checkpoint. Dropping it releases the lock.
 #[derive(Debug)]
 pub struct DirCheckpoint {
@@ -84,6 +88,15 @@ pub struct DirCheckpoint {
     recovery: Recovery,
     /// Topic identities of the newest offsets entry.
     topics: BTreeMap<String, TopicIdentity>,
+    /// Set when this open created the checkpoint (wrote its metadata).
+    created: Option<Created>,
+}
+
+/// What [`DirCheckpoint::open`] created.
+#[derive(Debug, Clone, Copy)]
+struct Created {
+    /// The directory did not exist before.
+    dir: bool,
 }
 
 impl DirCheckpoint {
@@ -95,17 +108,19 @@ impl DirCheckpoint {
     /// `wait`, if given), [`CheckpointError::Corrupt`],
     /// [`CheckpointError::FingerprintMismatch`], [`CheckpointError::Io`].
     pub fn open(dir: &Path, opts: &OpenOptions) -> Result<Self, CheckpointError> {
-        if opts.create {
-            trust::create_dir(dir).map_err(io_err(dir, "create directory"))?;
-        } else if !dir.join("metadata").exists() {
-            return Err(CheckpointError::NotACheckpoint {
-                dir: dir.to_path_buf(),
-            });
-        }
-        trust::check(dir)?;
-        let mut lock_file =
+        let mut tries = 0;
+        let (mut lock_file, dir_existed) = loop {
+            let existed = dir.exists();
+            if opts.create {
+                trust::create_dir(dir).map_err(io_err(dir, "create directory"))?;
+            } else if !dir.join("metadata").exists() {
+                return Err(CheckpointError::NotACheckpoint {
+                    dir: dir.to_path_buf(),
+                });
+            }
+            trust::check(dir)?;
             match lock::acquire(dir, opts.wait).map_err(io_err(dir.join("lock"), "lock"))? {
-                lock::LockAttempt::Held(f) => f,
+                lock::LockAttempt::Held(f) => break (f, existed),
                 lock::LockAttempt::Owned(owner) => {
                     return Err(CheckpointError::Owned {
                         dir: dir.to_path_buf(),
@@ -113,7 +128,14 @@ impl DirCheckpoint {
                         waited: opts.wait,
                     });
                 }
-            };
+                lock::LockAttempt::Vanished if tries < 100 => tries += 1,
+                lock::LockAttempt::Vanished => {
+                    return Err(io_err(dir.join("lock"), "lock")(io::Error::other(
+                        "the lock file was replaced 100 times while this process waited for it",
+                    )));
+                }
+            }
+        };
         // From here on we are the only writer. A pipeline that moved to a
         // group is checked under the lock: a `host group adopt` that held
         // it until now may have just marked it.
@@ -131,6 +153,7 @@ impl DirCheckpoint {
         remove_temp_files(dir);
 
         let fingerprint = Fingerprint::new(&opts.topics);
+        let mut created = None;
         let metadata = match read_metadata(dir)? {
             Some(mut m) => {
                 if let Some(diff) = m.fingerprint.diff(&fingerprint) {
@@ -153,6 +176,7 @@ impl DirCheckpoint {
                     fingerprint,
                 };
                 write_metadata(dir, &m)?;
+                created = Some(Created { dir: !dir_existed });
                 m
             }
         };
@@ -207,7 +231,47 @@ impl DirCheckpoint {
                 .map(|o| o.topics.clone())
                 .unwrap_or_default(),
             recovery: analysis.recovery,
+            created,
         })
+    }
+
+    /// Remove this checkpoint if this process created it (this open wrote
+    /// its metadata) and no batch was ever planned in it (`offsets/` is
+    /// empty): a start refused after the checkpoint was opened — a sink
+    /// shared with another pipeline, a broker that did not answer the
+    /// first plan — then leaves no directory behind that looks like a
+    /// pipeline. The directory itself goes too when this process made it
+    /// (not one the user created empty). Call it while still holding the
+    /// checkpoint; the lock file goes last, and a process that waited for
+    /// it (`--wait`) sees it vanish and starts over
+    /// ([`lock::LockAttempt::Vanished`]). Returns whether it removed it.
+    pub fn discard_if_unused(&self) -> bool {
+        let Some(created) = self.created else {
+            return false;
+        };
+        let dir = &self.dir;
+        let planned =
+            std::fs::read_dir(dir.join("offsets")).map_or(true, |mut rd| rd.next().is_some());
+        if planned {
+            return false;
+        }
+        if let Ok(rd) = std::fs::read_dir(dir.join("plugins")) {
+            for e in rd.flatten() {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+        for sub in ["offsets", "commits", "plugins"] {
+            let _ = std::fs::remove_dir(dir.join(sub));
+        }
+        for file in ["metadata", "epoch", CONTROL_SOCKET, "lock"] {
+            let _ = std::fs::remove_file(dir.join(file));
+        }
+        remove_temp_files(dir);
+        if created.dir {
+            let _ = std::fs::remove_dir(dir);
+        }
+        tracing::info!(checkpoint = %dir.display(), "removed the checkpoint this run created: no batch was planned in it");
+        true
     }
 
     /// The checkpoint directory.

@@ -67,6 +67,10 @@ impl DirStore {
 }
 
 impl Checkpoint for DirStore {
+    fn discard_if_unused(&self) -> bool {
+        self.cp().discard_if_unused()
+    }
+
     fn location(&self) -> String {
         self.location.clone()
     }

@@ -63,6 +63,10 @@ pub(crate) enum LockAttempt {
     Held(File),
     /// Someone else holds it; what they wrote about themselves, if readable.
     Owned(Option<OwnerInfo>),
+    /// The lock was taken on a file that is no longer `dir/lock`: its
+    /// owner removed the checkpoint it had created (a refused start,
+    /// `DirCheckpoint::discard_if_unused`) while we waited. Open it again.
+    Vanished,
 }
 
 /// Read the owner info written in `lock` (best effort).
@@ -80,7 +84,19 @@ pub(crate) fn acquire(dir: &Path, wait: Option<Duration>) -> std::io::Result<Loc
     let deadline = Some(Instant::now() + wait.unwrap_or(Duration::from_millis(200)));
     loop {
         match file.try_lock() {
-            Ok(()) => return Ok(LockAttempt::Held(file)),
+            Ok(()) => {
+                // The usual check of a lock file that may be unlinked: the
+                // file locked must still be the one at the path.
+                use std::os::unix::fs::MetadataExt;
+                let ours = file.metadata()?;
+                let now = std::fs::symlink_metadata(dir.join("lock"));
+                return Ok(match now {
+                    Ok(m) if m.dev() == ours.dev() && m.ino() == ours.ino() => {
+                        LockAttempt::Held(file)
+                    }
+                    _ => LockAttempt::Vanished,
+                });
+            }
             Err(TryLockError::WouldBlock) => match deadline {
                 Some(d) if Instant::now() < d => std::thread::sleep(Duration::from_millis(20)),
                 _ => return Ok(LockAttempt::Owned(read_owner(dir))),

@@ -41,7 +41,9 @@ use serde::{Deserialize, Serialize};
 /// The offset range entries record (defined with the reader that fetches
 /// it).
 pub use crate::source::PartitionRange;
-pub use dir::{DirCheckpoint, check_fingerprint, exists, moved_marker, read_stored_plugin};
+pub use dir::{
+    CONTROL_SOCKET, DirCheckpoint, check_fingerprint, exists, moved_marker, read_stored_plugin,
+};
 pub use dir_store::DirStore;
 pub use entry::{
     CommitEntry, Counts, DataLossGap, EnvelopeError, FORMAT_VERSION, OffsetsEntry, PluginRef,
@@ -533,6 +535,14 @@ pub trait Checkpoint: Send + Sync {
     /// # Errors
     /// [`CheckpointError::Corrupt`] when missing or altered.
     fn load_plugin(&self, digest: &str) -> Result<(PathBuf, Vec<u8>), CheckpointError>;
+    /// After a start that failed before any batch was planned: remove the
+    /// store if this process created it, so a refused start leaves nothing
+    /// that looks like a pipeline (a directory: see
+    /// [`DirCheckpoint::discard_if_unused`]; a group keeps its rows, which
+    /// other members share). Returns whether it removed anything.
+    fn discard_if_unused(&self) -> bool {
+        false
+    }
 }
 
 #[cfg(test)]

@@ -625,3 +625,49 @@ fn dir_store_claims_an_uncommitted_batch_as_its_rerun_and_checks_it_is_the_same(
         Start::At(30)
     );
 }
+
+#[test]
+fn a_new_checkpoint_nothing_was_planned_in_is_removed_and_a_waiter_starts_over() {
+    let parent = tempfile::tempdir().unwrap();
+    let dir = parent.path().join("ck");
+    let a = DirCheckpoint::open(&dir, &opts(&["t"])).unwrap();
+    // A second process waits for the lock (`--wait`) while the first one
+    // gives up and removes the checkpoint it had just created.
+    let waiter = {
+        let dir = dir.clone();
+        std::thread::spawn(move || {
+            let o = OpenOptions {
+                wait: Some(std::time::Duration::from_secs(10)),
+                ..opts(&["t"])
+            };
+            DirCheckpoint::open(&dir, &o).map(|cp| cp.query_id().to_string())
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let first_id = a.query_id().to_string();
+    assert!(a.discard_if_unused());
+    assert!(!dir.exists(), "the directory it made is gone");
+    drop(a);
+    // The waiter locked the removed file, saw it vanish, and made a new
+    // checkpoint of its own: one owner at a time.
+    let second_id = waiter.join().unwrap().unwrap();
+    assert_ne!(second_id, first_id);
+    assert!(dir.join("metadata").exists());
+
+    // One that a batch was planned in stays; so does one that existed.
+    let mut b = DirCheckpoint::open(&parent.path().join("planned"), &opts(&["t"])).unwrap();
+    plan(&mut b, 0);
+    assert!(!b.discard_if_unused());
+    assert!(parent.path().join("planned/offsets/0").exists());
+    drop(b);
+    let again = DirCheckpoint::open(&parent.path().join("planned"), &opts(&["t"])).unwrap();
+    assert!(!again.discard_if_unused(), "not created by this open");
+
+    // A directory the user made empty is emptied again, not removed.
+    let empty = parent.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let c = DirCheckpoint::open(&empty, &opts(&["t"])).unwrap();
+    assert!(c.discard_if_unused());
+    assert!(empty.exists());
+    assert_eq!(std::fs::read_dir(&empty).unwrap().count(), 0);
+}

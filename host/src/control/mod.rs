@@ -30,8 +30,9 @@ use crate::plugin::{Plugin, Runtime};
 pub use client::{Client, ClientError};
 pub use server::ControlServer;
 
-/// File name of the socket inside the checkpoint directory.
-pub const SOCKET: &str = "control.sock";
+/// File name of the socket inside the checkpoint directory (the
+/// directory's layout is the checkpoint's).
+pub const SOCKET: &str = crate::checkpoint::CONTROL_SOCKET;
 
 /// What the owner publishes about itself (answer to `status`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

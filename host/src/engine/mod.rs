@@ -136,6 +136,11 @@ pub fn run_with(
 ) -> Result<RunSummary, EngineError> {
     let mut p = startup::start(cfg, acquire)?;
     let r = run_batches(&mut p, cfg, &stop);
+    if r.is_err() {
+        // A new checkpoint whose first batch could not even be planned
+        // (the brokers did not answer, say) is not left behind.
+        p.cp.discard_if_unused();
+    }
     if let Some(g) = &p.group {
         if r.is_ok() {
             member::commit_before_leaving(&mut p.source, &p.holdings);

@@ -52,6 +52,27 @@ pub(super) fn sink_db_error(url: &str) -> impl FnOnce(sql::DbError) -> EngineErr
     }
 }
 
+/// Until disarmed, removes a checkpoint this run created and planned
+/// nothing in when dropped ([`Checkpoint::discard_if_unused`]): so every
+/// `?` between opening a new checkpoint and running its first batch
+/// leaves no directory behind.
+pub(super) struct DiscardIfNew<'a>(pub(super) Option<&'a dyn Checkpoint>);
+
+impl DiscardIfNew<'_> {
+    /// The start went through: keep the checkpoint.
+    pub(super) fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for DiscardIfNew<'_> {
+    fn drop(&mut self) {
+        if let Some(cp) = self.0.take() {
+            cp.discard_if_unused();
+        }
+    }
+}
+
 /// What opening the store gave: the store, the plugins to run, and the
 /// store's own parts.
 pub(super) struct Opened {
@@ -159,8 +180,9 @@ pub(super) fn open_dir(
             ..OpenOptions::default()
         },
     )?;
-    let store = DirStore::new(dir);
+    let store = Arc::new(DirStore::new(dir));
     tracing::info!(checkpoint = %store.location(), epoch = store.epoch().unwrap_or_default().get(), query_id = store.query_id(), "checkpoint opened");
+    let guard = DiscardIfNew(Some(store.as_ref()));
 
     // Every partition the checkpoint knows is ours from here on; the
     // planner claims those that appear later.
@@ -216,8 +238,9 @@ pub(super) fn open_dir(
         store.store_plugin(bytes)?;
     }
     let stages = assemble(cfg, &loaded, &recorded, sql.as_ref())?;
+    guard.disarm();
     Ok(Opened {
-        cp: Arc::new(store),
+        cp: store,
         stages,
         driver: Arc::new(driver),
         takeover,

@@ -30,7 +30,7 @@ use crate::util::now_ms;
 
 use super::member::Member;
 use super::member::swap::GroupSwaps;
-use super::open::{Acquire, Opened, open_dir, refuse_shared_sink, sink_db_error};
+use super::open::{Acquire, DiscardIfNew, Opened, open_dir, refuse_shared_sink, sink_db_error};
 use super::plan::{Holdings, Planner};
 use super::stages::{Stages, config_digest};
 use super::{EngineError, ErrorPolicy, PipelineConfig};
@@ -106,6 +106,7 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
         takeover,
         group,
     } = opened;
+    let guard = DiscardIfNew(Some(cp.as_ref()));
     let sql = driver.grant().cloned();
     let sink_identity = match cfg.sink_db.as_deref() {
         Some(url) => Some(
@@ -232,6 +233,7 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
     };
 
     let planner = Planner::new(cp.as_ref());
+    guard.disarm();
     Ok(Pipeline {
         cp,
         holdings,
