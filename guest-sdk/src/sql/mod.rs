@@ -15,10 +15,12 @@
 //! # Ok(()) }
 //! ```
 
+mod table;
 pub(crate) mod types;
 
 use crate::host::host;
 
+pub use table::{Change, Table};
 pub use types::{BatchError, Rows, SqlError, Value, not_granted};
 
 /// Check that `name`, the value of setting `what`, is a plain SQL

@@ -38,14 +38,12 @@
 //! and its Kafka timestamp as `updated_at_ms`. A record with a value
 //! inserts or replaces the row of its key, a tombstone removes it; the
 //! sink takes both from the record as they are, without parsing them
-//! again (the map stage wrote them). Runs of upserts (or deletes) within
-//! a write chunk go in statements of 64 rows (the remainder one row per
-//! statement), with only the last upsert of each key in a run; an SQL
-//! error in a 64-row statement names the group's first record.
+//! again (the map stage wrote them). The SDK's `sql::Table` writes a
+//! chunk's changes in multi-row statements, in order.
 
 use serde::Deserialize;
 use sluice_guest::json::{self, Object, RawValue, Text};
-use sluice_guest::sql::{self, Value};
+use sluice_guest::sql::{self, Change, Table, Value};
 use sluice_guest::{Config, Emit, Error, Mapper, Record, Sink, SinkRecord};
 
 /// What a Maxwell `type` means for the `companies` table.
@@ -182,62 +180,31 @@ fn primary_key<'a>(key: Option<&'a Object<'a>>, data: &'a RawValue) -> Result<Ob
 /// value = row, tombstone = delete) to a SQL table.
 pub struct CompanySink {
     create: String,
-    upsert: String,
-    delete: String,
-    /// `upsert` with [`ROWS_PER_STATEMENT`] rows of parameters.
-    upsert_many: String,
-    /// `delete` of [`ROWS_PER_STATEMENT`] keys.
-    delete_many: String,
+    table: Table,
 }
 
-/// Rows one multi-row statement carries: 64 upserts of 7 parameters are
-/// 448 parameters (PostgreSQL takes up to 65,535, SQLite 32,766) in a text
-/// of ~3 KiB. One 64-row statement did the work of 64 one-row statements
-/// at ~6x their rate on PostgreSQL (docs/benchmarks.md, session 15).
-const ROWS_PER_STATEMENT: usize = 64;
-
-/// Columns of an upsert, in parameter order.
-const UPSERT_COLUMNS: usize = 7;
-
-/// `(${first}, ${first+1}, …)` for `n` parameters from `first` on.
-fn placeholders(first: usize, n: usize) -> String {
-    let list: Vec<String> = (first..first + n).map(|i| format!("${i}")).collect();
-    format!("({})", list.join(", "))
-}
+/// The sink table's columns, in the order of [`change_row`]'s values.
+const COLUMNS: [&str; 7] = [
+    "pk",
+    "row_json",
+    "idempotency_key",
+    "source_topic",
+    "source_partition",
+    "source_offset",
+    "updated_at_ms",
+];
 
 impl Sink for CompanySink {
     fn new(config: &Config) -> Result<Self, Error> {
         let settings: Settings = config.parse()?;
-        let table = sql::identifier("sink_table", &settings.sink_table)?;
+        let name = sql::identifier("sink_table", &settings.sink_table)?;
         Ok(CompanySink {
             create: format!(
-                "CREATE TABLE IF NOT EXISTS {table} (pk TEXT PRIMARY KEY, row_json TEXT NOT NULL, \
+                "CREATE TABLE IF NOT EXISTS {name} (pk TEXT PRIMARY KEY, row_json TEXT NOT NULL, \
                  idempotency_key TEXT NOT NULL, source_topic TEXT NOT NULL, \
                  source_partition INTEGER NOT NULL, source_offset BIGINT NOT NULL, updated_at_ms BIGINT NOT NULL)"
             ),
-            upsert: format!(
-                "INSERT INTO {table} (pk, row_json, idempotency_key, source_topic, source_partition, source_offset, updated_at_ms) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (pk) DO UPDATE SET row_json = excluded.row_json, \
-                 idempotency_key = excluded.idempotency_key, source_topic = excluded.source_topic, \
-                 source_partition = excluded.source_partition, source_offset = excluded.source_offset, \
-                 updated_at_ms = excluded.updated_at_ms"
-            ),
-            delete: format!("DELETE FROM {table} WHERE pk = $1"),
-            upsert_many: format!(
-                "INSERT INTO {table} (pk, row_json, idempotency_key, source_topic, source_partition, source_offset, updated_at_ms) \
-                 VALUES {} ON CONFLICT (pk) DO UPDATE SET row_json = excluded.row_json, \
-                 idempotency_key = excluded.idempotency_key, source_topic = excluded.source_topic, \
-                 source_partition = excluded.source_partition, source_offset = excluded.source_offset, \
-                 updated_at_ms = excluded.updated_at_ms",
-                (0..ROWS_PER_STATEMENT)
-                    .map(|r| placeholders(1 + r * UPSERT_COLUMNS, UPSERT_COLUMNS))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-            delete_many: format!(
-                "DELETE FROM {table} WHERE pk IN {}",
-                placeholders(1, ROWS_PER_STATEMENT)
-            ),
+            table: Table::new(name, &COLUMNS, &["pk"])?,
         })
     }
 
@@ -251,115 +218,42 @@ impl Sink for CompanySink {
             .map_err(|(_, e)| e)
     }
 
-    /// Consecutive changes of one kind (a run) go to the database
-    /// together, in multi-row statements ([`CompanySink::apply`]); a
-    /// change of the other kind ends the run, so the order of changes to
-    /// one primary key is kept.
+    /// The chunk's changes, in order, through [`Table::apply`] (multi-row
+    /// statements; an error names the record the failing statement
+    /// carried first).
     fn write_chunk(&mut self, records: &[SinkRecord<'_>]) -> Result<(), (usize, Error)> {
-        let mut rows = Vec::with_capacity(records.len());
-        let mut run: Option<(Op, usize)> = None;
-        for (i, r) in records.iter().enumerate() {
-            let (op, row) = change_row(r).map_err(|e| (i, e))?;
-            match run {
-                Some((kind, first)) if kind != op => {
-                    self.apply(kind, first, &mut rows)?;
-                    run = Some((op, i));
-                }
-                Some(_) => {}
-                None => run = Some((op, i)),
-            }
-            rows.push(row);
-        }
-        if let Some((kind, first)) = run {
-            self.apply(kind, first, &mut rows)?;
-        }
+        let changes = records
+            .iter()
+            .enumerate()
+            .map(|(i, r)| change_row(r).map_err(|e| (i, e)))
+            .collect::<Result<Vec<Change>, _>>()?;
+        self.table
+            .apply(changes)
+            .map_err(|e| (e.row, Error::from(e.error)))?;
         Ok(())
     }
 }
 
-impl CompanySink {
-    /// Run `op`'s changes `rows`, those of the chunk's records from index
-    /// `first` on, and empty `rows`.
-    ///
-    /// Upserts: only the last change of each key counts (every upsert
-    /// replaces the whole row), and `ON CONFLICT DO UPDATE` may not touch
-    /// one row twice in a statement, so the earlier changes of a key are
-    /// dropped first. Then whole groups of [`ROWS_PER_STATEMENT`] go in
-    /// multi-row statements and the rest one row per statement, all
-    /// through `execute_batch`. An error in a multi-row statement names
-    /// its group's first record.
-    fn apply(
-        &self,
-        op: Op,
-        first: usize,
-        rows: &mut Vec<Vec<Value>>,
-    ) -> Result<(), (usize, Error)> {
-        let mut kept: Vec<usize> = (0..rows.len()).collect();
-        if op == Op::Upsert {
-            let mut last = std::collections::HashMap::with_capacity(rows.len());
-            for (i, row) in rows.iter().enumerate() {
-                if let Some(Value::Text(pk)) = row.first() {
-                    last.insert(pk.as_str(), i);
-                }
-            }
-            kept.retain(|&i| match rows[i].first() {
-                Some(Value::Text(pk)) => last.get(pk.as_str()) == Some(&i),
-                _ => true,
-            });
-        }
-        let (one, many) = match op {
-            Op::Delete => (&self.delete, &self.delete_many),
-            Op::Upsert => (&self.upsert, &self.upsert_many),
-        };
-        let whole = kept.len() / ROWS_PER_STATEMENT * ROWS_PER_STATEMENT;
-        let (grouped, rest) = kept.split_at(whole);
-        let mut take = |i: usize| std::mem::take(&mut rows[i]);
-        if !grouped.is_empty() {
-            let params: Vec<Vec<Value>> = grouped
-                .chunks(ROWS_PER_STATEMENT)
-                .map(|g| g.iter().flat_map(|&i| take(i)).collect())
-                .collect();
-            sql::execute_batch(many, &params).map_err(|e| {
-                let at = grouped.get(e.row * ROWS_PER_STATEMENT).copied();
-                (first + at.unwrap_or(0), Error::from(e.error))
-            })?;
-        }
-        if !rest.is_empty() {
-            let params: Vec<Vec<Value>> = rest.iter().map(|&i| take(i)).collect();
-            sql::execute_batch(one, &params).map_err(|e| {
-                let at = rest.get(e.row).copied().unwrap_or(0);
-                (first + at, Error::from(e.error))
-            })?;
-        }
-        rows.clear();
-        Ok(())
-    }
-}
-
-/// A change's kind and statement parameters: `[pk]` for a delete (a
-/// tombstone), `[pk, row_json, idempotency_key, source_topic,
-/// source_partition, source_offset, updated_at_ms]` for an upsert. The
-/// key and value are the map stage's output, taken as they are.
-fn change_row(r: &SinkRecord<'_>) -> Result<(Op, Vec<Value>), Error> {
+/// A record's change: a delete of `[pk]` for a tombstone, else an upsert
+/// of [`COLUMNS`]. The key and value are the map stage's output, taken as
+/// they are.
+fn change_row(r: &SinkRecord<'_>) -> Result<Change, Error> {
     let rec = &r.record;
     let key = rec
         .key
         .ok_or_else(|| Error::bad_record("no key: the company sink keys rows by the record key"))?;
     let pk = Value::from(text("key", key)?);
     Ok(match rec.value {
-        None => (Op::Delete, vec![pk]),
-        Some(row) => (
-            Op::Upsert,
-            vec![
-                pk,
-                Value::from(text("value", row)?),
-                Value::from(r.idempotency_key),
-                Value::from(rec.topic),
-                Value::from(rec.partition),
-                Value::Integer(rec.offset),
-                Value::Integer(rec.timestamp),
-            ],
-        ),
+        None => Change::Delete(vec![pk]),
+        Some(row) => Change::Upsert(vec![
+            pk,
+            Value::from(text("value", row)?),
+            Value::from(r.idempotency_key),
+            Value::from(rec.topic),
+            Value::from(rec.partition),
+            Value::Integer(rec.offset),
+            Value::Integer(rec.timestamp),
+        ]),
     })
 }
 
@@ -470,11 +364,9 @@ mod tests {
             idempotency_key: "maxwell/3/42",
             record: r.clone(),
         };
-        let (op, row) = change_row(&rec).unwrap();
-        assert_eq!(op, Op::Upsert);
         assert_eq!(
-            row,
-            vec![
+            change_row(&rec).unwrap(),
+            Change::Upsert(vec![
                 Value::from(r#"{"id":1}"#),
                 Value::from(r#"{"id":1,"v":1.10}"#),
                 Value::from("maxwell/3/42"),
@@ -482,7 +374,7 @@ mod tests {
                 Value::Integer(3),
                 Value::Integer(42),
                 Value::Integer(1_700_000_000_123),
-            ]
+            ])
         );
 
         let tombstone = SinkRecord {
@@ -494,7 +386,7 @@ mod tests {
         };
         assert_eq!(
             change_row(&tombstone).unwrap(),
-            (Op::Delete, vec![Value::from(r#"{"id":1}"#)])
+            Change::Delete(vec![Value::from(r#"{"id":1}"#)])
         );
 
         let keyless = SinkRecord {

@@ -34,6 +34,10 @@ pub(super) const FILES: &[(&str, &str)] = &[
         include_str!("../../../../guest-sdk/src/sql/mod.rs"),
     ),
     (
+        "guest-sdk/src/sql/table.rs",
+        include_str!("../../../../guest-sdk/src/sql/table.rs"),
+    ),
+    (
         "guest-sdk/src/sql/types.rs",
         include_str!("../../../../guest-sdk/src/sql/types.rs"),
     ),
