@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Sluice test command (README "Test"). Installs what the tests need,
+# The Sluice test command (README, "Quickstart"). Installs what the tests need,
 # builds the host and every plugin/fixture component, starts a throwaway
 # PostgreSQL, then runs the whole suite: unit tests, SDK tests and the
 # end-to-end tests against real built components, real files and real

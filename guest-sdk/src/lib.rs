@@ -29,7 +29,7 @@
 //!     "orders".into()
 //! }
 //!
-//! /// The input fields we read (the rest are skipped).
+//! /// The input fields we read (serde ignores the rest).
 //! #[derive(Deserialize)]
 //! struct Event<'a> {
 //!     table: String,
@@ -311,7 +311,7 @@ pub enum OpenAnswer {
 }
 
 /// A sink stage: applies records to an external system, once per
-/// idempotency key. The README's example, compiled here:
+/// idempotency key. docs/plugins.md's example, compiled here:
 ///
 /// ```
 /// use sluice_guest::sql::{self, Value};

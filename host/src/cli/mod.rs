@@ -22,6 +22,8 @@ macro_rules! outln {
 
 mod checkpoint_cmd;
 mod demo_cmd;
+#[cfg(test)]
+mod docs_check;
 pub(crate) mod group_cmd;
 mod plugin_cmd;
 mod reset;

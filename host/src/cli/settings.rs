@@ -178,7 +178,7 @@ pub struct Settings {
     pub sink_schema: Option<String>,
     /// PostgreSQL role that plugin statements run as (`SET LOCAL ROLE`):
     /// one without privileges on the host's tables, so the database itself
-    /// keeps plugins off them. Checked at start; see the README.
+    /// keeps plugins off them. Checked at start; see docs/plugins.md, "A plugin role".
     #[arg(
         long,
         value_name = "ROLE",

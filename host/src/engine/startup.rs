@@ -128,7 +128,7 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
             .map_err(sink_db_error(cfg.sink_db.as_deref().unwrap_or_default()))?
     {
         tracing::warn!(
-            "the sink database login role {user} is a superuser and no --sink-plugin-role is set: plugin SQL runs as a superuser, which the host's statement checks cannot fully confine (server files, settings, other databases); run plugins under a role of their own (README, \"Sink stages and the SQL capability\")"
+            "the sink database login role {user} is a superuser and no --sink-plugin-role is set: plugin SQL runs as a superuser, which the host's statement checks cannot fully confine (server files, settings, other databases); run plugins under a role of their own (docs/plugins.md, \"A plugin role\")"
         );
     }
 

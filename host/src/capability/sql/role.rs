@@ -33,7 +33,7 @@ impl SqlGrant {
         )?;
         let Some(row) = found.rows.first() else {
             return Err(refuse(format!(
-                "no such role; create it with `CREATE ROLE {q} NOLOGIN`, grant it what the plugin's tables need and `GRANT {q} TO` the host's login role (README, \"Sink stages and the SQL capability\")"
+                "no such role; create it with `CREATE ROLE {q} NOLOGIN`, grant it what the plugin's tables need and `GRANT {q} TO` the host's login role (docs/plugins.md, \"A plugin role\")"
             )));
         };
         let flag = |i: usize| matches!(row.get(i), Some(SqlValue::Integer(1)));
