@@ -7,7 +7,8 @@
 //! less but loses nothing. The statements are the portable
 //! `INSERT … ON CONFLICT (key) DO UPDATE SET c = excluded.c` (SQLite 3.24+,
 //! PostgreSQL 9.5+) and `DELETE … WHERE key IN (…)` (a row value
-//! `(a, b) IN ((…), …)` for a key of several columns: SQLite 3.15+).
+//! `(a, b) IN ((…), …)` for a key of several columns: SQLite 3.37+;
+//! the host's bundled SQLite is newer).
 
 use std::collections::HashMap;
 
@@ -88,9 +89,15 @@ impl Table {
         for c in columns.iter().chain(key) {
             identifier("column", c)?;
         }
-        if columns.is_empty() || key.is_empty() {
+        let repeated = |names: &[&str]| {
+            names
+                .iter()
+                .enumerate()
+                .any(|(i, n)| names[..i].contains(n))
+        };
+        if columns.is_empty() || key.is_empty() || repeated(columns) || repeated(key) {
             return Err(crate::Error::fatal(format!(
-                "table {name}: needs at least one column and one key column"
+                "table {name}: needs at least one column and one key column, each named once"
             )));
         }
         let key_at = key
@@ -157,6 +164,14 @@ impl Table {
     /// statements, the rest one row per statement, all through
     /// [`execute_batch`]. Returns the rows changed.
     ///
+    /// Keys are folded by their exact values: give each key column its
+    /// values in one type (a text key always as [`Value::Text`]); keys the
+    /// database takes as equal but that differ here (integer 1 and real
+    /// 1.0, a case-insensitive collation) may meet in one statement, which
+    /// PostgreSQL refuses. A key with a NULL is never folded. The order
+    /// kept is the key's: a second unique constraint of the table may see
+    /// the run's upserts in another order than one by one.
+    ///
     /// # Errors
     /// A [`BatchError`] whose `row` is the index in `changes` of the
     /// change the failing statement carried (its first, for a multi-row
@@ -194,7 +209,11 @@ impl Table {
                     row: i,
                     error: super::SqlError {
                         message: format!(
-                            "a {k:?} change carries {} values, the table takes {width}",
+                            "{} change carries {} values, the table takes {width}",
+                            match k {
+                                Kind::Upsert => "an upsert",
+                                Kind::Delete => "a delete",
+                            },
                             values.len()
                         ),
                         code: "sluice".into(),
@@ -218,13 +237,21 @@ impl Table {
         };
         let mut kept = std::mem::take(run);
         if kind == Kind::Upsert {
+            // A key with a NULL in it matches no other row (SQL's NULLs
+            // are distinct in a unique constraint): never folded.
+            let key = |row: &[Value]| {
+                let values = self.key.iter().map(|&k| &row[k]);
+                (!values.clone().any(|v| *v == Value::Null)).then(|| key_bytes(values))
+            };
             let mut last = HashMap::with_capacity(kept.len());
             for (n, (_, row)) in kept.iter().enumerate() {
-                last.insert(key_bytes(self.key.iter().map(|&k| &row[k])), n);
+                if let Some(k) = key(row) {
+                    last.insert(k, n);
+                }
             }
             let mut n = 0;
             kept.retain(|(_, row)| {
-                let keep = last.get(&key_bytes(self.key.iter().map(|&k| &row[k]))) == Some(&n);
+                let keep = key(row).is_none_or(|k| last.get(&k) == Some(&n));
                 n += 1;
                 keep
             });

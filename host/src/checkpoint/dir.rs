@@ -118,7 +118,14 @@ impl DirCheckpoint {
                     dir: dir.to_path_buf(),
                 });
             }
-            trust::check(dir)?;
+            if let Err(e) = trust::check(dir) {
+                // Removed under us by a previous owner's discard: start over.
+                if opts.create && !dir.exists() && tries < 100 {
+                    tries += 1;
+                    continue;
+                }
+                return Err(e);
+            }
             match lock::acquire(dir, opts.wait).map_err(io_err(dir.join("lock"), "lock"))? {
                 lock::LockAttempt::Held(f) => break (f, existed),
                 lock::LockAttempt::Owned(owner) => {
@@ -131,7 +138,7 @@ impl DirCheckpoint {
                 lock::LockAttempt::Vanished if tries < 100 => tries += 1,
                 lock::LockAttempt::Vanished => {
                     return Err(io_err(dir.join("lock"), "lock")(io::Error::other(
-                        "the lock file was replaced 100 times while this process waited for it",
+                        "the checkpoint was removed and created again 100 times while this process tried to lock it",
                     )));
                 }
             }
@@ -263,10 +270,12 @@ impl DirCheckpoint {
         for sub in ["offsets", "commits", "plugins"] {
             let _ = std::fs::remove_dir(dir.join(sub));
         }
+        remove_temp_files(dir);
+        // The lock file last: a newcomer may lock a new one from then on,
+        // and nothing of its files is touched after that.
         for file in ["metadata", "epoch", CONTROL_SOCKET, "lock"] {
             let _ = std::fs::remove_file(dir.join(file));
         }
-        remove_temp_files(dir);
         if created.dir {
             let _ = std::fs::remove_dir(dir);
         }

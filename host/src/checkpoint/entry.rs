@@ -276,7 +276,8 @@ pub struct Counts {
     #[serde(default)]
     pub dead_lettered: u64,
     /// Bad records set aside by `--on-error skip` (counted and logged, not
-    /// written anywhere). The only meaning of "skipped" in Sluice.
+    /// written anywhere). Offsets found applied before are
+    /// `already_applied`, never "skipped".
     #[serde(default)]
     pub skipped: u64,
     /// Offsets of the batch's ranges that the sink's progress rows showed

@@ -78,7 +78,13 @@ pub(crate) fn read_owner(dir: &Path) -> Option<OwnerInfo> {
 /// Try to take the lock; with `wait`, retry until it is free or the time
 /// is up.
 pub(crate) fn acquire(dir: &Path, wait: Option<Duration>) -> std::io::Result<LockAttempt> {
-    let file = super::trust::open_own_file(&dir.join("lock"))?;
+    let file = match super::trust::open_own_file(&dir.join("lock")) {
+        Ok(f) => f,
+        // The directory went between its creation and here: a previous
+        // owner removed the checkpoint it had just created.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(LockAttempt::Vanished),
+        Err(e) => return Err(e),
+    };
     // Without --wait, still retry for a moment: a `host status` probe holds
     // a shared lock for an instant and must not make a start fail.
     let deadline = Some(Instant::now() + wait.unwrap_or(Duration::from_millis(200)));
@@ -89,13 +95,14 @@ pub(crate) fn acquire(dir: &Path, wait: Option<Duration>) -> std::io::Result<Loc
                 // file locked must still be the one at the path.
                 use std::os::unix::fs::MetadataExt;
                 let ours = file.metadata()?;
-                let now = std::fs::symlink_metadata(dir.join("lock"));
-                return Ok(match now {
+                return match std::fs::symlink_metadata(dir.join("lock")) {
                     Ok(m) if m.dev() == ours.dev() && m.ino() == ours.ino() => {
-                        LockAttempt::Held(file)
+                        Ok(LockAttempt::Held(file))
                     }
-                    _ => LockAttempt::Vanished,
-                });
+                    Ok(_) => Ok(LockAttempt::Vanished),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(LockAttempt::Vanished),
+                    Err(e) => Err(e),
+                };
             }
             Err(TryLockError::WouldBlock) => match deadline {
                 Some(d) if Instant::now() < d => std::thread::sleep(Duration::from_millis(20)),

@@ -640,19 +640,27 @@ fn a_new_checkpoint_nothing_was_planned_in_is_removed_and_a_waiter_starts_over()
                 wait: Some(std::time::Duration::from_secs(10)),
                 ..opts(&["t"])
             };
-            DirCheckpoint::open(&dir, &o).map(|cp| cp.query_id().to_string())
+            DirCheckpoint::open(&dir, &o)
         })
     };
-    std::thread::sleep(std::time::Duration::from_millis(200));
+    // Long enough for the waiter to be blocked on the lock file.
+    std::thread::sleep(std::time::Duration::from_millis(300));
     let first_id = a.query_id().to_string();
     assert!(a.discard_if_unused());
     assert!(!dir.exists(), "the directory it made is gone");
     drop(a);
     // The waiter locked the removed file, saw it vanish, and made a new
-    // checkpoint of its own: one owner at a time.
-    let second_id = waiter.join().unwrap().unwrap();
-    assert_ne!(second_id, first_id);
+    // checkpoint of its own, locked at the path where others look: a third
+    // process finds it owned (without the inode check it would lock a new
+    // file and be a second owner).
+    let b = waiter.join().unwrap().unwrap();
+    assert_ne!(b.query_id(), first_id);
     assert!(dir.join("metadata").exists());
+    assert!(matches!(
+        DirCheckpoint::open(&dir, &opts(&["t"])),
+        Err(CheckpointError::Owned { .. })
+    ));
+    drop(b);
 
     // One that a batch was planned in stays; so does one that existed.
     let mut b = DirCheckpoint::open(&parent.path().join("planned"), &opts(&["t"])).unwrap();

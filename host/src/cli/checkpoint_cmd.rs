@@ -30,8 +30,8 @@ pub enum CheckpointCommand {
     /// broker reports it now: after a topic was deleted and recreated this
     /// is how the pipeline is told to read the new topic, and the sink's
     /// progress rows of the old one are forgotten (they need --sink-db).
-    /// Offsets the sink shows applied are otherwise skipped after a reset
-    /// back; --reapply applies them again.
+    /// Offsets the sink shows applied are otherwise not applied again
+    /// after a reset back; --reapply applies them again.
     Reset(super::reset::ResetArgs),
 }
 

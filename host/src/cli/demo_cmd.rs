@@ -88,7 +88,7 @@ pub fn run(args: DemoArgs) -> Result<(), CliError> {
                     summary.applied_before_kill
                 )?;
                 outln!(
-                    "  restart                        re-ran batch {b} {}: {} records already applied by those parts (not applied again), the other {} applied once",
+                    "  restart                        re-ran batch {b} {}: {} offsets already applied by those parts (not applied again), the other {} applied once",
                     if summary.rerun_with_same_offsets {
                         "with the same offsets"
                     } else {

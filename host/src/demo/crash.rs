@@ -115,15 +115,18 @@ pub(super) fn kill_mid_batch(cfg: &PipelineConfig, dir: &Path) -> Result<Option<
             let _ = child.kill();
             return Err("`host run` planned no batch within two minutes".into());
         }
-        let part_committed =
-            in_flight(ckpt).is_some_and(|(entry, _)| applied_of(cfg, &entry).is_ok_and(|n| n > 0));
-        if !part_committed {
+        // A batch in flight with a part committed (its progress rows end
+        // inside the batch's ranges).
+        let caught =
+            || in_flight(ckpt).filter(|(entry, _)| applied_of(cfg, entry).is_ok_and(|n| n > 0));
+        let Some((seen, _)) = caught() else {
             std::thread::sleep(Duration::from_millis(1));
             continue;
-        }
+        };
         signal(&child, Signal::STOP)?;
-        let Some((entry, committed)) = in_flight(ckpt) else {
-            // The commit landed between the look and the stop.
+        let Some((entry, committed)) = caught().filter(|(e, _)| e.batch_id == seen.batch_id) else {
+            // That batch committed between the look and the stop (and the
+            // next may have no part committed yet): look again.
             signal(&child, Signal::CONT)?;
             continue;
         };

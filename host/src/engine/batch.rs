@@ -99,7 +99,23 @@ impl BatchRun<'_> {
             took,
         } = m;
         self.map_time += took;
-        self.take_piece(i, records, done, result?, (trapped, first_trap))?;
+        let mapped = result.map_err(|e| match e {
+            // Under `fail` the map thread named the record that traps.
+            PluginError::Trap(trap)
+                if self.cfg.on_error == super::ErrorPolicy::Fail && trap.site.contains(" offset ") =>
+            {
+                EngineError::TrappedOnRecord {
+                    trap,
+                    aside: if self.cfg.sink_db.is_some() {
+                        "to set the records that trap aside and go on, run with `--on-error dlq` (the trap becomes their error in sluice_dead_letters)"
+                    } else {
+                        "to set the records that trap aside and go on, run with `--on-error skip` (or give a --sink-db and `--on-error dlq`, which keeps them)"
+                    },
+                }
+            }
+            e => e.into(),
+        })?;
+        self.take_piece(i, records, done, mapped, (trapped, first_trap))?;
         if done {
             self.finish(i)?;
         }

@@ -16,16 +16,6 @@ fn secrets_hint(cmd: &str) -> &'static str {
     }
 }
 
-/// What to do about a plugin that failed the batch, when the error alone
-/// does not say.
-fn next_step(e: &PluginError) -> String {
-    match e {
-        PluginError::Trap(t) if t.site.contains(" offset ") => ". Reproduce it with `host test` and the pipeline's plugins on that record alone (one line of `--format records`); to set the records that trap aside and go on, run with `--on-error dlq` (the trap becomes their error in sluice_dead_letters), and fix the plugin".to_string(),
-        PluginError::Trap(_) => ". Under `--on-error dlq` the records that make it trap are set aside and the rest goes on".to_string(),
-        _ => String::new(),
-    }
-}
-
 /// Why the job stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -40,8 +30,20 @@ pub enum EngineError {
     PluginLoad(PluginError),
     /// A plugin failed (after retries). (Not a `source`: the message
     /// already contains it, and an error chain would print it twice.)
-    #[error("{0}; batch not committed, it is re-run on the next start{hint}", hint = next_step(.0))]
+    #[error("{0}; batch not committed, it is re-run on the next start")]
     Plugin(PluginError),
+    /// Under `--on-error fail`: a map call trapped on a record (the first
+    /// that traps alone, found by running the call again in halves).
+    #[error(
+        "{trap}; batch not committed, it is re-run on the next start. Reproduce it with `host test` and the pipeline's plugins on that record alone (one line of `--format records`); {aside}, and fix the plugin"
+    )]
+    TrappedOnRecord {
+        /// The trap, naming the record's offset.
+        trap: Box<crate::plugin::Trapped>,
+        /// How to set such records aside: `--on-error dlq` with a sink
+        /// database, else `--on-error skip`.
+        aside: &'static str,
+    },
     /// The sink failed (after retries).
     #[error("{0}; batch not committed, it is re-run on the next start")]
     Sink(SinkError),

@@ -46,9 +46,11 @@ pub(super) struct GroupParts {
 }
 
 /// A started pipeline: the claimed checkpoint and everything a batch
-/// needs. Dropping it releases the checkpoint and removes the control
-/// socket.
+/// needs. Dropping it removes the control socket, then releases the
+/// checkpoint (fields drop in declaration order: the socket goes while
+/// the lock is still held, so it is never the next owner's).
 pub(super) struct Pipeline {
+    pub(super) control: Option<ControlServer>,
     pub(super) cp: Arc<dyn Checkpoint>,
     pub(super) holdings: Arc<Holdings>,
     pub(super) planner: Planner,
@@ -68,7 +70,6 @@ pub(super) struct Pipeline {
     pub(super) requests: Receiver<Request>,
     /// Set by the control socket when a request is queued.
     pub(super) wake: Arc<AtomicBool>,
-    pub(super) control: Option<ControlServer>,
     /// When this run last committed, ms since the Unix epoch.
     pub(super) last_commit_ms: Option<i64>,
     /// A group member's parts (`None` for a single host).

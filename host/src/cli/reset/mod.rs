@@ -69,7 +69,7 @@ pub struct ResetArgs {
     #[arg(long)]
     pub reapply: bool,
     /// Leave the sink's progress rows as they are: offsets they show
-    /// applied are skipped.
+    /// applied are not applied again.
     #[arg(long)]
     pub keep_sink_progress: bool,
     /// Move only this topic (repeatable); the others keep their
