@@ -51,6 +51,24 @@ cargo build --target wasm32-wasip2 \
   -p misbehave -p wrong-world -p future-version -p sql-counter \
   -p tag-v1 -p tag-v2 -p fat-start -p old-contract
 
+step "componentize-py 0.25.1, the Python SDK and the Python plugins"
+# A virtualenv in the tools dir holds componentize-py (PyPI, a prebuilt
+# wheel); the SDK is installed from this repository with pip, as a user
+# would, then builds each Python plugin into target/python/NAME.wasm.
+PY="$TOOLS/python"
+if [ ! -x "$PY/bin/python" ] || ! grep -qs '^0.25.1$' "$TOOLS/componentize-py.version"; then
+  python3 -m venv "$PY"
+  "$PY/bin/pip" install -q 'componentize-py==0.25.1'
+  echo 0.25.1 > "$TOOLS/componentize-py.version"
+fi
+"$PY/bin/pip" install -q ./guest-sdk-python
+PYOUT="${CARGO_TARGET_DIR:-target}/python"
+mkdir -p "$PYOUT"
+for app in plugins/python/company plugins/python/passthrough tests/fixtures/python/misbehave; do
+  "$PY/bin/python" -m sluice_guest.build "$app/app.py" -o "$PYOUT/$(basename "$app").wasm"
+done
+(cd guest-sdk-python && "$PY/bin/python" -m unittest discover -s tests -t . -q)
+
 step "build host"
 cargo build -p host --features failpoints
 cargo build -p sluice-bench --bin produce

@@ -27,6 +27,7 @@ mod moves;
 mod pipeline;
 mod plugin_cli;
 mod plugin_runtime;
+mod python;
 mod recreate;
 mod sql_sink;
 mod timestamps;

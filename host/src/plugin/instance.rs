@@ -621,14 +621,53 @@ impl Instance {
 }
 
 /// Extract a Rust panic message from guest stderr:
-/// `thread '…' panicked at src/lib.rs:1:2:\nmessage\nnote: …`.
+/// `thread '…' panicked at src/lib.rs:1:2:\nmessage\nnote: …`. A Python
+/// plugin (componentize-py) traps with the panic "Python function threw
+/// an unexpected exception"; when a traceback precedes it (the Python
+/// SDK prints one), its exception line and innermost place are the
+/// message instead ([`python_exception`]).
 fn panic_message(stderr: &str) -> Option<String> {
     let start = stderr.find("panicked at ")?;
     let rest = &stderr[start + "panicked at ".len()..];
     let mut lines = rest.lines();
     let location = lines.next()?.trim_end_matches(':');
     let message: Vec<&str> = lines.take_while(|l| !l.starts_with("note: ")).collect();
-    Some(format!("{} (at {location})", message.join("\n").trim()))
+    let message = message.join("\n");
+    if message.trim() == "Python function threw an unexpected exception"
+        && let Some(python) = python_exception(&stderr[..start])
+    {
+        return Some(python);
+    }
+    Some(format!("{} (at {location})", message.trim()))
+}
+
+/// The last Python traceback in `stderr`, as `ValueError: boom (at
+/// app.py:15, in map)`: the exception line and the innermost frame
+/// (`File "/0/app.py", line 15, in map`; componentize-py mounts each
+/// Python path entry as `/N/`, which is dropped).
+fn python_exception(stderr: &str) -> Option<String> {
+    let start = stderr.rfind("Traceback (most recent call last):")?;
+    let lines: Vec<&str> = stderr[start..].lines().skip(1).collect();
+    let exception = lines
+        .iter()
+        .rev()
+        .find(|l| !l.is_empty() && !l.starts_with(' ') && !l.starts_with("thread '"))?;
+    let frame = lines
+        .iter()
+        .rev()
+        .find_map(|l| l.trim_start().strip_prefix("File \""))
+        .and_then(|f| {
+            let (path, rest) = f.split_once("\", line ")?;
+            let path = path
+                .strip_prefix('/')
+                .and_then(|p| p.split_once('/'))
+                .filter(|(n, _)| n.bytes().all(|b| b.is_ascii_digit()))
+                .map_or(path, |(_, p)| p);
+            let (line, func) = rest.split_once(", in ").unwrap_or((rest, ""));
+            Some(format!(" (at {path}:{line}, in {func})"))
+        })
+        .unwrap_or_default();
+    Some(format!("{}{frame}", exception.trim()))
 }
 
 #[cfg(test)]
@@ -643,5 +682,20 @@ mod tests {
             Some("boom at 3 (at src/lib.rs:47:24)")
         );
         assert_eq!(panic_message("nothing"), None);
+    }
+
+    #[test]
+    fn python_exceptions_name_the_exception_and_the_innermost_frame() {
+        let s = "Traceback (most recent call last):\n  File \"/1/sluice_guest/__init__.py\", line 311, in open\n  File \"/0/app.py\", line 15, in init\n    raise ValueError(\"stop\")\nValueError: stop at 3\nthread '<unnamed>' (1) panicked at runtime/src/lib.rs:1293:29:\nPython function threw an unexpected exception\nnote: run with `RUST_BACKTRACE=1`\n";
+        assert_eq!(
+            panic_message(s).as_deref(),
+            Some("ValueError: stop at 3 (at app.py:15, in init)")
+        );
+        // Without a traceback: componentize-py's own message.
+        let bare = "thread '<unnamed>' (1) panicked at runtime/src/lib.rs:1293:29:\nPython function threw an unexpected exception\n";
+        assert_eq!(
+            panic_message(bare).as_deref(),
+            Some("Python function threw an unexpected exception (at runtime/src/lib.rs:1293:29)")
+        );
     }
 }

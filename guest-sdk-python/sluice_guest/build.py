@@ -1,0 +1,116 @@
+"""Build a Python plugin into a WebAssembly component.
+
+    python -m sluice_guest.build app.py [-o app.wasm]
+
+``app.py`` defines ``Mapper = sluice_guest.export_map(…)``, ``Sink =
+sluice_guest.export_sink(…)`` or both; the world of the contract
+(``map-plugin``, ``sink-plugin``, ``map-sink-plugin``) follows from which.
+The module is imported natively first (a syntax error or a missing export
+shows at once), then componentize-py builds the component against the
+WIT shipped with this SDK. componentize-py is installed into this Python
+environment with pip when it is missing (version pinned below).
+
+Exit codes: 0 built, 1 the build failed, 2 bad usage or an app without
+exports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+#: The componentize-py this SDK is tested with.
+COMPONENTIZE_PY = "componentize-py==0.25.1"
+
+SDK_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _wit_dir() -> str:
+    """The contract: shipped in the installed package, else (running from
+    the repository) the repository's ``wit/``."""
+    for d in (os.path.join(SDK_DIR, "wit"), os.path.join(SDK_DIR, "..", "..", "wit")):
+        if os.path.isfile(os.path.join(d, "plugin.wit")):
+            return os.path.abspath(d)
+    print(f"the contract (wit/plugin.wit) is missing beside {SDK_DIR}: reinstall sluice-guest", file=sys.stderr)
+    sys.exit(1)
+
+
+def _world(app_path: str) -> str:
+    directory, file = os.path.split(os.path.abspath(app_path))
+    module = os.path.splitext(file)[0]
+    sys.path.insert(0, directory)
+    try:
+        app = importlib.import_module(module)
+    finally:
+        sys.path.pop(0)
+    has_map, has_sink = hasattr(app, "Mapper"), hasattr(app, "Sink")
+    if has_map and has_sink:
+        return "map-sink-plugin"
+    if has_map:
+        return "map-plugin"
+    if has_sink:
+        return "sink-plugin"
+    print(
+        f"{app_path} exports no stage: assign `Mapper = sluice_guest.export_map(YourStage)` "
+        "and/or `Sink = sluice_guest.export_sink(YourSink)` at module level",
+        file=sys.stderr,
+    )
+    sys.exit(2)
+
+
+def _ensure_componentize_py() -> None:
+    if importlib.util.find_spec("componentize_py") is not None:
+        return
+    print(f"installing {COMPONENTIZE_PY} (pip) …", file=sys.stderr)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", COMPONENTIZE_PY], check=True)
+
+
+def build(app_path: str, out: str) -> int:
+    """Build ``app_path`` into ``out``; the componentize-py exit code."""
+    world = _world(app_path)
+    _ensure_componentize_py()
+    directory, file = os.path.split(os.path.abspath(app_path))
+    module = os.path.splitext(file)[0]
+    with tempfile.TemporaryDirectory(prefix="sluice-build-") as tmp:
+        # Only this SDK goes in beside the app, not the whole environment.
+        shutil.copytree(SDK_DIR, os.path.join(tmp, "sluice_guest"), ignore=shutil.ignore_patterns("__pycache__", "wit"))
+        cmd = [
+            sys.executable,
+            "-c",
+            "import sys; from componentize_py import script; sys.argv[0] = 'componentize-py'; sys.exit(script())",
+            "-d",
+            _wit_dir(),
+            "-w",
+            world,
+            "componentize",
+            module,
+            "-p",
+            directory,
+            "-p",
+            tmp,
+            "-o",
+            os.path.abspath(out),
+        ]
+        print(f"building {app_path} ({world}) -> {out}", file=sys.stderr)
+        return subprocess.run(cmd).returncode
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m sluice_guest.build", description=__doc__.split("\n\n")[0])
+    p.add_argument("app", help="the plugin module, e.g. app.py")
+    p.add_argument("-o", "--output", help="the component to write (default: APP.wasm beside it)")
+    a = p.parse_args()
+    if not os.path.isfile(a.app):
+        p.error(f"{a.app}: no such file")
+    out = a.output or os.path.splitext(a.app)[0] + ".wasm"
+    sys.exit(1 if build(a.app, out) else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""`company` in Python: Maxwell CDC events of one table -> upsert records,
+and a sink that keeps a table current from them. Its map outputs are the
+Rust `company` plugin's, byte for byte (plugins/company/src/lib.rs says
+what each event becomes); the tests compare them under `host test`.
+
+Input: Maxwell's JSON (https://maxwells-daemon.io/dataformat/) with its
+default hash key, e.g. key {"database":"shop","table":"company","pk.id":1}.
+Output: key = the primary key object ({"id":1}, from the key's pk.*
+fields, else data.id), value = `data` as it was in the event (a delete: a
+tombstone). `--config table=…` (default company), `database=…` (default
+any), `sink_table=…` (default companies).
+"""
+
+import sluice_guest as sluice
+from sluice_guest import json, sql
+
+UPSERT = {"insert", "update", "bootstrap-insert"}
+
+
+class Company(sluice.Mapper):
+    def __init__(self, config):
+        self.table = config.get("table", "company")
+        self.database = config.get("database")
+
+    def map(self, record, emit):
+        if record.value is None:
+            return  # Maxwell never writes tombstones: nothing to apply
+        event = dict(json.object_fields(record.value))
+        if self.database is not None and json.string(event.get("database", "null")) != self.database:
+            return
+        if json.string(event.get("table", "null")) != self.table:
+            return
+        kind = json.string(event.get("type", "null"))
+        if kind is None:
+            raise sluice.BadRecord("Maxwell event without `type`")
+        if kind not in UPSERT and kind != "delete":
+            return  # bootstrap markers, DDL, heartbeats
+        data = event.get("data")
+        if data is None:
+            raise sluice.BadRecord(f"`{kind}` event without `data`")
+        if json.kind(data) != "an object":
+            raise sluice.BadRecord(f"`data` is {json.kind(data)}, not an object")
+        emit(primary_key(record.key, data), data if kind in UPSERT else None)
+
+
+def primary_key(key, data):
+    """The key's pk.* fields without the prefix, else {"id": data.id};
+    values kept as their source text."""
+    fields = []
+    if key is not None:
+        try:
+            fields = [(n[3:], v) for n, v in json.object_fields(key) if n.startswith("pk.")]
+        except json.JsonError:
+            fields = []
+    if not fields:
+        row = dict(json.object_fields(data))
+        if row.get("id", "null").strip() == "null":
+            raise sluice.BadRecord("no primary key: no `pk.*` in the key and no `data.id`")
+        fields = [("id", row["id"])]
+    return json.write_object(fields)
+
+
+class CompanySink(sluice.Sink):
+    """One row per primary key: the row JSON, and the idempotency key,
+    source coordinates and Kafka timestamp of its last change."""
+
+    def __init__(self, config):
+        t = sql.identifier("sink_table", config.get("sink_table", "companies"))
+        self.create = (
+            f"CREATE TABLE IF NOT EXISTS {t} (pk TEXT PRIMARY KEY, row_json TEXT NOT NULL, "
+            "idempotency_key TEXT NOT NULL, source_topic TEXT NOT NULL, "
+            "source_partition INTEGER NOT NULL, source_offset BIGINT NOT NULL, updated_at_ms BIGINT NOT NULL)"
+        )
+        self.upsert = (
+            f"INSERT INTO {t} (pk, row_json, idempotency_key, source_topic, source_partition, source_offset, updated_at_ms) "
+            "VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (pk) DO UPDATE SET row_json = excluded.row_json, "
+            "idempotency_key = excluded.idempotency_key, source_topic = excluded.source_topic, "
+            "source_partition = excluded.source_partition, source_offset = excluded.source_offset, "
+            "updated_at_ms = excluded.updated_at_ms"
+        )
+        self.delete = f"DELETE FROM {t} WHERE pk = $1"
+
+    def init(self):
+        sql.execute(self.create)
+
+    def write(self, r):
+        rec = r.record
+        if rec.key is None:
+            raise sluice.BadRecord("no key: the company sink keys rows by the record key")
+        pk = rec.key_text()
+        if rec.value is None:
+            sql.execute(self.delete, [pk])
+        else:
+            sql.execute(
+                self.upsert,
+                [pk, rec.text(), r.idempotency_key, rec.topic, rec.partition, rec.offset, rec.timestamp],
+            )
+
+
+Mapper = sluice.export_map(Company)
+Sink = sluice.export_sink(CompanySink)

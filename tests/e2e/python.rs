@@ -1,0 +1,214 @@
+//! Plugins written in Python with `guest-sdk-python`, built with
+//! componentize-py by the test command into `target/python/NAME.wasm`:
+//! the same contract, `host test` and `host run` unchanged.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use serde_json::Value;
+use sluice_host::engine;
+
+use crate::engine_mock::{pipeline, produce, table};
+use crate::kafka::{Broker, Mock};
+use crate::maxwell::Stream;
+use crate::support::{Db, host, json_lines, plugin, stderr, target_dir};
+
+/// A Python plugin built by the test command.
+fn python_plugin(name: &str) -> PathBuf {
+    let p = target_dir().join("python").join(format!("{name}.wasm"));
+    assert!(
+        p.exists(),
+        "{} is missing: the test command (scripts/test.sh) builds the Python plugins",
+        p.display()
+    );
+    p
+}
+
+/// `host test` of `plugin` over `input` (`--format records`), with `more`.
+fn host_test(plugin: &std::path::Path, input: &std::path::Path, more: &[&str]) -> Vec<Value> {
+    let mut args = vec![
+        "test",
+        "--plugin",
+        plugin.to_str().unwrap(),
+        "--format",
+        "records",
+        "--input",
+        input.to_str().unwrap(),
+        "--no-sink",
+    ];
+    args.extend(more);
+    let out = host(&args);
+    assert!(
+        out.status.success() || out.status.code() == Some(1),
+        "{}",
+        stderr(&out)
+    );
+    json_lines(&out)
+}
+
+/// Maxwell events from the cdc fixture (Maxwell's documented format) and
+/// edge cases of the company map: no key, a key of several `pk.*`
+/// fields, non-ASCII, JSON that is not an object, an array `data`.
+fn maxwell_input() -> tempfile::NamedTempFile {
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/cdc/maxwell.jsonl");
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    f.write_all(&std::fs::read(fixture).unwrap()).unwrap();
+    for line in [
+        r#"{"key":null,"value":{"database":"shop","table":"company","type":"delete","data":{"id":9,"name":"Zürich \"Ü\""}}}"#,
+        r#"{"key":{"database":"shop","table":"company","pk.code":"A","pk.region":2},"value":{"database":"shop","table":"company","type":"update","data":{"code":"A", "region":2,"v":1.10}}}"#,
+        r#"{"key":"not json","value":{"database":"shop","table":"company","type":"insert","data":{"id":3}}}"#,
+        r#"{"key":null,"value":"{not json"}"#,
+        r#"{"key":null,"value":"[1,2]"}"#,
+        r#"{"key":null,"value":{"table":"company","type":"insert","data":[1]}}"#,
+        r#"{"key":null,"value":{"table":"company","type":"insert","data":{"name":"no id"}}}"#,
+        r#"{"key":null,"value":null}"#,
+    ] {
+        writeln!(f, "{line}").unwrap();
+    }
+    f
+}
+
+#[test]
+fn the_python_company_maps_every_event_exactly_as_the_rust_company_does() {
+    let input = maxwell_input();
+    for table in ["company", "orders"] {
+        let config = format!("table={table}");
+        let more = ["--config", config.as_str()];
+        let rust = host_test(&plugin("company"), input.path(), &more);
+        let python = host_test(&python_plugin("company"), input.path(), &more);
+        let outputs = |lines: &[Value]| -> Vec<String> {
+            lines
+                .iter()
+                .filter(|l| l["type"] == "output")
+                .map(Value::to_string)
+                .collect()
+        };
+        let rejected = |lines: &[Value]| -> Vec<i64> {
+            lines
+                .iter()
+                .filter(|l| l["type"] == "bad_record")
+                .map(|l| l["offset"].as_i64().unwrap())
+                .collect()
+        };
+        assert!(outputs(&rust).len() >= 2, "{table}: {rust:?}");
+        assert_eq!(outputs(&python), outputs(&rust), "{table}");
+        assert_eq!(rejected(&python), rejected(&rust), "{table}");
+    }
+}
+
+#[test]
+fn a_python_pipeline_applies_each_change_once_and_resumes_after_a_restart() {
+    let mock = Mock::new();
+    mock.create_topic("maxwell", 3);
+    let mut stream = Stream::new(11);
+    produce(&mock, "maxwell", &mut stream, 400, 3);
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::sqlite();
+    let mut cfg = pipeline(&mock.bootstrap(), "maxwell", &dir.path().join("ckpt"), &db);
+    cfg.plugins = vec![python_plugin("company")];
+    let first = engine::run(&cfg, Arc::new(AtomicBool::new(false))).unwrap();
+    assert_eq!(first.counts.input, 400);
+    assert_eq!(table(&db), stream.state);
+
+    produce(&mock, "maxwell", &mut stream, 200, 3);
+    let second = engine::run(&cfg, Arc::new(AtomicBool::new(false))).unwrap();
+    assert_eq!(second.reran, None);
+    assert_eq!(second.counts.input, 200, "only the new events are read");
+    assert_eq!(table(&db), stream.state);
+    // The sink recorded each row's last change with its idempotency key.
+    let keys = db.scalar("SELECT COUNT(*) FROM companies WHERE idempotency_key LIKE 'maxwell/%'");
+    assert_eq!(keys as usize, stream.state.len());
+}
+
+#[test]
+fn python_errors_reach_the_host_as_bad_records_traps_and_fatal_errors() {
+    let misbehave = python_plugin("misbehave");
+    let input = tempfile::NamedTempFile::new().unwrap();
+    let values = ["a", "bad", "raise", "greet", "log", "json", "b"];
+    std::fs::write(input.path(), values.join("\n") + "\n").unwrap();
+    let out = host(&[
+        "test",
+        "--plugin",
+        misbehave.to_str().unwrap(),
+        "--input",
+        input.path().to_str().unwrap(),
+        "--config",
+        "greeting=hello from config",
+    ]);
+    // A record that made the plugin trap exits 1 after the others ran.
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let lines = json_lines(&out);
+    let by_offset = |o: i64| -> &Value {
+        lines
+            .iter()
+            .find(|l| l["offset"] == o)
+            .unwrap_or_else(|| panic!("no line for offset {o}: {lines:?}"))
+    };
+    assert_eq!(by_offset(0)["value"], "a");
+    assert_eq!(by_offset(1)["type"], "bad_record");
+    assert_eq!(by_offset(1)["error"], "bad at offset 1");
+    // An uncaught exception is a trap; the host names the exception and
+    // the line of the plugin that raised it.
+    let trap = by_offset(2)["error"].as_str().unwrap();
+    assert!(
+        trap.contains("ValueError: python raised at offset 2 (at app.py:"),
+        "{trap}"
+    );
+    assert!(trap.contains(", in map)"), "{trap}");
+    assert_eq!(by_offset(3)["value"], "hello from config");
+    assert_eq!(by_offset(4)["value"], "logged");
+    assert!(
+        stderr(&out).contains("log line at offset 4"),
+        "{}",
+        stderr(&out)
+    );
+    // The SDK's JSON error is a bad record, like `?` on a JSON error in Rust.
+    assert_eq!(by_offset(5)["type"], "bad_record");
+    assert!(
+        by_offset(5)["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("not JSON"),
+        "{lines:?}"
+    );
+    assert_eq!(by_offset(6)["value"], "b");
+
+    // Fatal stops the run with the plugin's message.
+    std::fs::write(input.path(), "a\nfatal\n").unwrap();
+    let out = host(&[
+        "test",
+        "--plugin",
+        misbehave.to_str().unwrap(),
+        "--input",
+        input.path().to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("misbehave gave up"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn the_python_passthrough_forwards_keys_values_and_headers_unchanged() {
+    let input = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        input.path(),
+        concat!(
+            r#"{"key":"k1","value":"v1","headers":[{"key":"h","value":"x"},{"key":"empty","value":null}]}"#,
+            "\n",
+            r#"{"key_b64":"/w==","value":null}"#,
+            "\n",
+            r#"{"value":""}"#,
+            "\n"
+        ),
+    )
+    .unwrap();
+    let rust = host_test(&plugin("passthrough"), input.path(), &[]);
+    let python = host_test(&python_plugin("passthrough"), input.path(), &[]);
+    assert_eq!(rust.len(), 3);
+    assert_eq!(python, rust);
+}
