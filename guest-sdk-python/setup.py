@@ -1,6 +1,5 @@
-"""Packaging hook: the wheel carries the contract (`../wit/plugin.wit`,
-the repository's one copy) as `sluice_guest/wit/plugin.wit`, for
-`python -m sluice_guest.build`."""
+"""Packaging hook: the wheel carries the contract as
+`sluice_guest/wit/plugin.wit`, for `python -m sluice_guest.build`."""
 
 import os
 import shutil
@@ -16,7 +15,16 @@ class WithWit(build_py):
         super().run()
         dst = os.path.join(self.build_lib, "sluice_guest", "wit")
         os.makedirs(dst, exist_ok=True)
-        shutil.copy(os.path.join(HERE, "..", "wit", "plugin.wit"), dst)
+        # In the repository: its one copy; in a plugin that `host plugin
+        # new --lang python` wrote: the copy shipped inside the package.
+        for src in (
+            os.path.join(HERE, "..", "wit", "plugin.wit"),
+            os.path.join(HERE, "sluice_guest", "wit", "plugin.wit"),
+        ):
+            if os.path.isfile(src):
+                shutil.copy(src, dst)
+                return
+        raise FileNotFoundError("wit/plugin.wit: the contract is missing")
 
 
 setup(cmdclass={"build_py": WithWit})

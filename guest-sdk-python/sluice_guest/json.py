@@ -93,6 +93,11 @@ def string(raw: str) -> str | None:
     return _json.loads(raw) if raw.lstrip().startswith('"') else None
 
 
+def write_string(s: str) -> str:
+    """``s`` as a JSON string (as raw value text for :func:`write_object`)."""
+    return _json.dumps(s, ensure_ascii=False)
+
+
 def write_object(fields) -> str:
     """``{"name":raw,…}`` from ``(name, raw value text)`` pairs, with no
     spaces (as the Rust SDK's ``json::write`` prints an ``Object``)."""

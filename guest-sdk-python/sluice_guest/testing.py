@@ -29,11 +29,17 @@ class Mapped:
     rejected: list[tuple[int, str]]
 
 
+def make(stage, config: dict[str, str] | None = None):
+    """An instance of stage class ``stage`` made with ``config``, natively
+    (a sink's SQL calls then fail: no connection is granted)."""
+    _host.install(_host.NativeHost(config))
+    return stage(Config())
+
+
 def map_records(stage, records: list[Record], config: dict[str, str] | None = None) -> Mapped:
     """Run map stage class ``stage`` (made once, with ``config``) over
     ``records`` in one call."""
-    _host.install(_host.NativeHost(config))
-    instance = stage(Config())
+    instance = make(stage, config)
     packed, rejected = map_call(instance, write_records(records))
     return Mapped([Output(*o) for o in read_outputs(packed)], rejected)
 

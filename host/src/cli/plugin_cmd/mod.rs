@@ -9,10 +9,19 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use clap::Subcommand;
+use clap::{Subcommand, ValueEnum};
 
 use super::CliError;
 use crate::plugin::{Limits, Runtime};
+
+/// The language of a plugin `host plugin new` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Lang {
+    /// A Rust crate with the guest SDK (`cargo build --target wasm32-wasip2`).
+    Rust,
+    /// A Python module with the Python SDK, built by componentize-py.
+    Python,
+}
 
 /// `host plugin …` subcommands.
 #[derive(Debug, Subcommand)]
@@ -48,6 +57,11 @@ pub enum PluginCommand {
         /// Directory to create NAME in (default: the current directory).
         #[arg(long, value_name = "PARENT", default_value = ".")]
         dir: PathBuf,
+        /// The plugin's language: rust (a crate) or python (app.py and a
+        /// build.sh that installs the Python SDK and componentize-py into
+        /// a .venv).
+        #[arg(long, value_enum, default_value_t = Lang::Rust)]
+        lang: Lang,
     },
 }
 
@@ -64,17 +78,26 @@ pub fn run(cmd: PluginCommand) -> Result<(), CliError> {
             map,
             sink,
             dir,
+            lang,
         } => {
             let made = new::generate(&new::NewPlugin {
                 name: &name,
                 map: map || !sink,
                 sink,
                 parent: &dir,
+                python: lang == Lang::Python,
             })?;
             let lib = new::component_name(&name);
             let shown = made.display();
             outln!("created {shown}")?;
             outln!()?;
+            if lang == Lang::Python {
+                let db = if sink { " --sink-db sqlite:try.db" } else { "" };
+                outln!("  cd {shown}")?;
+                outln!("  bash build.sh        # .venv, unit tests, {lib}.wasm")?;
+                outln!("  host test --plugin {lib}.wasm --input sample.txt{db}")?;
+                return Ok(());
+            }
             outln!("  cd {shown}")?;
             outln!("  cargo test                                     # unit tests, natively")?;
             outln!("  cargo build --release --target wasm32-wasip2   # the component")?;

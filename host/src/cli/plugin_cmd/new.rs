@@ -16,6 +16,16 @@ const HEAD: &str = include_str!("template/head.rs.txt");
 const MAP: &str = include_str!("template/map.rs.txt");
 const SINK: &str = include_str!("template/sink.rs.txt");
 const SAMPLE: &str = include_str!("template/sample.txt");
+const PY_HEAD: &str = include_str!("template/python/head.py.txt");
+const PY_MAP: &str = include_str!("template/python/map.py.txt");
+const PY_SINK: &str = include_str!("template/python/sink.py.txt");
+const PY_TEST: &str = include_str!("template/python/test_app.py.txt");
+const PY_BUILD: &str = include_str!("template/python/build.sh.txt");
+const PY_README: &str = include_str!("template/python/README.md.txt");
+
+/// The componentize-py a generated Python plugin builds with (the one the
+/// test command installs).
+pub(super) const COMPONENTIZE_PY: &str = "0.25.1";
 
 /// What to generate.
 pub(super) struct NewPlugin<'a> {
@@ -27,6 +37,8 @@ pub(super) struct NewPlugin<'a> {
     pub sink: bool,
     /// Where the crate directory `name` is created.
     pub parent: &'a Path,
+    /// Python (componentize-py) instead of Rust.
+    pub python: bool,
 }
 
 /// Check a crate name: lower-case ASCII letters, digits, `-` and `_`,
@@ -80,6 +92,9 @@ pub(super) fn generate(p: &NewPlugin<'_>) -> Result<PathBuf, CliError> {
         });
     }
     let lib = component_name(p.name);
+    if p.python {
+        return write_all(&dir, python_files(p, &lib));
+    }
     let stages = match (p.map, p.sink) {
         (true, true) => "map and sink stages",
         (false, true) => "a sink stage",
@@ -139,13 +154,144 @@ pub(super) fn generate(p: &NewPlugin<'_>) -> Result<PathBuf, CliError> {
         };
         files.push((dir.join("sluice-sdk").join(path), text));
     }
+    write_all(&dir, files)
+}
+
+/// Write `files` (paths under `dir`); returns `dir`.
+fn write_all(dir: &Path, files: Vec<(PathBuf, String)>) -> Result<PathBuf, CliError> {
     for (path, text) in &files {
         if let Some(d) = path.parent() {
             std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
         }
         std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
     }
-    Ok(dir)
+    Ok(dir.to_path_buf())
+}
+
+/// The files of a Python plugin: `app.py` with the chosen stages,
+/// `test_app.py`, `sample.txt`, `build.sh`, a README, and the Python SDK
+/// under `sluice-sdk/`.
+fn python_files(p: &NewPlugin<'_>, lib: &str) -> Vec<(PathBuf, String)> {
+    let dir = p.parent.join(p.name);
+    let stages = match (p.map, p.sink) {
+        (true, true) => "map and sink stages",
+        (false, true) => "a sink stage",
+        _ => "a map stage",
+    };
+    let fill = |t: &str| {
+        t.replace("{{name}}", p.name)
+            .replace("{{lib}}", lib)
+            .replace("{{stages}}", stages)
+            .replace("{{componentize}}", COMPONENTIZE_PY)
+    };
+    let mut app = fill(PY_HEAD);
+    let mut tests = String::new();
+    if p.map {
+        app.push_str(&fill(PY_MAP));
+        tests.push_str(
+            r#"    def test_keeps_one_tables_events_and_rejects_what_is_not_json(self):
+        m = testing.map_values(app.Keep, [b'{"table":"orders","data":{"v":1.10}}', b'{"table":"users","data":{}}', b"oops"])
+        self.assertEqual([o.value for o in m.outputs], [b'{"table":"orders","data":{"v":1.10}}'])
+        self.assertEqual([i for i, _ in m.rejected], [2])
+
+"#,
+        );
+    }
+    if p.sink {
+        app.push_str(&fill(PY_SINK));
+        tests.push_str(
+            r#"    def test_the_sink_table_must_be_a_plain_sql_name(self):
+        with self.assertRaises(sluice_guest.Fatal):
+            testing.make(app.Store, {"sink_table": "no such; table"})
+
+"#,
+        );
+    }
+    app.push_str(match (p.map, p.sink) {
+        (true, true) => {
+            "
+
+Mapper = sluice.export_map(Keep)
+Sink = sluice.export_sink(Store)
+"
+        }
+        (false, true) => {
+            "
+
+Sink = sluice.export_sink(Store)
+"
+        }
+        _ => {
+            "
+
+Mapper = sluice.export_map(Keep)
+"
+        }
+    });
+    let class: String = p
+        .name
+        .split(['-', '_'])
+        .map(|w| {
+            let mut c = w.chars();
+            c.next()
+                .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
+                .unwrap_or_default()
+        })
+        .collect();
+    let test = fill(PY_TEST)
+        .replace("{{Class}}", &class)
+        .replace("{{tests}}", tests.trim_end())
+        .replace(
+            "import unittest
+",
+            "import unittest
+
+import sluice_guest
+",
+        );
+    let (test_flags, sink_note, run_flags) = if p.sink {
+        (
+            " --sink-db sqlite:try.db",
+            format!(
+                " (`--sink-db sqlite:try.db` runs them on that file and commits each partition's part; add `--dry-run` to roll back); `sqlite3 try.db 'SELECT * FROM {lib}_records'` shows the rows"
+            ),
+            " \
+  --sink-db sqlite:./sink.db",
+        )
+    } else {
+        (
+            "",
+            String::new(),
+            " \
+  --until-caught-up   # a map-only plugin: add a sink plugin to keep the outputs",
+        )
+    };
+    let readme = fill(PY_README)
+        .replace("{{test_flags}}", test_flags)
+        .replace("{{sink_note}}", &sink_note)
+        .replace("{{run_flags}}", run_flags);
+    let mut files = vec![
+        (dir.join("app.py"), app),
+        (dir.join("test_app.py"), test),
+        (dir.join("sample.txt"), SAMPLE.to_string()),
+        (dir.join("build.sh"), fill(PY_BUILD)),
+        (dir.join("README.md"), readme),
+        (
+            dir.join(".gitignore"),
+            format!(
+                ".venv/
+__pycache__/
+{lib}.wasm
+sluice-sdk/build/
+*.egg-info/
+"
+            ),
+        ),
+    ];
+    for (path, text) in sdk::PY_FILES {
+        files.push((dir.join("sluice-sdk").join(path), (*text).to_string()));
+    }
+    files
 }
 
 #[cfg(test)]
@@ -172,6 +318,7 @@ mod tests {
             map: true,
             sink: false,
             parent: parent.path(),
+            python: false,
         })
         .unwrap_err();
         assert_eq!(e.code, ExitCode::Usage);

@@ -63,6 +63,61 @@ pub(super) const FILES: &[(&str, &str)] = &[
     ),
 ];
 
+/// `(path under sluice-sdk/, contents)` of the Python SDK, for `host plugin
+/// new --lang python`: the package with the contract inside it (its
+/// `setup.py` takes `sluice_guest/wit/plugin.wit` when there is no
+/// repository around).
+pub(super) const PY_FILES: &[(&str, &str)] = &[
+    (
+        "pyproject.toml",
+        include_str!("../../../../guest-sdk-python/pyproject.toml"),
+    ),
+    (
+        "setup.py",
+        include_str!("../../../../guest-sdk-python/setup.py"),
+    ),
+    (
+        "README.md",
+        include_str!("../../../../guest-sdk-python/README.md"),
+    ),
+    (
+        "sluice_guest/__init__.py",
+        include_str!("../../../../guest-sdk-python/sluice_guest/__init__.py"),
+    ),
+    (
+        "sluice_guest/_host.py",
+        include_str!("../../../../guest-sdk-python/sluice_guest/_host.py"),
+    ),
+    (
+        "sluice_guest/build.py",
+        include_str!("../../../../guest-sdk-python/sluice_guest/build.py"),
+    ),
+    (
+        "sluice_guest/json.py",
+        include_str!("../../../../guest-sdk-python/sluice_guest/json.py"),
+    ),
+    (
+        "sluice_guest/log.py",
+        include_str!("../../../../guest-sdk-python/sluice_guest/log.py"),
+    ),
+    (
+        "sluice_guest/sql.py",
+        include_str!("../../../../guest-sdk-python/sluice_guest/sql.py"),
+    ),
+    (
+        "sluice_guest/testing.py",
+        include_str!("../../../../guest-sdk-python/sluice_guest/testing.py"),
+    ),
+    (
+        "sluice_guest/wire.py",
+        include_str!("../../../../guest-sdk-python/sluice_guest/wire.py"),
+    ),
+    (
+        "sluice_guest/wit/plugin.wit",
+        include_str!("../../../../wit/plugin.wit"),
+    ),
+];
+
 #[cfg(test)]
 mod tests {
     use super::FILES;
@@ -103,6 +158,29 @@ mod tests {
         let mut shipped: Vec<String> = FILES
             .iter()
             .filter(|(p, _)| p.ends_with(".rs"))
+            .map(|(p, _)| p.to_string())
+            .collect();
+        shipped.sort();
+        assert_eq!(shipped, on_disk);
+    }
+
+    #[test]
+    fn every_python_sdk_file_is_shipped() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest-sdk-python");
+        let mut on_disk: Vec<String> = ["pyproject.toml", "setup.py", "README.md"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        for e in std::fs::read_dir(root.join("sluice_guest")).unwrap() {
+            let name = e.unwrap().file_name().to_string_lossy().into_owned();
+            if name.ends_with(".py") {
+                on_disk.push(format!("sluice_guest/{name}"));
+            }
+        }
+        on_disk.sort();
+        let mut shipped: Vec<String> = super::PY_FILES
+            .iter()
+            .filter(|(p, _)| !p.ends_with(".wit"))
             .map(|(p, _)| p.to_string())
             .collect();
         shipped.sort();
