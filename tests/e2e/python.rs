@@ -26,7 +26,8 @@ fn python_plugin(name: &str) -> PathBuf {
     p
 }
 
-/// `host test` of `plugin` over `input` (`--format records`), with `more`.
+/// `host test` of `plugin` over `input` (`--format records`), with `more`:
+/// its outputs, bad records and the SQL a sink stage would send.
 fn host_test(plugin: &std::path::Path, input: &std::path::Path, more: &[&str]) -> Vec<Value> {
     let mut args = vec![
         "test",
@@ -36,7 +37,6 @@ fn host_test(plugin: &std::path::Path, input: &std::path::Path, more: &[&str]) -
         "records",
         "--input",
         input.to_str().unwrap(),
-        "--no-sink",
     ];
     args.extend(more);
     let out = host(&args);
@@ -71,17 +71,18 @@ fn maxwell_input() -> tempfile::NamedTempFile {
 }
 
 #[test]
-fn the_python_company_maps_every_event_exactly_as_the_rust_company_does() {
+fn the_python_company_maps_and_writes_every_event_exactly_as_the_rust_company_does() {
     let input = maxwell_input();
     for table in ["company", "orders"] {
         let config = format!("table={table}");
         let more = ["--config", config.as_str()];
         let rust = host_test(&plugin("company"), input.path(), &more);
         let python = host_test(&python_plugin("company"), input.path(), &more);
+        // Outputs and the sink's statements, in order, byte for byte.
         let outputs = |lines: &[Value]| -> Vec<String> {
             lines
                 .iter()
-                .filter(|l| l["type"] == "output")
+                .filter(|l| l["type"] == "output" || l["type"] == "sql")
                 .map(Value::to_string)
                 .collect()
         };
