@@ -8,7 +8,8 @@ idempotent. Never begin, commit or roll back yourself. Placeholders are
 
 Parameters and results are Python values: ``None`` (NULL), ``int`` (a
 64-bit integer; ``bool`` is taken as 0/1), ``float``, ``str``, ``bytes``.
-An error is raised as :class:`SqlError` (with the database's code:
+:class:`Table` keeps a table current from upserts and deletes in
+multi-row statements. An error is raised as :class:`SqlError` (with the database's code:
 SQLSTATE, or SQLite's extended code name); left uncaught in a sink
 stage it fails the part (rolled back; the batch is not committed), as
 ``?`` on an ``SqlError`` does in the Rust SDK.
@@ -147,3 +148,6 @@ def query(statement: str, params=()) -> Rows:
     except Err as e:
         _raise(e)
     return Rows(list(r.columns), [[_from_wit(v) for v in row] for row in r.rows])
+
+
+from .table import Table  # noqa: E402  (uses the calls above)

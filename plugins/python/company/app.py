@@ -62,7 +62,10 @@ def primary_key(key, data):
 
 class CompanySink(sluice.Sink):
     """One row per primary key: the row JSON, and the idempotency key,
-    source coordinates and Kafka timestamp of its last change."""
+    source coordinates and Kafka timestamp of its last change, written
+    through `sql.Table` (multi-row statements, as the Rust company's)."""
+
+    COLUMNS = ["pk", "row_json", "idempotency_key", "source_topic", "source_partition", "source_offset", "updated_at_ms"]
 
     def __init__(self, config):
         t = sql.identifier("sink_table", config.get("sink_table", "companies"))
@@ -71,30 +74,29 @@ class CompanySink(sluice.Sink):
             "idempotency_key TEXT NOT NULL, source_topic TEXT NOT NULL, "
             "source_partition INTEGER NOT NULL, source_offset BIGINT NOT NULL, updated_at_ms BIGINT NOT NULL)"
         )
-        self.upsert = (
-            f"INSERT INTO {t} (pk, row_json, idempotency_key, source_topic, source_partition, source_offset, updated_at_ms) "
-            "VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (pk) DO UPDATE SET row_json = excluded.row_json, "
-            "idempotency_key = excluded.idempotency_key, source_topic = excluded.source_topic, "
-            "source_partition = excluded.source_partition, source_offset = excluded.source_offset, "
-            "updated_at_ms = excluded.updated_at_ms"
-        )
-        self.delete = f"DELETE FROM {t} WHERE pk = $1"
+        self.table = sql.Table(t, self.COLUMNS, ["pk"])
 
     def init(self):
         sql.execute(self.create)
 
-    def write(self, r):
-        rec = r.record
-        if rec.key is None:
-            raise sluice.BadRecord("no key: the company sink keys rows by the record key")
-        pk = rec.key_text()
-        if rec.value is None:
-            sql.execute(self.delete, [pk])
-        else:
-            sql.execute(
-                self.upsert,
-                [pk, rec.text(), r.idempotency_key, rec.topic, rec.partition, rec.offset, rec.timestamp],
-            )
+    def write_chunk(self, records):
+        changes = []
+        for i, r in enumerate(records):
+            rec = r.record
+            if rec.key is None:
+                raise sluice.BadRecord("no key: the company sink keys rows by the record key", index=i)
+            try:
+                pk = rec.key.decode("utf-8")
+                row = None if rec.value is None else rec.value.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise sluice.BadRecord(f"the record is not UTF-8 text: {e}", index=i) from None
+            if row is None:
+                changes.append(("delete", [pk]))
+            else:
+                changes.append(
+                    ("upsert", [pk, row, r.idempotency_key, rec.topic, rec.partition, rec.offset, rec.timestamp])
+                )
+        self.table.apply(changes)
 
 
 Mapper = sluice.export_map(Company)

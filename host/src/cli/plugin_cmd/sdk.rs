@@ -105,6 +105,10 @@ pub(super) const PY_FILES: &[(&str, &str)] = &[
         include_str!("../../../../guest-sdk-python/sluice_guest/sql.py"),
     ),
     (
+        "sluice_guest/table.py",
+        include_str!("../../../../guest-sdk-python/sluice_guest/table.py"),
+    ),
+    (
         "sluice_guest/testing.py",
         include_str!("../../../../guest-sdk-python/sluice_guest/testing.py"),
     ),
