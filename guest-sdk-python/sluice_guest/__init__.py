@@ -37,7 +37,7 @@ from __future__ import annotations
 from . import log, sql  # noqa: F401 (public submodules)
 from . import _host
 from ._host import host
-from .wire import Outputs, Record, read_records, read_sink_records
+from .wire import Outputs, Record, WireError, read_records, read_sink_records
 
 __all__ = [
     "BadRecord",
@@ -252,8 +252,11 @@ def export_map(stage: type[Mapper]):
 
             try:
                 if "stage" not in state:
-                    state["stage"] = stage(Config())
-                outputs, rejected = map_call(state["stage"], records)
+                    state["stage"] = _make(stage, "map stage")
+                try:
+                    outputs, rejected = map_call(state["stage"], records)
+                except WireError as e:
+                    raise Fatal(f"malformed packed batch from the host: {e}") from None
                 return mapper.MapResult(
                     outputs=outputs,
                     rejected=[types.BadRecord(index=i, message=m) for i, m in rejected],
@@ -274,13 +277,28 @@ def map_call(stage: Mapper, records: bytes) -> tuple[bytes, list[tuple[int, str]
     rejected = []
     for i, record in enumerate(read_records(records)):
         emit._index = i
+        mark = outputs.mark()
         try:
             stage.map(record, emit)
         except BadRecord as e:
+            outputs.rewind(mark)  # a rejected record has no outputs
             rejected.append((i, str(e)))
         except UnicodeDecodeError as e:
+            outputs.rewind(mark)
             rejected.append((i, f"not UTF-8: {e}"))
     return outputs.finish(), rejected
+
+
+def _make(stage, what: str):
+    """The stage object, made with the pipeline's config: an error of
+    its constructor (or ``init``) stops the batch as a fatal error naming
+    it, as ``new`` failing does in the Rust SDK."""
+    try:
+        return stage(Config())
+    except (Retryable, Fatal, sql.SqlError):
+        raise
+    except BadRecord as e:
+        raise Fatal(f"{what} init: {e}") from None
 
 
 def export_sink(stage: type[Sink]):
@@ -298,8 +316,11 @@ def export_sink(stage: type[Sink]):
 
             try:
                 if "stage" not in state:
-                    s = stage(Config())
-                    s.init()
+                    s = _make(stage, "sink stage")
+                    try:
+                        s.init()
+                    except BadRecord as e:
+                        raise Fatal(f"sink stage init: {e}") from None
                     state["stage"] = s
                 answer = state["stage"].open(Part(ctx))
             except BadRecord as e:
@@ -314,11 +335,20 @@ def export_sink(stage: type[Sink]):
             from componentize_py_types import Err
             from wit_world.imports import types
 
-            chunk = [SinkRecord(k, r) for k, r in read_sink_records(records)]
+            try:
+                chunk = [SinkRecord(k, r) for k, r in read_sink_records(records)]
+            except WireError as e:
+                raise _stage_error(types, Fatal(f"malformed packed batch from the host: {e}")) from None
             try:
                 state["stage"].write_chunk(chunk)
             except BadRecord as e:
-                index = e.index or 0
+                index = e.index if e.index is not None else (0 if len(chunk) == 1 else None)
+                if index is None or not 0 <= index < len(chunk):
+                    # Rejecting the wrong record would dead-letter a good one.
+                    raise _stage_error(
+                        types,
+                        Fatal(f"a bad record from write_chunk without a valid index (BadRecord(..., index=i)): {e}"),
+                    ) from None
                 raise Err(types.StageError_BadRecord(types.BadRecord(index=index, message=str(e)))) from None
             except (Retryable, Fatal, sql.SqlError) as e:
                 raise _stage_error(types, e) from None

@@ -44,9 +44,13 @@ def _wit_dir() -> str:
 def _world(app_path: str) -> str:
     directory, file = os.path.split(os.path.abspath(app_path))
     module = os.path.splitext(file)[0]
+    # Loaded from its file, not by name: an app called like a module that
+    # is already loaded (types.py, enum.py) must still be the app.
+    spec = importlib.util.spec_from_file_location(f"_sluice_app_{module}", os.path.abspath(app_path))
+    app = importlib.util.module_from_spec(spec)
     sys.path.insert(0, directory)
     try:
-        app = importlib.import_module(module)
+        spec.loader.exec_module(app)
     finally:
         sys.path.pop(0)
     has_map, has_sink = hasattr(app, "Mapper"), hasattr(app, "Sink")
@@ -68,7 +72,9 @@ def _ensure_componentize_py() -> None:
     if importlib.util.find_spec("componentize_py") is not None:
         return
     print(f"installing {COMPONENTIZE_PY} (pip) …", file=sys.stderr)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", COMPONENTIZE_PY], check=True)
+    if subprocess.run([sys.executable, "-m", "pip", "install", "-q", COMPONENTIZE_PY]).returncode != 0:
+        print(f"could not install {COMPONENTIZE_PY}: see pip's message above", file=sys.stderr)
+        sys.exit(1)
 
 
 def build(app_path: str, out: str) -> int:

@@ -12,7 +12,17 @@ import re
 
 from . import BadRecord
 
-_DECODER = _json.JSONDecoder()
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+# NaN and Infinity are not JSON (RFC 8259); the standard library takes them.
+_DECODER = _json.JSONDecoder(parse_constant=_no_constant)
+
+
+def _surrogate(s: str) -> bool:
+    return any("\ud800" <= c <= "\udfff" for c in s)
+
 _WS = re.compile(r"[ \t\n\r]*")
 
 
@@ -42,6 +52,8 @@ def object_fields(source: bytes | str) -> list[tuple[str, str]]:
             _DECODER.raw_decode(text, i)
         except ValueError as e:
             raise JsonError(f"not JSON: {e}") from None
+        except RecursionError:
+            raise JsonError("not JSON here: nested deeper than Python's recursion limit") from None
         raise JsonError(f"unexpected JSON: {kind(text[i:])}, not an object")
     fields = []
     i = _skip(text, i + 1)
@@ -53,6 +65,8 @@ def object_fields(source: bytes | str) -> list[tuple[str, str]]:
                 name, i = _DECODER.raw_decode(text, i)
                 if not isinstance(name, str):
                     raise ValueError(f"an object key must be a string, at char {i}")
+                if _surrogate(name):
+                    raise ValueError(f"a lone surrogate in a name, before char {i}")
                 i = _skip(text, i)
                 if not text.startswith(":", i):
                     raise ValueError(f"expected ':' at char {i}")
@@ -60,6 +74,8 @@ def object_fields(source: bytes | str) -> list[tuple[str, str]]:
                 _, i = _DECODER.raw_decode(text, start)
             except ValueError as e:
                 raise JsonError(f"not JSON: {e}") from None
+            except RecursionError:
+                raise JsonError(f"not JSON here: nested deeper than Python's recursion limit at char {start}") from None
             fields.append((name, text[start:i]))
             i = _skip(text, i)
             if text.startswith(",", i):

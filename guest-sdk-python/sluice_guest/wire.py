@@ -165,7 +165,11 @@ class Outputs:
         pairs."""
         key = _as_bytes("key", key)
         value = _as_bytes("value", value)
-        hs = [(str(k), _as_bytes("header value", v)) for k, v in headers]
+        hs = []
+        for k, v in headers:
+            if not isinstance(k, str):
+                raise TypeError(f"an output's header name must be str, not {type(k).__name__}")
+            hs.append((k, _as_bytes("header value", v)))
         out = self.buf
         out += _U32.pack(input_index)
         _put_opt(out, key)
@@ -175,6 +179,15 @@ class Outputs:
             _put_bytes(out, k.encode("utf-8"))
             _put_opt(out, v)
         self.count += 1
+
+    def mark(self) -> tuple[int, int]:
+        """Where the buffer is now (for :meth:`rewind`)."""
+        return (self.count, len(self.buf))
+
+    def rewind(self, mark: tuple[int, int]) -> None:
+        """Drop the outputs pushed since ``mark``."""
+        self.count, n = mark
+        del self.buf[n:]
 
     def finish(self) -> bytes:
         """The buffer, its count filled in."""

@@ -62,6 +62,11 @@ class Json(unittest.TestCase):
                 json.object_fields(bad)
             self.assertTrue(str(e.exception).startswith(start), str(e.exception))
 
+    def test_nan_deep_nesting_and_lone_surrogates_are_not_json(self):
+        for bad in [b'{"v": NaN}', b'{"v": -Infinity}', b'{"\\ud800": 1}', b'{"v": ' + b"[" * 5000 + b"]" * 5000 + b"}"]:
+            with self.assertRaises(json.JsonError, msg=bad[:20]):
+                json.object_fields(bad)
+
     def test_objects_are_written_without_spaces(self):
         self.assertEqual(json.write_object([("id", "1"), ("n", '"é"')]), '{"id":1,"n":"é"}')
 
@@ -85,6 +90,18 @@ class Stages(unittest.TestCase):
         self.assertEqual([i for i, _ in m.rejected], [1, 2])
         self.assertEqual(m.rejected[0][1], "tombstone")
         self.assertIn("not UTF-8", m.rejected[1][1])
+
+    def test_a_rejected_record_keeps_none_of_its_outputs(self):
+        class Half(sluice.Mapper):
+            def map(self, record, emit):
+                emit(None, record.value)
+                if record.value == b"bad":
+                    raise sluice.BadRecord("after an output")
+
+        m = testing.map_values(Half, ["a", "bad", "c"])
+        self.assertEqual([(o.input_index, o.value) for o in m.outputs], [(0, b"a"), (2, b"c")])
+        with self.assertRaises(TypeError):
+            wire.Outputs().push(0, None, b"v", [(b"bytes-name", b"x")])
 
     def test_bad_config_is_fatal_and_names_the_key(self):
         with self.assertRaises(sluice.Fatal) as e:

@@ -25,7 +25,17 @@ class Company(sluice.Mapper):
     def map(self, record, emit):
         if record.value is None:
             return  # Maxwell never writes tombstones: nothing to apply
-        event = dict(json.object_fields(record.value))
+        fields = json.object_fields(record.value)
+        event = dict(fields)
+        # As the Rust plugin's serde struct: each of these once, and
+        # `database` and `table` strings when present.
+        for name in ("database", "table", "type", "data"):
+            if sum(1 for n, _ in fields if n == name) > 1:
+                raise sluice.BadRecord(f"unexpected JSON: duplicate field `{name}`")
+        for name in ("database", "table", "type"):
+            raw = event.get(name)
+            if raw is not None and json.kind(raw) not in ("a string", "null"):
+                raise sluice.BadRecord(f"unexpected JSON: `{name}` is {json.kind(raw)}, not a string")
         if self.database is not None and json.string(event.get("database", "null")) != self.database:
             return
         if json.string(event.get("table", "null")) != self.table:
