@@ -127,17 +127,20 @@ fn a_python_pipeline_applies_each_change_once_and_resumes_after_a_restart() {
 fn python_errors_reach_the_host_as_bad_records_traps_and_fatal_errors() {
     let misbehave = python_plugin("misbehave");
     let input = tempfile::NamedTempFile::new().unwrap();
-    let values = ["a", "bad", "raise", "greet", "log", "json", "b"];
-    std::fs::write(input.path(), values.join("\n") + "\n").unwrap();
-    let out = host(&[
-        "test",
-        "--plugin",
-        misbehave.to_str().unwrap(),
-        "--input",
-        input.path().to_str().unwrap(),
-        "--config",
-        "greeting=hello from config",
-    ]);
+    // `host test` of misbehave over these values (lines of input).
+    let run = |values: &[&str]| {
+        std::fs::write(input.path(), values.join("\n") + "\n").unwrap();
+        host(&[
+            "test",
+            "--plugin",
+            misbehave.to_str().unwrap(),
+            "--input",
+            input.path().to_str().unwrap(),
+            "--config",
+            "greeting=hello from config",
+        ])
+    };
+    let out = run(&["a", "bad", "raise", "greet", "log", "json", "b"]);
     // A record that made the plugin trap exits 1 after the others ran.
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let lines = json_lines(&out);
@@ -177,14 +180,7 @@ fn python_errors_reach_the_host_as_bad_records_traps_and_fatal_errors() {
     assert_eq!(by_offset(6)["value"], "b");
 
     // Fatal stops the run with the plugin's message.
-    std::fs::write(input.path(), "a\nfatal\n").unwrap();
-    let out = host(&[
-        "test",
-        "--plugin",
-        misbehave.to_str().unwrap(),
-        "--input",
-        input.path().to_str().unwrap(),
-    ]);
+    let out = run(&["a", "fatal"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
         stderr(&out).contains("misbehave gave up"),

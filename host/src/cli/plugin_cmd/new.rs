@@ -95,11 +95,7 @@ pub(super) fn generate(p: &NewPlugin<'_>) -> Result<PathBuf, CliError> {
     if p.python {
         return write_all(&dir, python_files(p, &lib));
     }
-    let stages = match (p.map, p.sink) {
-        (true, true) => "map and sink stages",
-        (false, true) => "a sink stage",
-        _ => "a map stage",
-    };
+    let stages = stages(p.map, p.sink);
     let fill = |t: &str| {
         t.replace("{{name}}", p.name)
             .replace("{{lib}}", &lib)
@@ -119,21 +115,7 @@ pub(super) fn generate(p: &NewPlugin<'_>) -> Result<PathBuf, CliError> {
         (false, true) => "\nsluice_guest::export!(sink: Store);\n",
         _ => "\nsluice_guest::export!(map: Keep);\n",
     });
-    let (test_flags, sink_note, run_flags) = if p.sink {
-        (
-            " \\\n  --sink-db sqlite:try.db",
-            format!(
-                " (`--sink-db sqlite:try.db` runs them on that file and commits each partition's part; add `--dry-run` to roll back, or leave `--sink-db` out to print them without a database); `sqlite3 try.db 'SELECT * FROM {lib}_records'` shows the rows"
-            ),
-            " \\\n  --sink-db sqlite:./sink.db",
-        )
-    } else {
-        (
-            "",
-            String::new(),
-            " \\\n  --until-caught-up   # a map-only plugin: add a sink plugin to keep the outputs",
-        )
-    };
+    let (test_flags, sink_note, run_flags) = readme_flags(p.sink, &lib);
     let readme = fill(README)
         .replace("{{test_flags}}", test_flags)
         .replace("{{sink_note}}", &sink_note)
@@ -157,6 +139,35 @@ pub(super) fn generate(p: &NewPlugin<'_>) -> Result<PathBuf, CliError> {
     write_all(&dir, files)
 }
 
+/// How a generated README names the stages.
+fn stages(map: bool, sink: bool) -> &'static str {
+    match (map, sink) {
+        (true, true) => "map and sink stages",
+        (false, true) => "a sink stage",
+        _ => "a map stage",
+    }
+}
+
+/// What a generated README adds for a sink stage (or a map-only plugin):
+/// the `host test` flags, the note on what they do, the `host run` flags.
+fn readme_flags(sink: bool, lib: &str) -> (&'static str, String, &'static str) {
+    if sink {
+        (
+            " \\\n  --sink-db sqlite:try.db",
+            format!(
+                " (`--sink-db sqlite:try.db` runs them on that file and commits each partition's part; add `--dry-run` to roll back, or leave `--sink-db` out to print them without a database); `sqlite3 try.db 'SELECT * FROM {lib}_records'` shows the rows"
+            ),
+            " \\\n  --sink-db sqlite:./sink.db",
+        )
+    } else {
+        (
+            "",
+            String::new(),
+            " \\\n  --until-caught-up   # a map-only plugin: add a sink plugin to keep the outputs",
+        )
+    }
+}
+
 /// Write `files` (paths under `dir`); returns `dir`.
 fn write_all(dir: &Path, files: Vec<(PathBuf, String)>) -> Result<PathBuf, CliError> {
     for (path, text) in &files {
@@ -173,11 +184,7 @@ fn write_all(dir: &Path, files: Vec<(PathBuf, String)>) -> Result<PathBuf, CliEr
 /// under `sluice-sdk/`.
 fn python_files(p: &NewPlugin<'_>, lib: &str) -> Vec<(PathBuf, String)> {
     let dir = p.parent.join(p.name);
-    let stages = match (p.map, p.sink) {
-        (true, true) => "map and sink stages",
-        (false, true) => "a sink stage",
-        _ => "a map stage",
-    };
+    let stages = stages(p.map, p.sink);
     let fill = |t: &str| {
         t.replace("{{name}}", p.name)
             .replace("{{lib}}", lib)
@@ -208,25 +215,9 @@ fn python_files(p: &NewPlugin<'_>, lib: &str) -> Vec<(PathBuf, String)> {
         );
     }
     app.push_str(match (p.map, p.sink) {
-        (true, true) => {
-            "
-
-Mapper = sluice.export_map(Keep)
-Sink = sluice.export_sink(Store)
-"
-        }
-        (false, true) => {
-            "
-
-Sink = sluice.export_sink(Store)
-"
-        }
-        _ => {
-            "
-
-Mapper = sluice.export_map(Keep)
-"
-        }
+        (true, true) => "\n\nMapper = sluice.export_map(Keep)\nSink = sluice.export_sink(Store)\n",
+        (false, true) => "\n\nSink = sluice.export_sink(Store)\n",
+        _ => "\n\nMapper = sluice.export_map(Keep)\n",
     });
     let class: String = p
         .name
@@ -240,32 +231,8 @@ Mapper = sluice.export_map(Keep)
         .collect();
     let test = fill(PY_TEST)
         .replace("{{Class}}", &class)
-        .replace("{{tests}}", tests.trim_end())
-        .replace(
-            "import unittest
-",
-            "import unittest
-
-import sluice_guest
-",
-        );
-    let (test_flags, sink_note, run_flags) = if p.sink {
-        (
-            " --sink-db sqlite:try.db",
-            format!(
-                " (`--sink-db sqlite:try.db` runs them on that file and commits each partition's part; add `--dry-run` to roll back); `sqlite3 try.db 'SELECT * FROM {lib}_records'` shows the rows"
-            ),
-            " \
-  --sink-db sqlite:./sink.db",
-        )
-    } else {
-        (
-            "",
-            String::new(),
-            " \
-  --until-caught-up   # a map-only plugin: add a sink plugin to keep the outputs",
-        )
-    };
+        .replace("{{tests}}", tests.trim_end());
+    let (test_flags, sink_note, run_flags) = readme_flags(p.sink, lib);
     let readme = fill(PY_README)
         .replace("{{test_flags}}", test_flags)
         .replace("{{sink_note}}", &sink_note)
