@@ -64,10 +64,25 @@ fi
 "$PY/bin/pip" install -q ./guest-sdk-python
 PYOUT="${CARGO_TARGET_DIR:-target}/python"
 mkdir -p "$PYOUT"
-for app in plugins/python/company plugins/python/passthrough tests/fixtures/python/misbehave; do
+for app in plugins/python/company plugins/python/passthrough tests/fixtures/python/misbehave tests/fixtures/python/tag; do
   "$PY/bin/python" -m sluice_guest.build "$app/app.py" -o "$PYOUT/$(basename "$app").wasm"
 done
 (cd guest-sdk-python && "$PY/bin/python" -m unittest discover -s tests -t . -q)
+
+step "ComponentizeJS 0.23.0, the JavaScript SDK and the JavaScript plugins"
+# npm installs the SDK's pinned build tools (ComponentizeJS, esbuild) from
+# its lockfile; plugins/js links the SDK from this repository, as a user's
+# package.json would, and its build script makes each JavaScript plugin,
+# copied into target/js/NAME.wasm.
+(cd guest-sdk-js && npm ci --no-audit --no-fund)
+(cd plugins/js && npm install --no-audit --no-fund && npm run build)
+JSOUT="${CARGO_TARGET_DIR:-target}/js"
+mkdir -p "$JSOUT"
+cp plugins/js/company.wasm plugins/js/passthrough.wasm "$JSOUT/"
+for app in tests/fixtures/js/misbehave tests/fixtures/js/tag; do
+  node guest-sdk-js/src/build.js "$app/app.js" -o "$JSOUT/$(basename "$app").wasm"
+done
+(cd guest-sdk-js && node --test test/)
 
 step "build host"
 cargo build -p host --features failpoints

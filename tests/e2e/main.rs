@@ -21,6 +21,7 @@ mod group_source;
 mod groups;
 mod grow;
 mod handover;
+mod js;
 mod kafka;
 mod maxwell;
 mod moves;

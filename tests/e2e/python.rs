@@ -13,22 +13,20 @@ use sluice_host::engine;
 use crate::engine_mock::{pipeline, produce, table};
 use crate::kafka::{Broker, Mock};
 use crate::maxwell::Stream;
-use crate::support::{Db, host, json_lines, plugin, stderr, target_dir};
+use crate::support::{Db, guest_plugin, host, json_lines, plugin, stderr};
 
 /// A Python plugin built by the test command.
-fn python_plugin(name: &str) -> PathBuf {
-    let p = target_dir().join("python").join(format!("{name}.wasm"));
-    assert!(
-        p.exists(),
-        "{} is missing: the test command (scripts/test.sh) builds the Python plugins",
-        p.display()
-    );
-    p
+pub(crate) fn python_plugin(name: &str) -> PathBuf {
+    guest_plugin("python", name)
 }
 
 /// `host test` of `plugin` over `input` (`--format records`), with `more`:
 /// its outputs, bad records and the SQL a sink stage would send.
-fn host_test(plugin: &std::path::Path, input: &std::path::Path, more: &[&str]) -> Vec<Value> {
+pub(crate) fn host_test(
+    plugin: &std::path::Path,
+    input: &std::path::Path,
+    more: &[&str],
+) -> Vec<Value> {
     let mut args = vec![
         "test",
         "--plugin",
@@ -51,7 +49,7 @@ fn host_test(plugin: &std::path::Path, input: &std::path::Path, more: &[&str]) -
 /// Maxwell events from the cdc fixture (Maxwell's documented format) and
 /// edge cases of the company map: no key, a key of several `pk.*`
 /// fields, non-ASCII, JSON that is not an object, an array `data`.
-fn maxwell_input() -> tempfile::NamedTempFile {
+pub(crate) fn maxwell_input() -> tempfile::NamedTempFile {
     let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/cdc/maxwell.jsonl");
     let mut f = tempfile::NamedTempFile::new().unwrap();
     f.write_all(&std::fs::read(fixture).unwrap()).unwrap();
@@ -208,4 +206,39 @@ fn the_python_passthrough_forwards_keys_values_and_headers_unchanged() {
     let python = host_test(&python_plugin("passthrough"), input.path(), &[]);
     assert_eq!(rust.len(), 3);
     assert_eq!(python, rust);
+}
+
+#[test]
+fn a_python_plugin_is_contained_like_a_rust_one_deadline_memory_cap_and_sandbox() {
+    let connect = crate::js::assert_contained("python").expect("the probe runs");
+    assert!(connect.starts_with("denied"), "{connect}");
+}
+
+#[test]
+fn a_python_sleep_past_the_deadline_traps_at_once() {
+    use sluice_host::plugin::{CallContext, Limits, PluginError, Runtime, TrapKind};
+    let rt = Runtime::new(Limits {
+        call_timeout: std::time::Duration::from_millis(1000),
+        memory_bytes: 256 << 20,
+    })
+    .expect("runtime");
+    let p = rt
+        .load(&python_plugin("misbehave"), Arc::new(Default::default()))
+        .expect("load");
+    let mut inst = p.instance();
+    let rec = |v: &'static [u8]| vec![sluice_guest::wire::Record::with_value("t", 0, 0, v)];
+    let started = std::time::Instant::now();
+    let err = inst
+        .map(&CallContext::default(), &rec(b"sleep"))
+        .expect_err("must trap");
+    assert!(started.elapsed() < std::time::Duration::from_millis(900));
+    assert!(
+        matches!(&err, PluginError::Trap(t) if matches!(t.kind, TrapKind::WaitPastDeadline { .. })),
+        "{err}"
+    );
+    let ok = inst
+        .map(&CallContext::default(), &rec(b"nap"))
+        .expect("a short sleep is served");
+    let outs = sluice_guest::wire::decode_outputs(&ok.outputs).unwrap();
+    assert_eq!(outs[0].value, Some(&b"slept"[..]));
 }

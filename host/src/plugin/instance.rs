@@ -625,9 +625,13 @@ impl Instance {
 /// plugin (componentize-py) traps with the panic "Python function threw
 /// an unexpected exception"; when a traceback precedes it (the Python
 /// SDK prints one), its exception line and innermost place are the
-/// message instead ([`python_exception`]).
+/// message instead ([`python_exception`]). A JavaScript plugin
+/// (ComponentizeJS) has no panic; the JavaScript SDK prints an uncaught
+/// error before the trap ([`js_exception`]).
 fn panic_message(stderr: &str) -> Option<String> {
-    let start = stderr.find("panicked at ")?;
+    let Some(start) = stderr.find("panicked at ") else {
+        return js_exception(stderr);
+    };
     let rest = &stderr[start + "panicked at ".len()..];
     let mut lines = rest.lines();
     let location = lines.next()?.trim_end_matches(':');
@@ -670,9 +674,47 @@ fn python_exception(stderr: &str) -> Option<String> {
     Some(format!("{}{frame}", exception.trim()))
 }
 
+/// The last uncaught error the JavaScript SDK (`guest-sdk-js`) printed,
+/// as `TypeError: boom (at app.js:27, in raise)`: its line
+/// `sluice-guest: uncaught TypeError: boom (in map)` without the SDK's
+/// prefix and suffix, and the innermost frame outside the SDK (`    at
+/// raise (app.js:27)`; the SDK maps the bundle's lines back to the
+/// sources).
+fn js_exception(stderr: &str) -> Option<String> {
+    const MARK: &str = "sluice-guest: uncaught ";
+    let start = stderr.rfind(MARK)? + MARK.len();
+    let mut lines = stderr[start..].lines();
+    let head = lines.next()?;
+    let head = head.rsplit_once(" (in ").map_or(head, |(h, _)| h);
+    let frame = lines
+        .map_while(|l| l.strip_prefix("    at "))
+        .find(|f| !f.contains("(sluice-guest/"))
+        .and_then(|f| {
+            let (func, place) = f.strip_suffix(')')?.split_once(" (")?;
+            Some(format!(" (at {place}, in {func})"))
+        })
+        .unwrap_or_default();
+    Some(format!("{}{frame}", head.trim()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn javascript_errors_name_the_error_and_the_innermost_frame_outside_the_sdk() {
+        let s = "sluice-guest: uncaught TypeError: boom at 2 (in map)\n    at emit (sluice-guest/wire.js:9)\n    at raise (app.js:59)\n    at map (app.js:25)\n    at mapCall (sluice-guest/index.js:186)\ninvalid variant tag value `undefined` (received `TypeError: boom at 2`) specified for `StageError`\nRedirecting call to abort() to mozalloc_abort\n";
+        assert_eq!(
+            panic_message(s).as_deref(),
+            Some("TypeError: boom at 2 (at app.js:59, in raise)")
+        );
+        // A frame-less error (thrown from top-level code) keeps its line.
+        assert_eq!(
+            panic_message("sluice-guest: uncaught string thrown: x (in open)\n").as_deref(),
+            Some("string thrown: x")
+        );
+        assert_eq!(panic_message("Redirecting call to abort()\n"), None);
+    }
 
     #[test]
     fn panic_messages_are_extracted() {

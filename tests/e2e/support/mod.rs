@@ -46,6 +46,18 @@ pub fn host_bin() -> PathBuf {
     p
 }
 
+/// A plugin in another language built by the test command
+/// (scripts/test.sh): `target/LANG/NAME.wasm`, `lang` `python` or `js`.
+pub fn guest_plugin(lang: &str, name: &str) -> PathBuf {
+    let p = target_dir().join(lang).join(format!("{name}.wasm"));
+    assert!(
+        p.exists(),
+        "{} is missing: the test command (scripts/test.sh) builds the {lang} plugins",
+        p.display()
+    );
+    p
+}
+
 /// A plugin component built for wasm32-wasip2 (debug profile unless
 /// SLUICE_PLUGIN_DIR says otherwise).
 pub fn plugin(name: &str) -> PathBuf {

@@ -1,0 +1,220 @@
+// Unit tests of the JavaScript SDK under Node.js (`node --test`): the
+// packed formats, the map loop, config, JSON with raw values, the SQL
+// value mapping, `Table`'s statements and the build's helpers. The
+// component side is tested end to end by the host's tests
+// (tests/e2e/guest_js.rs).
+
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+
+import * as sluice from '../src/index.js';
+import { frame } from '../src/index.js';
+import * as json from '../src/json.js';
+import { NativeHost, install } from '../src/host.js';
+import { Table, toWit, fromWit } from '../src/sql.js';
+import { mapRecords, mapValues, make, text } from '../src/testing.js';
+import { Outputs, Record, WireError, readOutputs, readRecords, readSinkRecords, writeRecords, writeSinkRecords } from '../src/wire.js';
+import { entrySource, worldFor } from '../src/build.js';
+
+const utf8 = (s) => new TextEncoder().encode(s);
+
+test('packed records round-trip, with null keys, tombstones, empty values and headers', () => {
+  const records = [
+    new Record('t', 3, 42, 1_700_000_000_000, 'create-time', utf8('k'), utf8('v'), [['h', utf8('x')], ['none', null]]),
+    new Record('t', 3, 43, 0, 'not-available', null, null, []),
+    new Record('ü', -1, 2 ** 40, 5, 'log-append-time', new Uint8Array(), new Uint8Array(), []),
+  ];
+  assert.deepEqual(readRecords(writeRecords(records)), records);
+  const sink = readSinkRecords(writeSinkRecords([['t/3/42', records[0]], ['t/3/42#1', records[1]]]));
+  assert.deepEqual(sink, [['t/3/42', records[0]], ['t/3/42#1', records[1]]]);
+});
+
+test('a truncated or malformed buffer is a WireError', () => {
+  const packed = writeRecords([new Record('t', 0, 1, 0, 'create-time', null, utf8('v'), [])]);
+  assert.throws(() => readRecords(packed.subarray(0, packed.length - 1)), WireError);
+  const bad = packed.slice();
+  bad[4 + 4 + 1 + 4 + 8 + 8] = 7; // the timestamp type
+  assert.throws(() => readRecords(bad), /timestamp type 7/);
+});
+
+test('outputs carry their input index; a rewind drops what was pushed since the mark', () => {
+  const o = new Outputs();
+  o.push(0, 'k', 'v', [['h', null]]);
+  const mark = o.mark();
+  o.push(1, null, null);
+  o.rewind(mark);
+  o.push(2, new Uint8Array([1]), null);
+  const out = readOutputs(o.finish());
+  assert.deepEqual(out.map((x) => x.inputIndex), [0, 2]);
+  assert.equal(text(out[0].value), 'v');
+  assert.deepEqual(out[0].headers, [['h', null]]);
+  assert.equal(out[1].value, null);
+  assert.throws(() => o.push(3, 'k', undefined), /value must be a Uint8Array, a string or null, not undefined/);
+  assert.throws(() => o.push(3, 'k', 'v', [[1, 'x']]), /header name must be a string/);
+});
+
+class Upper extends sluice.Mapper {
+  constructor(config) {
+    super(config);
+    this.suffix = config.get('suffix', '');
+    this.times = config.int('times', 1);
+  }
+
+  map(record, emit) {
+    if (record.value === null) throw new sluice.BadRecord('tombstone');
+    for (let i = 0; i < this.times; i++) emit(record.key, record.text().toUpperCase() + this.suffix);
+    if (record.text() === 'half') throw new sluice.BadRecord('rejected after an emit');
+  }
+}
+
+test('map: outputs in order, a BadRecord rejects only its record and drops its outputs', () => {
+  const r = mapValues(Upper, ['a', null, 'half', 'b'], { suffix: '!', times: '2' });
+  assert.deepEqual(r.outputs.map((o) => [o.inputIndex, text(o.value)]), [
+    [0, 'A!'],
+    [0, 'A!'],
+    [3, 'B!'],
+    [3, 'B!'],
+  ]);
+  assert.deepEqual(r.rejected, [
+    [1, 'tombstone'],
+    [2, 'rejected after an emit'],
+  ]);
+});
+
+test('a value that is not UTF-8 is a bad record through text()', () => {
+  const r = mapRecords(Upper, [new Record('t', 0, 0, 0, 'create-time', null, new Uint8Array([0xff]), [])]);
+  assert.deepEqual(r.rejected, [[0, 'the value is not UTF-8 text']]);
+});
+
+test('any other error thrown by a stage propagates (the component traps)', () => {
+  class Throws extends sluice.Mapper {
+    map() {
+      throw new RangeError('boom');
+    }
+  }
+  assert.throws(() => mapValues(Throws, ['x']), RangeError);
+});
+
+test('config: get, int, bool, require and all', () => {
+  install(new NativeHost({ n: ' 12 ', b: 'Yes', x: 'twelve', s: 'v' }));
+  const c = new sluice.Config();
+  assert.equal(c.get('s'), 'v');
+  assert.equal(c.get('missing', 'd'), 'd');
+  assert.equal(c.int('n'), 12);
+  assert.throws(() => c.int('x'), sluice.Fatal);
+  assert.equal(c.bool('b'), true);
+  assert.throws(() => c.bool('x'), /is not true or false/);
+  assert.throws(() => c.require('missing'), /--config missing=/);
+  assert.deepEqual(Object.keys(c.all()), ['b', 'n', 's', 'x']);
+});
+
+test('json: object fields keep their raw text, numbers included', () => {
+  const f = json.objectFields(utf8(' {"a" : 999999999999.999998, "b":{"c":[1, "x"]}, "d":"\\u00fc\\ud83d\\ude00", "e":null} '));
+  assert.deepEqual(f, [
+    ['a', '999999999999.999998'],
+    ['b', '{"c":[1, "x"]}'],
+    ['d', '"\\u00fc\\ud83d\\ude00"'],
+    ['e', 'null'],
+  ]);
+  assert.equal(json.string(f[2][1]), 'ü😀');
+  assert.equal(json.kind(f[1][1]), 'an object');
+  assert.equal(json.writeObject([['n"', '1'], ['m', '[2]']]), '{"n\\"":1,"m":[2]}');
+  assert.deepEqual(json.objectFields('{}'), []);
+});
+
+test('json: what is not JSON or not an object is a JsonError, which is a BadRecord', () => {
+  for (const bad of [
+    '{"a":NaN}',
+    '{"a":Infinity}',
+    '{"a":01}',
+    '{"a":1,}',
+    '{"a":"\\ud800"}',
+    '{"a":"\\udc00x"}',
+    '{"a":"x\ty"}',
+    '{"a":1} x',
+    '{a:1}',
+    '{"a":tru}',
+    '[' .repeat(200) + ']'.repeat(200),
+    `{"a":${'['.repeat(200)}${']'.repeat(200)}}`,
+  ]) {
+    assert.throws(() => json.objectFields(bad), (e) => e instanceof json.JsonError && e instanceof sluice.BadRecord, bad);
+  }
+  assert.throws(() => json.objectFields('[1]'), /unexpected JSON: an array, not an object/);
+  assert.throws(() => json.objectFields(new Uint8Array([0x7b, 0xff, 0x7d])), /not UTF-8/);
+});
+
+test('sql values: integers as BigInt, reals, text, blobs and null, and back', () => {
+  assert.deepEqual(toWit(5), { tag: 'integer', val: 5n });
+  assert.deepEqual(toWit(true), { tag: 'integer', val: 1n });
+  assert.deepEqual(toWit(2n ** 63n - 1n), { tag: 'integer', val: 2n ** 63n - 1n });
+  assert.throws(() => toWit(2n ** 63n), /fit 64 bits/);
+  assert.deepEqual(toWit(1.5), { tag: 'real', val: 1.5 });
+  assert.deepEqual(toWit(undefined), { tag: 'null' });
+  assert.throws(() => toWit({}), /an SQL parameter must be/);
+  assert.equal(fromWit({ tag: 'integer', val: 7n }), 7);
+  assert.equal(fromWit({ tag: 'integer', val: 2n ** 60n }), 2n ** 60n);
+  assert.equal(fromWit({ tag: 'null' }), null);
+});
+
+test('sql without a connection: a clear SqlError', () => {
+  install(new NativeHost());
+  assert.throws(() => sluice.sql.execute('SELECT 1'), /no sql capability granted/);
+});
+
+test('Table: runs in order, the last upsert per key, 64-row statements', () => {
+  const sent = [];
+  install(
+    Object.assign(new NativeHost(), {
+      sql: () => ({
+        executeBatch(statement, rows) {
+          sent.push([statement, rows.length, rows[0].length]);
+          return BigInt(rows.length);
+        },
+      }),
+    }),
+  );
+  const t = new Table('t', ['k', 'v'], ['k']);
+  const changes = [];
+  for (let i = 0; i < 130; i++) changes.push(['upsert', [i, `v${i}`]]);
+  changes.push(['upsert', [0, 'again']], ['delete', [5]], ['upsert', [null, 'x']], ['upsert', [null, 'y']]);
+  t.apply(changes);
+  assert.deepEqual(sent, [
+    // 131 upserts of 130 keys: key 0's first one is folded into its last,
+    // so 1…128 go in two 64-row statements, 129 and 0 one row each.
+    [t.upsertMany, 2, 128],
+    [t.upsertOne, 2, 2],
+    [t.deleteOne, 1, 1],
+    [t.upsertOne, 2, 2], // null keys are never folded
+  ]);
+  assert.equal(
+    t.upsertOne,
+    'INSERT INTO t (k, v) VALUES ($1, $2) ON CONFLICT (k) DO UPDATE SET v = excluded.v',
+  );
+  assert.throws(() => new Table('t;', ['k'], ['k']), sluice.Fatal);
+  assert.throws(() => new Table('t', ['k'], ['x']), /key column x is not a column/);
+  assert.throws(() => t.apply([['merge', [1, 2]]]), (e) => e instanceof sluice.sql.SqlError && e.row === 0);
+});
+
+test('a stage made by make() sees its config', () => {
+  const s = make(Upper, { suffix: '?' });
+  assert.equal(s.suffix, '?');
+});
+
+test('stack frames map back to the sources through the line table', () => {
+  const table = { sources: ['app.js', 'sluice-guest/index.js'], lines: [0, [0, 27], [1, 186]] };
+  assert.equal(frame('raise@plugin.js:1:9', table), 'raise (app.js:27)');
+  assert.equal(frame('@plugin.js:2:1', table), '<anonymous> (sluice-guest/index.js:186)');
+  assert.equal(frame('x@/tmp/sources/initializer.js:3:1', table), null);
+  assert.equal(frame('not a frame', table), null);
+});
+
+test('build: the world follows the exports; the entry installs the host', () => {
+  assert.equal(worldFor(['mapper']), 'map-plugin');
+  assert.equal(worldFor(['sink', 'other']), 'sink-plugin');
+  assert.equal(worldFor(['mapper', 'sink']), 'map-sink-plugin');
+  assert.equal(worldFor(['default']), null);
+  const map = entrySource('/p/app.js', 'map-plugin');
+  assert.match(map, /export \{ mapper \} from "\/p\/app.js"/);
+  assert.doesNotMatch(map, /sluice:plugin\/sql/);
+  assert.match(entrySource('/p/app.js', 'map-sink-plugin'), /import \* as sql from 'sluice:plugin\/sql@0.2.1'/);
+});
