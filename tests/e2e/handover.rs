@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::kafka::{Broker, BrokerProcess, producer};
-use crate::support::{Db, HostProcess, RunArgs, host, host_bin, plugin, stderr};
+use crate::support::{Db, HostProcess, RunArgs, guest_plugin, host, host_bin, plugin, stderr};
 
 fn args(
     b: &dyn Broker,
@@ -459,6 +459,81 @@ fn swap_under_load_switches_exactly_at_the_reported_batch_and_bad_swaps_are_reje
         db.scalar("SELECT COUNT(*) FROM seen WHERE value LIKE 'v2:%'"),
         tags.iter().filter(|t| t.1 == "v2").count() as i64 + 30
     );
+}
+
+/// Swap the map stage of the owner of `ckpt` to `plugin`: the batch id
+/// from which it applies.
+fn swap_map(ckpt: &Path, plugin: &Path) -> u64 {
+    let out = host(&[
+        "swap",
+        "--checkpoint",
+        ckpt.to_str().unwrap(),
+        "--plugin",
+        plugin.to_str().unwrap(),
+        "--stage",
+        "map",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    said.trim()
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap_or_else(|_| panic!("{said}"))
+}
+
+#[test]
+fn swaps_from_rust_to_python_to_javascript_to_rust_keep_a_non_idempotent_counter_exact() {
+    let kafka = BrokerProcess::start();
+    kafka.create_topic("events", 3);
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let db = Db::sqlite();
+    let mut run = HostProcess::start(&args(
+        &kafka,
+        "events",
+        &ckpt,
+        &db,
+        &[plugin("tag_v1"), plugin("sql_counter")],
+        &[],
+    ));
+    // Each plugin maps a burst of 300 records before the next swap.
+    produce_steadily(kafka.bootstrap(), "events", 300, 100_000)
+        .join()
+        .unwrap();
+    run.wait_for("batch committed", Duration::from_secs(60));
+    wait_applied(&db, 300, Duration::from_secs(120));
+    let mut boundaries = Vec::new();
+    let next = [
+        guest_plugin("python", "tag"),
+        guest_plugin("js", "tag"),
+        plugin("tag_v2"),
+    ];
+    for (i, p) in next.iter().enumerate() {
+        boundaries.push(swap_map(&ckpt, p));
+        produce_steadily(kafka.bootstrap(), "events", 300, 100_000)
+            .join()
+            .unwrap();
+        wait_applied(&db, 300 * (i as i64 + 2), Duration::from_secs(120));
+    }
+    assert_eq!(run.term(), Some(0));
+    assert_each_once(&db, 1200);
+    let tags = tags_by_batch(&db, &ckpt);
+    for want in ["v1", "py", "js", "v2"] {
+        assert!(
+            tags.iter().any(|(_, t)| t == want),
+            "no {want} output: {boundaries:?}"
+        );
+    }
+    for (batch, tag) in &tags {
+        let era = boundaries.iter().filter(|b| batch >= b).count();
+        assert_eq!(
+            tag,
+            ["v1", "py", "js", "v2"][era],
+            "batch {batch}, boundaries {boundaries:?}"
+        );
+    }
 }
 
 #[test]
