@@ -435,3 +435,73 @@ fn a_generated_python_plugin_builds_tests_and_runs_outside_the_repository() {
         [r#"test/0/0 {"table":"orders","data":{"id":1,"price":999999999999.999998}}"#]
     );
 }
+
+/// `host plugin new --lang js` writes a plugin outside the repository
+/// whose `npm run build` installs the shipped SDK's pinned build tools
+/// (npm registry), runs its unit tests under Node.js and builds the
+/// component, which `host test` then runs, sink included.
+#[test]
+fn a_generated_js_plugin_builds_tests_and_runs_outside_the_repository() {
+    let parent = tempfile::tempdir().unwrap();
+    let out = crate::support::host(&[
+        "plugin",
+        "new",
+        "js-orders",
+        "--lang",
+        "js",
+        "--map",
+        "--sink",
+        "--dir",
+        parent.path().to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let dir = parent.path().join("js-orders");
+    for f in [
+        "app.js",
+        "app.test.js",
+        "package.json",
+        "sample.txt",
+        "README.md",
+    ] {
+        assert!(dir.join(f).exists(), "{f}");
+    }
+    assert!(dir.join("sluice-sdk/wit/plugin.wit").exists());
+    let built = Command::new("npm")
+        .args(["run", "build"])
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&built.stdout),
+        String::from_utf8_lossy(&built.stderr)
+    );
+    assert!(built.status.success(), "npm run build: {text}");
+    assert!(text.contains("# pass 2"), "{text}");
+    let db = dir.join("try.db");
+    let out = Command::new(host_bin())
+        .args([
+            "test",
+            "--plugin",
+            "js_orders.wasm",
+            "--input",
+            "sample.txt",
+            "--sink-db",
+        ])
+        .arg(format!("sqlite:{}", db.display()))
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let kinds: Vec<String> = crate::support::json_lines(&out)
+        .iter()
+        .map(|l| l["type"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(kinds, ["sql", "output", "sql", "bad_record", "part"]);
+    let rows = Db::at(format!("sqlite:{}", db.display()))
+        .sorted_texts("SELECT idempotency_key || ' ' || value FROM js_orders_records");
+    assert_eq!(
+        rows,
+        [r#"test/0/0 {"table":"orders","data":{"id":1,"price":999999999999.999998}}"#]
+    );
+}

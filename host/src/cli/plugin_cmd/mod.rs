@@ -3,6 +3,7 @@
 //! `sdk`).
 
 mod new;
+mod scripted;
 mod sdk;
 
 use std::collections::BTreeMap;
@@ -21,6 +22,9 @@ pub enum Lang {
     Rust,
     /// A Python module with the Python SDK, built by componentize-py.
     Python,
+    /// A JavaScript (ES) module with the JavaScript SDK, built by
+    /// ComponentizeJS.
+    Js,
 }
 
 /// `host plugin …` subcommands.
@@ -57,9 +61,10 @@ pub enum PluginCommand {
         /// Directory to create NAME in (default: the current directory).
         #[arg(long, value_name = "PARENT", default_value = ".")]
         dir: PathBuf,
-        /// The plugin's language: rust (a crate) or python (app.py and a
+        /// The plugin's language: rust (a crate), python (app.py and a
         /// build.sh that installs the Python SDK and componentize-py into
-        /// a .venv).
+        /// a .venv) or js (app.js and a package.json whose `npm run
+        /// build` installs the SDK's tools and builds).
         #[arg(long, value_enum, default_value_t = Lang::Rust)]
         lang: Lang,
     },
@@ -85,23 +90,31 @@ pub fn run(cmd: PluginCommand) -> Result<(), CliError> {
                 map: map || !sink,
                 sink,
                 parent: &dir,
-                python: lang == Lang::Python,
+                lang,
             })?;
             let lib = new::component_name(&name);
             let shown = made.display();
             outln!("created {shown}")?;
             outln!()?;
-            if lang == Lang::Python {
-                let db = if sink { " --sink-db sqlite:try.db" } else { "" };
-                outln!("  cd {shown}")?;
-                outln!("  bash build.sh        # .venv, unit tests, {lib}.wasm")?;
-                outln!("  host test --plugin {lib}.wasm --input sample.txt{db}")?;
-                return Ok(());
+            let db = if sink { " --sink-db sqlite:try.db" } else { "" };
+            match lang {
+                Lang::Python => {
+                    outln!("  cd {shown}")?;
+                    outln!("  bash build.sh        # .venv, unit tests, {lib}.wasm")?;
+                    outln!("  host test --plugin {lib}.wasm --input sample.txt{db}")?;
+                    return Ok(());
+                }
+                Lang::Js => {
+                    outln!("  cd {shown}")?;
+                    outln!("  npm run build        # npm install, unit tests, {lib}.wasm")?;
+                    outln!("  host test --plugin {lib}.wasm --input sample.txt{db}")?;
+                    return Ok(());
+                }
+                Lang::Rust => {}
             }
             outln!("  cd {shown}")?;
             outln!("  cargo test                                     # unit tests, natively")?;
             outln!("  cargo build --release --target wasm32-wasip2   # the component")?;
-            let db = if sink { " --sink-db sqlite:try.db" } else { "" };
             outln!(
                 "  host test --plugin target/wasm32-wasip2/release/{lib}.wasm --input sample.txt{db}"
             )?;

@@ -1,13 +1,14 @@
 //! `host plugin new`: write a plugin crate that builds outside this
 //! repository — `Cargo.toml`, `src/lib.rs` with the chosen stages and
 //! their native unit tests, a `host test` input file, a README of three
-//! commands, and the guest SDK under `sluice-sdk/` ([`super::sdk`]).
+//! commands, and the guest SDK under `sluice-sdk/` ([`super::sdk`]); a
+//! Python or JavaScript plugin is written by [`super::scripted`].
 
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-use super::sdk;
+use super::{Lang, scripted, sdk};
 use crate::cli::{CliError, ExitCode, WithCode};
 
 const CARGO_TOML: &str = include_str!("template/Cargo.toml.txt");
@@ -16,16 +17,6 @@ const HEAD: &str = include_str!("template/head.rs.txt");
 const MAP: &str = include_str!("template/map.rs.txt");
 const SINK: &str = include_str!("template/sink.rs.txt");
 const SAMPLE: &str = include_str!("template/sample.txt");
-const PY_HEAD: &str = include_str!("template/python/head.py.txt");
-const PY_MAP: &str = include_str!("template/python/map.py.txt");
-const PY_SINK: &str = include_str!("template/python/sink.py.txt");
-const PY_TEST: &str = include_str!("template/python/test_app.py.txt");
-const PY_BUILD: &str = include_str!("template/python/build.sh.txt");
-const PY_README: &str = include_str!("template/python/README.md.txt");
-
-/// The componentize-py a generated Python plugin builds with (the one the
-/// test command installs).
-pub(super) const COMPONENTIZE_PY: &str = "0.25.1";
 
 /// What to generate.
 pub(super) struct NewPlugin<'a> {
@@ -37,8 +28,8 @@ pub(super) struct NewPlugin<'a> {
     pub sink: bool,
     /// Where the crate directory `name` is created.
     pub parent: &'a Path,
-    /// Python (componentize-py) instead of Rust.
-    pub python: bool,
+    /// The language.
+    pub lang: Lang,
 }
 
 /// Check a crate name: lower-case ASCII letters, digits, `-` and `_`,
@@ -92,8 +83,10 @@ pub(super) fn generate(p: &NewPlugin<'_>) -> Result<PathBuf, CliError> {
         });
     }
     let lib = component_name(p.name);
-    if p.python {
-        return write_all(&dir, python_files(p, &lib));
+    match p.lang {
+        Lang::Python => return write_all(&dir, scripted::python_files(p, &lib)),
+        Lang::Js => return write_all(&dir, scripted::js_files(p, &lib)),
+        Lang::Rust => {}
     }
     let stages = stages(p.map, p.sink);
     let fill = |t: &str| {
@@ -140,7 +133,7 @@ pub(super) fn generate(p: &NewPlugin<'_>) -> Result<PathBuf, CliError> {
 }
 
 /// How a generated README names the stages.
-fn stages(map: bool, sink: bool) -> &'static str {
+pub(super) fn stages(map: bool, sink: bool) -> &'static str {
     match (map, sink) {
         (true, true) => "map and sink stages",
         (false, true) => "a sink stage",
@@ -150,7 +143,7 @@ fn stages(map: bool, sink: bool) -> &'static str {
 
 /// What a generated README adds for a sink stage (or a map-only plugin):
 /// the `host test` flags, the note on what they do, the `host run` flags.
-fn readme_flags(sink: bool, lib: &str) -> (&'static str, String, &'static str) {
+pub(super) fn readme_flags(sink: bool, lib: &str) -> (&'static str, String, &'static str) {
     if sink {
         (
             " \\\n  --sink-db sqlite:try.db",
@@ -179,88 +172,6 @@ fn write_all(dir: &Path, files: Vec<(PathBuf, String)>) -> Result<PathBuf, CliEr
     Ok(dir.to_path_buf())
 }
 
-/// The files of a Python plugin: `app.py` with the chosen stages,
-/// `test_app.py`, `sample.txt`, `build.sh`, a README, and the Python SDK
-/// under `sluice-sdk/`.
-fn python_files(p: &NewPlugin<'_>, lib: &str) -> Vec<(PathBuf, String)> {
-    let dir = p.parent.join(p.name);
-    let stages = stages(p.map, p.sink);
-    let fill = |t: &str| {
-        t.replace("{{name}}", p.name)
-            .replace("{{lib}}", lib)
-            .replace("{{stages}}", stages)
-            .replace("{{componentize}}", COMPONENTIZE_PY)
-    };
-    let mut app = fill(PY_HEAD);
-    let mut tests = String::new();
-    if p.map {
-        app.push_str(&fill(PY_MAP));
-        tests.push_str(
-            r#"    def test_keeps_one_tables_events_and_rejects_what_is_not_json(self):
-        m = testing.map_values(app.Keep, [b'{"table":"orders","data":{"v":1.10}}', b'{"table":"users","data":{}}', b"oops"])
-        self.assertEqual([o.value for o in m.outputs], [b'{"table":"orders","data":{"v":1.10}}'])
-        self.assertEqual([i for i, _ in m.rejected], [2])
-
-"#,
-        );
-    }
-    if p.sink {
-        app.push_str(&fill(PY_SINK));
-        tests.push_str(
-            r#"    def test_the_sink_table_must_be_a_plain_sql_name(self):
-        with self.assertRaises(sluice_guest.Fatal):
-            testing.make(app.Store, {"sink_table": "no such; table"})
-
-"#,
-        );
-    }
-    app.push_str(match (p.map, p.sink) {
-        (true, true) => "\n\nMapper = sluice.export_map(Keep)\nSink = sluice.export_sink(Store)\n",
-        (false, true) => "\n\nSink = sluice.export_sink(Store)\n",
-        _ => "\n\nMapper = sluice.export_map(Keep)\n",
-    });
-    let class: String = p
-        .name
-        .split(['-', '_'])
-        .map(|w| {
-            let mut c = w.chars();
-            c.next()
-                .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
-                .unwrap_or_default()
-        })
-        .collect();
-    let test = fill(PY_TEST)
-        .replace("{{Class}}", &class)
-        .replace("{{tests}}", tests.trim_end());
-    let (test_flags, sink_note, run_flags) = readme_flags(p.sink, lib);
-    let readme = fill(PY_README)
-        .replace("{{test_flags}}", test_flags)
-        .replace("{{sink_note}}", &sink_note)
-        .replace("{{run_flags}}", run_flags);
-    let mut files = vec![
-        (dir.join("app.py"), app),
-        (dir.join("test_app.py"), test),
-        (dir.join("sample.txt"), SAMPLE.to_string()),
-        (dir.join("build.sh"), fill(PY_BUILD)),
-        (dir.join("README.md"), readme),
-        (
-            dir.join(".gitignore"),
-            format!(
-                ".venv/
-__pycache__/
-{lib}.wasm
-sluice-sdk/build/
-*.egg-info/
-"
-            ),
-        ),
-    ];
-    for (path, text) in sdk::PY_FILES {
-        files.push((dir.join("sluice-sdk").join(path), (*text).to_string()));
-    }
-    files
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -285,7 +196,7 @@ mod tests {
             map: true,
             sink: false,
             parent: parent.path(),
-            python: false,
+            lang: Lang::Rust,
         })
         .unwrap_err();
         assert_eq!(e.code, ExitCode::Usage);

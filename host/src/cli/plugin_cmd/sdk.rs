@@ -122,6 +122,61 @@ pub(super) const PY_FILES: &[(&str, &str)] = &[
     ),
 ];
 
+/// `(path under sluice-sdk/, contents)` of the JavaScript SDK, for `host
+/// plugin new --lang js`: the package with the contract inside it
+/// (`wit/plugin.wit`, where its build looks first).
+pub(super) const JS_FILES: &[(&str, &str)] = &[
+    (
+        "package.json",
+        include_str!("../../../../guest-sdk-js/package.json"),
+    ),
+    (
+        "README.md",
+        include_str!("../../../../guest-sdk-js/README.md"),
+    ),
+    (
+        "src/build.js",
+        include_str!("../../../../guest-sdk-js/src/build.js"),
+    ),
+    (
+        "src/errors.js",
+        include_str!("../../../../guest-sdk-js/src/errors.js"),
+    ),
+    (
+        "src/host.js",
+        include_str!("../../../../guest-sdk-js/src/host.js"),
+    ),
+    (
+        "src/index.js",
+        include_str!("../../../../guest-sdk-js/src/index.js"),
+    ),
+    (
+        "src/json.js",
+        include_str!("../../../../guest-sdk-js/src/json.js"),
+    ),
+    (
+        "src/log.js",
+        include_str!("../../../../guest-sdk-js/src/log.js"),
+    ),
+    (
+        "src/sql.js",
+        include_str!("../../../../guest-sdk-js/src/sql.js"),
+    ),
+    (
+        "src/table.js",
+        include_str!("../../../../guest-sdk-js/src/table.js"),
+    ),
+    (
+        "src/testing.js",
+        include_str!("../../../../guest-sdk-js/src/testing.js"),
+    ),
+    (
+        "src/wire.js",
+        include_str!("../../../../guest-sdk-js/src/wire.js"),
+    ),
+    ("wit/plugin.wit", include_str!("../../../../wit/plugin.wit")),
+];
+
 #[cfg(test)]
 mod tests {
     use super::FILES;
@@ -237,5 +292,28 @@ mod tests {
                 "{dep}"
             );
         }
+    }
+
+    #[test]
+    fn every_js_sdk_file_is_shipped() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest-sdk-js");
+        let mut on_disk: Vec<String> = ["package.json", "README.md"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        for e in std::fs::read_dir(root.join("src")).unwrap() {
+            let name = e.unwrap().file_name().to_string_lossy().into_owned();
+            if name.ends_with(".js") {
+                on_disk.push(format!("src/{name}"));
+            }
+        }
+        on_disk.sort();
+        let mut shipped: Vec<String> = super::JS_FILES
+            .iter()
+            .filter(|(p, _)| !p.ends_with(".wit"))
+            .map(|(p, _)| p.to_string())
+            .collect();
+        shipped.sort();
+        assert_eq!(shipped, on_disk);
     }
 }
