@@ -82,6 +82,7 @@ cp plugins/js/company.wasm plugins/js/passthrough.wasm "$JSOUT/"
 for app in tests/fixtures/js/misbehave tests/fixtures/js/tag; do
   node guest-sdk-js/src/build.js "$app/app.js" -o "$JSOUT/$(basename "$app").wasm"
 done
+node tests/fixtures/js/http/build.mjs "$JSOUT/http.wasm"   # imports wasi:http: refused at load
 (cd guest-sdk-js && node --test test/)
 
 step "build host"

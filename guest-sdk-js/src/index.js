@@ -35,7 +35,7 @@ import { BadRecord, Fatal, Retryable, StageError } from './errors.js';
 import { host } from './host.js';
 import * as log from './log.js';
 import * as sql from './sql.js';
-import { Outputs, Record, WireError, readRecords, readSinkRecords } from './wire.js';
+import { Outputs, Record, WireError, exact, readRecords, readSinkRecords } from './wire.js';
 
 export { BadRecord, Fatal, Retryable, StageError, Record, log, sql };
 
@@ -105,13 +105,14 @@ export class Mapper {
 
 /** One partition's range of a batch, or a consecutive part of it, as a
  * sink's `open` sees it: `topic`, `partition`, `startOffset`, `endOffset`
- * (half-open; numbers), `batchId`, `epoch` (BigInt), `queryId`. */
+ * (half-open; numbers, or BigInt beyond ±2^53), `batchId`, `epoch`
+ * (BigInt), `queryId`. */
 export class Part {
   constructor(ctx) {
     this.topic = ctx.topic;
     this.partition = ctx.partition;
-    this.startOffset = Number(ctx.startOffset);
-    this.endOffset = Number(ctx.endOffset);
+    this.startOffset = exact(BigInt(ctx.startOffset));
+    this.endOffset = exact(BigInt(ctx.endOffset));
     this.batchId = ctx.batch.batchId;
     this.epoch = ctx.batch.epoch;
     this.queryId = ctx.batch.queryId;
@@ -169,6 +170,16 @@ export class Sink {
 /** Return it from `Sink.open` when the whole part is applied already. */
 Sink.ALREADY_APPLIED = 'already-applied';
 
+/** `result` of stage method `what`, refused when it is a promise: the
+ * host's calls are synchronous, so an `async` method's work (and its
+ * errors) would be lost. */
+function sync(result, what) {
+  if (result !== null && typeof result === 'object' && typeof result.then === 'function') {
+    throw new TypeError(`${what} returned a promise: stage methods must be synchronous (not async)`);
+  }
+  return result;
+}
+
 /**
  * One map call: `packed-records` in, `packed-outputs` and the rejected
  * records `[index, message]` out (shared by the component export and
@@ -183,7 +194,7 @@ export function mapCall(stage, records) {
   for (; index < all.length; index++) {
     const mark = outputs.mark();
     try {
-      stage.map(all[index], emit);
+      sync(stage.map(all[index], emit), 'map');
     } catch (e) {
       if (!(e instanceof BadRecord)) throw e;
       outputs.rewind(mark); // a rejected record has no outputs
@@ -267,10 +278,15 @@ export function exportSink(Stage) {
       try {
         if (stage === null) {
           const s = make(Stage, 'sink stage');
-          s.init();
+          try {
+            sync(s.init(), 'init');
+          } catch (e) {
+            if (e instanceof BadRecord) throw new Fatal(`sink stage init: ${e.message}`);
+            throw e;
+          }
           stage = s;
         }
-        return stage.open(new Part(ctx)) === Sink.ALREADY_APPLIED ? 'already-applied' : 'proceed';
+        return sync(stage.open(new Part(ctx)), 'open') === Sink.ALREADY_APPLIED ? 'already-applied' : 'proceed';
       } catch (e) {
         throw stageError(e, 'open');
       }
@@ -279,12 +295,13 @@ export function exportSink(Stage) {
     write(records) {
       let chunk;
       try {
+        if (stage === null) throw new Fatal('write before a successful open (a host bug)');
         chunk = readSinkRecords(records).map(([k, r]) => new SinkRecord(k, r));
-        stage.writeChunk(chunk);
+        sync(stage.writeChunk(chunk), 'writeChunk');
       } catch (e) {
         if (e instanceof BadRecord) {
           const index = e.index ?? (chunk.length === 1 ? 0 : null);
-          if (index === null || !(index >= 0 && index < chunk.length)) {
+          if (!Number.isInteger(index) || !(index >= 0 && index < chunk.length)) {
             // Rejecting the wrong record would dead-letter a good one.
             throw {
               tag: 'fatal',
@@ -299,7 +316,8 @@ export function exportSink(Stage) {
 
     close() {
       try {
-        stage.close();
+        if (stage === null) throw new Fatal('close before a successful open (a host bug)');
+        sync(stage.close(), 'close');
       } catch (e) {
         throw stageError(e, 'close');
       }

@@ -7,8 +7,10 @@
 // are `$1 … $n` on SQLite and PostgreSQL.
 //
 // Parameters and results are JavaScript values: `null` (NULL; `undefined`
-// too), an integer number or a BigInt (a 64-bit integer; `true`/`false`
-// are 1/0), a number with a fraction (a real), a string, a Uint8Array.
+// too), a BigInt or a number without a fraction (a 64-bit integer;
+// `true`/`false` are 1/0), any other number (a real, also -0, NaN and
+// ±Infinity), a string, a Uint8Array. A number without a fraction beyond
+// ±2^53 is refused (it may not be the integer meant: use a BigInt).
 // Integers come back as numbers when they fit exactly (±2^53), else as
 // BigInt. An error is thrown as `SqlError` (with the database's code:
 // SQLSTATE, or SQLite's extended code name); left uncaught in a sink stage
@@ -62,7 +64,10 @@ export function toWit(v) {
     case 'boolean':
       return { tag: 'integer', val: v ? 1n : 0n };
     case 'number':
-      if (Number.isInteger(v) && Number.isSafeInteger(v)) return { tag: 'integer', val: BigInt(v) };
+      if (Number.isSafeInteger(v) && !Object.is(v, -0)) return { tag: 'integer', val: BigInt(v) };
+      if (Number.isInteger(v) && !Object.is(v, -0)) {
+        throw new TypeError(`${v} is beyond the integers a number holds exactly (±2^53): pass a BigInt`);
+      }
       return { tag: 'real', val: v };
     case 'bigint':
       if (v < I64_MIN || v > I64_MAX) throw new TypeError(`an SQL integer must fit 64 bits, not ${v}`);

@@ -41,6 +41,9 @@ function keyPart(v) {
 export class Table {
   constructor(name, columns, key) {
     name = identifier('table', name);
+    if (typeof columns === 'string' || typeof key === 'string') {
+      throw new Fatal(`table ${name}: columns and key are arrays of names, not strings`);
+    }
     columns = [...columns];
     key = [...key];
     for (const c of [...columns, ...key]) identifier('column', c);
@@ -104,7 +107,7 @@ export class Table {
       }
       const width = k === 'upsert' ? this.columns : this.keyAt.length;
       if (values.length !== width) {
-        throw new SqlError(`an ${k} change carries ${values.length} values, the table takes ${width}`, 'sluice', i);
+        throw new SqlError(`${k === 'upsert' ? 'an' : 'a'} ${k} change carries ${values.length} values, the table takes ${width}`, 'sluice', i);
       }
       if (kind !== null && kind !== k) {
         this.flush(kind, run, steps);
@@ -120,7 +123,7 @@ export class Table {
   flush(kind, run, steps) {
     if (kind === 'upsert') {
       const hasNull = (row) => this.keyAt.some((k) => row[k] === null || row[k] === undefined);
-      const keyOf = (row) => this.keyAt.map((k) => keyPart(row[k])).join('\u0000');
+      const keyOf = (row) => JSON.stringify(this.keyAt.map((k) => keyPart(row[k])));
       const last = new Map();
       run.forEach(([, row], n) => {
         if (!hasNull(row)) last.set(keyOf(row), n);

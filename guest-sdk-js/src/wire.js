@@ -13,7 +13,8 @@ const NONE = 0xffff_ffff;
 export const TIMESTAMP_TYPES = ['not-available', 'create-time', 'log-append-time'];
 
 const UTF8 = new TextEncoder();
-const STRICT = new TextDecoder('utf-8', { fatal: true });
+// `ignoreBOM`: a leading U+FEFF is part of the text (as in Rust and Python).
+const STRICT = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
 
 /** A packed buffer that does not follow the layout (a host bug). */
 export class WireError extends Error {
@@ -28,8 +29,10 @@ export class WireError extends Error {
  *
  * `key` and `value` are `Uint8Array` or `null`: a `value` of `null` is a
  * tombstone (a delete marker for compacted topics), an empty array an
- * empty value. `offset` and `partition` are numbers; `timestamp` is ms
- * since the Unix epoch (0 when `timestampType` is `'not-available'`).
+ * empty value. `partition` is a number; `offset` and `timestamp` (ms
+ * since the Unix epoch, 0 when `timestampType` is `'not-available'`) are
+ * numbers, or BigInt in the rare case they lie beyond ±2^53 (a producer
+ * may set any 64-bit timestamp).
  * `headers` is an array of `[name, value]` pairs, the value a
  * `Uint8Array` or `null`.
  */
@@ -63,6 +66,12 @@ export class Record {
     for (const [k, v] of this.headers) if (k === name) found = v;
     return found;
   }
+}
+
+/** `v` (a BigInt) as a number when it is one exactly (|v| ≤ 2^53 − 1),
+ * else unchanged. */
+export function exact(v) {
+  return v <= BigInt(Number.MAX_SAFE_INTEGER) && v >= BigInt(Number.MIN_SAFE_INTEGER) ? Number(v) : v;
 }
 
 function utf8(what, bytes) {
@@ -100,15 +109,12 @@ class Reader {
     return v;
   }
 
-  // An i64 as a number: offsets and timestamps stay far below 2^53.
-  i64(what) {
+  // An i64 as a number, or a BigInt beyond what a number holds exactly.
+  i64() {
     this.need(8);
     const v = this.view.getBigInt64(this.pos, true);
     this.pos += 8;
-    if (v > BigInt(Number.MAX_SAFE_INTEGER) || v < BigInt(Number.MIN_SAFE_INTEGER)) {
-      throw new WireError(`${what} ${v} is beyond what a JavaScript number holds exactly`);
-    }
-    return Number(v);
+    return exact(v);
   }
 
   take(n) {
@@ -139,8 +145,8 @@ class Reader {
   record() {
     const topic = this.text();
     const partition = this.i32();
-    const offset = this.i64('offset');
-    const timestamp = this.i64('timestamp');
+    const offset = this.i64();
+    const timestamp = this.i64();
     this.need(1);
     const kind = this.buf[this.pos++];
     if (kind >= TIMESTAMP_TYPES.length) {

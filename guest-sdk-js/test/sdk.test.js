@@ -2,7 +2,7 @@
 // packed formats, the map loop, config, JSON with raw values, the SQL
 // value mapping, `Table`'s statements and the build's helpers. The
 // component side is tested end to end by the host's tests
-// (tests/e2e/guest_js.rs).
+// (tests/e2e/js.rs).
 
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
@@ -128,18 +128,24 @@ test('json: what is not JSON or not an object is a JsonError, which is a BadReco
     '{"a":Infinity}',
     '{"a":01}',
     '{"a":1,}',
-    '{"a":"\\ud800"}',
-    '{"a":"\\udc00x"}',
+    '{"\\ud800":1}',
+    '\ufeff{"a":1}',
     '{"a":"x\ty"}',
     '{"a":1} x',
     '{a:1}',
     '{"a":tru}',
     '[' .repeat(200) + ']'.repeat(200),
-    `{"a":${'['.repeat(200)}${']'.repeat(200)}}`,
+    `{"a":${'['.repeat(200)}${']'.repeat(199)}}`,
+    '{"a":[1 2]}',
+    '{"a":{"b" 1}}',
   ]) {
     assert.throws(() => json.objectFields(bad), (e) => e instanceof json.JsonError && e instanceof sluice.BadRecord, bad);
   }
   assert.throws(() => json.objectFields('[1]'), /unexpected JSON: an array, not an object/);
+  assert.throws(() => json.objectFields(new Uint8Array([0xef, 0xbb, 0xbf, 0x7b, 0x7d])), json.JsonError, 'a BOM is not JSON');
+  // As serde_json's RawValue: values are checked for their grammar only.
+  const deep = `${'['.repeat(100_000)}${']'.repeat(100_000)}`;
+  assert.deepEqual(json.objectFields(`{"a":"\\ud800","b":${deep}}`), [['a', '"\\ud800"'], ['b', deep]]);
   assert.throws(() => json.objectFields(new Uint8Array([0x7b, 0xff, 0x7d])), /not UTF-8/);
 });
 
@@ -154,6 +160,64 @@ test('sql values: integers as BigInt, reals, text, blobs and null, and back', ()
   assert.equal(fromWit({ tag: 'integer', val: 7n }), 7);
   assert.equal(fromWit({ tag: 'integer', val: 2n ** 60n }), 2n ** 60n);
   assert.equal(fromWit({ tag: 'null' }), null);
+});
+
+test('sql numbers: -0 stays a real, integers beyond 2^53 must be BigInt', () => {
+  assert.deepEqual(toWit(-0), { tag: 'real', val: -0 });
+  assert.throws(() => toWit(2 ** 53), /pass a BigInt/);
+  assert.deepEqual(toWit(NaN), { tag: 'real', val: NaN });
+});
+
+test('offsets and timestamps beyond 2^53 arrive as BigInt, not as a fatal error', () => {
+  const r = new Record('t', 0, 2n ** 60n, -(2n ** 62n), 'create-time', null, null, []);
+  const [back] = readRecords(writeRecords([r]));
+  assert.equal(back.offset, 2n ** 60n);
+  assert.equal(back.timestamp, -(2n ** 62n));
+  assert.equal(readRecords(writeRecords([new Record('t', 0, 7, 8, 'create-time', null, null, [])]))[0].offset, 7);
+});
+
+test('a UTF-8 BOM is kept in text()', () => {
+  const r = new Record('t', 0, 0, 0, 'create-time', null, new Uint8Array([0xef, 0xbb, 0xbf, 0x41]), []);
+  assert.equal(r.text(), '\ufeffA');
+});
+
+test('an async stage method is refused, not silently dropped', () => {
+  class Later extends sluice.Mapper {
+    async map(record, emit) {
+      emit(null, 'late');
+    }
+  }
+  assert.throws(() => mapValues(Later, ['x']), /must be synchronous/);
+});
+
+test('a sink BadRecord without a valid index is fatal; with one it names the record', () => {
+  install(new NativeHost());
+  const chunk = writeSinkRecords([
+    ['t/0/0', new Record('t', 0, 0, 0, 'create-time', null, utf8('a'), [])],
+    ['t/0/1', new Record('t', 0, 1, 0, 'create-time', null, utf8('b'), [])],
+  ]);
+  const sinkWith = (index) =>
+    sluice.exportSink(
+      class extends sluice.Sink {
+        writeChunk() {
+          throw new sluice.BadRecord('no', index);
+        }
+      },
+    );
+  const ctx = { topic: 't', partition: 0, startOffset: 0n, endOffset: 2n, batch: { queryId: 'q', batchId: 0n, epoch: 1n } };
+  const thrown = (index) => {
+    const s = sinkWith(index);
+    assert.equal(s.open(ctx), 'proceed');
+    try {
+      s.write(chunk);
+    } catch (e) {
+      return e;
+    }
+    return null;
+  };
+  assert.deepEqual(thrown(1), { tag: 'bad-record', val: { index: 1, message: 'no' } });
+  for (const bad of [1.5, 2, -1, null]) assert.equal(thrown(bad).tag, 'fatal', String(bad));
+  assert.throws(() => sinkWith(0).write(chunk), (e) => e.tag === 'fatal' && /before a successful open/.test(e.val));
 });
 
 test('sql without a connection: a clear SqlError', () => {
@@ -193,6 +257,15 @@ test('Table: runs in order, the last upsert per key, 64-row statements', () => {
   assert.throws(() => new Table('t;', ['k'], ['k']), sluice.Fatal);
   assert.throws(() => new Table('t', ['k'], ['x']), /key column x is not a column/);
   assert.throws(() => t.apply([['merge', [1, 2]]]), (e) => e instanceof sluice.sql.SqlError && e.row === 0);
+  assert.throws(() => new Table('t', 'pk', 'pk'), /arrays of names/);
+  // Keys of two columns whose texts would run together stay apart.
+  sent.length = 0;
+  const two = new Table('t2', ['a', 'b', 'v'], ['a', 'b']);
+  two.apply([
+    ['upsert', ['x\u0000text:y', 'z', 1]],
+    ['upsert', ['x', 'y\u0000text:z', 2]],
+  ]);
+  assert.deepEqual(sent, [[two.upsertOne, 2, 3]]);
 });
 
 test('a stage made by make() sees its config', () => {

@@ -248,3 +248,20 @@ fn the_js_passthrough_forwards_keys_values_and_headers_unchanged() {
     assert_eq!(rust.len(), 3);
     assert_eq!(js, rust);
 }
+
+#[test]
+fn a_js_map_killed_between_parts_resumes_and_applies_each_record_once() {
+    crate::python::killed_between_parts_then_exact(&js_plugin("passthrough"));
+}
+
+#[test]
+fn a_component_that_imports_wasi_http_is_refused_at_load_naming_the_import() {
+    // ComponentizeJS's default features import wasi:http, which the
+    // sandbox does not grant (sluice-guest-build disables them).
+    let out = host(&["plugin", "inspect", js_plugin("http").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let e = stderr(&out);
+    assert!(e.contains("cannot instantiate"), "{e}");
+    assert!(e.contains("wasi:http/types@"), "{e}");
+    assert!(e.contains("the sandbox grants only"), "{e}");
+}

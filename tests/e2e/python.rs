@@ -61,6 +61,8 @@ pub(crate) fn maxwell_input() -> tempfile::NamedTempFile {
         r#"{"key":null,"value":"[1,2]"}"#,
         r#"{"key":null,"value":{"table":"company","type":"insert","data":[1]}}"#,
         r#"{"key":null,"value":{"table":"company","type":"insert","data":{"name":"no id"}}}"#,
+        r#"{"key":null,"value":{"table":"company","type":"insert","data":null}}"#,
+        r#"{"key":{"pk.id":5},"value":"\ufeff{\"table\":\"company\",\"type\":\"insert\",\"data\":{\"id\":5}}"}"#,
         r#"{"key":null,"value":null}"#,
     ] {
         writeln!(f, "{line}").unwrap();
@@ -241,4 +243,49 @@ fn a_python_sleep_past_the_deadline_traps_at_once() {
         .expect("a short sleep is served");
     let outs = sluice_guest::wire::decode_outputs(&ok.outputs).unwrap();
     assert_eq!(outs[0].value, Some(&b"slept"[..]));
+}
+
+/// kill -9 of a pipeline whose map stage is the `lang` passthrough (the
+/// sink: sql-counter, a counter bumped per record), just before the second
+/// part of its one 5,000-record batch commits; the restart applies the
+/// rest, each record once, with the values the plugin passed on.
+pub(crate) fn killed_between_parts_then_exact(plugin: &std::path::Path) {
+    let mock = crate::engine_mock::raw_topic((0..5000).map(|i| format!("v{i}")));
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::sqlite();
+    let args = crate::support::RunArgs::new(&mock.bootstrap(), &["raw"], &dir.path().join("ckpt"))
+        .sink_db(&db)
+        .plugin_file(plugin)
+        .plugin("sql_counter")
+        .args(["--until-caught-up", "--max-records-per-partition", "10000"])
+        .args(["--progress", "none"])
+        .build();
+    let mut run = crate::support::HostProcess::spawn(
+        &args,
+        &[("SLUICE_FAILPOINT", "sink:before-db-commit@2")],
+    );
+    run.wait_for("FAILPOINT", std::time::Duration::from_secs(180));
+    run.kill();
+    assert_eq!(db.counted(), 2000);
+    let out = std::process::Command::new(crate::support::host_bin())
+        .args(&args)
+        .env_remove("SLUICE_FAILPOINT")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(db.counted(), 5000);
+    assert_eq!(
+        db.scalar("SELECT COUNT(DISTINCT idempotency_key) FROM seen"),
+        5000
+    );
+    assert_eq!(
+        db.scalar("SELECT COUNT(*) FROM seen WHERE value = 'v' || substr(idempotency_key, 7)"),
+        5000,
+        "every value passed on unchanged"
+    );
+}
+
+#[test]
+fn a_python_map_killed_between_parts_resumes_and_applies_each_record_once() {
+    killed_between_parts_then_exact(&python_plugin("passthrough"));
 }

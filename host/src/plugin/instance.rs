@@ -287,6 +287,7 @@ impl Instance {
             digest: t.digest.clone(),
             reason: format!("{e:#}"),
         };
+        let started = std::time::Instant::now();
         let instance = match t.pre.instantiate(&mut store) {
             Ok(i) => i,
             Err(e) => {
@@ -313,6 +314,11 @@ impl Instance {
             None => None,
         };
         self.instantiations += 1;
+        tracing::debug!(
+            plugin = store.data().plugin.as_str(),
+            micros = started.elapsed().as_micros() as u64,
+            "instantiated"
+        );
         self.live = Some(Live {
             store,
             mapper,

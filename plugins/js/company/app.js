@@ -49,7 +49,8 @@ class Company extends sluice.Mapper {
     if (kind === null) throw new sluice.BadRecord('Maxwell event without `type`');
     if (!UPSERT.has(kind) && kind !== 'delete') return; // bootstrap markers, DDL, heartbeats
     const data = event.get('data');
-    if (data === undefined) throw new sluice.BadRecord(`\`${kind}\` event without \`data\``);
+    // A null `data` is a missing one, as for the Rust plugin's `Option`.
+    if (data === undefined || data.trim() === 'null') throw new sluice.BadRecord(`\`${kind}\` event without \`data\``);
     if (json.kind(data) !== 'an object') throw new sluice.BadRecord(`\`data\` is ${json.kind(data)}, not an object`);
     emit(primaryKey(record.key, data), UPSERT.has(kind) ? data : null);
   }

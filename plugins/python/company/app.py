@@ -46,7 +46,8 @@ class Company(sluice.Mapper):
         if kind not in UPSERT and kind != "delete":
             return  # bootstrap markers, DDL, heartbeats
         data = event.get("data")
-        if data is None:
+        # A null `data` is a missing one, as for the Rust plugin's `Option`.
+        if data is None or data.strip() == "null":
             raise sluice.BadRecord(f"`{kind}` event without `data`")
         if json.kind(data) != "an object":
             raise sluice.BadRecord(f"`data` is {json.kind(data)}, not an object")
