@@ -2,10 +2,13 @@
 // `999999999999.999998` or a MySQL zero date passes through a stage byte
 // for byte, where `JSON.parse` would round the decimal through a double.
 // The JavaScript counterpart of the Rust SDK's `json::Object` and
-// `RawValue`. The grammar is RFC 8259's. As serde_json does for a
-// `RawValue`, a value is checked for its grammar only: a lone surrogate
-// escape inside it and any depth of nesting are kept as they are; member
-// names must be valid strings (no lone surrogate escape).
+// `RawValue`. The engine's `JSON.parse` (RFC 8259's grammar, native code)
+// decides what is JSON; the members' text is then found by a scanner that
+// jumps over strings with `indexOf` (the component's engine interprets
+// JavaScript, so native calls are what make it fast).
+// As serde_json does for a `RawValue`, a value may hold lone surrogate
+// escapes; member names may not. Nesting deeper than `JSON.parse` takes
+// in the component (its stack) is a bad record too.
 
 import { BadRecord } from './errors.js';
 
@@ -20,120 +23,6 @@ export class JsonError extends BadRecord {
 
 const STRICT = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
 
-function isWs(c) {
-  return c === 0x20 || c === 0x09 || c === 0x0a || c === 0x0d;
-}
-
-function skipWs(t, i) {
-  while (i < t.length && isWs(t.charCodeAt(i))) i++;
-  return i;
-}
-
-function fail(what, i) {
-  throw new JsonError(`not JSON: ${what} at char ${i}`);
-}
-
-const HEX = /^[0-9a-fA-F]{4}$/;
-
-// The end of the string starting at `i` (a `"`); with `surrogates`,
-// a lone surrogate escape is an error (for member names).
-function skipString(t, i, surrogates = false) {
-  let pendingHigh = false;
-  for (let j = i + 1; j < t.length; j++) {
-    const c = t.charCodeAt(j);
-    if (c === 0x22) {
-      if (surrogates && pendingHigh) fail('a lone surrogate escape', j);
-      return j + 1;
-    }
-    if (c < 0x20) fail('a control character in a string', j);
-    if (c !== 0x5c) {
-      if (surrogates && pendingHigh) fail('a lone surrogate escape', j);
-      continue;
-    }
-    const e = t[j + 1];
-    if (e === 'u') {
-      const hex = t.slice(j + 2, j + 6);
-      if (!HEX.test(hex)) fail('a bad \\u escape', j);
-      const u = parseInt(hex, 16);
-      if (surrogates) {
-        if (u >= 0xdc00 && u <= 0xdfff) {
-          if (!pendingHigh) fail('a lone surrogate escape', j);
-          pendingHigh = false;
-        } else if (pendingHigh) {
-          fail('a lone surrogate escape', j);
-        } else if (u >= 0xd800 && u <= 0xdbff) {
-          pendingHigh = true;
-        }
-      }
-      j += 5;
-    } else if (e !== undefined && '"\\/bfnrt'.includes(e)) {
-      if (surrogates && pendingHigh) fail('a lone surrogate escape', j);
-      j += 1;
-    } else {
-      fail('a bad escape', j);
-    }
-  }
-  fail('an unterminated string', i);
-}
-
-const NUMBER = /-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?/y;
-
-// The end of a scalar (string, literal or number) starting at `i`.
-function skipScalar(t, i) {
-  if (t[i] === '"') return skipString(t, i);
-  for (const word of ['true', 'false', 'null']) {
-    if (t.startsWith(word, i)) return i + word.length;
-  }
-  NUMBER.lastIndex = i;
-  if (NUMBER.test(t)) return NUMBER.lastIndex;
-  fail(i < t.length ? 'expected a value' : 'unexpected end', i);
-}
-
-// The end of the value starting at `i` (whitespace skipped before). A
-// loop with a stack of open containers, so any depth is checked.
-function skipValue(t, i) {
-  const open = [];
-  let j = i;
-  for (;;) {
-    // A value starts at j.
-    if (t[j] === '{' || t[j] === '[') {
-      const close = t[j] === '{' ? '}' : ']';
-      j = skipWs(t, j + 1);
-      if (t[j] === close) {
-        j += 1;
-      } else {
-        open.push(close);
-        if (close === '}') j = member(t, j);
-        continue;
-      }
-    } else {
-      j = skipScalar(t, j);
-    }
-    // A value ended at j: close containers or go to the next element.
-    for (;;) {
-      if (open.length === 0) return j;
-      j = skipWs(t, j);
-      const close = open[open.length - 1];
-      if (t[j] === ',') {
-        j = skipWs(t, j + 1);
-        if (close === '}') j = member(t, j);
-        break;
-      }
-      if (t[j] !== close) fail(`expected ',' or '${close}'`, j);
-      open.pop();
-      j += 1;
-    }
-  }
-}
-
-// Past an object member's name and colon at `j`: where its value starts.
-function member(t, j) {
-  if (t[j] !== '"') fail('expected a name', j);
-  j = skipWs(t, skipString(t, j));
-  if (t[j] !== ':') fail("expected ':'", j);
-  return skipWs(t, j + 1);
-}
-
 function asText(source) {
   if (typeof source === 'string') return source;
   try {
@@ -143,49 +32,108 @@ function asText(source) {
   }
 }
 
+const LONE_SURROGATE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
+
+// The scanners below run on text `JSON.parse` accepted, so they only find
+// where things end. `indexOf` (native) jumps over strings; the
+// interpreter runs a loop body per character only inside nested
+// containers and numbers.
+
+function skipWs(t, i) {
+  for (;;) {
+    const c = t.charCodeAt(i);
+    if (c !== 0x20 && c !== 0x0a && c !== 0x0d && c !== 0x09) return i;
+    i += 1;
+  }
+}
+
+// The end of the string whose opening quote is at `i`.
+function skipString(t, i) {
+  let j = t.indexOf('"', i + 1);
+  while (t.charCodeAt(j - 1) === 0x5c) {
+    let k = j - 1;
+    while (t.charCodeAt(k - 1) === 0x5c) k -= 1;
+    if ((j - k) % 2 === 0) break; // an even run of backslashes escapes itself
+    j = t.indexOf('"', j + 1);
+  }
+  return j + 1;
+}
+
+// An object or an array with no container inside, matched in one native
+// call (most values of change events are such rows).
+const FLAT = /\{(?:[^{}[\]"]|"[^"\\]*(?:\\.[^"\\]*)*")*\}|\[(?:[^{}[\]"]|"[^"\\]*(?:\\.[^"\\]*)*")*\]/y;
+
+// The end of the value starting at `i`.
+function skipValue(t, i) {
+  const c = t.charCodeAt(i);
+  if (c === 0x22) return skipString(t, i);
+  if (c === 0x7b || c === 0x5b) {
+    FLAT.lastIndex = i;
+    if (FLAT.test(t)) return FLAT.lastIndex;
+    let depth = 0;
+    for (let j = i; ; j += 1) {
+      const d = t.charCodeAt(j);
+      if (d === 0x22) {
+        j = skipString(t, j) - 1;
+      } else if (d === 0x7b || d === 0x5b) {
+        depth += 1;
+      } else if ((d === 0x7d || d === 0x5d) && --depth === 0) {
+        return j + 1;
+      }
+    }
+  }
+  let j = i + 1; // a number or a literal: up to a delimiter
+  for (;;) {
+    const d = t.charCodeAt(j);
+    if (d === 0x2c || d === 0x7d || d === 0x5d || d === 0x20 || d === 0x0a || d === 0x0d || d === 0x09 || j >= t.length) {
+      return j;
+    }
+    j += 1;
+  }
+}
+
 /**
- * The members of a JSON object, in order: `[name, raw value text]` pairs.
- * `source`: a string or UTF-8 bytes (a Uint8Array). Throws `JsonError`
- * (`not JSON: …` or `unexpected JSON: …`) for bytes that are not UTF-8,
- * text that is not JSON, or JSON that is not an object.
+ * The members of a JSON object, in order: `[name, raw value text]` pairs
+ * (a repeated name appears each time). `source`: a string or UTF-8 bytes
+ * (a Uint8Array). Throws `JsonError` (`not JSON: …` or `unexpected JSON:
+ * …`) for bytes that are not UTF-8, text that is not JSON (the engine's
+ * `JSON.parse` decides), JSON that is not an object, or a member name
+ * with a lone surrogate escape.
  */
 export function objectFields(source) {
   const t = asText(source);
-  let i = skipWs(t, 0);
-  if (t[i] !== '{') {
-    const end = skipWs(t, skipValue(t, i));
-    if (end !== t.length) fail('trailing characters', end);
-    throw new JsonError(`unexpected JSON: ${kind(t.slice(i))}, not an object`);
+  let parsed;
+  try {
+    parsed = JSON.parse(t);
+  } catch (e) {
+    throw new JsonError(`not JSON: ${e.message}`);
+  }
+  if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) {
+    throw new JsonError(`unexpected JSON: ${kind(t)}, not an object`);
   }
   const fields = [];
-  i = skipWs(t, i + 1);
-  if (t[i] === '}') {
-    i += 1;
-  } else {
-    for (;;) {
-      if (t[i] !== '"') fail('expected a name', i);
-      const nameEnd = skipString(t, i, true);
-      const name = JSON.parse(t.slice(i, nameEnd));
-      i = skipWs(t, nameEnd);
-      if (t[i] !== ':') fail("expected ':'", i);
-      const start = skipWs(t, i + 1);
-      i = skipValue(t, start);
-      fields.push([name, t.slice(start, i)]);
-      i = skipWs(t, i);
-      if (t[i] === ',') {
-        i = skipWs(t, i + 1);
-        continue;
-      }
-      if (t[i] === '}') {
-        i += 1;
-        break;
-      }
-      fail("expected ',' or '}'", i);
-    }
+  let i = skipWs(t, skipWs(t, 0) + 1);
+  if (t.charCodeAt(i) === 0x7d) return fields;
+  for (;;) {
+    const nameEnd = skipString(t, i);
+    const start = skipWs(t, skipWs(t, nameEnd) + 1); // past the ':'
+    const end = skipValue(t, start);
+    fields.push([name(t.slice(i + 1, nameEnd - 1)), t.slice(start, end)]);
+    i = skipWs(t, end);
+    if (t.charCodeAt(i) === 0x7d) return fields;
+    i = skipWs(t, i + 1); // past the ','
   }
-  const end = skipWs(t, i);
-  if (end !== t.length) fail('trailing characters', end);
-  return fields;
+}
+
+// A member name from the text between its quotes (a slice costs the
+// interpreter about as much as 15 loop steps: one per name).
+function name(inner) {
+  if (!inner.includes('\\')) return inner;
+  const decoded = JSON.parse(`"${inner}"`);
+  if (inner.includes('\\u') && LONE_SURROGATE.test(decoded)) {
+    throw new JsonError(`not JSON: a lone surrogate escape in the name "${inner}"`);
+  }
+  return decoded;
 }
 
 /** What a raw JSON value is, for messages: `an object`, `an array`, `a

@@ -120,6 +120,14 @@ test('json: object fields keep their raw text, numbers included', () => {
   assert.equal(json.kind(f[1][1]), 'an object');
   assert.equal(json.writeObject([['n"', '1'], ['m', '[2]']]), '{"n\\"":1,"m":[2]}');
   assert.deepEqual(json.objectFields('{}'), []);
+  // Escaped quotes and backslashes, brackets inside strings, nesting.
+  assert.deepEqual(json.objectFields(' { "a\\\\" : 1 , "b":"x\\"y\\\\", "c":{"d":"}]"} , "e" : [1,{"f":[]}] ,"g":-1.5e3}\n'), [
+    ['a\\', '1'],
+    ['b', '"x\\"y\\\\"'],
+    ['c', '{"d":"}]"}'],
+    ['e', '[1,{"f":[]}]'],
+    ['g', '-1.5e3'],
+  ]);
 });
 
 test('json: what is not JSON or not an object is a JsonError, which is a BadRecord', () => {
