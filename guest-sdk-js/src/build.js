@@ -115,6 +115,37 @@ export async function lineTable(map, dir, app) {
   return `\nglobalThis.__sluiceGuestLines = ${JSON.stringify(table)};\n`;
 }
 
+const STAGE = Symbol.for('sluice-guest.stage');
+const STAGE_CLASS = Symbol.for('sluice-guest.stage-class');
+const NAMES = { map: 'mapper', sink: 'sink' };
+const MAKERS = { map: 'exportMap', sink: 'exportSink' };
+
+/**
+ * What is wrong with a module's exports (`exports`: its namespace, loaded
+ * natively): a stage exported under a name the contract does not look
+ * for, or a stage class exported with no stage made from it. An empty
+ * list when they are right.
+ */
+export function exportProblems(exports) {
+  const problems = [];
+  const made = new Set();
+  for (const [name, value] of Object.entries(exports)) {
+    const kind = value !== null && typeof value === 'object' ? value[STAGE] : undefined;
+    if (kind === undefined) continue;
+    made.add(kind);
+    if (name !== NAMES[kind]) {
+      problems.push(`\`${name}\` is a ${kind} stage, but the contract finds it only as \`${NAMES[kind]}\`: \`export const ${NAMES[kind]} = ${MAKERS[kind]}(…)\``);
+    }
+  }
+  for (const [name, value] of Object.entries(exports)) {
+    const kind = typeof value === 'function' ? value.prototype?.[STAGE_CLASS] : undefined;
+    if (kind !== undefined && !made.has(kind)) {
+      problems.push(`\`${name}\` is a ${kind} stage class, but no ${kind} stage is exported: \`export const ${NAMES[kind]} = ${MAKERS[kind]}(${name})\``);
+    }
+  }
+  return problems;
+}
+
 async function main() {
   let args;
   try {
@@ -152,6 +183,20 @@ async function main() {
     return 1;
   }
   const names = Object.values(probe.metafile.outputs).flatMap((o) => o.exports ?? []);
+  // Load the module natively (as the Python build imports app.py) to
+  // check what its exports are, not only their names.
+  let loaded = null;
+  try {
+    const code = probe.outputFiles[0].text;
+    loaded = await import(`data:text/javascript;base64,${Buffer.from(code).toString('base64')}`);
+  } catch (e) {
+    console.error(`sluice-guest-build: warning: ${app} did not load under Node.js (${e.message}); its exports are checked by name only`);
+  }
+  const problems = loaded === null ? [] : exportProblems(loaded);
+  if (problems.length) {
+    console.error(`sluice-guest-build: ${app}:\n  ${problems.join('\n  ')}`);
+    return 1;
+  }
   const world = worldFor(names);
   if (world === null) {
     console.error(

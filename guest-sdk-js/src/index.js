@@ -42,6 +42,14 @@ export { BadRecord, Fatal, Retryable, StageError, Record, log, sql };
 /** The contract this SDK is built for (`wit/plugin.wit`). */
 export const CONTRACT = 'sluice:plugin@0.2.1';
 
+/** Marks what `exportMap` / `exportSink` return (`'map'`, `'sink'`), so
+ * the build can check a stage is exported under the contract's name. */
+export const STAGE = Symbol.for('sluice-guest.stage');
+
+/** Marks the prototypes of `Mapper` and `Sink` (`'map'`, `'sink'`), so the
+ * build can tell a stage class that is never exported as a stage. */
+export const STAGE_CLASS = Symbol.for('sluice-guest.stage-class');
+
 /**
  * The pipeline's `--config KEY=VALUE` pairs (every plugin of a pipeline
  * sees them all, so keys a stage does not know are another's).
@@ -169,6 +177,8 @@ export class Sink {
 
 /** Return it from `Sink.open` when the whole part is applied already. */
 Sink.ALREADY_APPLIED = 'already-applied';
+Mapper.prototype[STAGE_CLASS] = 'map';
+Sink.prototype[STAGE_CLASS] = 'sink';
 
 /** `result` of stage method `what`, refused when it is a promise: the
  * host's calls are synchronous, so an `async` method's work (and its
@@ -253,6 +263,7 @@ function stageError(e, what) {
 export function exportMap(Stage) {
   let stage = null;
   return {
+    [STAGE]: 'map',
     map(ctx, records) {
       try {
         if (stage === null) stage = make(Stage, 'map stage');
@@ -274,6 +285,7 @@ export function exportMap(Stage) {
 export function exportSink(Stage) {
   let stage = null;
   return {
+    [STAGE]: 'sink',
     open(ctx) {
       try {
         if (stage === null) {

@@ -14,7 +14,7 @@ import { NativeHost, install } from '../src/host.js';
 import { Table, toWit, fromWit } from '../src/sql.js';
 import { mapRecords, mapValues, make, text } from '../src/testing.js';
 import { Outputs, Record, WireError, readOutputs, readRecords, readSinkRecords, writeRecords, writeSinkRecords } from '../src/wire.js';
-import { entrySource, worldFor } from '../src/build.js';
+import { entrySource, exportProblems, worldFor } from '../src/build.js';
 
 const utf8 = (s) => new TextEncoder().encode(s);
 
@@ -298,4 +298,13 @@ test('build: the world follows the exports; the entry installs the host', () => 
   assert.match(map, /export \{ mapper \} from "\/p\/app.js"/);
   assert.doesNotMatch(map, /sluice:plugin\/sql/);
   assert.match(entrySource('/p/app.js', 'map-sink-plugin'), /import \* as sql from 'sluice:plugin\/sql@0.2.1'/);
+});
+
+test('build: a stage under the wrong name, or a stage class never exported as a stage, is refused', () => {
+  class Keep extends sluice.Mapper {}
+  class Store extends sluice.Sink {}
+  assert.deepEqual(exportProblems({ mapper: sluice.exportMap(Keep), sink: sluice.exportSink(Store), Keep, Store }), []);
+  assert.match(exportProblems({ Mapper: sluice.exportMap(Keep) })[0], /`Mapper` is a map stage, but the contract finds it only as `mapper`/);
+  assert.match(exportProblems({ Keep, sink: sluice.exportSink(Store) })[0], /`Keep` is a map stage class, but no map stage is exported/);
+  assert.equal(exportProblems({ mapper: sluice.exportSink(Store) }).length, 1);
 });

@@ -265,6 +265,7 @@ def export_map(stage: type[Mapper]):
                 raise _stage_error(types, e) from None
 
     _Export.__name__ = "Mapper"
+    _Export._sluice_stage = "map"
     return _Export
 
 
@@ -364,4 +365,5 @@ def export_sink(stage: type[Sink]):
                 raise _stage_error(types, e) from None
 
     _Export.__name__ = "Sink"
+    _Export._sluice_stage = "sink"
     return _Export

@@ -41,6 +41,39 @@ def _wit_dir() -> str:
     sys.exit(1)
 
 
+_NAMES = {"map": "Mapper", "sink": "Sink"}
+_MAKERS = {"map": "export_map", "sink": "export_sink"}
+
+
+def export_problems(names: dict) -> list[str]:
+    """What is wrong with a module's globals ``names``: a stage exported
+    under a name componentize-py does not look for (``mapper`` is the
+    JavaScript SDK's spelling), or a stage class defined with no stage
+    made from it. Empty when they are right."""
+    import sluice_guest
+
+    problems, made = [], set()
+    for name, value in names.items():
+        kind = getattr(value, "_sluice_stage", None) if isinstance(value, type) else None
+        if kind is None:
+            continue
+        made.add(kind)
+        if name != _NAMES[kind]:
+            problems.append(
+                f"`{name}` is a {kind} stage, but componentize-py exports it only as `{_NAMES[kind]}`: "
+                f"`{_NAMES[kind]} = sluice_guest.{_MAKERS[kind]}(…)`"
+            )
+    bases = {"map": sluice_guest.Mapper, "sink": sluice_guest.Sink}
+    for name, value in names.items():
+        for kind, base in bases.items():
+            if isinstance(value, type) and issubclass(value, base) and value is not base and kind not in made:
+                problems.append(
+                    f"`{name}` is a {kind} stage class, but no {kind} stage is exported: "
+                    f"`{_NAMES[kind]} = sluice_guest.{_MAKERS[kind]}({name})`"
+                )
+    return problems
+
+
 def _world(app_path: str) -> str:
     directory, file = os.path.split(os.path.abspath(app_path))
     module = os.path.splitext(file)[0]
@@ -53,7 +86,12 @@ def _world(app_path: str) -> str:
         spec.loader.exec_module(app)
     finally:
         sys.path.pop(0)
-    has_map, has_sink = hasattr(app, "Mapper"), hasattr(app, "Sink")
+    problems = export_problems(vars(app))
+    if problems:
+        print(f"{app_path}:\n  " + "\n  ".join(problems), file=sys.stderr)
+        sys.exit(2)
+    has_map = getattr(getattr(app, "Mapper", None), "_sluice_stage", None) == "map"
+    has_sink = getattr(getattr(app, "Sink", None), "_sluice_stage", None) == "sink"
     if has_map and has_sink:
         return "map-sink-plugin"
     if has_map:

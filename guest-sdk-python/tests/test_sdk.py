@@ -158,3 +158,23 @@ class Tables(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class Build(unittest.TestCase):
+    def test_a_stage_under_the_wrong_name_or_never_exported_is_refused(self):
+        from sluice_guest.build import export_problems
+
+        class Keep(sluice.Mapper):
+            pass
+
+        class Store(sluice.Sink):
+            pass
+
+        good = {"Keep": Keep, "Store": Store, "Mapper": sluice.export_map(Keep), "Sink": sluice.export_sink(Store)}
+        self.assertEqual(export_problems(good), [])
+        wrong = export_problems({"Keep": Keep, "mapper": sluice.export_map(Keep)})
+        self.assertEqual(len(wrong), 1)
+        self.assertIn("`mapper` is a map stage, but componentize-py exports it only as `Mapper`", wrong[0])
+        never = export_problems({"Keep": Keep, "Sink": sluice.export_sink(Store), "base": sluice.Mapper})
+        self.assertEqual(len(never), 1)
+        self.assertIn("`Keep` is a map stage class, but no map stage is exported", never[0])

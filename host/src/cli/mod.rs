@@ -127,7 +127,7 @@ pub enum Command {
     /// Run a plugin's map stage(s) over records from a file and print the
     /// outputs as JSON lines (no Kafka, no checkpoint).
     Test(test_cmd::TestArgs),
-    /// Inspect plugin components.
+    /// Create a plugin (Rust, Python or JavaScript) or inspect a component.
     #[command(subcommand)]
     Plugin(plugin_cmd::PluginCommand),
     /// Inspect checkpoint directories, or move a stopped pipeline's offsets (reset).

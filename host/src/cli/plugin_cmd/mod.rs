@@ -40,13 +40,14 @@ pub enum PluginCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Create a plugin crate NAME in the current directory (or --dir): a
-    /// map stage, a sink stage or both, with unit tests, a `host test`
-    /// input file and a README. It builds anywhere: the guest SDK is
-    /// written into NAME/sluice-sdk/, and its dependencies come from
-    /// crates.io.
+    /// Create a plugin NAME in the current directory (or --dir): a map
+    /// stage, a sink stage or both, with unit tests, a `host test` input
+    /// file and a README; in Rust (a crate), Python or JavaScript
+    /// (--lang). It builds anywhere: the SDK is written into
+    /// NAME/sluice-sdk/, and the build tools come from crates.io, PyPI or
+    /// npm.
     New {
-        /// Crate name (lower-case letters, digits, - and _): also the
+        /// Plugin name (lower-case letters, digits, - and _): also the
         /// component's file name (`-` becomes `_`).
         name: String,
         /// Export a map stage (the default when neither --map nor --sink

@@ -171,7 +171,12 @@ pub fn run(args: TestArgs) -> Result<(), CliError> {
                 ),
             });
         }
-        tracing::info!(plugin = %path.display(), digest = plugin.digest(), "loaded");
+        tracing::info!(
+            plugin = %path.display(),
+            digest = plugin.digest(),
+            stages = has.names().join(", "),
+            "loaded"
+        );
         if has.map {
             stages.push(plugin.instance());
         }
@@ -188,6 +193,9 @@ pub fn run(args: TestArgs) -> Result<(), CliError> {
             }
             sink_plugin = Some((path.display().to_string(), plugin));
         }
+    }
+    if stages.is_empty() {
+        tracing::info!("no map stage: the sink stage gets each record as it was read");
     }
     let grant = match (&sink_plugin, &args.sink_db) {
         (None, None) => None,
