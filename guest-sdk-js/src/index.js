@@ -214,9 +214,10 @@ export function mapCall(stage, records) {
   return [outputs.finish(), rejected];
 }
 
-/** The stage object, made with the pipeline's config: an error of its
- * constructor stops the batch as a fatal error naming it, as `new`
- * failing does in the Rust SDK. */
+/** The stage object, made with the pipeline's config. A `Fatal` or
+ * `Retryable` from its constructor is that stage error, a `BadRecord` a
+ * fatal one naming the stage (as `new` returning an error in the Rust
+ * SDK); anything else thrown is a trap (as a panic in `new`). */
 export function make(Stage, what) {
   try {
     return new Stage(new Config());
@@ -249,10 +250,20 @@ function stageError(e, what) {
   if (e instanceof sql.SqlError) return { tag: 'fatal', val: `sql: ${e}` };
   if (e instanceof WireError) return { tag: 'fatal', val: `malformed packed batch from the host: ${e.message}` };
   if (e instanceof BadRecord) return { tag: 'fatal', val: `bad record from ${what}: ${e.message}` };
-  const head = e instanceof Error ? `${e.name}: ${e.message}` : `${typeof e} thrown: ${String(e)}`;
-  const frames = e instanceof Error && e.stack ? e.stack.split('\n').map((l) => frame(l)).filter((f) => f !== null) : [];
+  let head;
+  try {
+    head = e instanceof Error ? `${e.name}: ${e.message}` : `${typeof e} thrown: ${String(e)}`;
+  } catch {
+    head = `${typeof e} thrown`;
+  }
+  const stack = e instanceof Error && typeof e.stack === 'string' ? e.stack : '';
+  // At most 10 frames: the host keeps the last 2 KiB of the guest's stderr.
+  const frames = stack.split('\n').map((l) => frame(l)).filter((f) => f !== null).slice(0, 10);
   console.error([`sluice-guest: uncaught ${head} (in ${what})`, ...frames.map((f) => `    at ${f}`)].join('\n'));
-  return e;
+  // A fresh error makes the call trap: the thrown value itself might look
+  // like a WIT stage-error to the bindings (an object with `tag` and
+  // `val`), and reject records that are not bad.
+  return new Error(`uncaught in ${what}: ${head}`);
 }
 
 /**

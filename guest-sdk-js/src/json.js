@@ -143,9 +143,16 @@ export function kind(raw) {
   return { '{': 'an object', '[': 'an array', '"': 'a string', t: 'a boolean', f: 'a boolean', n: 'null' }[c] ?? 'a number';
 }
 
-/** A raw value that is a JSON string, decoded; `null` otherwise. */
+/** A raw value that is a JSON string, decoded; `null` otherwise. A lone
+ * surrogate escape is a `JsonError` (serde_json refuses to decode one
+ * into a string). */
 export function string(raw) {
-  return raw.trimStart().startsWith('"') ? JSON.parse(raw) : null;
+  if (!raw.trimStart().startsWith('"')) return null;
+  const s = JSON.parse(raw);
+  if (raw.includes('\\u') && LONE_SURROGATE.test(s)) {
+    throw new JsonError(`not JSON: a lone surrogate escape in the string ${raw}`);
+  }
+  return s;
 }
 
 /** `s` as a JSON string (raw value text for `writeObject`). */

@@ -308,3 +308,26 @@ test('build: a stage under the wrong name, or a stage class never exported as a 
   assert.match(exportProblems({ Keep, sink: sluice.exportSink(Store) })[0], /`Keep` is a map stage class, but no map stage is exported/);
   assert.equal(exportProblems({ mapper: sluice.exportSink(Store) }).length, 1);
 });
+
+test('json.string refuses a lone surrogate escape, as serde_json does for a string', () => {
+  assert.throws(() => json.string('"\\ud800"'), json.JsonError);
+  assert.equal(json.string('"\\ud83d\\ude00"'), '😀');
+});
+
+test('an uncaught value that looks like a stage-error still traps', () => {
+  class Sneaky extends sluice.Mapper {
+    map() {
+      throw { tag: 'bad-record', val: { index: 0, message: 'looks bad' } };
+    }
+  }
+  install(new NativeHost());
+  const m = sluice.exportMap(Sneaky);
+  const records = writeRecords([new Record('t', 0, 0, 0, 'create-time', null, utf8('x'), [])]);
+  const original = console.error;
+  console.error = () => {};
+  try {
+    assert.throws(() => m.map({}, records), (e) => e instanceof Error && /uncaught in map/.test(e.message));
+  } finally {
+    console.error = original;
+  }
+});

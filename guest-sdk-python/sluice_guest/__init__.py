@@ -215,7 +215,7 @@ class Sink:
         raise ``BadRecord("…", index=i)`` with its position."""
         for i, r in enumerate(records):
             try:
-                self.write(r)
+                _sync(self.write(r), "write")
             except BadRecord as e:
                 if e.index is None:
                     e.index = i
@@ -280,7 +280,7 @@ def map_call(stage: Mapper, records: bytes) -> tuple[bytes, list[tuple[int, str]
         emit._index = i
         mark = outputs.mark()
         try:
-            stage.map(record, emit)
+            _sync(stage.map(record, emit), "map")
         except BadRecord as e:
             outputs.rewind(mark)  # a rejected record has no outputs
             rejected.append((i, str(e)))
@@ -288,6 +288,19 @@ def map_call(stage: Mapper, records: bytes) -> tuple[bytes, list[tuple[int, str]
             outputs.rewind(mark)
             rejected.append((i, f"not UTF-8: {e}"))
     return outputs.finish(), rejected
+
+
+def _sync(result, what: str):
+    """``result`` of stage method ``what``, refused when it is a coroutine:
+    the host's calls are synchronous, so an ``async def`` method's work
+    (and its errors) would be lost."""
+    import inspect
+
+    if inspect.isawaitable(result):
+        if inspect.iscoroutine(result):
+            result.close()
+        raise TypeError(f"{what} returned an awaitable: stage methods must be plain functions (not async def)")
+    return result
 
 
 def _make(stage, what: str):
@@ -319,11 +332,11 @@ def export_sink(stage: type[Sink]):
                 if "stage" not in state:
                     s = _make(stage, "sink stage")
                     try:
-                        s.init()
+                        _sync(s.init(), "init")
                     except BadRecord as e:
                         raise Fatal(f"sink stage init: {e}") from None
                     state["stage"] = s
-                answer = state["stage"].open(Part(ctx))
+                answer = _sync(state["stage"].open(Part(ctx)), "open")
             except BadRecord as e:
                 raise _stage_error(types, Fatal(f"bad record from open: {e}")) from None
             except (Retryable, Fatal, sql.SqlError) as e:
@@ -341,7 +354,7 @@ def export_sink(stage: type[Sink]):
             except WireError as e:
                 raise _stage_error(types, Fatal(f"malformed packed batch from the host: {e}")) from None
             try:
-                state["stage"].write_chunk(chunk)
+                _sync(state["stage"].write_chunk(chunk), "write_chunk")
             except BadRecord as e:
                 index = e.index if e.index is not None else (0 if len(chunk) == 1 else None)
                 if index is None or not 0 <= index < len(chunk):
@@ -358,7 +371,7 @@ def export_sink(stage: type[Sink]):
             from wit_world.imports import types
 
             try:
-                state["stage"].close()
+                _sync(state["stage"].close(), "close")
             except BadRecord as e:
                 raise _stage_error(types, Fatal(f"bad record from close: {e}")) from None
             except (Retryable, Fatal, sql.SqlError) as e:

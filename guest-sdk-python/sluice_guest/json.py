@@ -17,7 +17,9 @@ def _no_constant(name: str):
 
 
 # NaN and Infinity are not JSON (RFC 8259); the standard library takes them.
-_DECODER = _json.JSONDecoder(parse_constant=_no_constant)
+# Numbers stay text (the raw values are what is kept), so an integer of
+# more than 4,300 digits is not refused by int()'s limit.
+_DECODER = _json.JSONDecoder(parse_constant=_no_constant, parse_int=str, parse_float=str)
 
 
 def _surrogate(s: str) -> bool:
@@ -105,8 +107,15 @@ def kind(raw: str) -> str:
 
 
 def string(raw: str) -> str | None:
-    """A raw value that is a JSON string, decoded; ``None`` otherwise."""
-    return _json.loads(raw) if raw.lstrip().startswith('"') else None
+    """A raw value that is a JSON string, decoded; ``None`` otherwise. A
+    lone surrogate escape is a :class:`JsonError` (serde_json refuses to
+    decode one into a string)."""
+    if not raw.lstrip().startswith('"'):
+        return None
+    s = _json.loads(raw)
+    if _surrogate(s):
+        raise JsonError(f"not JSON: a lone surrogate escape in the string {raw}")
+    return s
 
 
 def write_string(s: str) -> str:

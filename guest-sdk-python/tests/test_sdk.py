@@ -178,3 +178,22 @@ class Build(unittest.TestCase):
         never = export_problems({"Keep": Keep, "Sink": sluice.export_sink(Store), "base": sluice.Mapper})
         self.assertEqual(len(never), 1)
         self.assertIn("`Keep` is a map stage class, but no map stage is exported", never[0])
+
+
+class Refusals(unittest.TestCase):
+    def test_an_async_map_is_refused_not_dropped(self):
+        class Later(sluice.Mapper):
+            async def map(self, record, emit):
+                emit(None, b"late")
+
+        with self.assertRaises(TypeError):
+            testing.map_values(Later, [b"x"])
+
+    def test_a_string_with_a_lone_surrogate_escape_is_not_json(self):
+        with self.assertRaises(json.JsonError):
+            json.string('"\\ud800"')
+        self.assertEqual(json.string('"\\ud83d\\ude00"'), "\U0001F600")
+
+    def test_long_integers_are_kept_as_text(self):
+        digits = "9" * 5000
+        self.assertEqual(json.object_fields('{"ts":' + digits + "}"), [("ts", digits)])
