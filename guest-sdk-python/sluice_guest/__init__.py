@@ -304,9 +304,11 @@ def _sync(result, what: str):
 
 
 def _make(stage, what: str):
-    """The stage object, made with the pipeline's config: an error of
-    its constructor (or ``init``) stops the batch as a fatal error naming
-    it, as ``new`` failing does in the Rust SDK."""
+    """The stage object, made with the pipeline's config. A ``Fatal`` or
+    ``Retryable`` from its constructor (or ``init``) is that stage error,
+    a ``BadRecord`` a fatal one naming the stage (as ``new`` returning an
+    error in the Rust SDK); any other exception is a trap (as a panic in
+    ``new``)."""
     try:
         return stage(Config())
     except (Retryable, Fatal, sql.SqlError):
