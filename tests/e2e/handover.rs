@@ -378,24 +378,7 @@ fn swap_under_load_switches_exactly_at_the_reported_batch_and_bad_swaps_are_reje
     // Some records must have gone through v1 before the swap.
     wait_some_applied(&db, Duration::from_secs(60));
 
-    let out = host(&[
-        "swap",
-        "--checkpoint",
-        ckpt.to_str().unwrap(),
-        "--plugin",
-        plugin("tag_v2").to_str().unwrap(),
-        "--stage",
-        "map",
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let said = String::from_utf8_lossy(&out.stdout).to_string();
-    let boundary: u64 = said
-        .trim()
-        .rsplit(' ')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap_or_else(|_| panic!("{said}"));
+    let boundary = swap_map(&ckpt, &plugin("tag_v2"));
 
     // Bad swaps: rejected, the running plugin (v2) keeps running.
     let text = dir.path().join("notes.wasm");

@@ -223,27 +223,43 @@ mod tests {
         assert_eq!(shipped, on_disk);
     }
 
-    #[test]
-    fn every_python_sdk_file_is_shipped() {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest-sdk-python");
-        let mut on_disk: Vec<String> = ["pyproject.toml", "setup.py", "README.md"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        for e in std::fs::read_dir(root.join("sluice_guest")).unwrap() {
+    /// The files of the SDK in `dir` (under the repository root): the
+    /// `fixed` ones and every `*.ext` in `sources`, as paths under the SDK,
+    /// equal the non-WIT entries of `shipped`.
+    fn assert_all_shipped(
+        dir: &str,
+        fixed: &[&str],
+        sources: &str,
+        ext: &str,
+        shipped: &[(&str, &str)],
+    ) {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(dir);
+        let mut on_disk: Vec<String> = fixed.iter().map(|s| s.to_string()).collect();
+        for e in std::fs::read_dir(root.join(sources)).unwrap() {
             let name = e.unwrap().file_name().to_string_lossy().into_owned();
-            if name.ends_with(".py") {
-                on_disk.push(format!("sluice_guest/{name}"));
+            if name.ends_with(ext) {
+                on_disk.push(format!("{sources}/{name}"));
             }
         }
         on_disk.sort();
-        let mut shipped: Vec<String> = super::PY_FILES
+        let mut listed: Vec<String> = shipped
             .iter()
             .filter(|(p, _)| !p.ends_with(".wit"))
             .map(|(p, _)| p.to_string())
             .collect();
-        shipped.sort();
-        assert_eq!(shipped, on_disk);
+        listed.sort();
+        assert_eq!(listed, on_disk);
+    }
+
+    #[test]
+    fn every_python_sdk_file_is_shipped() {
+        assert_all_shipped(
+            "guest-sdk-python",
+            &["pyproject.toml", "setup.py", "README.md"],
+            "sluice_guest",
+            ".py",
+            super::PY_FILES,
+        );
     }
 
     /// The SDK templates name the dependency versions the workspace builds
@@ -296,24 +312,12 @@ mod tests {
 
     #[test]
     fn every_js_sdk_file_is_shipped() {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest-sdk-js");
-        let mut on_disk: Vec<String> = ["package.json", "README.md"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        for e in std::fs::read_dir(root.join("src")).unwrap() {
-            let name = e.unwrap().file_name().to_string_lossy().into_owned();
-            if name.ends_with(".js") {
-                on_disk.push(format!("src/{name}"));
-            }
-        }
-        on_disk.sort();
-        let mut shipped: Vec<String> = super::JS_FILES
-            .iter()
-            .filter(|(p, _)| !p.ends_with(".wit"))
-            .map(|(p, _)| p.to_string())
-            .collect();
-        shipped.sort();
-        assert_eq!(shipped, on_disk);
+        assert_all_shipped(
+            "guest-sdk-js",
+            &["package.json", "README.md"],
+            "src",
+            ".js",
+            super::JS_FILES,
+        );
     }
 }
