@@ -7,9 +7,9 @@
 //! wrapper for `rd_kafka_DescribeTopics` (librdkafka ≥ 2.3), so this module
 //! calls it through `rdkafka::bindings` on the client's own handle: the
 //! request then uses the same bootstrap servers, security settings and
-//! connections as every other request of that client. This and
-//! `group::member_id` are the only `unsafe` code in the host; each block
-//! says what it relies on.
+//! connections as every other request of that client. This,
+//! `group::member_id` and `headers` are the only `unsafe` code in the
+//! host; each block says what it relies on.
 //!
 //! Brokers older than Kafka 2.8 (Metadata below v10) return an all-zero id,
 //! which is reported as `None`.

@@ -18,7 +18,8 @@
 //! [`PartitionRange`], [`SourceError`]) and the client's construction;
 //! `metadata` asks brokers for partitions, identities and watermarks,
 //! `fetch` reads ranges, `describe` is the FFI call behind topic ids,
-//! `group` answers the group coordinator's rebalances.
+//! `group` answers the group coordinator's rebalances, `headers` reads a
+//! record's headers (names that are not UTF-8 included).
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -27,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::BaseConsumer;
-use rdkafka::message::{Headers, Message};
+use rdkafka::message::Message;
 use sluice_guest::wire::{OwnedHeaders, Record, TimestampType, header_views};
 
 mod brokers;
@@ -35,6 +36,7 @@ mod client_log;
 mod describe;
 mod fetch;
 pub mod group;
+mod headers;
 mod metadata;
 
 pub use brokers::check_brokers;
@@ -289,14 +291,7 @@ fn to_record(m: &rdkafka::message::BorrowedMessage<'_>) -> SourceRecord {
         rdkafka::Timestamp::CreateTime(t) => timestamp(t, TimestampType::CreateTime),
         rdkafka::Timestamp::LogAppendTime(t) => timestamp(t, TimestampType::LogAppendTime),
     };
-    let headers = m
-        .headers()
-        .map(|h| {
-            h.iter()
-                .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
-                .collect()
-        })
-        .unwrap_or_default();
+    let headers = headers::record_headers(m);
     SourceRecord {
         offset: m.offset(),
         timestamp,
