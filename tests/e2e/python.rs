@@ -64,6 +64,16 @@ pub(crate) fn maxwell_input() -> tempfile::NamedTempFile {
         r#"{"key":null,"value":{"table":"company","type":"insert","data":null}}"#,
         r#"{"key":{"pk.id":5},"value":"\ufeff{\"table\":\"company\",\"type\":\"insert\",\"data\":{\"id\":5}}"}"#,
         r#"{"key":null,"value":null}"#,
+        // Updates that move a row to another key (Maxwell's `old` holds
+        // the previous id), a composite key with one column changed, and
+        // `old`s that move nothing.
+        r#"{"key":{"database":"shop","table":"company","pk.id":21},"value":{"database":"shop","table":"company","type":"update","data":{"id":21,"name":"moved"},"old":{"id":20,"name":"was"}}}"#,
+        r#"{"key":{"database":"shop","table":"company","pk.code":"A","pk.region":3},"value":{"database":"shop","table":"company","type":"update","data":{"code":"A","region":3},"old":{"region":2}}}"#,
+        r#"{"key":null,"value":{"database":"shop","table":"company","type":"update","data":{"id":22},"old":{"id":"22x"}}}"#,
+        r#"{"key":null,"value":{"database":"shop","table":"company","type":"update","data":{"id":23},"old":null}}"#,
+        r#"{"key":null,"value":{"database":"shop","table":"company","type":"update","data":{"id":24},"old":{"id":null}}}"#,
+        r#"{"key":null,"value":{"database":"shop","table":"company","type":"update","data":{"id":25},"old":[1]}}"#,
+        r#"{"key":null,"value":{"database":"shop","table":"company","type":"insert","data":{"id":26},"old":{"id":1}}}"#,
     ] {
         writeln!(f, "{line}").unwrap();
     }

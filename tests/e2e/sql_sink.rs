@@ -757,6 +757,10 @@ fn company_upserts_and_deletes_end_in_the_right_table_state() {
         // batches runs of one kind, so their order must survive.
         r#"{"database":"shop","table":"company","type":"delete","ts":6,"data":{"id":3}}"#.into(),
         r#"{"database":"shop","table":"company","type":"insert","ts":7,"data":{"id":3,"founded":"0000-00-00 00:00:00"}}"#.into(),
+        // An update that moves a row to another key (Maxwell's `old`
+        // holds the previous id): the old key's row goes.
+        r#"{"database":"shop","table":"company","type":"insert","ts":8,"data":{"id":10,"name":"K"}}"#.into(),
+        r#"{"database":"shop","table":"company","type":"update","ts":9,"data":{"id":11,"name":"K"},"old":{"id":10}}"#.into(),
     ];
     for db in Db::both() {
         let source: Vec<Record<'_>> = events
@@ -764,13 +768,19 @@ fn company_upserts_and_deletes_end_in_the_right_table_state() {
             .enumerate()
             .map(|(i, e)| Record::with_value("maxwell", 0, 40 + i as i64, e.as_bytes()))
             .collect();
-        map_and_sink("company", &db, &source, 40, 47).unwrap();
+        map_and_sink("company", &db, &source, 40, 49).unwrap();
         let rows = db.query(
             "SELECT pk, row_json, idempotency_key, source_offset FROM companies ORDER BY pk",
         );
         assert_eq!(
             rows,
             vec![
+                vec![
+                    SqlValue::Text(r#"{"id":11}"#.into()),
+                    SqlValue::Text(r#"{"id":11,"name":"K"}"#.into()),
+                    SqlValue::Text("maxwell/0/48#1".into()),
+                    SqlValue::Integer(48),
+                ],
                 vec![
                     SqlValue::Text(r#"{"id":1}"#.into()),
                     SqlValue::Text(r#"{"id":1,"name":"A2","cap":999999999999.999998}"#.into()),

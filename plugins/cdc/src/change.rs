@@ -6,7 +6,10 @@
 //! "key":{"id":1},"row":{"id":1,"name":"Acme","revenue":"12.50"}}`.
 //! `op` is `upsert`, `delete` or `truncate`; `table` the destination;
 //! `pos` the source position ([`crate::position`]); `key` the primary key
-//! columns; `row` the columns after the change (`upsert` only). Values
+//! columns; `row` the columns after the change (`upsert` only);
+//! `old_key` the primary key before the change, only on an upsert that
+//! changed it (Maxwell's `old`, Debezium's `before`): the sink removes
+//! that row in the same transaction. Values
 //! are the source's JSON text, byte for byte, except Debezium values the
 //! schema says are encoded (decimals, dates), which are written as their
 //! SQL text (a JSON string).
@@ -57,6 +60,11 @@ pub struct Decoded<'a> {
     /// The row after the change (`upsert`), or before it (`delete`, where
     /// it only serves to find the key).
     pub row: Columns<'a>,
+    /// Of an update, the values before it where the event carries them
+    /// (Maxwell's `old`: the changed columns only; Debezium's `before`:
+    /// the whole row, or the key only, or nothing, by the source's
+    /// replica identity); empty otherwise.
+    pub before: Columns<'a>,
 }
 
 impl Decoded<'_> {
@@ -67,8 +75,16 @@ impl Decoded<'_> {
 }
 
 /// Write the change record of `d` for destination `table` at `pos` with
-/// primary key `key` into `out` (cleared first).
-pub fn write(out: &mut Vec<u8>, d: &Decoded<'_>, table: &str, pos: &str, key: &Columns<'_>) {
+/// primary key `key` (and `old_key`, the key before an upsert that
+/// changed it) into `out` (cleared first).
+pub fn write(
+    out: &mut Vec<u8>,
+    d: &Decoded<'_>,
+    table: &str,
+    pos: &str,
+    key: &Columns<'_>,
+    old_key: Option<&Columns<'_>>,
+) {
     out.clear();
     out.extend_from_slice(b"{\"op\":");
     json::write(out, &d.op);
@@ -83,8 +99,38 @@ pub fn write(out: &mut Vec<u8>, d: &Decoded<'_>, table: &str, pos: &str, key: &C
     if d.op == Op::Upsert {
         out.extend_from_slice(b",\"row\":");
         write_columns(out, &d.row);
+        if let Some(old) = old_key {
+            out.extend_from_slice(b",\"old_key\":");
+            write_columns(out, old);
+        }
     }
     out.push(b'}');
+}
+
+/// The JSON text of `v`, as [`write_columns`] writes it (so two values
+/// compare by what the sink would bind).
+pub fn text_of(v: &Val<'_>) -> Vec<u8> {
+    let mut out = Vec::new();
+    match v {
+        Val::Raw(raw) => out.extend_from_slice(raw.get().as_bytes()),
+        Val::Text(t) => json::write_str(&mut out, t),
+    }
+    out
+}
+
+/// The value of column `name` in `columns`: the exact name, else the one
+/// name equal to it ignoring ASCII case (MySQL's column names ignore
+/// case; two names that differ only in case are ambiguous and match
+/// neither).
+pub fn find<'c, 'a>(columns: &'c Columns<'a>, name: &str) -> Option<&'c Val<'a>> {
+    if let Some((_, v)) = columns.iter().find(|(c, _)| c == name) {
+        return Some(v);
+    }
+    let mut folded = columns.iter().filter(|(c, _)| c.eq_ignore_ascii_case(name));
+    match (folded.next(), folded.next()) {
+        (Some((_, v)), None) => Some(v),
+        _ => None,
+    }
 }
 
 /// Write columns as a JSON object.
@@ -124,4 +170,8 @@ pub struct ChangeIn<'a> {
     /// Row after the change (an object; `upsert` only).
     #[serde(borrow, default)]
     pub row: Option<&'a RawValue>,
+    /// Primary key before the change (an object; an upsert that changed
+    /// its key only).
+    #[serde(borrow, default)]
+    pub old_key: Option<&'a RawValue>,
 }

@@ -115,6 +115,21 @@ pub fn decode<'a>(event: &Object<'a>, key: Option<&'a [u8]>) -> Result<Option<De
         None if op == Op::Upsert => return Err(bad("Debezium upsert without `after`")),
         None => Vec::new(),
     };
+    // An update's `before` (the whole row with PostgreSQL's `REPLICA
+    // IDENTITY FULL` or MySQL, the key alone or null otherwise) shows a
+    // changed key.
+    let before = match payload.get("before").filter(|v| !json::is_null(v)) {
+        Some(raw) if op == Op::Upsert => {
+            let row = Object::from_raw(raw)
+                .map_err(|_| bad(format!("`before` is {}, not an object", json::kind(raw))))?;
+            let types = match schema {
+                Some(s) => logical_types(s, "before")?,
+                None => Vec::new(),
+            };
+            columns(&row, &types)?
+        }
+        _ => Vec::new(),
+    };
     Ok(Some(Decoded {
         op,
         database,
@@ -122,6 +137,7 @@ pub fn decode<'a>(event: &Object<'a>, key: Option<&'a [u8]>) -> Result<Option<De
         pos,
         key: key_columns(key)?,
         row,
+        before,
     }))
 }
 

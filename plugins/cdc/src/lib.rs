@@ -261,7 +261,11 @@ impl Mapper for CdcMap {
             .pos
             .clone()
             .unwrap_or_else(|| position::kafka(record.partition, record.offset));
-        change::write(&mut self.out, &d, &dest, &pos, &key);
+        let old_key = match d.op {
+            Op::Upsert => old_key(&d, &key),
+            _ => None,
+        };
+        change::write(&mut self.out, &d, &dest, &pos, &key, old_key.as_ref());
         self.key.clear();
         self.key.extend_from_slice(b"{\"table\":");
         json::write_str(&mut self.key, &dest);
@@ -279,12 +283,7 @@ impl CdcMap {
     /// from the row when it has the column (decoded there), else from the
     /// key.
     fn primary_key<'a>(&self, d: &Decoded<'a>, dest: &str) -> Result<Columns<'a>, Error> {
-        let from_row = |name: &str| {
-            d.row
-                .iter()
-                .find(|(c, _)| c == name)
-                .map(|(_, v)| v.clone())
-        };
+        let from_row = |name: &str| change::find(&d.row, name).cloned();
         if !d.key.is_empty() {
             return Ok(d
                 .key
@@ -311,6 +310,31 @@ impl CdcMap {
             })
             .collect()
     }
+}
+
+/// The primary key before upsert `d` when the update changed it: `key`
+/// with each column's value from `d.before` where it has one (Maxwell's
+/// `old` lists only the changed columns, Debezium's `before` may be the
+/// whole row); `None` when no key column changed, or one was null before
+/// (no destination row can have a null key).
+fn old_key<'a>(d: &Decoded<'a>, key: &Columns<'a>) -> Option<Columns<'a>> {
+    if d.before.is_empty() {
+        return None;
+    }
+    let mut changed = false;
+    let mut old = Vec::with_capacity(key.len());
+    for (name, now) in key {
+        let was = match change::find(&d.before, name) {
+            Some(was) => was,
+            None => now,
+        };
+        if matches!(was, Val::Raw(r) if json::is_null(r)) {
+            return None;
+        }
+        changed |= change::text_of(was) != change::text_of(now);
+        old.push((name.clone(), was.clone()));
+    }
+    changed.then_some(old)
 }
 
 sluice_guest::export!(map: CdcMap, sink: sink::CdcSink);

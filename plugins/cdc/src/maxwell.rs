@@ -4,8 +4,10 @@
 //! "data":{"id":1,"name":"Acme"},"old":{"name":"Acm"}}` with the default
 //! hash key `{"database":"shop","table":"customers","pk.id":1}`.
 //!
-//! `insert`, `update` and `bootstrap-insert` upsert from `data`, `delete`
-//! deletes the row `data` names; bootstrap markers, DDL (`table-create`,
+//! `insert`, `update` and `bootstrap-insert` upsert from `data` (an
+//! update's `old` holds the previous values of the columns it changed,
+//! so a changed primary key shows there), `delete` deletes the row `data`
+//! names; bootstrap markers, DDL (`table-create`,
 //! `database-alter`, …) and heartbeats carry no row change and are
 //! skipped. The position is `position` (`output_binlog_position=true`)
 //! with `xoffset`; without it, the Kafka offset.
@@ -46,6 +48,14 @@ pub fn decode<'a>(event: &Object<'a>, key: Option<&'a [u8]>) -> Result<Option<De
         .ok_or_else(|| Error::bad_record("Maxwell row event without `data`"))?;
     let row = Object::from_raw(data)
         .map_err(|_| Error::bad_record(format!("`data` is {}, not an object", json::kind(data))))?;
+    let before = match event.get("old").filter(|v| !json::is_null(v)) {
+        Some(old) if op == Op::Upsert => Object::from_raw(old)
+            .map_err(|_| Error::bad_record(format!("`old` is {}, not an object", json::kind(old))))?
+            .iter()
+            .map(|(k, v)| (Cow::Owned(k.to_string()), Val::Raw(v)))
+            .collect(),
+        _ => Vec::new(),
+    };
     let xoffset = event
         .get("xoffset")
         .and_then(|v| v.get().parse::<u64>().ok())
@@ -64,6 +74,7 @@ pub fn decode<'a>(event: &Object<'a>, key: Option<&'a [u8]>) -> Result<Option<De
             .iter()
             .map(|(k, v)| (Cow::Owned(k.to_string()), Val::Raw(v)))
             .collect(),
+        before,
     }))
 }
 

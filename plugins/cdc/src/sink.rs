@@ -164,6 +164,23 @@ impl Sink for CdcSink {
         let Some(table) = self.tables.get(&*c.table) else {
             return Err(Error::fatal("destination table vanished from the cache"));
         };
+        // An upsert that changed its key first removes the old key's row,
+        // at the same position, so the pair applies as one change.
+        let moved_from = match (c.op, c.old_key) {
+            (Op::Upsert, Some(old)) => {
+                let old = Object::from_raw(old)
+                    .map_err(|e| Error::bad_record(format!("`old_key`: {e}")))?;
+                let (_, params) = self.bind_key(table, &old)?;
+                Some(Bound {
+                    op: Op::Delete,
+                    pos: c.pos.to_string(),
+                    set: Vec::new(),
+                    params,
+                    after_delete: None,
+                })
+            }
+            _ => None,
+        };
         let (key_idx, bound) = match c.op {
             Op::Truncate => (Vec::new(), None),
             Op::Delete => {
@@ -196,6 +213,10 @@ impl Sink for CdcSink {
             }
         };
         if self.settings.batch_rows <= 1 {
+            if let Some(d) = &moved_from {
+                apply_one(table, &key_idx, Some(d), &mut self.statements)
+                    .map_err(|e| classify(e, &c))?;
+            }
             return apply_one(table, &key_idx, bound.as_ref(), &mut self.statements)
                 .map(|_| ())
                 .map_err(|e| classify(e, &c));
@@ -210,6 +231,9 @@ impl Sink for CdcSink {
                 .is_some_and(|k| !k.order.is_empty() && k.key != key_idx)
         {
             self.flush()?;
+        }
+        if let Some(d) = moved_from {
+            self.keep(&name, key_idx.clone(), Some(d));
         }
         self.keep(&name, key_idx, bound);
         if self.kept_rows >= self.settings.batch_rows {

@@ -277,3 +277,80 @@ fn settings_are_checked_at_start() {
         assert!(e.contains(says), "{pairs:?}: {e}");
     }
 }
+
+/// `key_columns` finds its columns in the row ignoring case, as MySQL
+/// column names do (Maxwell writes `id` for a column declared `ID`).
+#[test]
+fn key_columns_match_row_columns_ignoring_case() {
+    let v = r#"{"database":"shop","table":"lines","type":"insert","data":{"id":3,"qty":1}}"#;
+    let (out, rejected) = run(&config(&[("key_columns", "lines=ID")]), &[(None, Some(v))]);
+    assert!(rejected.is_empty(), "{rejected:?}");
+    assert!(
+        out[0].starts_with(r#"{"table":"lines","key":{"ID":3}}"#),
+        "{}",
+        out[0]
+    );
+    // Two row columns that differ only in case: ambiguous, so neither.
+    let v = r#"{"database":"shop","table":"lines","type":"insert","data":{"id":3,"Id":4}}"#;
+    let (_, rejected) = run(&config(&[("key_columns", "lines=ID")]), &[(None, Some(v))]);
+    assert!(
+        rejected[0].contains("key column ID has no value"),
+        "{rejected:?}"
+    );
+}
+
+/// An update that changes the primary key carries the old key, from
+/// Maxwell's `old` (changed columns only) or Debezium's `before`; an
+/// update that keeps its key, or whose `before` lacks the key, does not.
+#[test]
+fn updates_that_change_the_key_carry_the_old_key() {
+    let maxwell = |key: &str, data: &str, old: &str| {
+        (
+            Some(format!(
+                r#"{{"database":"shop","table":"t","pk.id":{key}}}"#
+            )),
+            format!(
+                r#"{{"database":"shop","table":"t","type":"update","position":"b.000001:10","data":{data},"old":{old}}}"#
+            ),
+        )
+    };
+    let debezium = |before: &str, after: &str| {
+        format!(
+            r#"{{"before":{before},"after":{after},"source":{{"connector":"mysql","db":"shop","table":"t","file":"b.000001","pos":20}},"op":"u"}}"#
+        )
+    };
+    let events = [
+        maxwell("11", r#"{"id":11,"n":"a"}"#, r#"{"id":10}"#),
+        maxwell("11", r#"{"id":11,"n":"b"}"#, r#"{"n":"a"}"#),
+        (
+            Some(r#"{"id":21}"#.to_string()),
+            debezium(r#"{"id":20,"n":"a"}"#, r#"{"id":21,"n":"a"}"#),
+        ),
+        (
+            Some(r#"{"id":21}"#.to_string()),
+            debezium(r#"{"id":21,"n":"a"}"#, r#"{"id":21,"n":"b"}"#),
+        ),
+        (
+            Some(r#"{"id":21}"#.to_string()),
+            debezium("null", r#"{"id":21,"n":"c"}"#),
+        ),
+    ];
+    let records: Vec<(Option<&str>, Option<&str>)> = events
+        .iter()
+        .map(|(k, v)| (k.as_deref(), Some(v.as_str())))
+        .collect();
+    let (out, rejected) = run(&config(&[]), &records);
+    assert!(rejected.is_empty(), "{rejected:?}");
+    let old_keys: Vec<Option<&str>> = out
+        .iter()
+        .map(|o| {
+            o.split_once(r#""old_key":"#)
+                .map(|(_, k)| k.trim_end_matches('}'))
+        })
+        .collect();
+    assert_eq!(
+        old_keys,
+        [Some(r#"{"id":10"#), None, Some(r#"{"id":20"#), None, None],
+        "{out:#?}"
+    );
+}

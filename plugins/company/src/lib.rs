@@ -29,8 +29,10 @@
 //! (`999999999999.999998` and `"0000-00-00 00:00:00"` survive exactly).
 //! Maxwell's `database`, `table` and `ts` are not carried: the table is
 //! the configured one, and the sink stamps rows with the Kafka timestamp.
-//! Maxwell's `old` is not read either, so an `update` that changes the
-//! primary key upserts the new key and leaves the old key's row in place.
+//! An `update` whose `old` (the previous values of the columns it changed)
+//! holds a primary key column with another value moved its row: the map
+//! emits a tombstone for the old key before the upsert of the new one, so
+//! the sink removes the old row in the same transaction.
 //!
 //! Sink stage (uses the host's `sql` capability): keeps table `companies`
 //! (config `sink_table`) current — one row per primary key with the row
@@ -97,6 +99,8 @@ struct Event<'a> {
     kind: Option<Text<'a>>,
     #[serde(borrow)]
     data: Option<&'a RawValue>,
+    #[serde(borrow)]
+    old: Option<&'a RawValue>,
 }
 
 /// The company map stage.
@@ -144,6 +148,13 @@ impl Mapper for Company {
         }
         let key = record.key.and_then(|k| Object::parse(k).ok());
         let pk = primary_key(key.as_ref(), data)?;
+        if let (Op::Upsert, Some(old)) = (op, event.old)
+            && let Some(old_pk) = old_key(&pk, old)
+        {
+            self.pk.clear();
+            json::write(&mut self.pk, &old_pk);
+            out.emit(Some(&self.pk), None);
+        }
         self.pk.clear();
         json::write(&mut self.pk, &pk);
         let row = match op {
@@ -174,6 +185,25 @@ fn primary_key<'a>(key: Option<&'a Object<'a>>, data: &'a RawValue) -> Result<Ob
         pk.push("id", id.ok_or_else(none)?);
     }
     Ok(pk)
+}
+
+/// The primary key before an update, when its `old` (an object of the
+/// changed columns' previous values) changes a column of `pk`; `None`
+/// otherwise (also when `old` is not an object or a previous value is
+/// null: no row can have a null key).
+fn old_key<'a>(pk: &Object<'a>, old: &'a RawValue) -> Option<Object<'a>> {
+    let old = Object::from_raw(old).ok()?;
+    let mut was = Object::new();
+    let mut changed = false;
+    for (name, now) in pk.iter() {
+        let value = old.get(name).unwrap_or(now);
+        if json::is_null(value) {
+            return None;
+        }
+        changed |= value.get() != now.get();
+        was.push(name.to_string(), value);
+    }
+    changed.then_some(was)
 }
 
 /// The company sink stage: applies upsert records (key = primary key,

@@ -8,7 +8,8 @@
 // default hash key, e.g. key {"database":"shop","table":"company","pk.id":1}.
 // Output: key = the primary key object ({"id":1}, from the key's pk.*
 // fields, else data.id), value = `data` as it was in the event (a delete:
-// a tombstone). `--config table=…` (default company), `database=…`
+// a tombstone); an update whose `old` changes the key first emits a
+// tombstone for the old key. `--config table=…` (default company), `database=…`
 // (default any), `sink_table=…` (default companies).
 
 import * as sluice from 'sluice-guest';
@@ -31,7 +32,7 @@ class Company extends sluice.Mapper {
     for (const [name, raw] of fields) {
       // As the Rust plugin's serde struct: each of these once, and
       // `database`, `table` and `type` strings when present.
-      if (['database', 'table', 'type', 'data'].includes(name) && event.has(name)) {
+      if (['database', 'table', 'type', 'data', 'old'].includes(name) && event.has(name)) {
         throw new sluice.BadRecord(`unexpected JSON: duplicate field \`${name}\``);
       }
       event.set(name, raw);
@@ -52,8 +53,26 @@ class Company extends sluice.Mapper {
     // A null `data` is a missing one, as for the Rust plugin's `Option`.
     if (data === undefined || data.trim() === 'null') throw new sluice.BadRecord(`\`${kind}\` event without \`data\``);
     if (json.kind(data) !== 'an object') throw new sluice.BadRecord(`\`data\` is ${json.kind(data)}, not an object`);
-    emit(primaryKey(record.key, data), UPSERT.has(kind) ? data : null);
+    const pk = primaryKey(record.key, data);
+    const old = event.get('old');
+    if (UPSERT.has(kind) && old !== undefined) {
+      const movedFrom = oldKey(pk, old);
+      if (movedFrom !== null) emit(json.writeObject(movedFrom), null); // the row's old key goes
+    }
+    emit(json.writeObject(pk), UPSERT.has(kind) ? data : null);
   }
+}
+
+// The primary key before an update whose `old` (the changed columns'
+// previous values) changes a column of `pk`, else null (also when `old`
+// is not an object or a previous value is null).
+function oldKey(pk, old) {
+  if (json.kind(old) !== 'an object') return null;
+  const previous = new Map(json.objectFields(old));
+  const was = pk.map(([name, now]) => [name, previous.has(name) ? previous.get(name) : now]);
+  if (was.some(([, v]) => v.trim() === 'null')) return null;
+  if (was.every(([, v], i) => v.trim() === pk[i][1].trim())) return null;
+  return was;
 }
 
 // The key's pk.* fields without the prefix, else {"id": data.id}; values
@@ -75,7 +94,7 @@ function primaryKey(key, data) {
     }
     fields = [['id', id]];
   }
-  return json.writeObject(fields);
+  return fields;
 }
 
 const COLUMNS = ['pk', 'row_json', 'idempotency_key', 'source_topic', 'source_partition', 'source_offset', 'updated_at_ms'];

@@ -7,7 +7,8 @@ Input: Maxwell's JSON (https://maxwells-daemon.io/dataformat/) with its
 default hash key, e.g. key {"database":"shop","table":"company","pk.id":1}.
 Output: key = the primary key object ({"id":1}, from the key's pk.*
 fields, else data.id), value = `data` as it was in the event (a delete: a
-tombstone). `--config table=…` (default company), `database=…` (default
+tombstone); an update whose `old` changes the key first emits a tombstone
+for the old key. `--config table=…` (default company), `database=…` (default
 any), `sink_table=…` (default companies).
 """
 
@@ -29,7 +30,7 @@ class Company(sluice.Mapper):
         event = dict(fields)
         # As the Rust plugin's serde struct: each of these once, and
         # `database` and `table` strings when present.
-        for name in ("database", "table", "type", "data"):
+        for name in ("database", "table", "type", "data", "old"):
             if sum(1 for n, _ in fields if n == name) > 1:
                 raise sluice.BadRecord(f"unexpected JSON: duplicate field `{name}`")
         for name in ("database", "table", "type"):
@@ -51,7 +52,13 @@ class Company(sluice.Mapper):
             raise sluice.BadRecord(f"`{kind}` event without `data`")
         if json.kind(data) != "an object":
             raise sluice.BadRecord(f"`data` is {json.kind(data)}, not an object")
-        emit(primary_key(record.key, data), data if kind in UPSERT else None)
+        pk = primary_key(record.key, data)
+        old = event.get("old")
+        if kind in UPSERT and old is not None:
+            moved_from = old_key(pk, old)
+            if moved_from is not None:
+                emit(json.write_object(moved_from), None)  # the row's old key goes
+        emit(json.write_object(pk), data if kind in UPSERT else None)
 
 
 def primary_key(key, data):
@@ -68,7 +75,22 @@ def primary_key(key, data):
         if row.get("id", "null").strip() == "null":
             raise sluice.BadRecord("no primary key: no `pk.*` in the key and no `data.id`")
         fields = [("id", row["id"])]
-    return json.write_object(fields)
+    return fields
+
+
+def old_key(pk, old):
+    """The primary key before an update whose `old` (the changed columns'
+    previous values) changes a column of `pk`, else None (also when `old`
+    is not an object or a previous value is null)."""
+    if json.kind(old) != "an object":
+        return None
+    previous = dict(json.object_fields(old))
+    was = [(name, previous.get(name, now)) for name, now in pk]
+    if any(v.strip() == "null" for _, v in was):
+        return None
+    if all(v.strip() == now.strip() for (_, v), (_, now) in zip(was, pk)):
+        return None
+    return was
 
 
 class CompanySink(sluice.Sink):
