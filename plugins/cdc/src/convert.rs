@@ -44,9 +44,7 @@ pub fn decode(name: &str, scale: Option<u32>, raw: &RawValue) -> Result<Option<S
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(text.as_bytes())
             .map_err(|e| format!("{name} value {text:?} is not base64: {e}"))?;
-        decimal(&bytes, scale).ok_or_else(|| {
-            format!("{name} value {text:?} is wider than 16 bytes (38 digits); use decimal.handling.mode=string")
-        })
+        Ok::<_, String>(decimal(&bytes, scale))
     };
     Ok(Some(match name {
         "org.apache.kafka.connect.data.Decimal" => unscaled(raw, scale.unwrap_or(0))?,
@@ -91,27 +89,26 @@ pub fn decode(name: &str, scale: Option<u32>, raw: &RawValue) -> Result<Option<S
     }))
 }
 
-/// The unscaled big-endian two's-complement `bytes` with `scale` digits
-/// after the point, as decimal text; `None` beyond 16 bytes.
-fn decimal(bytes: &[u8], scale: u32) -> Option<String> {
-    if bytes.len() > 16 {
-        return None;
-    }
-    let negative = bytes.first().is_some_and(|b| b & 0x80 != 0);
-    let mut buf = [if negative { 0xff } else { 0 }; 16];
-    buf[16 - bytes.len()..].copy_from_slice(bytes);
-    let n = i128::from_be_bytes(buf);
-    let digits = n.unsigned_abs().to_string();
+/// The unscaled big-endian two's-complement `bytes` (any length: MySQL's
+/// DECIMAL(65) takes 28) with `scale` digits after the point, as decimal
+/// text.
+fn decimal(bytes: &[u8], scale: u32) -> String {
+    let n = num_bigint::BigInt::from_signed_bytes_be(bytes);
+    let digits = n.magnitude().to_string();
     let scale = scale as usize;
-    let sign = if n < 0 { "-" } else { "" };
-    Some(if scale == 0 {
+    let sign = if n.sign() == num_bigint::Sign::Minus {
+        "-"
+    } else {
+        ""
+    };
+    if scale == 0 {
         format!("{sign}{digits}")
     } else if digits.len() > scale {
         let (int, frac) = digits.split_at(digits.len() - scale);
         format!("{sign}{int}.{frac}")
     } else {
         format!("{sign}0.{digits:0>scale$}")
-    })
+    }
 }
 
 fn timestamp<Tz: chrono::TimeZone>(t: Option<DateTime<Tz>>) -> Option<String>
@@ -150,10 +147,21 @@ mod tests {
             &raw(&format!("\"{b64}\"")),
         );
         assert_eq!(d.unwrap().as_deref(), Some("999999999999.999998"));
-        assert_eq!(decimal(&[0xff, 0x85], 2).as_deref(), Some("-1.23"));
-        assert_eq!(decimal(&[0x05], 3).as_deref(), Some("0.005"));
-        assert_eq!(decimal(&[0x01, 0x00], 0).as_deref(), Some("256"));
-        assert_eq!(decimal(&[1; 17], 0), None);
+        assert_eq!(decimal(&[0xff, 0x85], 2), "-1.23");
+        assert_eq!(decimal(&[0x05], 3), "0.005");
+        assert_eq!(decimal(&[0x01, 0x00], 0), "256");
+        assert_eq!(decimal(&[], 2), "0.00");
+        // DECIMAL(65,30), all nines: 28 bytes, beyond any fixed-width
+        // integer.
+        let nines = num_bigint::BigInt::parse_bytes(&[b'9'; 65], 10).unwrap();
+        assert_eq!(
+            decimal(&nines.to_signed_bytes_be(), 30),
+            format!("{}.{}", "9".repeat(35), "9".repeat(30))
+        );
+        assert_eq!(
+            decimal(&(-nines).to_signed_bytes_be(), 0),
+            format!("-{}", "9".repeat(65))
+        );
         let v = |s: &str| decode("io.debezium.data.VariableScaleDecimal", None, &raw(s));
         // 0x3039 = 12345 at scale 3.
         assert_eq!(

@@ -94,6 +94,7 @@ pub fn guess(
             has_default: false,
             cast: udt.to_string(),
             max_chars: None,
+            numeric: None,
         });
     }
     cells.push(format!("{} TEXT", quote(position_column)));
@@ -104,6 +105,7 @@ pub fn guess(
         has_default: false,
         cast: "text".into(),
         max_chars: None,
+        numeric: None,
     });
     let primary: Vec<String> = names[..keys].iter().map(|n| quote(n)).collect();
     let ddl = format!(

@@ -32,19 +32,28 @@
 //!   needs, guessed from its first change, [`ddl`], and the sink goes on
 //!   as if it existed: for `host test`, which prints the statements).
 //!
+//! Order: each destination row keeps its last change's source position;
+//! the rule for comparing positions, and what happens when two cannot be
+//! compared, is in [`position`]; [`order`] reports every change it held
+//! back or applied in stream order.
+//!
 //! Skipped without a word (the host counts them as filtered): tombstones
 //! (Debezium writes one after each delete), Maxwell bootstrap markers,
 //! DDL and heartbeats, Debezium `m` messages, truncates with
 //! `truncate=ignore`, events of tables no route names.
 
+pub mod bound;
 pub mod change;
 pub mod convert;
 pub mod ddl;
 pub mod debezium;
 pub mod maxwell;
+pub mod number;
+pub mod order;
 pub mod position;
 pub mod route;
 pub mod sink;
+pub mod statements;
 pub mod table;
 
 use std::borrow::Cow;

@@ -22,8 +22,21 @@
 //!   offset, when the event carries no source position. Only changes of
 //!   one partition compare meaningfully then.
 //!
-//! Positions of different forms never mix in one stream in practice (one
-//! producer, one setting); if they do, they compare by the form's name.
+//! **The ordering rule** ([`compare`]): two positions of one form compare
+//! in source order — the binlog file, position and row; the LSN; the
+//! commit and change LSNs; for `kafka:` positions, the offsets of one
+//! partition. A change older than its row's position is not applied and
+//! is reported (the sink logs it with the table, key and both
+//! positions); an equal one applies (one transaction, in stream order).
+//! Two positions that cannot be compared — forms that differ (Maxwell's
+//! `bootstrap-insert` rows carry no binlog position, so they fall back
+//! to the Kafka offset while the live changes around them do not; an
+//! event whose producer left out `output_binlog_position`), or Kafka
+//! offsets of two partitions — leave the order to the stream: the later
+//! change applies, and the sink logs a warning naming both positions.
+//! No change is dropped without a line.
+
+use std::cmp::Ordering;
 
 /// A binlog position: `file` such as `mysql-bin.000003`, `pos` in it, and
 /// the row within the event.
@@ -67,9 +80,47 @@ pub fn kafka(partition: i32, offset: i64) -> String {
     format!("kafka:{partition:010}:{offset:020}")
 }
 
+/// The part of `pos` two positions must share to be compared: the form
+/// (`mysql:`, `pg:`, `mssql:`), and for `kafka:` the partition too.
+pub fn domain(pos: &str) -> &str {
+    if pos.starts_with("kafka:") {
+        return pos.get(..KAFKA_DOMAIN).unwrap_or(pos);
+    }
+    match pos.find(':') {
+        Some(i) => &pos[..=i],
+        None => pos,
+    }
+}
+
+/// Length of `kafka:PPPPPPPPPP:`, the domain of a Kafka position.
+pub const KAFKA_DOMAIN: usize = 17;
+
+/// The order of two positions by [the rule above](self); `None` when
+/// they cannot be compared.
+pub fn compare(a: &str, b: &str) -> Option<Ordering> {
+    (domain(a) == domain(b)).then(|| a.cmp(b))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_positions_of_one_domain_compare() {
+        let (m1, m2) = (
+            maxwell("b.000001:10", 0).unwrap(),
+            maxwell("b.000002:4", 0).unwrap(),
+        );
+        assert_eq!(compare(&m1, &m2), Some(Ordering::Less));
+        assert_eq!(compare(&m2, &m2), Some(Ordering::Equal));
+        assert_eq!(compare(&pg(10), &pg(9)), Some(Ordering::Greater));
+        assert_eq!(compare(&kafka(1, 5), &kafka(1, 50)), Some(Ordering::Less));
+        assert_eq!(compare(&kafka(1, 5), &kafka(2, 50)), None);
+        assert_eq!(compare(&m1, &kafka(0, 1)), None);
+        assert_eq!(compare(&pg(1), &mssql("a", "b")), None);
+        assert_eq!(domain(&kafka(7, 1)), "kafka:0000000007:");
+        assert_eq!(domain(&pg(1)), "pg:");
+    }
 
     #[test]
     fn text_order_is_source_order() {

@@ -14,6 +14,7 @@
 //! `batch_rows=1` each change is its own statement, run at once, so even
 //! an error only the database finds is a bad record of that change.
 
+use std::cmp::Ordering;
 use std::collections::{HashMap, HashSet};
 
 use sluice_guest::json::{self, Object};
@@ -21,29 +22,15 @@ use sluice_guest::sql::{self, SqlError, Value};
 use sluice_guest::{Config, Error, OpenAnswer, PartitionContext, Sink, SinkRecord, log};
 
 use crate::Settings;
+use crate::bound::{Bound, chunks, key_bytes, row_params};
 use crate::change::{ChangeIn, Op, Val};
+use crate::order::{self, Report};
+use crate::position;
 use crate::table::{Dialect, Table};
 
 /// At most this many parameters in one statement (SQLite allows 32,766
 /// since 3.32, PostgreSQL 65,535).
 const MAX_PARAMS: usize = 30_000;
-
-/// One change, checked and bound, waiting for the flush.
-#[derive(Debug)]
-struct Bound {
-    op: Op,
-    /// Source position (the row's `position_column` after it).
-    pos: String,
-    /// Column indexes the upsert sets (key columns included); empty for
-    /// a delete.
-    set: Vec<usize>,
-    /// The values: of `set` for an upsert, of the key for a delete.
-    params: Vec<Value>,
-    /// An upsert kept in place of a delete of its key: that delete, run
-    /// before it (so columns the upsert leaves out do not keep the old
-    /// row's values).
-    after_delete: Option<Box<Bound>>,
-}
 
 /// The changes of one destination table kept for the flush.
 #[derive(Debug, Default)]
@@ -99,6 +86,9 @@ pub struct CdcSink {
     part: String,
     /// Statement texts built so far ([`statement`]).
     statements: HashMap<StatementKey, String>,
+    /// What the ordering rule held back or applied in stream order since
+    /// the last flush, for its log line.
+    report: Report,
 }
 
 impl Sink for CdcSink {
@@ -112,6 +102,7 @@ impl Sink for CdcSink {
             kept_rows: 0,
             part: String::new(),
             statements: HashMap::new(),
+            report: Report::default(),
         })
     }
 
@@ -213,13 +204,23 @@ impl Sink for CdcSink {
             }
         };
         if self.settings.batch_rows <= 1 {
-            if let Some(d) = &moved_from {
-                apply_one(table, &key_idx, Some(d), &mut self.statements)
+            for b in moved_from.iter().chain(bound.iter()) {
+                let n = apply_one(table, &key_idx, Some(b), &mut self.statements)
+                    .map_err(|e| classify(e, &c))?;
+                order::resolve(
+                    table,
+                    &key_idx,
+                    std::slice::from_ref(b),
+                    n,
+                    &mut self.report,
+                )
+                .map_err(|e| classify(e, &c))?;
+            }
+            if bound.is_none() {
+                apply_one(table, &key_idx, None, &mut self.statements)
                     .map_err(|e| classify(e, &c))?;
             }
-            return apply_one(table, &key_idx, bound.as_ref(), &mut self.statements)
-                .map(|_| ())
-                .map_err(|e| classify(e, &c));
+            return Ok(());
         }
         let name = table.name.clone();
         // Kept changes of a table share one key column list: a change
@@ -268,61 +269,6 @@ fn apply_one(
         _ => table.upsert(&b.set, key, 1),
     });
     sql::execute(text, &params)
-}
-
-/// The parameters of `changes` as rows of one statement: each change's
-/// values, then its position.
-fn row_params(changes: Vec<Bound>) -> Vec<Value> {
-    let mut params = Vec::with_capacity(changes.iter().map(|b| b.params.len() + 1).sum());
-    for b in changes {
-        params.extend(b.params);
-        params.push(Value::Text(b.pos));
-    }
-    params
-}
-
-/// Key values as bytes that are equal exactly when the values are: per
-/// value its type, then its bytes (text and bytes after their length).
-fn key_bytes<'a>(values: impl Iterator<Item = &'a Value>) -> Vec<u8> {
-    let mut k = Vec::with_capacity(16);
-    for v in values {
-        let bytes: &[u8] = match v {
-            Value::Null => {
-                k.push(0);
-                continue;
-            }
-            Value::Integer(n) => {
-                k.push(1);
-                k.extend_from_slice(&n.to_le_bytes());
-                continue;
-            }
-            Value::Real(r) => {
-                k.push(2);
-                k.extend_from_slice(&r.to_bits().to_le_bytes());
-                continue;
-            }
-            Value::Text(t) => {
-                k.push(3);
-                t.as_bytes()
-            }
-            Value::Blob(b) => {
-                k.push(4);
-                b
-            }
-        };
-        k.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
-        k.extend_from_slice(bytes);
-    }
-    k
-}
-
-/// `changes` in statements of at most `rows` changes each, in order.
-fn chunks(changes: Vec<Bound>, rows: usize) -> impl Iterator<Item = Vec<Bound>> {
-    let mut it = changes.into_iter().peekable();
-    std::iter::from_fn(move || {
-        it.peek()?;
-        Some(it.by_ref().take(rows.max(1)).collect())
-    })
 }
 
 impl CdcSink {
@@ -381,7 +327,27 @@ impl CdcSink {
             ),
         };
         match kept.by_key.get_mut(&rendered) {
-            Some(old) if old.pos <= b.pos => {
+            Some(old) => {
+                // The ordering rule, within the part: an older change is
+                // reported and dropped; one that cannot be compared goes
+                // in stream order (it came later), reported too.
+                let order = position::compare(&old.pos, &b.pos);
+                if let Some(t) = self.tables.get(table) {
+                    match order {
+                        Some(Ordering::Greater) => {
+                            self.report
+                                .stale(table, b.key_text(t, &kept.key), &b.pos, &old.pos)
+                        }
+                        None => {
+                            self.report
+                                .unordered(table, b.key_text(t, &kept.key), &b.pos, &old.pos)
+                        }
+                        Some(_) => {}
+                    }
+                }
+                if order == Some(Ordering::Greater) {
+                    return;
+                }
                 let mut b = b;
                 match (old.op, b.op) {
                     // An upsert after an upsert: the columns only the
@@ -406,7 +372,6 @@ impl CdcSink {
                 }
                 *old = b;
             }
-            Some(_) => {}
             None => {
                 kept.by_key.insert(rendered.clone(), b);
                 kept.order.push(rendered);
@@ -477,7 +442,8 @@ impl CdcSink {
                 let text = statement(&mut self.statements, id, || {
                     table.delete(&kept.key, chunk.len())
                 });
-                sql::execute(text, &row_params(chunk)).map_err(fail)?;
+                let n = sql::execute(text, &row_params(&chunk)).map_err(fail)?;
+                order::resolve(table, &kept.key, &chunk, n, &mut self.report).map_err(fail)?;
             }
             // Rows of one statement set the same columns.
             upserts.sort_by(|a, b| a.set.cmp(&b.set));
@@ -495,10 +461,12 @@ impl CdcSink {
                 let text = statement(&mut self.statements, id, || {
                     table.upsert(&chunk[0].set, &kept.key, chunk.len())
                 });
-                sql::execute(text, &row_params(chunk)).map_err(fail)?;
+                let n = sql::execute(text, &row_params(&chunk)).map_err(fail)?;
+                order::resolve(table, &kept.key, &chunk, n, &mut self.report).map_err(fail)?;
             }
         }
         self.kept_rows = 0;
+        self.report.log(&self.part);
         Ok(())
     }
 
@@ -545,6 +513,9 @@ impl CdcSink {
         let mut set: Vec<usize> = Vec::new();
         let mut params = Vec::new();
         let mut ignored = Vec::new();
+        // Columns a non-null value became NULL in (a zero date under
+        // zero_dates=null), with the value, for the NOT NULL message.
+        let mut zeroed: Vec<(usize, &str)> = Vec::new();
         for (name, raw) in row.iter() {
             match table.find(name) {
                 Some(i) if table.columns[i].name == *position => {
@@ -554,7 +525,11 @@ impl CdcSink {
                 }
                 Some(i) if !set.contains(&i) => {
                     set.push(i);
-                    params.push(table.bind(&table.columns[i], &Val::Raw(raw), zero)?);
+                    let v = table.bind(&table.columns[i], &Val::Raw(raw), zero)?;
+                    if v == Value::Null && !json::is_null(raw) {
+                        zeroed.push((i, raw.get()));
+                    }
+                    params.push(v);
                 }
                 Some(_) => {}
                 None if self.settings.strict => {
@@ -579,6 +554,13 @@ impl CdcSink {
             }
             let given = set.iter().position(|&s| s == i);
             let null = given.is_some_and(|g| params[g] == Value::Null);
+            if let Some((_, value)) = zeroed.iter().find(|(z, _)| *z == i).filter(|_| null) {
+                return Err(Error::bad_record(format!(
+                    "column {t}.{c} is NOT NULL and the change's value {value} is a MySQL zero date, which zero_dates=null (the default) writes as NULL: let the column take NULL (ALTER TABLE {t} ALTER COLUMN {c} DROP NOT NULL on PostgreSQL; on SQLite, a table made again without NOT NULL), or set --config zero_dates=error to make such changes bad records that --on-error handles",
+                    t = table.name,
+                    c = c.name,
+                )));
+            }
             if null || (given.is_none() && !c.has_default) {
                 return Err(Error::bad_record(format!(
                     "column {}.{} is NOT NULL and the change has no value for it",

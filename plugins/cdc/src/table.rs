@@ -16,6 +16,7 @@ use sluice_guest::json::{self, RawValue};
 use sluice_guest::sql::{self, Value};
 
 use crate::change::Val;
+use crate::number::Decimal;
 
 /// The database the sink writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,12 +38,21 @@ pub enum Kind {
     Temporal,
     /// Booleans: JSON `true`/`false`.
     Boolean,
-    /// Integers: a JSON integer (or a string of one) within the type's
-    /// range, the most it may be (`i64::MAX` for SQLite's INTEGER).
+    /// Integers: a JSON integer (or a string of one, or a number whose
+    /// fraction is zero) within the type's range, the most it may be
+    /// (`i64::MAX` for SQLite's INTEGER).
     Integer(i64),
-    /// Other numbers (`numeric`, `real`, `double precision`): a JSON
-    /// number, or a string of one (`NaN` and `Infinity` too).
+    /// Exact decimals (`numeric`, `decimal`): a JSON number, or a string
+    /// of one (`NaN` and `Infinity` too), that the column holds without
+    /// rounding (PostgreSQL: within `numeric(p,s)`; SQLite: see
+    /// [`sqlite_keeps`]).
     Number,
+    /// Floating point (`real`, `double precision`, `float`): a number,
+    /// rounded to the type as the database does (the column's choice).
+    Float,
+    /// PostgreSQL `bit(n)` / `varbit(n)`: a JSON integer (Maxwell's `BIT`)
+    /// is written as its `n` binary digits; a string passes as it is.
+    Bits,
     /// Anything else (numbers, JSON, UUIDs, enums, arrays): the JSON
     /// text, converted by the database.
     Other,
@@ -61,8 +71,11 @@ pub struct Column {
     pub has_default: bool,
     /// PostgreSQL: the type to cast text into (`numeric`, `"s"."mood"`).
     pub cast: String,
-    /// PostgreSQL `varchar(n)` / `char(n)`: at most this many characters.
+    /// PostgreSQL `varchar(n)` / `char(n)`: at most this many characters;
+    /// `bit(n)` / `varbit(n)`: at most this many bits.
     pub max_chars: Option<usize>,
+    /// PostgreSQL `numeric(p,s)`: (precision, scale) in decimal digits.
+    pub numeric: Option<(u64, u64)>,
 }
 
 /// What to do with MySQL's zero dates (`0000-00-00…`) in date and time
@@ -83,8 +96,8 @@ pub struct Table {
     /// Its columns, in table order.
     pub columns: Vec<Column>,
     /// The position column's index.
-    position: usize,
-    dialect: Dialect,
+    pub(crate) position: usize,
+    pub(crate) dialect: Dialect,
 }
 
 /// `"name"`, quoted for both dialects.
@@ -144,7 +157,7 @@ impl Table {
     ) -> Result<Option<Table>, Error> {
         let rows = match dialect {
             Dialect::Sqlite => sql::query(
-                "SELECT name, type, \"notnull\", dflt_value IS NOT NULL, NULL FROM pragma_table_info($1)",
+                "SELECT name, type, \"notnull\", dflt_value IS NOT NULL, NULL, NULL, NULL FROM pragma_table_info($1)",
                 &[Value::from(name)],
             )?,
             Dialect::Postgres => sql::query(
@@ -152,7 +165,7 @@ impl Table {
                  ELSE '\"' || udt_schema || '\".\"' || udt_name || '\"' END, \
                  CASE WHEN is_nullable = 'NO' THEN 1 ELSE 0 END, \
                  CASE WHEN column_default IS NOT NULL OR is_identity = 'YES' OR is_generated = 'ALWAYS' THEN 1 ELSE 0 END, \
-                 character_maximum_length \
+                 character_maximum_length, numeric_precision, numeric_scale \
                  FROM information_schema.columns \
                  WHERE table_schema = current_schema() AND table_name = $1 ORDER BY ordinal_position",
                 &[Value::from(name)],
@@ -160,7 +173,16 @@ impl Table {
         };
         let mut columns = Vec::new();
         for row in rows.rows {
-            let [Value::Text(col), ty, not_null, has_default, max_chars] = row.as_slice() else {
+            let [
+                Value::Text(col),
+                ty,
+                not_null,
+                has_default,
+                max_chars,
+                precision,
+                scale,
+            ] = row.as_slice()
+            else {
                 return Err(Error::fatal(format!(
                     "table {name}: unexpected column description {row:?}"
                 )));
@@ -175,11 +197,8 @@ impl Table {
                 not_null: truthy(not_null),
                 has_default: truthy(has_default),
                 cast: ty,
-                max_chars: match max_chars {
-                    Value::Integer(n) => usize::try_from(*n).ok(),
-                    Value::Text(t) => t.parse().ok(),
-                    _ => None,
-                },
+                max_chars: count(max_chars).and_then(|n| usize::try_from(n).ok()),
+                numeric: count(precision).zip(count(scale)),
             });
         }
         if columns.is_empty() {
@@ -205,110 +224,6 @@ impl Table {
     /// The position column.
     pub fn position_column(&self) -> &Column {
         &self.columns[self.position]
-    }
-
-    /// Placeholder `$n` for column `c`, cast where the dialect needs it.
-    fn placeholder(&self, c: &Column, n: usize) -> String {
-        match (self.dialect, c.kind) {
-            (Dialect::Sqlite, _) | (_, Kind::Binary | Kind::Text) => format!("${n}"),
-            (Dialect::Postgres, _) => format!("CAST(CAST(${n} AS TEXT) AS {})", c.cast),
-        }
-    }
-
-    /// `INSERT … ON CONFLICT (key) DO UPDATE … WHERE` the row's position
-    /// is not newer, of `rows` rows (≥ 1) for columns `set` (indexes; the
-    /// position column is added last in each row) and key columns `key`
-    /// (indexes into `columns`). Placeholders run `$1…` row after row,
-    /// `set.len() + 1` per row. The rows must have distinct keys
-    /// (PostgreSQL refuses to update one row twice in one statement).
-    pub fn upsert(&self, set: &[usize], key: &[usize], rows: usize) -> String {
-        let t = &self.name;
-        let pos = quote(&self.position_column().name);
-        let names: Vec<String> = set.iter().map(|&i| quote(&self.columns[i].name)).collect();
-        let values = self.value_rows(set, rows.max(1));
-        let updates: String = set
-            .iter()
-            .filter(|i| !key.contains(i))
-            .map(|&i| {
-                let c = quote(&self.columns[i].name);
-                format!("{c} = excluded.{c}, ")
-            })
-            .collect();
-        let conflict: Vec<String> = key.iter().map(|&i| quote(&self.columns[i].name)).collect();
-        format!(
-            "INSERT INTO {t} ({}, {pos}) VALUES {} ON CONFLICT ({}) DO UPDATE SET {updates}{pos} = excluded.{pos} \
-             WHERE {t}.{pos} IS NULL OR {t}.{pos} <= excluded.{pos}",
-            names.join(", "),
-            values.join(", "),
-            conflict.join(", "),
-        )
-    }
-
-    /// `rows` rows of placeholders for columns `cols` (indexes) and the
-    /// position after them: `($1, $2), ($3, $4)`, numbered row after row.
-    fn value_rows(&self, cols: &[usize], rows: usize) -> Vec<String> {
-        let width = cols.len() + 1;
-        (0..rows)
-            .map(|row| {
-                let base = row * width;
-                let mut cells: Vec<String> = cols
-                    .iter()
-                    .enumerate()
-                    .map(|(n, &i)| self.placeholder(&self.columns[i], base + n + 1))
-                    .collect();
-                cells.push(format!("${}", base + width));
-                format!("({})", cells.join(", "))
-            })
-            .collect()
-    }
-
-    /// `DELETE` of the rows with key columns `key` (indexes), `rows` of
-    /// them (≥ 1), each unless its stored position is newer than the
-    /// change's. Placeholders per row: the key values, then the position.
-    /// One row: a plain `WHERE`; more: a `WITH … (VALUES …)` list, which
-    /// both SQLite (≥ 3.8.3) and PostgreSQL take.
-    pub fn delete(&self, key: &[usize], rows: usize) -> String {
-        let t = &self.name;
-        let pos = quote(&self.position_column().name);
-        let width = key.len() + 1;
-        if rows <= 1 {
-            let conditions: Vec<String> = key
-                .iter()
-                .enumerate()
-                .map(|(n, &i)| {
-                    let c = &self.columns[i];
-                    format!("{} = {}", quote(&c.name), self.placeholder(c, n + 1))
-                })
-                .collect();
-            return format!(
-                "DELETE FROM {t} WHERE {} AND ({pos} IS NULL OR {pos} <= ${width})",
-                conditions.join(" AND "),
-            );
-        }
-        let names: Vec<String> = (0..key.len()).map(|n| format!("k{n}")).collect();
-        let values = self.value_rows(key, rows);
-        let columns: Vec<String> = key
-            .iter()
-            .map(|&i| format!("{t}.{}", quote(&self.columns[i].name)))
-            .collect();
-        let matches: Vec<String> = columns
-            .iter()
-            .zip(&names)
-            .map(|(c, k)| format!("{c} = v.{k}"))
-            .collect();
-        // The `IN` finds the rows through the primary key; `EXISTS` alone
-        // would scan the whole table, once per statement.
-        let (cols, ks) = match key.len() {
-            1 => (columns.join(", "), names.join(", ")),
-            _ => (format!("({})", columns.join(", ")), names.join(", ")),
-        };
-        format!(
-            "WITH v ({}, pos) AS (VALUES {}) DELETE FROM {t} WHERE {cols} IN (SELECT {ks} FROM v) \
-             AND EXISTS (SELECT 1 FROM v WHERE {} AND ({t}.{pos} IS NULL OR {t}.{pos} <= v.pos))",
-            names.join(", "),
-            values.join(", "),
-            matches.join(" AND "),
-        )
     }
 
     /// The parameter for `value` in column `c`.
@@ -342,25 +257,43 @@ impl Table {
                 let b = raw.get() == "true";
                 if !matches!(
                     c.kind,
-                    Kind::Boolean | Kind::Integer(_) | Kind::Text | Kind::Other
+                    Kind::Boolean | Kind::Integer(_) | Kind::Text | Kind::Other | Kind::Bits
                 ) {
                     return Err(self.misfit(c, raw.get()));
                 }
-                Ok(match self.dialect {
-                    Dialect::Sqlite => Value::Integer(i64::from(b)),
-                    Dialect::Postgres => Value::from(if b { "true" } else { "false" }),
+                Ok(match (self.dialect, c.kind) {
+                    (Dialect::Sqlite, _) => Value::Integer(i64::from(b)),
+                    (Dialect::Postgres, Kind::Bits) => Value::from(if b { "1" } else { "0" }),
+                    (Dialect::Postgres, _) => Value::from(if b { "true" } else { "false" }),
                 })
             }
-            Some(b'{' | b'[')
-                if matches!(
-                    c.kind,
-                    Kind::Integer(_) | Kind::Number | Kind::Boolean | Kind::Binary | Kind::Temporal
-                ) =>
-            {
+            Some(b'{' | b'[') if !matches!(c.kind, Kind::Text | Kind::Other) => {
                 Err(self.misfit(c, raw.get()))
             }
+            _ if c.kind == Kind::Bits => self.bits(c, raw.get()),
             _ => self.checked(c, raw.get().to_string()),
         }
+    }
+
+    /// A JSON integer into a PostgreSQL `bit(n)` / `varbit(n)` column: its
+    /// binary digits, padded to `n` (MySQL's `BIT(n)` as Maxwell prints it).
+    fn bits(&self, c: &Column, text: &str) -> Result<Value, Error> {
+        let n = Decimal::parse(text)
+            .and_then(|d| d.integer())
+            .and_then(|n| u128::try_from(n).ok())
+            .ok_or_else(|| self.misfit(c, text))?;
+        let width = c.max_chars.unwrap_or(0);
+        let binary = format!("{n:0width$b}");
+        if c.max_chars.is_some_and(|max| binary.len() > max) {
+            return Err(Error::bad_record(format!(
+                "column {}.{} ({}) holds {width} bits, {text} needs {}",
+                self.name,
+                c.name,
+                c.cast,
+                binary.len()
+            )));
+        }
+        Ok(Value::Text(binary))
     }
 
     /// A bad record: `value` does not fit column `c`.
@@ -380,15 +313,23 @@ impl Table {
     }
 
     /// `text` as the value of `c`, checked where the database would not
-    /// (SQLite keeps text in a number column) or would only say so at
-    /// the end of the part: integers in range, numbers, string lengths.
+    /// (SQLite keeps text in a number column), would round (a decimal
+    /// beyond the column's scale or SQLite's 15 digits) or would only
+    /// say so at the end of the part: integers in range (bound as their
+    /// plain digits: PostgreSQL's integer input takes no `5.0`), numbers,
+    /// string lengths.
     fn checked(&self, c: &Column, text: String) -> Result<Value, Error> {
         match c.kind {
-            Kind::Integer(max) => match parse_integer(&text) {
-                Some(n) if n <= max && n >= -max - 1 => {}
-                _ => return Err(self.misfit(c, &text)),
-            },
-            Kind::Number if !is_number(&text) => return Err(self.misfit(c, &text)),
+            Kind::Integer(max) => {
+                let (max, min) = (i128::from(max), -i128::from(max) - 1);
+                return match Decimal::parse(&text).and_then(|d| d.integer()) {
+                    Some(n) if (min..=max).contains(&n) => Ok(Value::Text(n.to_string())),
+                    Some(_) => Err(self.out_of_range(c, &text, min, max)),
+                    None => Err(self.misfit(c, &text)),
+                };
+            }
+            Kind::Number | Kind::Float if !is_number(&text) => return Err(self.misfit(c, &text)),
+            Kind::Number if self.dialect == Dialect::Postgres => self.fits_numeric(c, &text)?,
             Kind::Text => {
                 if let Some(max) = c.max_chars
                     && text.chars().count() > max
@@ -404,7 +345,56 @@ impl Table {
             }
             _ => {}
         }
+        if self.dialect == Dialect::Sqlite
+            && !matches!(c.kind, Kind::Text | Kind::Binary | Kind::Float)
+            && let Some(digits) = sqlite_would_round(&text)
+        {
+            return Err(Error::bad_record(format!(
+                "column {}.{} ({}) cannot hold {text} exactly: SQLite keeps a number in a column of NUMERIC affinity as a 64-bit integer or a float of 15 significant digits, and this one has {digits}; declare the column TEXT to keep every digit (or REAL to accept rounding)",
+                self.name, c.name, c.cast
+            )));
+        }
         Ok(Value::Text(text))
+    }
+
+    /// The error for integer `text` outside `min..=max`, with where a
+    /// wider value goes.
+    fn out_of_range(&self, c: &Column, text: &str, min: i128, max: i128) -> Error {
+        let wider = match self.dialect {
+            Dialect::Postgres => "numeric(20) or wider",
+            Dialect::Sqlite => "TEXT",
+        };
+        Error::bad_record(format!(
+            "column {}.{} ({}) holds integers {min}..={max}, not {text}; a MySQL BIGINT UNSIGNED or BIT(64) value beyond that needs a {wider} column",
+            self.name, c.name, c.cast
+        ))
+    }
+
+    /// Check decimal `text` against a PostgreSQL `numeric(p,s)` column:
+    /// PostgreSQL would round digits beyond the scale without a word, and
+    /// refuse more integer digits than `p - s` only at the statement.
+    fn fits_numeric(&self, c: &Column, text: &str) -> Result<(), Error> {
+        let (Some((precision, scale)), Some(d)) = (c.numeric, Decimal::parse(text)) else {
+            return Ok(());
+        };
+        let why = if d.fraction_digits() > scale {
+            format!(
+                "has {} digits after the point and the column keeps {scale}: PostgreSQL would round it",
+                d.fraction_digits()
+            )
+        } else if d.integer_digits() > precision.saturating_sub(scale) {
+            format!(
+                "has {} digits before the point and the column holds {}",
+                d.integer_digits(),
+                precision.saturating_sub(scale)
+            )
+        } else {
+            return Ok(());
+        };
+        Err(Error::bad_record(format!(
+            "column {}.{} (numeric({precision},{scale})) cannot hold {text} exactly: it {why}; widen the column to keep every digit",
+            self.name, c.name
+        )))
     }
 
     fn bind_text(&self, c: &Column, text: String, zero_dates: ZeroDates) -> Result<Value, Error> {
@@ -421,19 +411,15 @@ impl Table {
     }
 }
 
-/// `text` as an integer: optional sign and digits, or a number whose
-/// fraction is zero (`5.0`, `5e2`) as JSON writers sometimes give.
-fn parse_integer(text: &str) -> Option<i64> {
-    let t = text.trim();
-    if let Ok(n) = t.parse::<i64>() {
-        return Some(n);
-    }
-    if !is_number(t) {
-        return None;
-    }
-    let f: f64 = t.parse().ok()?;
-    // Beyond 2^53 an f64 is not exact: only whole, exactly held values.
-    (f.fract() == 0.0 && f.abs() < 9.007_199_254_740_992e15).then_some(f as i64)
+/// The significant digits of number `text` when SQLite would round it
+/// in a column of NUMERIC (or INTEGER) affinity: a number literal becomes
+/// a 64-bit integer when it is a whole one that fits, else a float that
+/// keeps 15 significant digits (<https://sqlite.org/datatype3.html> §3).
+/// `None`: it is kept exactly, or is not a number (then stored as text).
+fn sqlite_would_round(text: &str) -> Option<usize> {
+    let d = Decimal::parse(text)?;
+    let whole = d.integer().is_some_and(|n| i64::try_from(n).is_ok());
+    (!whole && d.digits.len() > 15).then_some(d.digits.len())
 }
 
 /// `text` is a number: JSON's grammar (sign, digits, fraction,
@@ -458,6 +444,15 @@ fn is_number(text: &str) -> bool {
         && exponent.is_none_or(|e| digits(e.strip_prefix(['-', '+']).unwrap_or(e)))
 }
 
+/// A non-negative count from the catalog (an integer, or its text).
+fn count(v: &Value) -> Option<u64> {
+    match v {
+        Value::Integer(n) => u64::try_from(*n).ok(),
+        Value::Text(t) => t.parse().ok(),
+        _ => None,
+    }
+}
+
 fn truthy(v: &Value) -> bool {
     match v {
         Value::Integer(n) => *n != 0,
@@ -475,7 +470,9 @@ pub fn kind(dialect: Dialect, ty: &str) -> Kind {
             "int2" => Kind::Integer(i64::from(i16::MAX)),
             "int4" => Kind::Integer(i64::from(i32::MAX)),
             "int8" => Kind::Integer(i64::MAX),
-            "numeric" | "float4" | "float8" => Kind::Number,
+            "numeric" => Kind::Number,
+            "float4" | "float8" => Kind::Float,
+            "bit" | "varbit" => Kind::Bits,
             "text" | "varchar" | "bpchar" | "name" | "citext" => Kind::Text,
             "date" | "timestamp" | "timestamptz" | "time" | "timetz" => Kind::Temporal,
             "bool" => Kind::Boolean,
@@ -494,10 +491,9 @@ pub fn kind(dialect: Dialect, ty: &str) -> Kind {
                 Kind::Integer(i64::MAX)
             } else if t.contains("char") || t.contains("clob") || t.contains("text") {
                 Kind::Text
-            } else if ["real", "floa", "doub", "numeric", "decimal"]
-                .iter()
-                .any(|w| t.contains(w))
-            {
+            } else if ["real", "floa", "doub"].iter().any(|w| t.contains(w)) {
+                Kind::Float
+            } else if t.contains("numeric") || t.contains("decimal") {
                 Kind::Number
             } else {
                 Kind::Other
@@ -506,65 +502,40 @@ pub fn kind(dialect: Dialect, ty: &str) -> Kind {
     }
 }
 
+/// A sample table (id int8, name text, revenue numeric, logo bytea,
+/// founded date, the position column) for unit tests.
+#[cfg(test)]
+pub(crate) fn sample(dialect: Dialect) -> Table {
+    let col = |name: &str, ty: &str| Column {
+        name: name.into(),
+        kind: kind(dialect, ty),
+        not_null: false,
+        has_default: false,
+        cast: ty.into(),
+        max_chars: None,
+        numeric: None,
+    };
+    Table {
+        name: "company".into(),
+        columns: vec![
+            col("id", "int8"),
+            col("name", "text"),
+            col("revenue", "numeric"),
+            col("logo", "bytea"),
+            col("founded", "date"),
+            col("_sluice_position", "text"),
+        ],
+        position: 5,
+        dialect,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn table(dialect: Dialect) -> Table {
-        let col = |name: &str, ty: &str| Column {
-            name: name.into(),
-            kind: kind(dialect, ty),
-            not_null: false,
-            has_default: false,
-            cast: ty.into(),
-            max_chars: None,
-        };
-        Table {
-            name: "company".into(),
-            columns: vec![
-                col("id", "int8"),
-                col("name", "text"),
-                col("revenue", "numeric"),
-                col("logo", "bytea"),
-                col("founded", "date"),
-                col("_sluice_position", "text"),
-            ],
-            position: 5,
-            dialect,
-        }
-    }
-
-    #[test]
-    fn postgres_statements_cast_what_is_not_text() {
-        let t = table(Dialect::Postgres);
-        assert_eq!(
-            t.upsert(&[0, 1, 2, 3], &[0], 1),
-            "INSERT INTO company (\"id\", \"name\", \"revenue\", \"logo\", \"_sluice_position\") VALUES \
-             (CAST(CAST($1 AS TEXT) AS int8), $2, CAST(CAST($3 AS TEXT) AS numeric), $4, $5) \
-             ON CONFLICT (\"id\") DO UPDATE SET \"name\" = excluded.\"name\", \"revenue\" = excluded.\"revenue\", \
-             \"logo\" = excluded.\"logo\", \"_sluice_position\" = excluded.\"_sluice_position\" \
-             WHERE company.\"_sluice_position\" IS NULL OR company.\"_sluice_position\" <= excluded.\"_sluice_position\""
-        );
-        assert_eq!(
-            t.delete(&[0], 1),
-            "DELETE FROM company WHERE \"id\" = CAST(CAST($1 AS TEXT) AS int8) AND (\"_sluice_position\" IS NULL OR \"_sluice_position\" <= $2)"
-        );
-    }
-
-    #[test]
-    fn many_rows_go_in_one_statement() {
-        let t = table(Dialect::Sqlite);
-        assert_eq!(
-            t.upsert(&[0, 1], &[0], 2),
-            "INSERT INTO company (\"id\", \"name\", \"_sluice_position\") VALUES ($1, $2, $3), ($4, $5, $6) \
-             ON CONFLICT (\"id\") DO UPDATE SET \"name\" = excluded.\"name\", \"_sluice_position\" = excluded.\"_sluice_position\" \
-             WHERE company.\"_sluice_position\" IS NULL OR company.\"_sluice_position\" <= excluded.\"_sluice_position\""
-        );
-        assert_eq!(
-            t.delete(&[0], 2),
-            "WITH v (k0, pos) AS (VALUES ($1, $2), ($3, $4)) DELETE FROM company WHERE company.\"id\" IN (SELECT k0 FROM v) \
-             AND EXISTS (SELECT 1 FROM v WHERE company.\"id\" = v.k0 AND (company.\"_sluice_position\" IS NULL OR company.\"_sluice_position\" <= v.pos))"
-        );
+        sample(dialect)
     }
 
     #[test]
@@ -578,6 +549,7 @@ mod tests {
             has_default: false,
             cast: "int2".into(),
             max_chars: None,
+            numeric: None,
         });
         let raw = |s: &str| RawValue::from_string(s.to_string()).unwrap();
         let b = |c: usize, v: &str| t.bind(&t.columns[c], &Val::Raw(&raw(v)), ZeroDates::Null);
@@ -585,7 +557,20 @@ mod tests {
         assert!(e.contains("company.id (int8) cannot take abc"), "{e}");
         assert!(b(0, "1.5").is_err());
         assert!(b(0, "[1]").is_err());
-        assert_eq!(b(0, "5.0").unwrap(), Value::from("5.0"));
+        // Whole numbers go as their digits (PostgreSQL's int8 input
+        // refuses `5.0`); no float on the way, so 2^53 + 1 stays exact.
+        assert_eq!(b(0, "5.0").unwrap(), Value::from("5"));
+        assert_eq!(b(0, "5e2").unwrap(), Value::from("500"));
+        assert_eq!(
+            b(0, "9007199254740993").unwrap(),
+            Value::from("9007199254740993")
+        );
+        let e = b(0, "18446744073709551615").unwrap_err().to_string();
+        assert!(
+            e.contains("holds integers -9223372036854775808..=9223372036854775807, not 18446744073709551615")
+                && e.contains("needs a numeric(20) or wider column"),
+            "{e}"
+        );
         assert_eq!(b(0, r#""-42""#).unwrap(), Value::from("-42"));
         assert!(b(6, "32767").is_ok() && b(6, "-32768").is_ok());
         assert!(b(6, "32768").is_err());
@@ -602,15 +587,70 @@ mod tests {
         assert_eq!(b(1, "true").unwrap(), Value::from("true"));
     }
 
+    /// PostgreSQL `numeric(p,s)` takes every digit it can hold and a
+    /// value it would round is refused; `bit(n)` gets an integer's bits.
+    #[test]
+    fn postgres_numeric_scale_and_bits_are_kept_exactly() {
+        let mut t = table(Dialect::Postgres);
+        t.columns[2].numeric = Some((20, 6));
+        t.columns.push(Column {
+            name: "flags".into(),
+            kind: kind(Dialect::Postgres, "bit"),
+            not_null: false,
+            has_default: false,
+            cast: "bit".into(),
+            max_chars: Some(64),
+            numeric: None,
+        });
+        let raw = |s: &str| RawValue::from_string(s.to_string()).unwrap();
+        let b = |c: usize, v: &str| t.bind(&t.columns[c], &Val::Raw(&raw(v)), ZeroDates::Null);
+        assert_eq!(
+            b(2, "99999999999999.999998").unwrap(),
+            Value::from("99999999999999.999998")
+        );
+        let e = b(2, "1.0000001").unwrap_err().to_string();
+        assert!(
+            e.contains("(numeric(20,6)) cannot hold 1.0000001 exactly: it has 7 digits after the point and the column keeps 6"),
+            "{e}"
+        );
+        let e = b(2, "123456789012345").unwrap_err().to_string();
+        assert!(
+            e.contains("has 15 digits before the point and the column holds 14"),
+            "{e}"
+        );
+        assert!(b(2, "1.500000000").is_ok(), "trailing zeros are not digits");
+        assert_eq!(
+            b(6, "18446744073709551615").unwrap(),
+            Value::from("1".repeat(64))
+        );
+        assert_eq!(
+            b(6, "5").unwrap(),
+            Value::from(format!("{}101", "0".repeat(61)))
+        );
+        assert_eq!(b(6, r#""0101""#).unwrap(), Value::from("0101"));
+        assert_eq!(b(6, "true").unwrap(), Value::from("1"));
+        assert!(b(6, "-1").is_err() && b(6, "36893488147419103232").is_err());
+    }
+
     #[test]
     fn values_keep_their_text_and_binary_is_decoded() {
         let t = table(Dialect::Sqlite);
         let raw = |s: &str| RawValue::from_string(s.to_string()).unwrap();
         let b = |c: usize, v: &str, z| t.bind(&t.columns[c], &Val::Raw(&raw(v)), z);
-        assert_eq!(
-            b(2, "999999999999.999998", ZeroDates::Null).unwrap(),
-            Value::from("999999999999.999998")
+        // SQLite's NUMERIC affinity would keep 15 digits: refused, naming
+        // the way out; 15 digits and whole 64-bit integers are kept.
+        let e = b(2, "999999999999.999998", ZeroDates::Null)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("cannot hold 999999999999.999998 exactly")
+                && e.contains("this one has 18; declare the column TEXT"),
+            "{e}"
         );
+        assert!(b(2, "99999999999.9999", ZeroDates::Null).is_ok());
+        assert!(b(2, "9223372036854775807", ZeroDates::Null).is_ok());
+        assert!(b(2, "9223372036854775808", ZeroDates::Null).is_err());
+        assert!(b(1, "9223372036854775808", ZeroDates::Null).is_ok());
         assert_eq!(
             b(1, r#""a \"b\"""#, ZeroDates::Null).unwrap(),
             Value::from("a \"b\"")
