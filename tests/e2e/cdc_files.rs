@@ -42,7 +42,7 @@ fn produce_file(b: &dyn Broker, file: &str) {
 
 /// Every row of `table` as text cells, ordered by `id`: `columns` are
 /// SQL expressions; `hex:col` is a binary column shown as lower-case hex.
-fn cells(db: &Db, table: &str, columns: &[&str]) -> Vec<Vec<String>> {
+pub(crate) fn cells(db: &Db, table: &str, columns: &[&str]) -> Vec<Vec<String>> {
     let exprs: Vec<String> = columns
         .iter()
         .map(|c| match c.strip_prefix("hex:") {
@@ -70,14 +70,20 @@ fn cells(db: &Db, table: &str, columns: &[&str]) -> Vec<Vec<String>> {
     .collect()
 }
 
-fn rows(want: &[&[&str]]) -> Vec<Vec<String>> {
+pub(crate) fn rows(want: &[&[&str]]) -> Vec<Vec<String>> {
     want.iter()
         .map(|r| r.iter().map(|c| c.to_string()).collect())
         .collect()
 }
 
 /// `host run` of the cdc component over topic `cdc` with `config` pairs.
-fn run_args(b: &dyn Broker, db: &Db, ck: &Path, config: &[&str], extra: &[&str]) -> Vec<String> {
+pub(crate) fn run_args(
+    b: &dyn Broker,
+    db: &Db,
+    ck: &Path,
+    config: &[&str],
+    extra: &[&str],
+) -> Vec<String> {
     let mut a = RunArgs::new(&b.bootstrap(), &["cdc"], ck)
         .sink_db(db)
         .plugin("cdc")

@@ -12,6 +12,7 @@ mod support;
 
 mod cdc;
 mod cdc_files;
+mod cdc_real;
 mod checkpoint;
 mod crashes;
 mod demo;

@@ -172,6 +172,16 @@ mod tests {
         assert!(v(r#""MDk=""#).unwrap_err().contains("not a struct"));
     }
 
+    /// Values from a real event: Debezium Server's documentation prints a
+    /// SQL Server delete (tests/fixtures/cdc/real/README.md) with `sal`
+    /// `"dzWUAA=="` and `comm` `"AYag"` at scale `"4"`.
+    #[test]
+    fn debezium_servers_documented_decimals_decode() {
+        let d = |v: &str| decode("org.apache.kafka.connect.data.Decimal", Some(4), &raw(v));
+        assert_eq!(d(r#""dzWUAA==""#).unwrap().as_deref(), Some("200000.0000"));
+        assert_eq!(d(r#""AYag""#).unwrap().as_deref(), Some("10.0000"));
+    }
+
     #[test]
     fn temporal_types_become_sql_text() {
         let d = |name: &str, v: &str| decode(name, None, &raw(v)).unwrap();

@@ -8,10 +8,12 @@
 use crate::table::{Column, Dialect, Kind, Table, quote};
 
 impl Table {
-    /// Placeholder `$n` for column `c`, cast where the dialect needs it.
+    /// Placeholder `$n` for column `c`, cast where the dialect needs it
+    /// (a bit string through `varbit`: a bare `bit` is `bit(1)`).
     fn placeholder(&self, c: &Column, n: usize) -> String {
         match (self.dialect, c.kind) {
             (Dialect::Sqlite, _) | (_, Kind::Binary | Kind::Text) => format!("${n}"),
+            (Dialect::Postgres, Kind::Bits) => format!("CAST(CAST(${n} AS TEXT) AS varbit)"),
             (Dialect::Postgres, _) => format!("CAST(CAST(${n} AS TEXT) AS {})", c.cast),
         }
     }
