@@ -251,7 +251,7 @@ fn a_debezium_update_whose_before_key_differs_moves_the_row() {
             if after == "null" { "20" } else { "21" }
         )
     };
-    let lines = vec![
+    let lines = [
         event("c", "null", r#"{"id":20,"n":"a"}"#, 100),
         event("u", r#"{"id":20,"n":"a"}"#, r#"{"id":21,"n":"b"}"#, 200),
     ];
@@ -595,7 +595,7 @@ fn decimals_keep_every_digit_or_are_refused_and_key_columns_ignore_case() {
             r#"{{"key":null,"value":{{"database":"shop","table":"t","type":"insert","position":"mysql-bin.000001:{id}00","data":{{"id":{id},"exact":{exact},"narrow":{narrow}}}}}}}"#
         )
     };
-    let lines = vec![
+    let lines = [
         event(1, "999999999999.999998", "1.5"),
         event(2, "12.50", "999999999999.999998"),
     ];
