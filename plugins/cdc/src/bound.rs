@@ -4,6 +4,7 @@
 use sluice_guest::sql::Value;
 
 use crate::change::Op;
+use crate::position;
 use crate::table::Table;
 
 /// One change, checked and bound, waiting for the flush.
@@ -58,14 +59,54 @@ impl Bound {
 }
 
 /// The parameters of `changes` as rows of one statement: each change's
-/// values, then its position.
+/// values, then its position; last the changes' position domain (the
+/// guard's, one for all: see [`chunks`]). Copies the values; see
+/// [`run_chunk`] for the statements of a flush, which move them.
 pub fn row_params(changes: &[Bound]) -> Vec<Value> {
-    let mut params = Vec::with_capacity(changes.iter().map(|b| b.params.len() + 1).sum());
+    let mut params =
+        Vec::with_capacity(changes.iter().map(|b| b.params.len() + 1).sum::<usize>() + 1);
     for b in changes {
         params.extend(b.params.iter().cloned());
         params.push(Value::from(b.pos.as_str()));
     }
+    if let Some(b) = changes.first() {
+        params.push(Value::from(position::domain(&b.pos)));
+    }
     params
+}
+
+/// Run statement `text` with the [`row_params`] of `chunk`, moving its
+/// values into the parameters rather than copying them (a flush binds
+/// thousands), and handing them back to `chunk` only when `again` says
+/// the count of changed rows calls for a second look at the changes.
+///
+/// # Errors
+/// The database's error.
+pub fn run_chunk(
+    text: &str,
+    chunk: &mut [Bound],
+    again: impl Fn(u64) -> bool,
+) -> Result<u64, sluice_guest::sql::SqlError> {
+    let mut params =
+        Vec::with_capacity(chunk.iter().map(|b| b.params.len() + 1).sum::<usize>() + 1);
+    let mut lens = Vec::with_capacity(chunk.len());
+    for b in chunk.iter_mut() {
+        lens.push(b.params.len());
+        params.append(&mut b.params);
+        params.push(Value::from(b.pos.as_str()));
+    }
+    if let Some(b) = chunk.first() {
+        params.push(Value::from(position::domain(&b.pos)));
+    }
+    let n = sluice_guest::sql::execute(text, &params)?;
+    if again(n) {
+        let mut values = params.into_iter();
+        for (b, len) in chunk.iter_mut().zip(lens) {
+            b.params = values.by_ref().take(len).collect();
+            values.next(); // its position
+        }
+    }
+    Ok(n)
 }
 
 /// Key values as bytes that are equal exactly when the values are: per
@@ -103,11 +144,36 @@ pub fn key_bytes<'a>(values: impl Iterator<Item = &'a Value>) -> Vec<u8> {
     k
 }
 
-/// `changes` in statements of at most `rows` changes each, in order.
-pub fn chunks(changes: Vec<Bound>, rows: usize) -> impl Iterator<Item = Vec<Bound>> {
+/// `changes` in statements of at most `rows` changes each that share one
+/// position domain ([`crate::position::domain`]: a guarded statement
+/// takes it as one parameter) and, with `by_set`, one column set (an
+/// upsert statement's columns): sorted by (set, domain), stable.
+pub fn chunks(
+    mut changes: Vec<Bound>,
+    rows: usize,
+    by_set: bool,
+) -> impl Iterator<Item = Vec<Bound>> {
+    let set = move |b: &Bound| -> Vec<usize> { if by_set { b.set.clone() } else { Vec::new() } };
+    changes.sort_by(|a, b| {
+        let sets = if by_set {
+            a.set.cmp(&b.set)
+        } else {
+            std::cmp::Ordering::Equal
+        };
+        sets.then_with(|| position::domain(&a.pos).cmp(position::domain(&b.pos)))
+    });
     let mut it = changes.into_iter().peekable();
     std::iter::from_fn(move || {
-        it.peek()?;
-        Some(it.by_ref().take(rows.max(1)).collect())
+        let first = it.next()?;
+        let domain = position::domain(&first.pos).to_string();
+        let columns = set(&first);
+        let mut chunk = vec![first];
+        while chunk.len() < rows.max(1)
+            && let Some(b) =
+                it.next_if(|b| position::domain(&b.pos) == domain && (!by_set || b.set == columns))
+        {
+            chunk.push(b);
+        }
+        Some(chunk)
     })
 }

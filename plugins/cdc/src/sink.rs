@@ -22,7 +22,7 @@ use sluice_guest::sql::{self, SqlError, Value};
 use sluice_guest::{Config, Error, OpenAnswer, PartitionContext, Sink, SinkRecord, log};
 
 use crate::Settings;
-use crate::bound::{Bound, chunks, key_bytes, row_params};
+use crate::bound::{Bound, chunks, key_bytes, row_params, run_chunk};
 use crate::change::{ChangeIn, Op, Val};
 use crate::order::{self, Report};
 use crate::position;
@@ -259,8 +259,7 @@ fn apply_one(
     let Some(b) = change else {
         return sql::execute(&format!("DELETE FROM {}", table.name), &[]);
     };
-    let mut params = b.params.clone();
-    params.push(Value::from(b.pos.as_str()));
+    let params = row_params(std::slice::from_ref(b));
     let delete = b.op == Op::Delete;
     let set = if delete { Vec::new() } else { b.set.clone() };
     let id = (table.name.clone(), delete, set, key.to_vec(), 1);
@@ -431,7 +430,8 @@ impl CdcSink {
                     }
                 }
             }
-            for chunk in chunks(deletes, MAX_PARAMS / (kept.key.len() + 1)) {
+            let rows = MAX_PARAMS / (kept.key.len() + 1);
+            for mut chunk in chunks(deletes, rows, false) {
                 let id = (
                     name.clone(),
                     true,
@@ -442,26 +442,22 @@ impl CdcSink {
                 let text = statement(&mut self.statements, id, || {
                     table.delete(&kept.key, chunk.len())
                 });
-                let n = sql::execute(text, &row_params(&chunk)).map_err(fail)?;
+                let rows = chunk.len() as u64;
+                let n = run_chunk(text, &mut chunk, |n| n < rows).map_err(fail)?;
                 order::resolve(table, &kept.key, &chunk, n, &mut self.report).map_err(fail)?;
             }
-            // Rows of one statement set the same columns.
-            upserts.sort_by(|a, b| a.set.cmp(&b.set));
-            let mut upserts = upserts.into_iter().peekable();
-            while let Some(first) = upserts.next() {
-                let rows = MAX_PARAMS / (first.set.len() + 1);
-                let set = first.set.clone();
-                let mut chunk = vec![first];
-                while chunk.len() < rows.max(1)
-                    && let Some(b) = upserts.next_if(|b| b.set == set)
-                {
-                    chunk.push(b);
-                }
+            // Rows of one statement set the same columns: a statement per
+            // column set (and position domain).
+            let widest = upserts.iter().map(|b| b.set.len()).max().unwrap_or(0);
+            let rows = MAX_PARAMS / (widest + 1);
+            for mut chunk in chunks(upserts, rows, true) {
+                let set = chunk[0].set.clone();
                 let id = (name.clone(), false, set, kept.key.clone(), chunk.len());
                 let text = statement(&mut self.statements, id, || {
                     table.upsert(&chunk[0].set, &kept.key, chunk.len())
                 });
-                let n = sql::execute(text, &row_params(&chunk)).map_err(fail)?;
+                let rows = chunk.len() as u64;
+                let n = run_chunk(text, &mut chunk, |n| n < rows).map_err(fail)?;
                 order::resolve(table, &kept.key, &chunk, n, &mut self.report).map_err(fail)?;
             }
         }

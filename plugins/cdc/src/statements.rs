@@ -22,12 +22,14 @@ impl Table {
     /// holds, of `rows` rows (≥ 1) for columns `set` (indexes; the
     /// position column is added last in each row) and key columns `key`
     /// (indexes into `columns`). Placeholders run `$1…` row after row,
-    /// `set.len() + 1` per row. The rows must have distinct keys
+    /// `set.len() + 1` per row, then the rows' position domain. The rows
+    /// must have distinct keys
     /// (PostgreSQL refuses to update one row twice in one statement).
     /// Its count of changed rows is short by the rows the guard held back.
     pub fn upsert(&self, set: &[usize], key: &[usize], rows: usize) -> String {
         let (t, pos) = (&self.name, quote(&self.position_column().name));
-        let guard = self.guard(&format!("{t}.{pos}"), &format!("excluded.{pos}"));
+        let domain = format!("${}", rows.max(1) * (set.len() + 1) + 1);
+        let guard = self.guard(&format!("{t}.{pos}"), &format!("excluded.{pos}"), &domain);
         format!("{} WHERE {guard}", self.upsert_unguarded(set, key, rows))
     }
 
@@ -56,25 +58,13 @@ impl Table {
     }
 
     /// The ordering rule ([`crate::position::compare`]) in SQL: the row's
-    /// `stored` position is NULL, or of the change's domain and not newer.
-    fn guard(&self, stored: &str, change: &str) -> String {
-        format!(
-            "({stored} IS NULL OR ({} = {} AND {stored} <= {change}))",
-            self.domain(stored),
-            self.domain(change)
-        )
-    }
-
-    /// [`crate::position::domain`] of the text expression `e`, in SQL.
-    fn domain(&self, e: &str) -> String {
-        let colon = match self.dialect {
-            Dialect::Sqlite => format!("instr({e}, ':')"),
-            Dialect::Postgres => format!("strpos({e}, ':')"),
-        };
-        format!(
-            "CASE WHEN {e} LIKE 'kafka:%' THEN substr({e}, 1, {}) ELSE substr({e}, 1, {colon}) END",
-            crate::position::KAFKA_DOMAIN
-        )
+    /// `stored` position is NULL, or of the change's domain `domain` (a
+    /// parameter: the statement's changes share it) and not newer than
+    /// `change`. Between the domain (a prefix of `change`) and `change`
+    /// lie exactly the positions that start with the domain and are not
+    /// newer, so two plain text comparisons do it.
+    fn guard(&self, stored: &str, change: &str, domain: &str) -> String {
+        format!("({stored} IS NULL OR ({stored} >= {domain} AND {stored} <= {change}))")
     }
 
     /// The stored positions of `rows` keys (key columns `key`, indexes):
@@ -146,7 +136,9 @@ impl Table {
 
     /// `DELETE` of the rows with key columns `key` (indexes), `rows` of
     /// them (≥ 1), each where [the guard](Self::guard) holds (its count
-    /// is short by the rows held back, and by keys without a row). Placeholders per row: the key values, then the position.
+    /// is short by the rows held back, and by keys without a row).
+    /// Placeholders per row: the key values, then the position; last the
+    /// rows' position domain.
     /// One row: a plain `WHERE`; more: a `WITH … (VALUES …)` list, which
     /// both SQLite (≥ 3.8.3) and PostgreSQL take.
     pub fn delete(&self, key: &[usize], rows: usize) -> String {
@@ -165,7 +157,7 @@ impl Table {
             return format!(
                 "DELETE FROM {t} WHERE {} AND {}",
                 conditions.join(" AND "),
-                self.guard(&pos, &format!("${width}"))
+                self.guard(&pos, &format!("${width}"), &format!("${}", width + 1))
             );
         }
         let names: Vec<String> = (0..key.len()).map(|n| format!("k{n}")).collect();
@@ -191,7 +183,11 @@ impl Table {
             names.join(", "),
             values.join(", "),
             matches.join(" AND "),
-            self.guard(&format!("{t}.{pos}"), "v.pos"),
+            self.guard(
+                &format!("{t}.{pos}"),
+                "v.pos",
+                &format!("${}", rows * width + 1)
+            ),
         )
     }
 }
@@ -202,8 +198,8 @@ mod tests {
 
     /// The guard of `stored` against `change` for `dialect`, as the
     /// statements write it.
-    fn guard(dialect: Dialect, stored: &str, change: &str) -> String {
-        sample(dialect).guard(stored, change)
+    fn guard(dialect: Dialect, stored: &str, change: &str, domain: &str) -> String {
+        sample(dialect).guard(stored, change, domain)
     }
 
     #[test]
@@ -219,14 +215,19 @@ mod tests {
             t.upsert(&[0, 1, 2, 3], &[0], 1),
             format!(
                 "{unguarded} WHERE {}",
-                guard(Dialect::Postgres, stored, "excluded.\"_sluice_position\"")
+                guard(
+                    Dialect::Postgres,
+                    stored,
+                    "excluded.\"_sluice_position\"",
+                    "$6"
+                )
             )
         );
         assert_eq!(
             t.delete(&[0], 1),
             format!(
                 "DELETE FROM company WHERE \"id\" = CAST(CAST($1 AS TEXT) AS int8) AND {}",
-                guard(Dialect::Postgres, "\"_sluice_position\"", "$2")
+                guard(Dialect::Postgres, "\"_sluice_position\"", "$2", "$3")
             )
         );
         assert_eq!(
@@ -238,11 +239,10 @@ mod tests {
             "WITH v (i, k0) AS (VALUES (1, CAST(CAST($1 AS TEXT) AS int8)), (2, CAST(CAST($2 AS TEXT) AS int8))) \
              SELECT v.i, company.\"_sluice_position\" FROM v JOIN company ON company.\"id\" = v.k0"
         );
-        // The domain: `kafka:` and its partition, else the form's name.
+        // The row's position is of the change's domain and not newer.
         assert_eq!(
-            guard(Dialect::Postgres, "s", "c"),
-            "(s IS NULL OR (CASE WHEN s LIKE 'kafka:%' THEN substr(s, 1, 17) ELSE substr(s, 1, strpos(s, ':')) END = \
-             CASE WHEN c LIKE 'kafka:%' THEN substr(c, 1, 17) ELSE substr(c, 1, strpos(c, ':')) END AND s <= c))"
+            guard(Dialect::Postgres, "s", "c", "$9"),
+            "(s IS NULL OR (s >= $9 AND s <= c))"
         );
     }
 
@@ -256,7 +256,12 @@ mod tests {
                 "INSERT INTO company (\"id\", \"name\", \"_sluice_position\") VALUES ($1, $2, $3), ($4, $5, $6) \
                  ON CONFLICT (\"id\") DO UPDATE SET \"name\" = excluded.\"name\", \"_sluice_position\" = excluded.\"_sluice_position\" \
                  WHERE {}",
-                guard(Dialect::Sqlite, stored, "excluded.\"_sluice_position\"")
+                guard(
+                    Dialect::Sqlite,
+                    stored,
+                    "excluded.\"_sluice_position\"",
+                    "$7"
+                )
             )
         );
         assert_eq!(
@@ -264,9 +269,8 @@ mod tests {
             format!(
                 "WITH v (k0, pos) AS (VALUES ($1, $2), ($3, $4)) DELETE FROM company WHERE company.\"id\" IN (SELECT k0 FROM v) \
                  AND EXISTS (SELECT 1 FROM v WHERE company.\"id\" = v.k0 AND {})",
-                guard(Dialect::Sqlite, stored, "v.pos")
+                guard(Dialect::Sqlite, stored, "v.pos", "$5")
             )
         );
-        assert!(guard(Dialect::Sqlite, "s", "c").contains("instr(s, ':')"));
     }
 }

@@ -321,6 +321,13 @@ impl Table {
     fn checked(&self, c: &Column, text: String) -> Result<Value, Error> {
         match c.kind {
             Kind::Integer(max) => {
+                // The common case, plain digits, without building a Decimal.
+                if let Ok(n) = text.parse::<i64>()
+                    && n <= max
+                    && n >= -max - 1
+                {
+                    return Ok(Value::Text(text));
+                }
                 let (max, min) = (i128::from(max), -i128::from(max) - 1);
                 return match Decimal::parse(&text).and_then(|d| d.integer()) {
                     Some(n) if (min..=max).contains(&n) => Ok(Value::Text(n.to_string())),
@@ -417,6 +424,9 @@ impl Table {
 /// keeps 15 significant digits (<https://sqlite.org/datatype3.html> §3).
 /// `None`: it is kept exactly, or is not a number (then stored as text).
 fn sqlite_would_round(text: &str) -> Option<usize> {
+    if text.len() <= 15 {
+        return None; // at most 15 digits
+    }
     let d = Decimal::parse(text)?;
     let whole = d.integer().is_some_and(|n| i64::try_from(n).is_ok());
     (!whole && d.digits.len() > 15).then_some(d.digits.len())
