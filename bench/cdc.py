@@ -10,7 +10,11 @@ Each cdc table is checked cell by cell against the producer's expected
 final state. The median of RUNS interleaved runs; prints a markdown table.
 
 Run with `bash bench/cdc.sh` (builds in release mode first). Environment:
-RUNS (default 3), EVENTS (default 60000), PARTITIONS (default 6), PG_URL
+RUNS (default 3), EVENTS (default 60000), PARTITIONS (default 6),
+BASELINE_WASM (another build of the cdc component, e.g. one made from an
+earlier commit with `git worktree`: run with the default settings next to
+this one, for an A/B of a change; CELLS=default then runs just the two
+cdc defaults), PG_URL
 (a PostgreSQL server's admin URL, e.g. `postgres://postgres@127.0.0.1:5432/postgres`:
 the sinks are fresh databases there instead of SQLite files; `source
 scripts/pg.sh && pg_start` starts a throwaway server and sets
@@ -20,6 +24,7 @@ import decimal
 import itertools
 import json
 import os
+import shutil
 import statistics
 import sqlite3
 import subprocess
@@ -57,10 +62,10 @@ def sink_for(plugin):
         name = f"bench_cdc_{os.getpid()}_{next(SEQ)}"
         psql(PG_URL, f"CREATE DATABASE {name}")
         url = PG_URL.rsplit("/", 1)[0] + "/" + name
-        if plugin == "cdc":
+        if plugin.startswith("cdc"):
             psql(url, CDC_TABLE["postgres"])
         return url
-    if plugin != "cdc":
+    if not plugin.startswith("cdc"):
         return True
 
     def create(db):
@@ -103,6 +108,13 @@ def main():
         "cdc, batch_rows=1000 (default)": ("cdc", ["route=shop.company=company"]),
         "cdc, batch_rows=5000": ("cdc", ["route=shop.company=company", "batch_rows=5000"]),
     }
+    baseline = os.environ.get("BASELINE_WASM")
+    if baseline:
+        shutil.copyfile(baseline, os.path.join(run.WASM, "cdc-baseline.wasm"))
+        cells["cdc baseline (BASELINE_WASM), batch_rows=1000"] = (
+            "cdc-baseline", ["route=shop.company=company"])
+    if os.environ.get("CELLS") == "default":
+        cells = {k: v for k, v in cells.items() if "1000" in k}
     with tempfile.TemporaryDirectory(prefix="bench-cdc-") as work, run.Mock() as broker:
         expected_file = os.path.join(work, "expected.json")
         subprocess.run([os.path.join(run.REL, "produce"), broker.bootstrap, "maxwell", str(run.PARTS),
@@ -118,7 +130,7 @@ def main():
                 stages = {}
                 rate, rss, db = run.sluice(broker, plugin, sink, work, i, config, tag=f"-{n}",
                                            stages=stages)
-                if plugin == "cdc":
+                if plugin.startswith("cdc"):
                     check_cdc(db, expected)
                 runs.setdefault(name, []).append((rate, rss, stages))
                 return rate, rss, stages
