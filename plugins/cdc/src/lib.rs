@@ -42,6 +42,7 @@
 //! DDL and heartbeats, Debezium `m` messages, truncates with
 //! `truncate=ignore`, events of tables no route names.
 
+pub mod bind;
 pub mod bound;
 pub mod change;
 pub mod convert;
