@@ -128,8 +128,11 @@ impl Table {
                     None => Err(self.misfit(c, &text)),
                 };
             }
-            Kind::Number | Kind::Float if !is_number(&text) => return Err(self.misfit(c, &text)),
+            Kind::Number | Kind::Float(_) if !is_number(&text) => {
+                return Err(self.misfit(c, &text));
+            }
             Kind::Number if self.dialect == Dialect::Postgres => self.fits_numeric(c, &text)?,
+            Kind::Float(bits) => self.fits_float(c, &text, bits)?,
             Kind::Text => {
                 if let Some(max) = c.max_chars
                     && text.chars().count() > max
@@ -146,15 +149,49 @@ impl Table {
             _ => {}
         }
         if self.dialect == Dialect::Sqlite
-            && !matches!(c.kind, Kind::Text | Kind::Binary | Kind::Float)
-            && let Some(digits) = sqlite_would_round(&text)
+            && !matches!(c.kind, Kind::Text | Kind::Binary | Kind::Float(_))
         {
-            return Err(Error::bad_record(format!(
-                "column {}.{} ({}) cannot hold {text} exactly: SQLite keeps a number in a column of NUMERIC affinity as a 64-bit integer or a float of 15 significant digits, and this one has {digits}; declare the column TEXT to keep every digit (or REAL to accept rounding)",
-                self.name, c.name, c.cast
-            )));
+            return match sqlite_numeric(&text) {
+                Ok(None) => Ok(Value::Text(text)),
+                Ok(Some(digits)) => Ok(Value::Text(digits)),
+                Err(digits) => Err(Error::bad_record(format!(
+                    "column {}.{} ({}) cannot hold {text} exactly: SQLite keeps a number in a column of NUMERIC affinity as a 64-bit integer or a float of 15 significant digits, and this one has {digits}; declare the column TEXT to keep every digit (or REAL to accept rounding)",
+                    self.name, c.name, c.cast
+                ))),
+            };
         }
         Ok(Value::Text(text))
+    }
+
+    /// Check number `text` against a floating-point column of `bits`
+    /// mantissa bits (24: `real`/`float4`; 53: `double precision`, SQLite
+    /// REAL): a fraction rounds as the type does (the column's choice), but
+    /// a whole number the type cannot hold exactly — MySQL's `BIGINT
+    /// UNSIGNED` 2⁶⁴−1 into a double — is refused rather than rounded.
+    fn fits_float(&self, c: &Column, text: &str, bits: u32) -> Result<(), Error> {
+        let Some(n) = Decimal::parse(text).and_then(|d| d.integer()) else {
+            return Ok(());
+        };
+        // The round trip is exact exactly when the type holds n.
+        #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation)]
+        let held = if bits <= 24 {
+            (n as f32) as i128 == n
+        } else {
+            (n as f64) as i128 == n
+        };
+        if held {
+            return Ok(());
+        }
+        Err(Error::bad_record(format!(
+            "column {}.{} ({}) cannot hold {text} exactly: a floating-point type keeps {bits} bits of an integer; declare it {} to keep every digit",
+            self.name,
+            c.name,
+            c.cast,
+            match self.dialect {
+                Dialect::Postgres => "numeric(20) or wider",
+                Dialect::Sqlite => "TEXT",
+            }
+        )))
     }
 
     /// The error for integer `text` outside `min..=max`, with where a
@@ -171,28 +208,50 @@ impl Table {
     }
 
     /// Check decimal `text` against a PostgreSQL `numeric(p,s)` column:
-    /// PostgreSQL would round digits beyond the scale without a word, and
-    /// refuse more integer digits than `p - s` only at the statement.
+    /// PostgreSQL would round digits beyond the scale without a word (a
+    /// negative scale, PostgreSQL 15+, rounds to tens, hundreds…), and
+    /// refuse a value of `p - s` or more integer digits only at the
+    /// statement.
     fn fits_numeric(&self, c: &Column, text: &str) -> Result<(), Error> {
         let (Some((precision, scale)), Some(d)) = (c.numeric, Decimal::parse(text)) else {
             return Ok(());
         };
-        let why = if d.fraction_digits() > scale {
-            format!(
-                "has {} digits after the point and the column keeps {scale}: PostgreSQL would round it",
-                d.fraction_digits()
-            )
-        } else if d.integer_digits() > precision.saturating_sub(scale) {
+        if d.digits.is_empty() {
+            return Ok(()); // zero fits every numeric
+        }
+        let shown = if scale >= 0 {
+            format!("numeric({precision},{scale})")
+        } else {
+            format!("numeric({precision},{scale}), rounded to 10^{}", -scale)
+        };
+        // The power of ten of the last digit it keeps, and the number of
+        // digits before the point (negative: zeros after the point).
+        let magnitude = d.digits.len() as i64 + d.exponent;
+        let why = if d.exponent < -scale {
+            if scale >= 0 {
+                format!(
+                    "has {} digits after the point and the column keeps {scale}: PostgreSQL would round it",
+                    -d.exponent
+                )
+            } else {
+                "has digits below the column's rounding unit: PostgreSQL would round it".to_string()
+            }
+        } else if magnitude > precision - scale && precision > scale {
             format!(
                 "has {} digits before the point and the column holds {}",
-                d.integer_digits(),
-                precision.saturating_sub(scale)
+                magnitude.max(0),
+                precision - scale
+            )
+        } else if magnitude > precision - scale {
+            format!(
+                "is not below 10^{}, the most the column holds",
+                precision - scale
             )
         } else {
             return Ok(());
         };
         Err(Error::bad_record(format!(
-            "column {}.{} (numeric({precision},{scale})) cannot hold {text} exactly: it {why}; widen the column to keep every digit",
+            "column {}.{} ({shown}) cannot hold {text} exactly: it {why}; widen the column to keep every digit",
             self.name, c.name
         )))
     }
@@ -211,18 +270,29 @@ impl Table {
     }
 }
 
-/// The significant digits of number `text` when SQLite would round it
-/// in a column of NUMERIC (or INTEGER) affinity: a number literal becomes
-/// a 64-bit integer when it is a whole one that fits, else a float that
-/// keeps 15 significant digits (<https://sqlite.org/datatype3.html> §3).
-/// `None`: it is kept exactly, or is not a number (then stored as text).
-fn sqlite_would_round(text: &str) -> Option<usize> {
-    if text.len() <= 15 {
-        return None; // at most 15 digits
+/// What SQLite does with number `text` in a column of NUMERIC (or
+/// INTEGER) affinity (<https://sqlite.org/datatype3.html> §3.0): a
+/// well-formed number becomes a 64-bit integer when it is a whole one that
+/// fits — but it is read as a float first when written with a fraction
+/// or an exponent (`9007199254740993.00` would become …992) —, else a
+/// float of 15 significant digits. `Ok(None)`: bind it as it is (plain
+/// digits that fit, few enough digits, or not a number: kept as text);
+/// `Ok(Some(digits))`: bind these plain digits instead (the same whole
+/// number); `Err(n)`: it has `n` significant digits and would be rounded.
+fn sqlite_numeric(text: &str) -> Result<Option<String>, usize> {
+    if text.parse::<i64>().is_ok() {
+        return Ok(None);
     }
-    let d = Decimal::parse(text)?;
-    let whole = d.integer().is_some_and(|n| i64::try_from(n).is_ok());
-    (!whole && d.digits.len() > 15).then_some(d.digits.len())
+    let Some(d) = Decimal::parse(text) else {
+        return Ok(None);
+    };
+    if let Some(n) = d.integer().and_then(|n| i64::try_from(n).ok()) {
+        return Ok(Some(n.to_string()));
+    }
+    if d.digits.len() > 15 {
+        return Err(d.digits.len());
+    }
+    Ok(None)
 }
 
 /// `text` is a number: JSON's grammar (sign, digits, fraction,
@@ -398,5 +468,114 @@ mod tests {
             Value::from(r#"{"a":[1]}"#)
         );
         assert_eq!(b(1, "null", ZeroDates::Null).unwrap(), Value::Null);
+    }
+}
+
+#[cfg(test)]
+mod exactness {
+    use super::*;
+    use crate::table::{kind, sample};
+
+    /// `table` with one more column `v` of declared type `ty`.
+    fn with(dialect: Dialect, ty: &str, numeric: Option<(i64, i64)>) -> Table {
+        let mut t = sample(dialect);
+        t.columns.push(Column {
+            name: "v".into(),
+            kind: kind(dialect, ty),
+            not_null: false,
+            has_default: false,
+            cast: ty.into(),
+            max_chars: None,
+            numeric,
+        });
+        t
+    }
+
+    fn bind(t: &Table, v: &str) -> Result<Value, String> {
+        let raw = RawValue::from_string(v.to_string()).unwrap();
+        let c = t.columns.last().unwrap();
+        t.bind(c, &Val::Raw(&raw), ZeroDates::Null)
+            .map_err(|e| e.to_string())
+    }
+
+    /// SQLite reads a number with a fraction or an exponent as a float
+    /// before it makes it an integer: whole ones go as plain digits.
+    #[test]
+    fn sqlite_whole_numbers_with_a_fraction_go_as_plain_digits() {
+        let t = with(Dialect::Sqlite, "NUMERIC", None);
+        assert_eq!(
+            bind(&t, "9007199254740993.00"),
+            Ok(Value::from("9007199254740993"))
+        );
+        assert_eq!(
+            bind(&t, "9123456789123e5"),
+            Ok(Value::from("912345678912300000"))
+        );
+        assert_eq!(
+            bind(&t, "9223372036854775807.0"),
+            Ok(Value::from("9223372036854775807"))
+        );
+        assert_eq!(bind(&t, "12.50"), Ok(Value::from("12.50")));
+        let e = bind(&t, "12345678901234567.5").unwrap_err();
+        assert!(e.contains("this one has 18"), "{e}");
+        // No declared type: BLOB affinity keeps the text.
+        let t = with(Dialect::Sqlite, "", None);
+        assert_eq!(
+            bind(&t, "18446744073709551615"),
+            Ok(Value::from("18446744073709551615"))
+        );
+    }
+
+    /// A double holds a fraction approximately (the column's choice) but
+    /// refuses a whole number it cannot hold exactly.
+    #[test]
+    fn float_columns_refuse_integers_they_would_round() {
+        for dialect in [Dialect::Sqlite, Dialect::Postgres] {
+            let ty = if dialect == Dialect::Sqlite {
+                "REAL"
+            } else {
+                "float8"
+            };
+            let t = with(dialect, ty, None);
+            assert!(bind(&t, "0.1").is_ok());
+            assert!(bind(&t, "1152921504606846976").is_ok(), "2^60 is held");
+            let e = bind(&t, "18446744073709551615").unwrap_err();
+            assert!(
+                e.contains(
+                    "cannot hold 18446744073709551615 exactly: a floating-point type keeps 53 bits"
+                ),
+                "{e}"
+            );
+        }
+        let t = with(Dialect::Postgres, "float4", None);
+        assert!(bind(&t, "16777216").is_ok());
+        assert!(bind(&t, "16777217").unwrap_err().contains("keeps 24 bits"));
+    }
+
+    /// PostgreSQL 15's scales beyond the precision and below zero.
+    #[test]
+    fn postgres_numeric_with_a_negative_or_large_scale() {
+        let t = with(Dialect::Postgres, "numeric", Some((5, -2)));
+        assert!(bind(&t, "1234500").is_ok());
+        let e = bind(&t, "123").unwrap_err();
+        assert!(
+            e.contains("numeric(5,-2), rounded to 10^2")
+                && e.contains("below the column's rounding unit"),
+            "{e}"
+        );
+        assert!(
+            bind(&t, "123456700")
+                .unwrap_err()
+                .contains("has 9 digits before the point and the column holds 7")
+        );
+        let t = with(Dialect::Postgres, "numeric", Some((3, 5)));
+        assert!(bind(&t, "0.00123").is_ok());
+        assert!(bind(&t, "0").is_ok());
+        let e = bind(&t, "0.0123").unwrap_err();
+        assert!(
+            e.contains("is not below 10^-2, the most the column holds"),
+            "{e}"
+        );
+        assert!(bind(&t, "-0.00123").is_ok());
     }
 }

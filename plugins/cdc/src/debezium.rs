@@ -42,12 +42,27 @@ struct FieldSchema<'a> {
     parameters: Option<&'a RawValue>,
 }
 
+/// The header Debezium puts on the create of a primary-key change (the
+/// old key; the delete of the old key carries `__debezium.newkey`), its
+/// value the key struct as the worker's header converter writes it:
+/// JSON-like `{"id":1001}` by Kafka Connect's `SimpleHeaderConverter`,
+/// or the JSON converter's form (with or without `schema`/`payload`).
+pub const OLD_KEY_HEADER: &str = "__debezium.oldkey";
+
 /// Decode one event; `Ok(None)` for events without a row change.
+/// `old_key` is the [`OLD_KEY_HEADER`] value when the record has one:
+/// its columns go into the change's `before`, so that the create of a
+/// key change removes the old key's row in its own transaction (the
+/// delete of the old key usually travels in another partition).
 ///
 /// # Errors
 /// [`Error::BadRecord`]: no `op` or `source`, an unknown `op`, a row that
 /// is not an object, an encoded value that does not decode.
-pub fn decode<'a>(event: &Object<'a>, key: Option<&'a [u8]>) -> Result<Option<Decoded<'a>>, Error> {
+pub fn decode<'a>(
+    event: &Object<'a>,
+    key: Option<&'a [u8]>,
+    old_key: Option<&'a [u8]>,
+) -> Result<Option<Decoded<'a>>, Error> {
     fn bad(m: impl std::fmt::Display) -> Error {
         Error::bad_record(m)
     }
@@ -130,6 +145,26 @@ pub fn decode<'a>(event: &Object<'a>, key: Option<&'a [u8]>) -> Result<Option<De
         }
         _ => Vec::new(),
     };
+    let mut before = before;
+    if op == Op::Upsert
+        && let Some(header) = old_key
+    {
+        // A header that is not a key struct is not the change's to refuse
+        // (the record itself is fine): it is left out, with a warning.
+        match key_columns(Some(header)) {
+            Ok(columns) => {
+                for (name, v) in columns {
+                    if !before.iter().any(|(c, _)| c == &name) {
+                        before.push((name, v));
+                    }
+                }
+            }
+            Err(_) => sluice_guest::log::warn(format!(
+                "{OLD_KEY_HEADER} header {:?} is not a JSON key struct: the old key's row of this key change is removed by its delete event alone",
+                String::from_utf8_lossy(header)
+            )),
+        }
+    }
     Ok(Some(Decoded {
         op,
         database,

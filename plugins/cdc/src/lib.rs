@@ -240,7 +240,12 @@ impl Mapper for CdcMap {
             }
         };
         let decoded = if debezium {
-            debezium::decode(&event, record.key)?
+            let old_key = record
+                .headers
+                .iter()
+                .find(|h| h.key == debezium::OLD_KEY_HEADER)
+                .and_then(|h| h.value);
+            debezium::decode(&event, record.key, old_key)?
         } else {
             maxwell::decode(&event, record.key)?
         };

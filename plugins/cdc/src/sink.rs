@@ -127,6 +127,9 @@ impl Sink for CdcSink {
     fn open(&mut self, ctx: &PartitionContext) -> Result<OpenAnswer, Error> {
         self.kept.clear();
         self.kept_rows = 0;
+        // A part tried again (after a rejected record or a retry) reports
+        // what its last attempt did, not the earlier ones.
+        self.report = Report::default();
         self.part = format!(
             "{}/{} offsets [{}, {})",
             ctx.topic, ctx.partition, ctx.start_offset, ctx.end_offset
@@ -161,7 +164,13 @@ impl Sink for CdcSink {
             (Op::Upsert, Some(old)) => {
                 let old = Object::from_raw(old)
                     .map_err(|e| Error::bad_record(format!("`old_key`: {e}")))?;
-                let (_, params) = self.bind_key(table, &old)?;
+                let (idx, params) = self.bind_key(table, &old)?;
+                // The map writes the old key with the new key's columns,
+                // in order ([`crate::old_key`]): one key column list.
+                debug_assert_eq!(
+                    Some(&idx),
+                    self.bind_key(table, &key).ok().map(|k| k.0).as_ref()
+                );
                 Some(Bound {
                     op: Op::Delete,
                     pos: c.pos.to_string(),
@@ -233,10 +242,16 @@ impl Sink for CdcSink {
         {
             self.flush()?;
         }
-        if let Some(d) = moved_from {
-            self.keep(&name, key_idx.clone(), Some(d));
+        for change in moved_from.map(Some).into_iter().chain([bound]) {
+            // A change whose position cannot be compared with the one
+            // kept for its key goes to the database in stream order:
+            // what is kept is applied first, then the change meets the
+            // guard there (as with batch_rows=1).
+            if let Some(unordered) = self.keep(&name, key_idx.clone(), change) {
+                self.flush()?;
+                self.keep(&name, key_idx.clone(), Some(unordered));
+            }
         }
-        self.keep(&name, key_idx, bound);
         if self.kept_rows >= self.settings.batch_rows {
             self.flush()?;
         }
@@ -302,8 +317,11 @@ impl CdcSink {
 
     /// Keep `change` (`None`: a truncate) of `table` for the flush: the
     /// newest change per key, so that applying what is kept ends where
-    /// applying every change in turn would.
-    fn keep(&mut self, table: &str, key: Vec<usize>, change: Option<Bound>) {
+    /// applying every change in turn would. A change older than the one
+    /// kept for its key is reported and dropped; one whose position
+    /// cannot be compared with it is handed back (nothing kept changes):
+    /// the caller flushes, then keeps it.
+    fn keep(&mut self, table: &str, key: Vec<usize>, change: Option<Bound>) -> Option<Bound> {
         let kept = self.kept.entry(table.to_string()).or_default();
         let Some(b) = change else {
             // Nothing kept before a truncate matters any more.
@@ -312,7 +330,7 @@ impl CdcSink {
                 truncate: true,
                 ..Kept::default()
             };
-            return;
+            return None;
         };
         if kept.order.is_empty() {
             kept.key = key;
@@ -327,25 +345,17 @@ impl CdcSink {
         };
         match kept.by_key.get_mut(&rendered) {
             Some(old) => {
-                // The ordering rule, within the part: an older change is
-                // reported and dropped; one that cannot be compared goes
-                // in stream order (it came later), reported too.
-                let order = position::compare(&old.pos, &b.pos);
-                if let Some(t) = self.tables.get(table) {
-                    match order {
-                        Some(Ordering::Greater) => {
+                // The ordering rule, within the part.
+                match position::compare(&old.pos, &b.pos) {
+                    None => return Some(b),
+                    Some(Ordering::Greater) => {
+                        if let Some(t) = self.tables.get(table) {
                             self.report
-                                .stale(table, b.key_text(t, &kept.key), &b.pos, &old.pos)
+                                .stale(table, b.key_text(t, &kept.key), &b.pos, &old.pos);
                         }
-                        None => {
-                            self.report
-                                .unordered(table, b.key_text(t, &kept.key), &b.pos, &old.pos)
-                        }
-                        Some(_) => {}
+                        return None;
                     }
-                }
-                if order == Some(Ordering::Greater) {
-                    return;
+                    Some(_) => {}
                 }
                 let mut b = b;
                 match (old.op, b.op) {
@@ -365,7 +375,7 @@ impl CdcSink {
                     (Op::Delete, Op::Upsert) => {
                         let delete = std::mem::replace(old, b);
                         old.after_delete = Some(Box::new(delete));
-                        return;
+                        return None;
                     }
                     _ => {}
                 }
@@ -377,6 +387,7 @@ impl CdcSink {
                 self.kept_rows += 1;
             }
         }
+        None
     }
 
     /// Apply every kept change: per table the truncate, then one
@@ -552,9 +563,11 @@ impl CdcSink {
             let null = given.is_some_and(|g| params[g] == Value::Null);
             if let Some((_, value)) = zeroed.iter().find(|(z, _)| *z == i).filter(|_| null) {
                 return Err(Error::bad_record(format!(
-                    "column {t}.{c} is NOT NULL and the change's value {value} is a MySQL zero date, which zero_dates=null (the default) writes as NULL: let the column take NULL (ALTER TABLE {t} ALTER COLUMN {c} DROP NOT NULL on PostgreSQL; on SQLite, a table made again without NOT NULL), or set --config zero_dates=error to make such changes bad records that --on-error handles",
+                    "column {t}.{c} is NOT NULL and the change's value {value} is a MySQL zero date, which zero_dates=null (the default) writes as NULL: let the column take NULL (ALTER TABLE {qt} ALTER COLUMN {qc} DROP NOT NULL on PostgreSQL; on SQLite, a table made again without NOT NULL), or give it a TEXT type to keep MySQL's zero date as written (zero_dates=error makes such changes bad records on purpose)",
                     t = table.name,
                     c = c.name,
+                    qt = crate::table::quote(&table.name),
+                    qc = crate::table::quote(&c.name),
                 )));
             }
             if null || (given.is_none() && !c.has_default) {

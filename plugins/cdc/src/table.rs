@@ -40,9 +40,11 @@ pub enum Kind {
     /// rounding (PostgreSQL: within `numeric(p,s)`; SQLite: see
     /// [`sqlite_keeps`]).
     Number,
-    /// Floating point (`real`, `double precision`, `float`): a number,
-    /// rounded to the type as the database does (the column's choice).
-    Float,
+    /// Floating point of this many mantissa bits (`real`: 24; `double
+    /// precision`, `float`, SQLite's REAL: 53): a number, its fraction
+    /// rounded to the type as the database does (the column's choice); a
+    /// whole number the type cannot hold exactly is refused.
+    Float(u32),
     /// PostgreSQL `bit(n)` / `varbit(n)`: a JSON integer (Maxwell's `BIT`)
     /// is written as its `n` binary digits; a string passes as it is.
     Bits,
@@ -67,8 +69,9 @@ pub struct Column {
     /// PostgreSQL `varchar(n)` / `char(n)`: at most this many characters;
     /// `bit(n)` / `varbit(n)`: at most this many bits.
     pub max_chars: Option<usize>,
-    /// PostgreSQL `numeric(p,s)`: (precision, scale) in decimal digits.
-    pub numeric: Option<(u64, u64)>,
+    /// PostgreSQL `numeric(p,s)`: (precision, scale) in decimal digits
+    /// (a scale may be negative or above the precision, PostgreSQL 15+).
+    pub numeric: Option<(i64, i64)>,
 }
 
 /// What to do with MySQL's zero dates (`0000-00-00…`) in date and time
@@ -191,7 +194,7 @@ impl Table {
                 has_default: truthy(has_default),
                 cast: ty,
                 max_chars: count(max_chars).and_then(|n| usize::try_from(n).ok()),
-                numeric: count(precision).zip(count(scale)),
+                numeric: integer(precision).zip(integer(scale)),
             });
         }
         if columns.is_empty() {
@@ -200,18 +203,21 @@ impl Table {
         Table::new(dialect, name, columns, position_column).map(Some)
     }
 
-    /// The index of column `name` (exact, else ASCII case-insensitive:
-    /// MySQL's column names are, and PostgreSQL folds unquoted names to
-    /// lower case).
+    /// The index of column `name`: exact, else the one column whose name
+    /// equals it ignoring ASCII case (MySQL's column names ignore case,
+    /// and PostgreSQL folds unquoted names to lower case); two that
+    /// differ only in case are ambiguous and match neither (the same rule
+    /// as [`crate::change::find`]).
     pub fn find(&self, name: &str) -> Option<usize> {
-        self.columns
-            .iter()
-            .position(|c| c.name == name)
-            .or_else(|| {
-                self.columns
-                    .iter()
-                    .position(|c| c.name.eq_ignore_ascii_case(name))
-            })
+        if let Some(i) = self.columns.iter().position(|c| c.name == name) {
+            return Some(i);
+        }
+        let mut folded =
+            (0..self.columns.len()).filter(|&i| self.columns[i].name.eq_ignore_ascii_case(name));
+        match (folded.next(), folded.next()) {
+            (Some(i), None) => Some(i),
+            _ => None,
+        }
     }
 
     /// The position column.
@@ -224,6 +230,15 @@ impl Table {
 fn count(v: &Value) -> Option<u64> {
     match v {
         Value::Integer(n) => u64::try_from(*n).ok(),
+        Value::Text(t) => t.parse().ok(),
+        _ => None,
+    }
+}
+
+/// An integer from the catalog (an integer, or its text).
+fn integer(v: &Value) -> Option<i64> {
+    match v {
+        Value::Integer(n) => Some(*n),
         Value::Text(t) => t.parse().ok(),
         _ => None,
     }
@@ -247,7 +262,8 @@ pub fn kind(dialect: Dialect, ty: &str) -> Kind {
             "int4" => Kind::Integer(i64::from(i32::MAX)),
             "int8" => Kind::Integer(i64::MAX),
             "numeric" => Kind::Number,
-            "float4" | "float8" => Kind::Float,
+            "float4" => Kind::Float(24),
+            "float8" => Kind::Float(53),
             "bit" | "varbit" => Kind::Bits,
             "text" | "varchar" | "bpchar" | "name" | "citext" => Kind::Text,
             "date" | "timestamp" | "timestamptz" | "time" | "timetz" => Kind::Temporal,
@@ -257,7 +273,11 @@ pub fn kind(dialect: Dialect, ty: &str) -> Kind {
         // SQLite's affinity rules (https://sqlite.org/datatype3.html §3.1),
         // with dates and booleans told apart for the conversions above.
         Dialect::Sqlite => {
-            if t.contains("blob") || t.contains("bytea") || t.contains("binary") {
+            if t.trim().is_empty() {
+                // No declared type: BLOB affinity keeps the bound text as
+                // it is, like a TEXT column.
+                Kind::Text
+            } else if t.contains("blob") || t.contains("bytea") || t.contains("binary") {
                 Kind::Binary
             } else if t.contains("date") || t.contains("time") {
                 Kind::Temporal
@@ -268,7 +288,7 @@ pub fn kind(dialect: Dialect, ty: &str) -> Kind {
             } else if t.contains("char") || t.contains("clob") || t.contains("text") {
                 Kind::Text
             } else if ["real", "floa", "doub"].iter().any(|w| t.contains(w)) {
-                Kind::Float
+                Kind::Float(53)
             } else if t.contains("numeric") || t.contains("decimal") {
                 Kind::Number
             } else {
