@@ -271,8 +271,8 @@ fn maxwell_and_debezium_changes_fill_typed_columns_exactly_once() {
     }
 }
 
-/// A destination table that does not exist, or lacks the position
-/// column: the pipeline stops with what to do, nothing applied.
+/// A destination table that does not exist, lacks the position column or
+/// has no unique key: the pipeline stops with what to do, nothing applied.
 #[test]
 fn a_missing_table_or_position_column_stops_with_the_fix() {
     let db = Db::sqlite();
@@ -298,6 +298,19 @@ fn a_missing_table_or_position_column_stops_with_the_fix() {
     assert_ne!(code, Some(0), "{log}");
     assert!(
         log.contains("ALTER TABLE company ADD COLUMN _sluice_position TEXT"),
+        "{log}"
+    );
+    assert_eq!(db.scalar("SELECT count(*) FROM company"), 0);
+    // A table without a key to upsert by.
+    db.batch(
+        "DROP TABLE company; CREATE TABLE company (id INTEGER, name TEXT, _sluice_position TEXT)",
+    );
+    let (code, log) = run(&mock, &db, &ck, &[]);
+    assert_ne!(code, Some(0), "{log}");
+    assert!(
+        log.contains(
+            "table company has no PRIMARY KEY or UNIQUE index on the changes' key columns (\"id\")"
+        ) && log.contains("CREATE UNIQUE INDEX company_sluice_key ON company (\"id\")"),
         "{log}"
     );
     assert_eq!(db.scalar("SELECT count(*) FROM company"), 0);

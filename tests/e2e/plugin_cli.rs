@@ -172,6 +172,19 @@ fn config_reaches_the_plugin() {
     };
     assert_eq!(run(&[]), 0);
     assert_eq!(run(&["--config", "table=orders"]), 1);
+    // host run's config file rehearses the same pairs; a flag wins.
+    let mut file = tempfile::NamedTempFile::new().unwrap();
+    writeln!(
+        file,
+        "brokers = \"127.0.0.1:9\"\n[config]\ntable = \"orders\""
+    )
+    .unwrap();
+    let path = file.path().to_str().unwrap();
+    assert_eq!(run(&["--config-file", path]), 1);
+    assert_eq!(
+        run(&["--config-file", path, "--config", "table=company"]),
+        0
+    );
 }
 
 #[test]

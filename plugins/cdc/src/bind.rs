@@ -155,8 +155,15 @@ impl Table {
                 Ok(None) => Ok(Value::Text(text)),
                 Ok(Some(digits)) => Ok(Value::Text(digits)),
                 Err(digits) => Err(Error::bad_record(format!(
-                    "column {}.{} ({}) cannot hold {text} exactly: SQLite keeps a number in a column of NUMERIC affinity as a 64-bit integer or a float of 15 significant digits, and this one has {digits}; declare the column TEXT to keep every digit (or REAL to accept rounding)",
-                    self.name, c.name, c.cast
+                    "column {}.{} ({}) cannot hold {text} exactly: SQLite keeps a number in a column of NUMERIC affinity as a 64-bit integer or a float of 15 significant digits, and this one has {digits}; declare the column TEXT to keep every digit{}",
+                    self.name,
+                    c.name,
+                    c.cast,
+                    if text.contains(['.', 'e', 'E']) {
+                        " (or REAL to accept rounding)"
+                    } else {
+                        ""
+                    }
                 ))),
             };
         }

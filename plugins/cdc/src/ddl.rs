@@ -6,7 +6,7 @@
 //!
 //! Column types come from the change's JSON values (the change record
 //! carries values, not the source's types): a string is text, an integer
-//! a 64-bit integer, another number a decimal (`NUMERIC` on PostgreSQL,
+//! of 64 bits a 64-bit integer, another number a decimal (`NUMERIC` on PostgreSQL,
 //! `TEXT` on SQLite, whose `NUMERIC` keeps only 15 significant digits), a
 //! boolean a boolean, an object or array JSON (`JSONB`; `TEXT` on
 //! SQLite), a null text. Key columns are `NOT NULL` and the primary key;
@@ -27,7 +27,11 @@ fn guess_type(dialect: Dialect, value: &RawValue) -> (&'static str, &'static str
         Some(b't' | b'f') => ("BOOLEAN", "bool"),
         Some(b'{' | b'[') if pg => ("JSONB", "jsonb"),
         Some(b'{' | b'[') => ("TEXT", "text"),
-        Some(_) if !text.contains(['.', 'e', 'E']) => ("BIGINT", "int8"),
+        // A whole number beyond 64 bits (MySQL's BIGINT UNSIGNED, BIT(64))
+        // needs a decimal column.
+        Some(_) if !text.contains(['.', 'e', 'E']) && text.parse::<i64>().is_ok() => {
+            ("BIGINT", "int8")
+        }
         Some(_) if pg => ("NUMERIC", "numeric"),
         Some(_) => ("TEXT", "text"),
     }
@@ -141,6 +145,12 @@ mod tests {
             ddl.contains("\"revenue\" TEXT") && ddl.contains("\"tags\" TEXT"),
             "{ddl}"
         );
+        // Beyond 64 bits: a decimal on PostgreSQL, text on SQLite.
+        let big = Object::parse(br#"{"u":18446744073709551615}"#).unwrap();
+        let (ddl, _) = guess(Dialect::Postgres, "g", &key, Some(&big), "_p").unwrap();
+        assert!(ddl.contains("\"u\" NUMERIC"), "{ddl}");
+        let (ddl, _) = guess(Dialect::Sqlite, "g", &key, Some(&big), "_p").unwrap();
+        assert!(ddl.contains("\"u\" TEXT"), "{ddl}");
         // A delete knows only its key.
         let (ddl, _) = guess(Dialect::Sqlite, "company", &key, None, "_p").unwrap();
         assert_eq!(

@@ -5,7 +5,8 @@
 //!
 //! `op` `c`, `u`, `r` (snapshot read) upsert from `after`; `d` deletes
 //! the row `before` or the key names; `t` truncates the table; `m`
-//! (logical decoding message) is skipped. The source table is
+//! (logical decoding message), heartbeats, schema changes and
+//! transaction boundaries are skipped. The source table is
 //! `source.db`.`source.table` for the MySQL and MariaDB connectors and
 //! `source.schema`.`source.table` for the others. The position is
 //! `source.lsn` (PostgreSQL), `source.file`/`pos`/`row` (MySQL),
@@ -22,11 +23,36 @@ use sluice_guest::json::{self, Object, RawValue, Text};
 use crate::change::{Columns, Decoded, Op, Val};
 use crate::{convert, position};
 
-/// True when `event` looks like a Debezium event (a `payload` wrapper, or
-/// `op` and `source`).
+/// True when `event` looks like a Debezium event: a `payload` wrapper,
+/// `op` and `source` (a change), `source` and `ddl` or `tableChanges` (a
+/// schema change), or a lone `ts_ms` (a heartbeat).
 pub fn looks_like(event: &Object<'_>) -> bool {
     (event.get("payload").is_some() && event.get("schema").is_some())
-        || (event.get("op").is_some() && event.get("source").is_some())
+        || (event.get("source").is_some()
+            && ["op", "ddl", "tableChanges"]
+                .iter()
+                .any(|f| event.get(f).is_some()))
+        || is_heartbeat(event)
+}
+
+/// A heartbeat's value (`heartbeat.interval.ms`): `ts_ms` alone.
+fn is_heartbeat(payload: &Object<'_>) -> bool {
+    payload.len() == 1 && payload.get("ts_ms").is_some()
+}
+
+/// An event with no row change: a heartbeat, a schema change (the
+/// connector's schema change topic: `ddl`, `tableChanges`) or a
+/// transaction boundary (`provide.transaction.metadata`: `status`
+/// BEGIN/END with `id`).
+fn carries_no_change(payload: &Object<'_>) -> bool {
+    is_heartbeat(payload)
+        || payload.get("ddl").is_some()
+        || payload.get("tableChanges").is_some()
+        || (payload.get("id").is_some()
+            && matches!(
+                payload.get_str("status").ok().flatten().as_deref(),
+                Some("BEGIN" | "END")
+            ))
 }
 
 /// A field of a Kafka Connect schema, as the JSON converter writes it.
@@ -81,10 +107,14 @@ pub fn decode<'a>(
         Some((p, s)) => (p, Some(*s)),
         None => (event, None),
     };
-    let op = payload
-        .get_str("op")
-        .map_err(bad)?
-        .ok_or_else(|| bad("Debezium event without `op`"))?;
+    let Some(op) = payload.get_str("op").map_err(bad)? else {
+        if carries_no_change(payload) {
+            return Ok(None);
+        }
+        return Err(bad(
+            "Debezium event without `op` (nor a heartbeat, schema change or transaction boundary)",
+        ));
+    };
     let op = match op.as_ref() {
         "c" | "u" | "r" => Op::Upsert,
         "d" => Op::Delete,

@@ -15,7 +15,7 @@
 use std::borrow::Cow;
 
 use sluice_guest::Error;
-use sluice_guest::json::{self, Object};
+use sluice_guest::json::{self, Object, RawValue};
 
 use crate::change::{Columns, Decoded, Op, Val};
 use crate::position;
@@ -78,10 +78,28 @@ pub fn decode<'a>(event: &Object<'a>, key: Option<&'a [u8]>) -> Result<Option<De
     }))
 }
 
-/// The `pk.*` fields of Maxwell's hash key format, without the prefix
-/// (empty for another key format or no key).
+/// The primary key columns of Maxwell's Kafka key, in either of its
+/// formats (`kafka_key_format`; zendesk/maxwell `RowIdentity.toKeyJson`):
+/// `hash` (the default), `{"database":…,"table":…,"pk.id":1}`, the
+/// `pk.*` fields without the prefix; `array`, `["db","table",[{"id":1},
+/// {"part2":"x"}]]`, the members of the third element's objects. Empty
+/// for a table without a primary key (Maxwell then keys by a random
+/// `_uuid`), another key format or no key.
 fn key_columns(key: Option<&[u8]>) -> Columns<'_> {
-    let Some(key) = key.and_then(|k| Object::parse(k).ok()) else {
+    let Some(key) = key else {
+        return Vec::new();
+    };
+    if let Ok((_, _, pks)) = json::from_slice::<(&RawValue, &RawValue, Vec<Object<'_>>)>(key) {
+        return pks
+            .iter()
+            .flat_map(|pk| {
+                pk.iter()
+                    .map(|(k, v)| (Cow::Owned(k.to_string()), Val::Raw(v)))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+    }
+    let Ok(key) = Object::parse(key) else {
         return Vec::new();
     };
     key.iter()

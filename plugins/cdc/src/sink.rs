@@ -215,7 +215,7 @@ impl Sink for CdcSink {
         if self.settings.batch_rows <= 1 {
             for b in moved_from.iter().chain(bound.iter()) {
                 let n = apply_one(table, &key_idx, Some(b), &mut self.statements)
-                    .map_err(|e| classify(e, &c))?;
+                    .map_err(|e| classify(e, &c, table, &key_idx))?;
                 order::resolve(
                     table,
                     &key_idx,
@@ -223,11 +223,11 @@ impl Sink for CdcSink {
                     n,
                     &mut self.report,
                 )
-                .map_err(|e| classify(e, &c))?;
+                .map_err(|e| classify(e, &c, table, &key_idx))?;
             }
             if bound.is_none() {
                 apply_one(table, &key_idx, None, &mut self.statements)
-                    .map_err(|e| classify(e, &c))?;
+                    .map_err(|e| classify(e, &c, table, &key_idx))?;
             }
             return Ok(());
         }
@@ -412,6 +412,9 @@ impl CdcSink {
                 if is_missing_table(&e) {
                     return missing_after_print(&name);
                 }
+                if is_missing_unique_key(&e) {
+                    return missing_unique_key(table, &kept.key);
+                }
                 if !is_data_error(&e) {
                     return Error::from(e);
                 }
@@ -595,6 +598,30 @@ fn is_missing_table(e: &SqlError) -> bool {
         || (e.code.starts_with("SQLITE_ERROR") && e.message.starts_with("no such table"))
 }
 
+/// The database has no unique index for an upsert's `ON CONFLICT`
+/// columns (PostgreSQL 42P10; SQLite's "ON CONFLICT clause does not match
+/// any PRIMARY KEY or UNIQUE constraint").
+fn is_missing_unique_key(e: &SqlError) -> bool {
+    e.code == "42P10" || e.message.contains("ON CONFLICT clause does not match")
+}
+
+/// The error for a destination table without a primary key or unique
+/// index on the changes' key columns `key` (indexes), with the index to
+/// create (logged too: the host reports the database's own error first).
+fn missing_unique_key(table: &Table, key: &[usize]) -> Error {
+    let names: Vec<String> = key
+        .iter()
+        .map(|&i| crate::table::quote(&table.columns[i].name))
+        .collect();
+    let why = format!(
+        "table {t} has no PRIMARY KEY or UNIQUE index on the changes' key columns ({cols}): the cdc sink writes each row by its key; CREATE UNIQUE INDEX {t}_sluice_key ON {t} ({cols}) (or make them the primary key), then run again",
+        t = table.name,
+        cols = names.join(", ")
+    );
+    log::error(&why);
+    Error::fatal(why)
+}
+
 /// The error for a statement on a table `create=print` guessed because
 /// it does not exist (logged too: the host reports the database's own
 /// error first).
@@ -609,9 +636,12 @@ fn missing_after_print(table: &str) -> Error {
 /// A database error on a change: a value the column cannot take (a data
 /// exception, a constraint) is a bad record; anything else stops the
 /// range (the host retries or fails it).
-fn classify(e: SqlError, c: &ChangeIn<'_>) -> Error {
+fn classify(e: SqlError, c: &ChangeIn<'_>, table: &Table, key: &[usize]) -> Error {
     if is_missing_table(&e) {
         return missing_after_print(&c.table);
+    }
+    if is_missing_unique_key(&e) {
+        return missing_unique_key(table, key);
     }
     if is_data_error(&e) {
         Error::bad_record(format!(

@@ -354,3 +354,70 @@ fn updates_that_change_the_key_carry_the_old_key() {
         "{out:#?}"
     );
 }
+
+/// Maxwell's `kafka_key_format=array` key (`["db","table",[{"id":1}]]`,
+/// zendesk/maxwell `RowIdentity.toKeyJson`) carries the key as the hash
+/// format's `pk.*` does.
+#[test]
+fn maxwell_array_keys_carry_the_primary_key() {
+    let v = r#"{"database":"shop","table":"lines","type":"insert","data":{"order_id":3,"line":2,"qty":1}}"#;
+    let (out, rejected) = run(
+        &config(&[]),
+        &[(
+            Some(r#"["shop","lines",[{"order_id":3},{"line":2}]]"#),
+            Some(v),
+        )],
+    );
+    assert!(rejected.is_empty(), "{rejected:?}");
+    assert!(
+        out[0].starts_with(r#"{"table":"lines","key":{"order_id":3,"line":2}}"#),
+        "{}",
+        out[0]
+    );
+}
+
+/// Debezium events without a row change are filtered, as Maxwell's DDL
+/// and heartbeats are: heartbeats (with and without the schema wrapper),
+/// the schema change topic's events and transaction boundaries; any other
+/// event without `op` is still a bad record.
+#[test]
+fn debezium_heartbeats_schema_changes_and_transaction_boundaries_are_skipped() {
+    let skipped = [
+        r#"{"schema":{"type":"struct","name":"io.debezium.connector.common.Heartbeat","fields":[{"type":"int64","field":"ts_ms"}]},"payload":{"ts_ms":1700000000000}}"#,
+        r#"{"ts_ms":1700000000000}"#,
+        r#"{"source":{"connector":"mysql","db":"inventory","table":"customers","file":"mysql-bin.000003","pos":154},"databaseName":"inventory","ddl":"ALTER TABLE customers ADD COLUMN x INT","tableChanges":[]}"#,
+        r#"{"status":"BEGIN","id":"571:53195829","event_count":null,"data_collections":null}"#,
+    ];
+    for format in ["auto", "debezium"] {
+        let records: Vec<(Option<&str>, Option<&str>)> =
+            skipped.iter().map(|v| (None, Some(*v))).collect();
+        let cfg = config(&[("format", format)]);
+        let (out, rejected) = run(&cfg, &records);
+        if format == "debezium" {
+            assert!(
+                out.is_empty() && rejected.is_empty(),
+                "{format}: {out:?} {rejected:?}"
+            );
+        } else {
+            // A transaction boundary has neither Debezium's nor Maxwell's
+            // shape: under format=auto it is a bad record that says so.
+            assert!(out.is_empty(), "{out:?}");
+            assert_eq!(rejected.len(), 1, "{rejected:?}");
+            assert!(
+                rejected[0].starts_with("3: neither a Maxwell event"),
+                "{rejected:?}"
+            );
+        }
+    }
+    let (_, rejected) = run(
+        &config(&[("format", "debezium")]),
+        &[(
+            None,
+            Some(r#"{"source":{"table":"t","db":"d"},"after":{}}"#),
+        )],
+    );
+    assert!(
+        rejected[0].contains("Debezium event without `op`"),
+        "{rejected:?}"
+    );
+}

@@ -48,6 +48,12 @@ pub struct TestArgs {
     #[arg(long = "config", value_name = "KEY=VALUE", value_parser = parse_kv)]
     pub config: Vec<(String, String)>,
 
+    /// `host run`'s TOML config file: its `[config]` table gives the
+    /// plugins' pairs (the same file rehearses what a run gets); --config
+    /// pairs override it. Its other settings are not read here.
+    #[arg(long, value_name = "FILE")]
+    pub config_file: Option<PathBuf>,
+
     /// Database the sink stage writes: `sqlite:PATH` or `postgres://…`.
     /// Each partition's records are one part in one transaction, as under
     /// `host run`, committed when the part succeeds (no progress row is
@@ -154,7 +160,12 @@ pub fn run(args: TestArgs) -> Result<(), CliError> {
     let owned = input::parse_records(&input, args.format).code(ExitCode::Usage)?;
 
     let runtime = Runtime::new(args.limits.limits()).map_err(anyhow::Error::msg)?;
-    let config: Arc<BTreeMap<String, String>> = Arc::new(args.config.into_iter().collect());
+    let mut config = match &args.config_file {
+        Some(p) => crate::cli::settings::Settings::from_file(p)?.config,
+        None => BTreeMap::new(),
+    };
+    config.extend(args.config);
+    let config: Arc<BTreeMap<String, String>> = Arc::new(config);
     let mut stages = Vec::new();
     let mut sink_plugin = None;
     for path in &args.plugins {
