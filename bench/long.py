@@ -14,11 +14,22 @@ runs each system over all of them, RUNS times interleaved:
 - company -> SQLite: Sluice with the company plugin (map + SQL sink);
 - python -> SQLite: the hand-written confluent-kafka consumer doing the
   same upserts (bench/py_consumer.py);
+- python executemany -> SQLite: the faster consumer users write, each
+  key's last change per 2,000 records written with `executemany`
+  (bench/py_batch_consumer.py; psycopg 3 pipelines it on PostgreSQL);
 - Bytewax -> SQLite: the same work as a Bytewax dataflow
   (bench/bytewax_flow.py), the peer a data engineer would pick instead;
 - with BENCH_PG_URL (a PostgreSQL server; bench/long.sh starts one):
-  company -> PostgreSQL and python -> PostgreSQL, each into a fresh
-  database per run.
+  company -> PostgreSQL, python -> PostgreSQL and python executemany ->
+  PostgreSQL, each into a fresh database per run, and PostgreSQL's own
+  bulk path as a ceiling (bench/pg_bulk_ceiling.py: binary COPY into a
+  staging table and one merge per 128,000 changes; its rate counts the
+  database work only, the topic is read before the clock starts).
+
+For the PostgreSQL rows the server's CPU is measured too (every
+`postgres` process's user + system time from /proc, exited backends
+through the postmaster's children times): CPU seconds per million
+records on the client's side and on the server's.
 
 Per system: whole-process records/s (wall clock from start to exit),
 steady-state records/s for Sluice (from its progress events: the records
@@ -33,6 +44,7 @@ Run with `bash bench/long.sh` (builds in release mode and installs the
 Python baseline first). Environment: RUNS (default 3), EVENTS, PARTITIONS,
 BATCH (Sluice's --max-records-per-partition, default 2000: 128,000
 records a batch at 64 partitions), SKIP_PYTHON=1, SKIP_PYTHON_PG=1 (only the python -> PostgreSQL row), SKIP_BYTEWAX=1,
+SKIP_BATCH_PYTHON=1 (the executemany rows), ONLY_PG=1 (just the PostgreSQL rows),
 BENCH_PG_URL. Needs psycopg (in the bench venv) for the PostgreSQL rows.
 """
 import datetime
@@ -76,6 +88,27 @@ def steady(progress):
 
 
 PG_URL = os.environ.get("BENCH_PG_URL")
+
+
+def pg_server_cpu():
+    """CPU seconds (user + system) the local PostgreSQL server has used:
+    every `postgres` process's own times plus its reaped children's (a
+    backend that exited is counted in the postmaster's)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        if name == "postgres":
+            # Fields 14-17 of proc(5): utime stime cutime cstime (rest[0] is field 3).
+            total += sum(int(x) for x in rest[11:15])
+    return total / ticks
 
 
 def fresh_pg(name):
@@ -138,13 +171,30 @@ def main():
                 raise RuntimeError(f"{name}'s table has other primary keys than the expected one")
             return table == expected
 
-        def python(sink, i):
-            db = fresh_pg(f"bench_python_{i}") if sink == "postgres" else os.path.join(work, f"py-{i}.db")
-            wall, cpu, rss, _ = measure([run.PY, os.path.join(run.ROOT, "bench", "py_consumer.py"), b.bootstrap,
-                                         "maxwell", db, "1000"])
+        def python(sink, i, script="py_consumer.py", every="1000"):
+            tag = script.split(".")[0]
+            db = fresh_pg(f"bench_{tag}_{i}") if sink == "postgres" else os.path.join(work, f"{tag}-{i}.db")
+            wall, cpu, rss, _ = measure([run.PY, os.path.join(run.ROOT, "bench", script), b.bootstrap,
+                                         "maxwell", db, every])
             table = pg_table_of(db) if sink == "postgres" else run.table_of(db)
             return {"wall": wall, "cpu": cpu, "rss": rss, "steady": None, "batches": None,
-                    "exact": checked("python", table)}
+                    "exact": checked(tag, table)}
+
+        def ceiling_pg(i):
+            db = fresh_pg(f"bench_bulk_{i}")
+            _, cpu, rss, out = measure([run.PY, os.path.join(run.ROOT, "bench", "pg_bulk_ceiling.py"), b.bootstrap,
+                                        "maxwell", db, str(int(BATCH) * PARTS)])
+            seconds = float(out.split()[0])
+            return {"wall": seconds, "cpu": cpu, "rss": rss, "steady": None, "batches": None,
+                    "exact": checked("bulk ceiling", pg_table_of(db))}
+
+        def with_server_cpu(fn):
+            def go(i):
+                before = pg_server_cpu()
+                r = fn(i)
+                r["server_cpu"] = pg_server_cpu() - before
+                return r
+            return go
 
         def bytewax(i):
             db = os.path.join(work, f"bytewax-{i}.db")
@@ -154,19 +204,26 @@ def main():
             return {"wall": wall, "cpu": cpu, "rss": rss, "steady": None, "batches": None,
                     "exact": checked("bytewax", run.table_of(db))}
 
-        cells = {
-            "ceiling (bare librdkafka consumer)": bare,
-            "Sluice passthrough": lambda i: sluice("passthrough", None, i),
-            "Sluice company -> SQLite": lambda i: sluice("company", "sqlite", i),
-        }
-        if not os.environ.get("SKIP_PYTHON"):
-            cells["python consumer -> SQLite"] = lambda i: python("sqlite", i)
-        if not os.environ.get("SKIP_BYTEWAX"):
-            cells["Bytewax -> SQLite"] = bytewax
+        env = os.environ.get
+        batch_py = lambda sink: lambda i: python(sink, i, "py_batch_consumer.py", "2000")  # noqa: E731
+        cells = {}
+        if not env("ONLY_PG"):
+            cells["ceiling (bare librdkafka consumer)"] = bare
+            cells["Sluice passthrough"] = lambda i: sluice("passthrough", None, i)
+            cells["Sluice company -> SQLite"] = lambda i: sluice("company", "sqlite", i)
+            if not env("SKIP_PYTHON"):
+                cells["python consumer -> SQLite"] = lambda i: python("sqlite", i)
+            if not env("SKIP_BATCH_PYTHON"):
+                cells["python executemany consumer -> SQLite"] = batch_py("sqlite")
+            if not env("SKIP_BYTEWAX"):
+                cells["Bytewax -> SQLite"] = bytewax
         if PG_URL:
-            cells["Sluice company -> PostgreSQL"] = lambda i: sluice("company", "postgres", i)
-            if not (os.environ.get("SKIP_PYTHON") or os.environ.get("SKIP_PYTHON_PG")):
-                cells["python consumer -> PostgreSQL"] = lambda i: python("postgres", i)
+            cells["Sluice company -> PostgreSQL"] = with_server_cpu(lambda i: sluice("company", "postgres", i))
+            if not (env("SKIP_PYTHON") or env("SKIP_PYTHON_PG")):
+                cells["python consumer -> PostgreSQL"] = with_server_cpu(lambda i: python("postgres", i))
+            if not env("SKIP_BATCH_PYTHON"):
+                cells["python executemany consumer -> PostgreSQL"] = with_server_cpu(batch_py("postgres"))
+            cells["PostgreSQL bulk path (COPY + merge), database work only: ceiling"] = with_server_cpu(ceiling_pg)
         results = {k: [] for k in cells}
         for i in range(run.RUNS):
             for k, fn in cells.items():
@@ -176,8 +233,8 @@ def main():
     print(f"{EVENTS:,} Maxwell events, {PARTS} partitions, mock cluster, Sluice batches of "
           f"--max-records-per-partition {BATCH}, median of {run.RUNS} interleaved runs\n")
     print("| system | records/s (whole process) | records/s (steady state) | CPU s per 1M records "
-          "| peak RSS MiB | batches | table byte-exact |")
-    print("|---|---:|---:|---:|---:|---:|---|")
+          "| server CPU s per 1M | peak RSS MiB | batches | table byte-exact |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
     for k in cells:
         rate = EVENTS / med(k, "wall")
         steadies = [r["steady"] for r in results[k] if r["steady"]]
@@ -186,7 +243,9 @@ def main():
         batches = results[k][0]["batches"]
         exact = {True: "yes", False: "no", None: ""}[all(r["exact"] for r in results[k])
                                                      if results[k][0]["exact"] is not None else None]
-        print(f"| {k} | {rate:,.0f} | {st} | {cpu:.2f} | {med(k, 'rss'):.0f} | "
+        server = (f"{statistics.median(r['server_cpu'] for r in results[k]) * 1e6 / EVENTS:.2f}"
+                  if "server_cpu" in results[k][0] else "")
+        print(f"| {k} | {rate:,.0f} | {st} | {cpu:.2f} | {server} | {med(k, 'rss'):.0f} | "
               f"{batches if batches is not None else ''} | {exact} |")
 
 
