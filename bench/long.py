@@ -28,8 +28,9 @@ runs each system over all of them, RUNS times interleaved:
 
 For the PostgreSQL rows the server's CPU is measured too (every
 `postgres` process's user + system time from /proc, exited backends
-through the postmaster's children times): CPU seconds per million
-records on the client's side and on the server's.
+through the postmaster's children times; every cluster on the machine
+counts, so run it with no other PostgreSQL busy): CPU seconds per
+million records on the client's side and on the server's.
 
 Per system: whole-process records/s (wall clock from start to exit),
 steady-state records/s for Sluice (from its progress events: the records
