@@ -469,7 +469,7 @@ fn host_test_prints_each_statement_with_its_parameters_and_keeps_nothing() {
         let first = sql_of(&got, 0);
         let upsert = first
             .iter()
-            .find(|(s, _)| s.starts_with("INSERT INTO company"));
+            .find(|(s, _)| s.starts_with("INSERT INTO \"company\""));
         let Some((_, params)) = upsert else {
             panic!("{}: no upsert at offset 0: {got:?}", db.name)
         };
@@ -494,7 +494,10 @@ fn host_test_prints_each_statement_with_its_parameters_and_keeps_nothing() {
         assert!(sql_of(&got, 1).is_empty(), "{got:?}");
         let delete = sql_of(&got, 2);
         assert_eq!(delete.len(), 1, "{got:?}");
-        assert!(delete[0].0.starts_with("DELETE FROM company"), "{delete:?}");
+        assert!(
+            delete[0].0.starts_with("DELETE FROM \"company\""),
+            "{delete:?}"
+        );
         // Rolled back: the table is as it was.
         assert_eq!(db.scalar("SELECT COUNT(*) FROM company"), 0, "{}", db.name);
     }
@@ -508,7 +511,7 @@ fn host_test_prints_each_statement_with_its_parameters_and_keeps_nothing() {
     let err = stderr(&out);
     assert!(
         err.contains(
-            r#"CREATE TABLE company ("id" BIGINT NOT NULL, "name" TEXT, "revenue" NUMERIC, "logo" TEXT, "_sluice_position" TEXT, PRIMARY KEY ("id"))"#
+            r#"CREATE TABLE "company" ("id" BIGINT NOT NULL, "name" TEXT, "revenue" NUMERIC, "logo" TEXT, "_sluice_position" TEXT, PRIMARY KEY ("id"))"#
         ),
         "{err}"
     );

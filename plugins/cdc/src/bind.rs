@@ -131,6 +131,18 @@ impl Table {
             Kind::Number | Kind::Float(_) if !is_number(&text) => {
                 return Err(self.misfit(c, &text));
             }
+            // SQLite has no NaN or Infinity: it would keep the text.
+            Kind::Number | Kind::Float(_)
+                if self.dialect == Dialect::Sqlite && Decimal::parse(&text).is_none() =>
+            {
+                return Err(Error::bad_record(format!(
+                    "column {}.{} ({}) cannot take {}: SQLite has no NaN or Infinity in a number column; declare it TEXT to keep it",
+                    self.name,
+                    c.name,
+                    c.cast,
+                    shown(&text)
+                )));
+            }
             Kind::Number if self.dialect == Dialect::Postgres => self.fits_numeric(c, &text)?,
             Kind::Float(bits) => self.fits_float(c, &text, bits)?,
             Kind::Text => {
@@ -154,11 +166,12 @@ impl Table {
             return match sqlite_numeric(&text) {
                 Ok(None) => Ok(Value::Text(text)),
                 Ok(Some(digits)) => Ok(Value::Text(digits)),
-                Err(digits) => Err(Error::bad_record(format!(
-                    "column {}.{} ({}) cannot hold {text} exactly: SQLite keeps a number in a column of NUMERIC affinity as a 64-bit integer or a float of 15 significant digits, and this one has {digits}; declare the column TEXT to keep every digit{}",
+                Err(why) => Err(Error::bad_record(format!(
+                    "column {}.{} ({}) cannot hold {} exactly: SQLite keeps a number in a column of NUMERIC affinity as a 64-bit integer or a float of 15 significant digits, and {why}; declare the column TEXT to keep every digit{}",
                     self.name,
                     c.name,
                     c.cast,
+                    shown(&text),
                     if text.contains(['.', 'e', 'E']) {
                         " (or REAL to accept rounding)"
                     } else {
@@ -176,26 +189,40 @@ impl Table {
     /// a whole number the type cannot hold exactly — MySQL's `BIGINT
     /// UNSIGNED` 2⁶⁴−1 into a double — is refused rather than rounded.
     fn fits_float(&self, c: &Column, text: &str, bits: u32) -> Result<(), Error> {
-        let Some(n) = Decimal::parse(text).and_then(|d| d.integer()) else {
-            return Ok(());
+        let Some(d) = Decimal::parse(text) else {
+            return Ok(()); // NaN, Infinity: the float types have them
         };
-        // The round trip is exact exactly when the type holds n.
-        #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation)]
-        let held = if bits <= 24 {
-            (n as f32) as i128 == n
+        let why = if d.digits.is_empty() {
+            return Ok(());
+        } else if let Some(why) = float_range(&d, bits) {
+            why
+        } else if !text.contains(['.', 'e', 'E']) {
+            // An integer literal (MySQL's BIGINT UNSIGNED): the round
+            // trip is exact exactly when the type holds it. A number
+            // written as a float rounds as floats do (the column's choice).
+            #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation)]
+            let held = d.integer().is_some_and(|n| {
+                if bits <= 24 {
+                    (n as f32) as i128 == n
+                } else {
+                    (n as f64) as i128 == n
+                }
+            });
+            if held {
+                return Ok(());
+            }
+            format!("a floating-point type keeps {bits} bits of an integer")
         } else {
-            (n as f64) as i128 == n
-        };
-        if held {
             return Ok(());
-        }
+        };
         Err(Error::bad_record(format!(
-            "column {}.{} ({}) cannot hold {text} exactly: a floating-point type keeps {bits} bits of an integer; declare it {} to keep every digit",
+            "column {}.{} ({}) cannot hold {} exactly: {why}; declare it {} to keep every digit",
             self.name,
             c.name,
             c.cast,
+            shown(text),
             match self.dialect {
-                Dialect::Postgres => "numeric(20) or wider",
+                Dialect::Postgres => "numeric",
                 Dialect::Sqlite => "TEXT",
             }
         )))
@@ -209,8 +236,11 @@ impl Table {
             Dialect::Sqlite => "TEXT",
         };
         Error::bad_record(format!(
-            "column {}.{} ({}) holds integers {min}..={max}, not {text}; a MySQL BIGINT UNSIGNED or BIT(64) value beyond that needs a {wider} column",
-            self.name, c.name, c.cast
+            "column {}.{} ({}) holds integers {min}..={max}, not {}; a MySQL BIGINT UNSIGNED or BIT(64) value beyond that needs a {wider} column",
+            self.name,
+            c.name,
+            c.cast,
+            shown(text)
         ))
     }
 
@@ -258,8 +288,10 @@ impl Table {
             return Ok(());
         };
         Err(Error::bad_record(format!(
-            "column {}.{} ({shown}) cannot hold {text} exactly: it {why}; widen the column to keep every digit",
-            self.name, c.name
+            "column {}.{} ({shown}) cannot hold {} exactly: it {why}; widen the column to keep every digit",
+            self.name,
+            c.name,
+            self::shown(text)
         )))
     }
 
@@ -286,7 +318,7 @@ impl Table {
 /// digits that fit, few enough digits, or not a number: kept as text);
 /// `Ok(Some(digits))`: bind these plain digits instead (the same whole
 /// number); `Err(n)`: it has `n` significant digits and would be rounded.
-fn sqlite_numeric(text: &str) -> Result<Option<String>, usize> {
+fn sqlite_numeric(text: &str) -> Result<Option<String>, String> {
     if text.parse::<i64>().is_ok() {
         return Ok(None);
     }
@@ -296,10 +328,51 @@ fn sqlite_numeric(text: &str) -> Result<Option<String>, usize> {
     if let Some(n) = d.integer().and_then(|n| i64::try_from(n).ok()) {
         return Ok(Some(n.to_string()));
     }
+    if let Some(why) = float_range(&d, 53) {
+        return Err(why);
+    }
     if d.digits.len() > 15 {
-        return Err(d.digits.len());
+        return Err(format!(
+            "this one has {} significant digits",
+            d.digits.len()
+        ));
     }
     Ok(None)
+}
+
+/// Why a float of `bits` mantissa bits (24 or 53) cannot hold `d` at all:
+/// beyond its range (it would be infinite) or below its normal range (it
+/// would keep fewer digits, or become 0). `None` within the range.
+fn float_range(d: &Decimal, bits: u32) -> Option<String> {
+    if d.digits.is_empty() {
+        return None;
+    }
+    // `d` lies in [10^(m-1), 10^m).
+    let m = d.digits.len() as i64 + d.exponent;
+    let (max, min) = if bits <= 24 { (38, -37) } else { (308, -307) };
+    if m > max {
+        Some(format!(
+            "it is beyond a {}-bit float's range (about 1e{max})",
+            if bits <= 24 { 32 } else { 64 }
+        ))
+    } else if m < min {
+        Some(format!(
+            "it is below a {}-bit float's normal range (about 1e{min})",
+            if bits <= 24 { 32 } else { 64 }
+        ))
+    } else {
+        None
+    }
+}
+
+/// `text` for a message: at most 60 characters, with `…` when cut.
+fn shown(text: &str) -> String {
+    let cut: String = text.chars().take(60).collect();
+    if cut.len() < text.len() {
+        format!("{cut}…")
+    } else {
+        cut
+    }
 }
 
 /// `text` is a number: JSON's grammar (sign, digits, fraction,
@@ -439,7 +512,7 @@ mod tests {
             .to_string();
         assert!(
             e.contains("cannot hold 999999999999.999998 exactly")
-                && e.contains("this one has 18; declare the column TEXT"),
+                && e.contains("this one has 18 significant digits; declare the column TEXT"),
             "{e}"
         );
         assert!(b(2, "99999999999.9999", ZeroDates::Null).is_ok());
@@ -584,5 +657,91 @@ mod exactness {
             "{e}"
         );
         assert!(bind(&t, "-0.00123").is_ok());
+    }
+}
+
+#[cfg(test)]
+mod ranges {
+    use super::*;
+    use crate::bound::key_bytes;
+    use crate::table::{kind, sample};
+
+    fn with(dialect: Dialect, ty: &str) -> Table {
+        let mut t = sample(dialect);
+        t.columns.push(Column {
+            name: "v".into(),
+            kind: kind(dialect, ty),
+            not_null: false,
+            has_default: false,
+            cast: ty.into(),
+            max_chars: None,
+            numeric: None,
+        });
+        t
+    }
+
+    fn bind(t: &Table, v: &str) -> Result<Value, String> {
+        let raw = RawValue::from_string(v.to_string()).unwrap();
+        t.bind(t.columns.last().unwrap(), &Val::Raw(&raw), ZeroDates::Null)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Numbers beyond a double's range, or below its normal range, are
+    /// refused where SQLite would store Inf or 0, and so are NaN and
+    /// Infinity, which SQLite keeps as text in a number column.
+    #[test]
+    fn sqlite_and_float_columns_refuse_what_a_double_cannot_hold() {
+        for (dialect, ty) in [
+            (Dialect::Sqlite, "NUMERIC"),
+            (Dialect::Sqlite, "REAL"),
+            (Dialect::Postgres, "float8"),
+        ] {
+            let t = with(dialect, ty);
+            for v in [
+                "1e400",
+                "1e999999999999999999",
+                "1e-400",
+                "123456789012345e-324",
+            ] {
+                assert!(bind(&t, v).unwrap_err().contains("float's"), "{ty} {v}");
+            }
+            assert!(bind(&t, "1e300").is_ok(), "{ty}");
+            if ty != "NUMERIC" {
+                // An integer literal a double cannot hold exactly; the
+                // same number written as a float rounds as floats do.
+                let big = format!("1{}1", "0".repeat(39));
+                assert!(
+                    bind(&t, &big).unwrap_err().contains("keeps 53 bits"),
+                    "{ty}"
+                );
+                assert!(bind(&t, "1.0e40").is_ok(), "{ty}");
+            }
+        }
+        let long = format!("1{}", "0".repeat(10_000));
+        let e = bind(&with(Dialect::Sqlite, "NUMERIC"), &long).unwrap_err();
+        assert!(
+            e.len() < 600,
+            "the value is cut in the message: {} bytes",
+            e.len()
+        );
+        for v in [r#""NaN""#, r#""Infinity""#] {
+            let e = bind(&with(Dialect::Sqlite, "NUMERIC"), v).unwrap_err();
+            assert!(e.contains("SQLite has no NaN or Infinity"), "{e}");
+        }
+        assert!(bind(&with(Dialect::Postgres, "float8"), r#""NaN""#).is_ok());
+    }
+
+    /// Keys fold by the value the database compares: one number however
+    /// it is spelled, text by its bytes.
+    #[test]
+    fn key_bytes_fold_numbers_by_value_and_text_by_bytes() {
+        let t = sample(Dialect::Sqlite);
+        let k = |col: usize, v: Value| key_bytes(&t, &[col], [v].iter());
+        // Column 0 is int8, 1 text, 2 numeric.
+        assert_eq!(k(0, Value::from("01")), k(0, Value::from("1")));
+        assert_eq!(k(0, Value::from("+1")), k(0, Value::Integer(1)));
+        assert_eq!(k(2, Value::from("1.5")), k(2, Value::from("1.50")));
+        assert_ne!(k(2, Value::from("1.5")), k(2, Value::from("15")));
+        assert_ne!(k(1, Value::from("01")), k(1, Value::from("1")));
     }
 }

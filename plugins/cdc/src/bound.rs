@@ -4,8 +4,25 @@
 use sluice_guest::sql::Value;
 
 use crate::change::Op;
+use crate::number::Decimal;
 use crate::position;
-use crate::table::Table;
+use crate::table::{Kind, Table};
+
+/// `v`'s exact value as `-digitsEexponent` when it is a number (an
+/// integer, or text that reads as one).
+fn exact_number(v: &Value) -> Option<String> {
+    let d = match v {
+        Value::Integer(n) => Decimal::parse(&n.to_string())?,
+        Value::Text(t) => Decimal::parse(t)?,
+        _ => return None,
+    };
+    Some(format!(
+        "{}{}E{}",
+        if d.negative { "-" } else { "" },
+        d.digits,
+        d.exponent
+    ))
+}
 
 /// One change, checked and bound, waiting for the flush.
 #[derive(Debug)]
@@ -109,11 +126,28 @@ pub fn run_chunk(
     Ok(n)
 }
 
-/// Key values as bytes that are equal exactly when the values are: per
-/// value its type, then its bytes (text and bytes after their length).
-pub fn key_bytes<'a>(values: impl Iterator<Item = &'a Value>) -> Vec<u8> {
+/// Key values (of columns `key` of `table`, indexes) as bytes that are
+/// equal exactly when the database takes the values as equal: a value of
+/// a number column by its exact value (`01`, `+1`, `1.0`, SQLite's
+/// integer 1 for `true` are all 1; `1.5` and `1.50` one decimal), any
+/// other by its type, then its bytes (text and bytes after their length).
+pub fn key_bytes<'a>(
+    table: &Table,
+    key: &[usize],
+    values: impl Iterator<Item = &'a Value>,
+) -> Vec<u8> {
     let mut k = Vec::with_capacity(16);
-    for v in values {
+    for (&i, v) in key.iter().zip(values) {
+        let numeric = matches!(
+            table.columns[i].kind,
+            Kind::Integer(_) | Kind::Number | Kind::Float(_) | Kind::Boolean
+        );
+        if numeric && let Some(n) = exact_number(v) {
+            k.push(5);
+            k.extend_from_slice(&(n.len() as u64).to_le_bytes());
+            k.extend_from_slice(n.as_bytes());
+            continue;
+        }
         let bytes: &[u8] = match v {
             Value::Null => {
                 k.push(0);

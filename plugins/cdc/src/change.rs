@@ -118,6 +118,25 @@ pub fn text_of(v: &Val<'_>) -> Vec<u8> {
     out
 }
 
+/// `a` and `b` are the same value: two JSON numbers by their exact value
+/// (`1` and `1.0`, MySQL's DECIMAL printed with and without its scale),
+/// anything else by its JSON text.
+pub fn same(a: &Val<'_>, b: &Val<'_>) -> bool {
+    let number = |v: &Val<'_>| match v {
+        Val::Raw(r)
+            if r.get()
+                .starts_with(|c: char| c == '-' || c.is_ascii_digit()) =>
+        {
+            crate::number::Decimal::parse(r.get())
+        }
+        _ => None,
+    };
+    match (number(a), number(b)) {
+        (Some(x), Some(y)) => x == y,
+        _ => text_of(a) == text_of(b),
+    }
+}
+
 /// The value of column `name` in `columns`: the exact name, else the one
 /// name equal to it ignoring ASCII case (MySQL's column names ignore
 /// case; two names that differ only in case are ambiguous and match

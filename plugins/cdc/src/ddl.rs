@@ -113,7 +113,8 @@ pub fn guess(
     });
     let primary: Vec<String> = names[..keys].iter().map(|n| quote(n)).collect();
     let ddl = format!(
-        "CREATE TABLE {name} ({}, PRIMARY KEY ({}))",
+        "CREATE TABLE {} ({}, PRIMARY KEY ({}))",
+        quote(name),
         cells.join(", "),
         primary.join(", ")
     );
@@ -135,7 +136,7 @@ mod tests {
         let (ddl, t) = guess(Dialect::Postgres, "company", &key, Some(&row), "_p").unwrap();
         assert_eq!(
             ddl,
-            "CREATE TABLE company (\"id\" BIGINT NOT NULL, \"name\" TEXT, \"revenue\" NUMERIC, \
+            "CREATE TABLE \"company\" (\"id\" BIGINT NOT NULL, \"name\" TEXT, \"revenue\" NUMERIC, \
              \"ok\" BOOLEAN, \"tags\" JSONB, \"note\" TEXT, \"_p\" TEXT, PRIMARY KEY (\"id\"))"
         );
         assert_eq!(t.columns.len(), 7);
@@ -155,7 +156,7 @@ mod tests {
         let (ddl, _) = guess(Dialect::Sqlite, "company", &key, None, "_p").unwrap();
         assert_eq!(
             ddl,
-            "CREATE TABLE company (\"id\" BIGINT NOT NULL, \"_p\" TEXT, PRIMARY KEY (\"id\"))"
+            "CREATE TABLE \"company\" (\"id\" BIGINT NOT NULL, \"_p\" TEXT, PRIMARY KEY (\"id\"))"
         );
         let empty = Object::parse(b"{}").unwrap();
         assert!(guess(Dialect::Sqlite, "company", &empty, Some(&row), "_p").is_err());

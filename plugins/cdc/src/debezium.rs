@@ -136,11 +136,24 @@ pub fn decode<'a>(
         (true, Some(schema), None) => schema,
         (_, None, None) => return Err(bad("Debezium `source` without `db` or `schema`")),
     };
-    let int = |name: &str| source.get(name).and_then(|v| v.get().parse::<u64>().ok());
-    let pos = if let Some(lsn) = int("lsn") {
+    // A position field that is there must be a non-negative integer: a
+    // silent fallback to the Kafka offset would order the row otherwise.
+    let int = |name: &str| -> Result<Option<u64>, Error> {
+        match source.get(name) {
+            None => Ok(None),
+            Some(v) if json::is_null(v) => Ok(None),
+            Some(v) => v.get().parse::<u64>().map(Some).map_err(|_| {
+                bad(format!(
+                    "`source.{name}` is {}, not a non-negative integer",
+                    v.get().chars().take(40).collect::<String>()
+                ))
+            }),
+        }
+    };
+    let pos = if let Some(lsn) = int("lsn")? {
         Some(position::pg(lsn))
-    } else if let (Some(file), Some(p)) = (text("file")?, int("pos")) {
-        Some(position::mysql(&file, p, int("row").unwrap_or(0)).map_err(bad)?)
+    } else if let (Some(file), Some(p)) = (text("file")?, int("pos")?) {
+        Some(position::mysql(&file, p, int("row")?.unwrap_or(0)).map_err(bad)?)
     } else if let (Some(commit), Some(change)) = (text("commit_lsn")?, text("change_lsn")?) {
         Some(position::mssql(&commit, &change))
     } else {
@@ -221,8 +234,13 @@ fn logical_types(schema: &RawValue, which: &str) -> Result<Vec<Logical>, Error> 
     else {
         return Ok(Vec::new());
     };
+    Ok(field_types(&row.fields))
+}
+
+/// The logical types of a struct's `fields`.
+fn field_types(fields: &[FieldSchema<'_>]) -> Vec<Logical> {
     let mut out = Vec::new();
-    for f in &row.fields {
+    for f in fields {
         let (Some(field), Some(name)) = (&f.field, &f.name) else {
             continue;
         };
@@ -236,7 +254,7 @@ fn logical_types(schema: &RawValue, which: &str) -> Result<Vec<Logical>, Error> 
         };
         out.push((field.to_string(), name.to_string(), scale));
     }
-    Ok(out)
+    out
 }
 
 /// The row's columns, values of encoded logical types decoded.
@@ -269,17 +287,22 @@ fn key_columns(key: Option<&[u8]>) -> Result<Columns<'_>, Error> {
             "the Kafka key is not a JSON object (Debezium's key struct)",
         ));
     };
-    let inner = match (top.get("payload"), top.get("schema")) {
-        (Some(p), Some(_)) => Object::from_raw(p).map_err(|_| {
-            Error::bad_record(format!(
-                "the key's `payload` is {}, not an object",
-                json::kind(p)
-            ))
-        })?,
-        _ => top,
+    let (inner, types) = match (top.get("payload"), top.get("schema")) {
+        (Some(p), Some(s)) => {
+            let inner = Object::from_raw(p).map_err(|_| {
+                Error::bad_record(format!(
+                    "the key's `payload` is {}, not an object",
+                    json::kind(p)
+                ))
+            })?;
+            // Encoded key columns (a precise decimal key) are decoded as
+            // the row's are.
+            let types = json::from_slice::<FieldSchema<'_>>(s.get().as_bytes())
+                .map(|schema| field_types(&schema.fields))
+                .unwrap_or_default();
+            (inner, types)
+        }
+        _ => (top, Vec::new()),
     };
-    Ok(inner
-        .iter()
-        .map(|(k, v)| (Cow::Owned(k.to_string()), Val::Raw(v)))
-        .collect())
+    columns(&inner, &types)
 }

@@ -346,7 +346,7 @@ fn old_key<'a>(d: &Decoded<'a>, key: &Columns<'a>) -> Option<Columns<'a>> {
         if matches!(was, Val::Raw(r) if json::is_null(r)) {
             return None;
         }
-        changed |= change::text_of(was) != change::text_of(now);
+        changed |= !change::same(was, now);
         old.push((name.clone(), was.clone()));
     }
     changed.then_some(old)

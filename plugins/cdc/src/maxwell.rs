@@ -56,10 +56,16 @@ pub fn decode<'a>(event: &Object<'a>, key: Option<&'a [u8]>) -> Result<Option<De
             .collect(),
         _ => Vec::new(),
     };
-    let xoffset = event
-        .get("xoffset")
-        .and_then(|v| v.get().parse::<u64>().ok())
-        .unwrap_or(0);
+    let xoffset = match event.get("xoffset") {
+        None => 0,
+        Some(v) if json::is_null(v) => 0,
+        Some(v) => v.get().parse::<u64>().map_err(|_| {
+            Error::bad_record(format!(
+                "Maxwell `xoffset` is {}, not a non-negative integer",
+                v.get().chars().take(40).collect::<String>()
+            ))
+        })?,
+    };
     let pos = match event.get_str("position").map_err(Error::bad_record)? {
         Some(p) => Some(position::maxwell(&p, xoffset).map_err(Error::bad_record)?),
         None => None,

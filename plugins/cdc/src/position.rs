@@ -48,8 +48,17 @@ pub fn mysql(file: &str, pos: u64, row: u64) -> Result<String, String> {
         .rsplit_once('.')
         .and_then(|(_, n)| n.parse::<u64>().ok())
         .ok_or_else(|| format!("binlog file `{file}` has no number after its last `.`"))?;
+    // Fixed widths keep text order source order; wider numbers would not.
+    if number > WIDE_10 || row > WIDE_10 {
+        return Err(format!(
+            "binlog file `{file}` or row {row} has more than 10 digits: positions this wide cannot be ordered"
+        ));
+    }
     Ok(format!("mysql:{number:010}:{pos:020}:{row:010}"))
 }
+
+/// The largest number of 10 digits.
+const WIDE_10: u64 = 9_999_999_999;
 
 /// Maxwell's `position` field, `FILE:POS` (e.g. `master.000006:800911`),
 /// with its `xoffset`.

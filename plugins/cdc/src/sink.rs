@@ -164,20 +164,35 @@ impl Sink for CdcSink {
             (Op::Upsert, Some(old)) => {
                 let old = Object::from_raw(old)
                     .map_err(|e| Error::bad_record(format!("`old_key`: {e}")))?;
-                let (idx, params) = self.bind_key(table, &old)?;
-                // The map writes the old key with the new key's columns,
-                // in order ([`crate::old_key`]): one key column list.
-                debug_assert_eq!(
-                    Some(&idx),
-                    self.bind_key(table, &key).ok().map(|k| k.0).as_ref()
-                );
-                Some(Bound {
-                    op: Op::Delete,
-                    pos: c.pos.to_string(),
-                    set: Vec::new(),
-                    params,
-                    after_delete: None,
-                })
+                match self.bind_key(table, &old) {
+                    Ok((idx, params)) => {
+                        // The map writes the old key with the new key's
+                        // columns, in order ([`crate::old_key`]).
+                        debug_assert_eq!(
+                            Some(&idx),
+                            self.bind_key(table, &key).ok().map(|k| k.0).as_ref()
+                        );
+                        Some(Bound {
+                            op: Op::Delete,
+                            pos: c.pos.to_string(),
+                            set: Vec::new(),
+                            params,
+                            after_delete: None,
+                        })
+                    }
+                    // The change itself is fine: apply it, and say that
+                    // the old key's row is left to its own delete.
+                    Err(e) => {
+                        log::warn(format!(
+                            "table {}: the old key {} of a key change of {} at {} does not fit the key columns ({e}); the change is applied, the old key's row is left to its own delete event",
+                            c.table,
+                            old_key_text(&old),
+                            c.source,
+                            c.pos
+                        ));
+                        None
+                    }
+                }
             }
             _ => None,
         };
@@ -272,7 +287,7 @@ fn apply_one(
     statements: &mut HashMap<StatementKey, String>,
 ) -> Result<u64, SqlError> {
     let Some(b) = change else {
-        return sql::execute(&format!("DELETE FROM {}", table.name), &[]);
+        return sql::execute(&format!("DELETE FROM {}", table.sql_name), &[]);
     };
     let params = row_params(std::slice::from_ref(b));
     let delete = b.op == Op::Delete;
@@ -335,9 +350,14 @@ impl CdcSink {
         if kept.order.is_empty() {
             kept.key = key;
         }
+        let Some(t) = self.tables.get(table) else {
+            return Some(b); // not reached: a change's table is loaded first
+        };
         let rendered = match b.op {
-            Op::Delete => key_bytes(b.params.iter()),
+            Op::Delete => key_bytes(t, &kept.key, b.params.iter()),
             _ => key_bytes(
+                t,
+                &kept.key,
                 kept.key
                     .iter()
                     .filter_map(|k| b.set.iter().position(|s| s == k).map(|n| &b.params[n])),
@@ -349,10 +369,8 @@ impl CdcSink {
                 match position::compare(&old.pos, &b.pos) {
                     None => return Some(b),
                     Some(Ordering::Greater) => {
-                        if let Some(t) = self.tables.get(table) {
-                            self.report
-                                .stale(table, b.key_text(t, &kept.key), &b.pos, &old.pos);
-                        }
+                        self.report
+                            .stale(table, b.key_text(t, &kept.key), &b.pos, &old.pos);
                         return None;
                     }
                     Some(_) => {}
@@ -428,7 +446,7 @@ impl CdcSink {
                 Error::fatal(why)
             };
             if kept.truncate {
-                sql::execute(&format!("DELETE FROM {name}"), &[]).map_err(fail)?;
+                sql::execute(&format!("DELETE FROM {}", table.sql_name), &[]).map_err(fail)?;
             }
             let mut deletes: Vec<Bound> = Vec::new();
             let mut upserts: Vec<Bound> = Vec::new();
@@ -591,6 +609,16 @@ impl CdcSink {
     }
 }
 
+/// A key object's text for messages, at most 200 characters.
+fn old_key_text(key: &Object<'_>) -> String {
+    let text: String = key
+        .iter()
+        .map(|(k, v)| format!("{k}={}", v.get()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    text.chars().take(200).collect()
+}
+
 /// The table does not exist (PostgreSQL 42P01, SQLite's "no such
 /// table"): under `create=print`, a table the sink guessed.
 fn is_missing_table(e: &SqlError) -> bool {
@@ -622,12 +650,12 @@ fn missing_unique_key(table: &Table, key: &[usize]) -> Error {
     Error::fatal(why)
 }
 
-/// The error for a statement on a table `create=print` guessed because
-/// it does not exist (logged too: the host reports the database's own
-/// error first).
+/// The error for a statement on a table that does not exist (one
+/// `create=print` guessed, or one dropped while the sink ran; logged too:
+/// the host reports the database's own error first).
 fn missing_after_print(table: &str) -> Error {
     let why = format!(
-        "destination table {table} does not exist: create it (create=print logged the CREATE TABLE it needs above), then run again"
+        "destination table {table} does not exist: create it (under create=print the log above has the CREATE TABLE it needs), then run again"
     );
     log::error(&why);
     Error::fatal(why)

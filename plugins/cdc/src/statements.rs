@@ -27,7 +27,7 @@ impl Table {
     /// (PostgreSQL refuses to update one row twice in one statement).
     /// Its count of changed rows is short by the rows the guard held back.
     pub fn upsert(&self, set: &[usize], key: &[usize], rows: usize) -> String {
-        let (t, pos) = (&self.name, quote(&self.position_column().name));
+        let (t, pos) = (&self.sql_name, quote(&self.position_column().name));
         let domain = format!("${}", rows.max(1) * (set.len() + 1) + 1);
         let guard = self.guard(&format!("{t}.{pos}"), &format!("excluded.{pos}"), &domain);
         format!("{} WHERE {guard}", self.upsert_unguarded(set, key, rows))
@@ -36,7 +36,7 @@ impl Table {
     /// [`Self::upsert`] without the guard: for a change applied in stream
     /// order because its position and its row's cannot be compared.
     pub fn upsert_unguarded(&self, set: &[usize], key: &[usize], rows: usize) -> String {
-        let t = &self.name;
+        let t = &self.sql_name;
         let pos = quote(&self.position_column().name);
         let names: Vec<String> = set.iter().map(|&i| quote(&self.columns[i].name)).collect();
         let values = self.value_rows(set, rows.max(1));
@@ -71,7 +71,7 @@ impl Table {
     /// `SELECT i, position` for each key that has a row, `i` its 1-based
     /// number in the list. Placeholders: the key values, row after row.
     pub fn positions(&self, key: &[usize], rows: usize) -> String {
-        let t = &self.name;
+        let t = &self.sql_name;
         let pos = quote(&self.position_column().name);
         let names: Vec<String> = (0..key.len()).map(|n| format!("k{n}")).collect();
         let values: Vec<String> = (0..rows.max(1))
@@ -129,7 +129,7 @@ impl Table {
             .collect();
         format!(
             "DELETE FROM {} WHERE {}",
-            self.name,
+            self.sql_name,
             conditions.join(" AND ")
         )
     }
@@ -142,7 +142,7 @@ impl Table {
     /// One row: a plain `WHERE`; more: a `WITH … (VALUES …)` list, which
     /// both SQLite (≥ 3.8.3) and PostgreSQL take.
     pub fn delete(&self, key: &[usize], rows: usize) -> String {
-        let t = &self.name;
+        let t = &self.sql_name;
         let pos = quote(&self.position_column().name);
         let width = key.len() + 1;
         if rows <= 1 {
@@ -205,12 +205,12 @@ mod tests {
     #[test]
     fn postgres_statements_cast_what_is_not_text() {
         let t = sample(Dialect::Postgres);
-        let unguarded = "INSERT INTO company (\"id\", \"name\", \"revenue\", \"logo\", \"_sluice_position\") VALUES \
+        let unguarded = "INSERT INTO \"company\" (\"id\", \"name\", \"revenue\", \"logo\", \"_sluice_position\") VALUES \
              (CAST(CAST($1 AS TEXT) AS int8), $2, CAST(CAST($3 AS TEXT) AS numeric), $4, $5) \
              ON CONFLICT (\"id\") DO UPDATE SET \"name\" = excluded.\"name\", \"revenue\" = excluded.\"revenue\", \
              \"logo\" = excluded.\"logo\", \"_sluice_position\" = excluded.\"_sluice_position\"";
         assert_eq!(t.upsert_unguarded(&[0, 1, 2, 3], &[0], 1), unguarded);
-        let stored = "company.\"_sluice_position\"";
+        let stored = "\"company\".\"_sluice_position\"";
         assert_eq!(
             t.upsert(&[0, 1, 2, 3], &[0], 1),
             format!(
@@ -226,18 +226,18 @@ mod tests {
         assert_eq!(
             t.delete(&[0], 1),
             format!(
-                "DELETE FROM company WHERE \"id\" = CAST(CAST($1 AS TEXT) AS int8) AND {}",
+                "DELETE FROM \"company\" WHERE \"id\" = CAST(CAST($1 AS TEXT) AS int8) AND {}",
                 guard(Dialect::Postgres, "\"_sluice_position\"", "$2", "$3")
             )
         );
         assert_eq!(
             t.delete_unguarded(&[0]),
-            "DELETE FROM company WHERE \"id\" = CAST(CAST($1 AS TEXT) AS int8)"
+            "DELETE FROM \"company\" WHERE \"id\" = CAST(CAST($1 AS TEXT) AS int8)"
         );
         assert_eq!(
             t.positions(&[0], 2),
             "WITH v (i, k0) AS (VALUES (1, CAST(CAST($1 AS TEXT) AS int8)), (2, CAST(CAST($2 AS TEXT) AS int8))) \
-             SELECT v.i, company.\"_sluice_position\" FROM v JOIN company ON company.\"id\" = v.k0"
+             SELECT v.i, \"company\".\"_sluice_position\" FROM v JOIN \"company\" ON \"company\".\"id\" = v.k0"
         );
         // The row's position is of the change's domain and not newer.
         assert_eq!(
@@ -249,11 +249,11 @@ mod tests {
     #[test]
     fn many_rows_go_in_one_statement() {
         let t = sample(Dialect::Sqlite);
-        let stored = "company.\"_sluice_position\"";
+        let stored = "\"company\".\"_sluice_position\"";
         assert_eq!(
             t.upsert(&[0, 1], &[0], 2),
             format!(
-                "INSERT INTO company (\"id\", \"name\", \"_sluice_position\") VALUES ($1, $2, $3), ($4, $5, $6) \
+                "INSERT INTO \"company\" (\"id\", \"name\", \"_sluice_position\") VALUES ($1, $2, $3), ($4, $5, $6) \
                  ON CONFLICT (\"id\") DO UPDATE SET \"name\" = excluded.\"name\", \"_sluice_position\" = excluded.\"_sluice_position\" \
                  WHERE {}",
                 guard(
@@ -267,8 +267,8 @@ mod tests {
         assert_eq!(
             t.delete(&[0], 2),
             format!(
-                "WITH v (k0, pos) AS (VALUES ($1, $2), ($3, $4)) DELETE FROM company WHERE company.\"id\" IN (SELECT k0 FROM v) \
-                 AND EXISTS (SELECT 1 FROM v WHERE company.\"id\" = v.k0 AND {})",
+                "WITH v (k0, pos) AS (VALUES ($1, $2), ($3, $4)) DELETE FROM \"company\" WHERE \"company\".\"id\" IN (SELECT k0 FROM v) \
+                 AND EXISTS (SELECT 1 FROM v WHERE \"company\".\"id\" = v.k0 AND {})",
                 guard(Dialect::Sqlite, stored, "v.pos", "$5")
             )
         );

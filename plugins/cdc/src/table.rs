@@ -91,6 +91,9 @@ pub struct Table {
     pub name: String,
     /// Its columns, in table order.
     pub columns: Vec<Column>,
+    /// Its name as the statements write it: quoted, as the database
+    /// spells it (a reserved word, or PostgreSQL's mixed case).
+    pub sql_name: String,
     /// The position column's index.
     pub(crate) position: usize,
     pub(crate) dialect: Dialect,
@@ -122,6 +125,7 @@ impl Table {
             })?;
         Ok(Table {
             name: name.to_string(),
+            sql_name: quote(name),
             columns,
             position,
             dialect,
@@ -151,6 +155,32 @@ impl Table {
         name: &str,
         position_column: &str,
     ) -> Result<Option<Table>, Error> {
+        // PostgreSQL: the table as created — `name`, else the one table
+        // whose name equals it ignoring case (an unquoted `Mixed` was
+        // created as `mixed`; a quoted one kept its case).
+        let actual = match dialect {
+            Dialect::Sqlite => name.to_string(),
+            Dialect::Postgres => {
+                let found = sql::query(
+                    "SELECT table_name::text FROM information_schema.tables \
+                     WHERE table_schema = current_schema() AND lower(table_name) = lower($1)",
+                    &[Value::from(name)],
+                )?;
+                let names: Vec<String> = found
+                    .rows
+                    .into_iter()
+                    .filter_map(|r| match r.into_iter().next() {
+                        Some(Value::Text(t)) => Some(t),
+                        _ => None,
+                    })
+                    .collect();
+                match names.iter().find(|n| *n == name) {
+                    Some(n) => n.clone(),
+                    None if names.len() == 1 => names[0].clone(),
+                    None => name.to_string(),
+                }
+            }
+        };
         let rows = match dialect {
             Dialect::Sqlite => sql::query(
                 "SELECT name, type, \"notnull\", dflt_value IS NOT NULL, NULL, NULL, NULL FROM pragma_table_info($1)",
@@ -164,7 +194,7 @@ impl Table {
                  character_maximum_length, numeric_precision, numeric_scale \
                  FROM information_schema.columns \
                  WHERE table_schema = current_schema() AND table_name = $1 ORDER BY ordinal_position",
-                &[Value::from(name)],
+                &[Value::from(actual.as_str())],
             )?,
         };
         let mut columns = Vec::new();
@@ -187,6 +217,7 @@ impl Table {
                 Value::Text(t) => t.clone(),
                 _ => String::new(),
             };
+            let money = dialect == Dialect::Postgres && ty == "money";
             columns.push(Column {
                 name: col.clone(),
                 kind: kind(dialect, &ty),
@@ -194,13 +225,22 @@ impl Table {
                 has_default: truthy(has_default),
                 cast: ty,
                 max_chars: count(max_chars).and_then(|n| usize::try_from(n).ok()),
-                numeric: integer(precision).zip(integer(scale)),
+                // PostgreSQL's money keeps 2 decimals (lc_monetary's, in
+                // the usual locales) and rounds the rest: checked as a
+                // numeric(19,2).
+                numeric: if money {
+                    Some((19, 2))
+                } else {
+                    integer(precision).zip(integer(scale))
+                },
             });
         }
         if columns.is_empty() {
             return Ok(None);
         }
-        Table::new(dialect, name, columns, position_column).map(Some)
+        let mut table = Table::new(dialect, name, columns, position_column)?;
+        table.sql_name = quote(&actual);
+        Ok(Some(table))
     }
 
     /// The index of column `name`: exact, else the one column whose name
@@ -261,7 +301,7 @@ pub fn kind(dialect: Dialect, ty: &str) -> Kind {
             "int2" => Kind::Integer(i64::from(i16::MAX)),
             "int4" => Kind::Integer(i64::from(i32::MAX)),
             "int8" => Kind::Integer(i64::MAX),
-            "numeric" => Kind::Number,
+            "numeric" | "money" => Kind::Number,
             "float4" => Kind::Float(24),
             "float8" => Kind::Float(53),
             "bit" | "varbit" => Kind::Bits,
@@ -313,6 +353,7 @@ pub(crate) fn sample(dialect: Dialect) -> Table {
     };
     Table {
         name: "company".into(),
+        sql_name: quote("company"),
         columns: vec![
             col("id", "int8"),
             col("name", "text"),
