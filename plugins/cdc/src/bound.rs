@@ -8,20 +8,33 @@ use crate::number::Decimal;
 use crate::position;
 use crate::table::{Kind, Table};
 
-/// `v`'s exact value as `-digitsEexponent` when it is a number (an
-/// integer, or text that reads as one).
-fn exact_number(v: &Value) -> Option<String> {
-    let d = match v {
-        Value::Integer(n) => Decimal::parse(&n.to_string())?,
-        Value::Text(t) => Decimal::parse(t)?,
+/// `v`'s exact value when it is a number (an integer, or text that reads
+/// as one): a whole number of 64 bits as itself (the common key, without
+/// an allocation), any other as `-digitsEexponent`.
+enum Exact {
+    Int(i64),
+    Text(String),
+}
+
+fn exact_number(v: &Value) -> Option<Exact> {
+    let text = match v {
+        Value::Integer(n) => return Some(Exact::Int(*n)),
+        Value::Text(t) => t,
         _ => return None,
     };
-    Some(format!(
+    if let Ok(n) = text.parse::<i64>() {
+        return Some(Exact::Int(n));
+    }
+    let d = Decimal::parse(text)?;
+    if let Some(n) = d.integer().and_then(|n| i64::try_from(n).ok()) {
+        return Some(Exact::Int(n));
+    }
+    Some(Exact::Text(format!(
         "{}{}E{}",
         if d.negative { "-" } else { "" },
         d.digits,
         d.exponent
-    ))
+    )))
 }
 
 /// One change, checked and bound, waiting for the flush.
@@ -142,11 +155,19 @@ pub fn key_bytes<'a>(
             table.columns[i].kind,
             Kind::Integer(_) | Kind::Number | Kind::Float(_) | Kind::Boolean
         );
-        if numeric && let Some(n) = exact_number(v) {
-            k.push(5);
-            k.extend_from_slice(&(n.len() as u64).to_le_bytes());
-            k.extend_from_slice(n.as_bytes());
-            continue;
+        match numeric.then(|| exact_number(v)).flatten() {
+            Some(Exact::Int(n)) => {
+                k.push(1);
+                k.extend_from_slice(&n.to_le_bytes());
+                continue;
+            }
+            Some(Exact::Text(n)) => {
+                k.push(5);
+                k.extend_from_slice(&(n.len() as u64).to_le_bytes());
+                k.extend_from_slice(n.as_bytes());
+                continue;
+            }
+            None => {}
         }
         let bytes: &[u8] = match v {
             Value::Null => {
