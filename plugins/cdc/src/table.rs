@@ -338,11 +338,10 @@ pub fn kind(dialect: Dialect, ty: &str) -> Kind {
     }
 }
 
-/// A sample table (id int8, name text, revenue numeric, logo bytea,
-/// founded date, the position column) for unit tests.
+/// A nullable column `name` of declared type `ty`, for unit tests.
 #[cfg(test)]
-pub(crate) fn sample(dialect: Dialect) -> Table {
-    let col = |name: &str, ty: &str| Column {
+pub(crate) fn column(dialect: Dialect, name: &str, ty: &str) -> Column {
+    Column {
         name: name.into(),
         kind: kind(dialect, ty),
         not_null: false,
@@ -350,7 +349,14 @@ pub(crate) fn sample(dialect: Dialect) -> Table {
         cast: ty.into(),
         max_chars: None,
         numeric: None,
-    };
+    }
+}
+
+/// A sample table (id int8, name text, revenue numeric, logo bytea,
+/// founded date, the position column) for unit tests.
+#[cfg(test)]
+pub(crate) fn sample(dialect: Dialect) -> Table {
+    let col = |name: &str, ty: &str| column(dialect, name, ty);
     Table {
         name: "company".into(),
         sql_name: quote("company"),
