@@ -380,21 +380,9 @@ fn shown(text: &str) -> String {
 fn is_number(text: &str) -> bool {
     let t = text.trim();
     let t = t.strip_prefix(['-', '+']).unwrap_or(t);
-    if t.eq_ignore_ascii_case("nan") || t.eq_ignore_ascii_case("infinity") {
-        return true;
-    }
-    let (mantissa, exponent) = match t.find(['e', 'E']) {
-        Some(i) => (&t[..i], Some(&t[i + 1..])),
-        None => (t, None),
-    };
-    let (int, frac) = match mantissa.split_once('.') {
-        Some((i, f)) => (i, Some(f)),
-        None => (mantissa, None),
-    };
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    (digits(int) || (int.is_empty() && frac.is_some_and(digits)))
-        && frac.is_none_or(|f| f.is_empty() || digits(f))
-        && exponent.is_none_or(|e| digits(e.strip_prefix(['-', '+']).unwrap_or(e)))
+    t.eq_ignore_ascii_case("nan")
+        || t.eq_ignore_ascii_case("infinity")
+        || Decimal::parse(t).is_some()
 }
 
 #[cfg(test)]

@@ -56,6 +56,17 @@ pub struct Bound {
 }
 
 impl Bound {
+    /// A delete of the row whose key values are `params`, at `pos`.
+    pub fn delete(pos: &str, params: Vec<Value>) -> Bound {
+        Bound {
+            op: Op::Delete,
+            pos: pos.to_string(),
+            set: Vec::new(),
+            params,
+            after_delete: None,
+        }
+    }
+
     /// Its key values, in the order of `key` (column indexes): a
     /// delete's parameters are its key; an upsert's are found in `set`.
     pub fn key_values(&self, key: &[usize]) -> Vec<Value> {

@@ -142,12 +142,20 @@ pub fn same(a: &Val<'_>, b: &Val<'_>) -> bool {
 /// case; two names that differ only in case are ambiguous and match
 /// neither).
 pub fn find<'c, 'a>(columns: &'c Columns<'a>, name: &str) -> Option<&'c Val<'a>> {
-    if let Some((_, v)) = columns.iter().find(|(c, _)| c == name) {
-        return Some(v);
+    find_name(columns.iter().map(|(c, _)| c.as_ref()), name).map(|i| &columns[i].1)
+}
+
+/// The index of `name` among `names` by the rule of [`find`]: the exact
+/// name, else the one name equal to it ignoring ASCII case.
+pub fn find_name<'n>(names: impl Iterator<Item = &'n str> + Clone, name: &str) -> Option<usize> {
+    if let Some(i) = names.clone().position(|n| n == name) {
+        return Some(i);
     }
-    let mut folded = columns.iter().filter(|(c, _)| c.eq_ignore_ascii_case(name));
+    let mut folded = names
+        .enumerate()
+        .filter(|(_, n)| n.eq_ignore_ascii_case(name));
     match (folded.next(), folded.next()) {
-        (Some((_, v)), None) => Some(v),
+        (Some((i, _)), None) => Some(i),
         _ => None,
     }
 }

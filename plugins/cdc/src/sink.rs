@@ -172,13 +172,7 @@ impl Sink for CdcSink {
                             Some(&idx),
                             self.bind_key(table, &key).ok().map(|k| k.0).as_ref()
                         );
-                        Some(Bound {
-                            op: Op::Delete,
-                            pos: c.pos.to_string(),
-                            set: Vec::new(),
-                            params,
-                            after_delete: None,
-                        })
+                        Some(Bound::delete(&c.pos, params))
                     }
                     // The change itself is fine: apply it, and say that
                     // the old key's row is left to its own delete.
@@ -200,14 +194,7 @@ impl Sink for CdcSink {
             Op::Truncate => (Vec::new(), None),
             Op::Delete => {
                 let (idx, params) = self.bind_key(table, &key)?;
-                let b = Bound {
-                    op: Op::Delete,
-                    pos: c.pos.to_string(),
-                    set: Vec::new(),
-                    params,
-                    after_delete: None,
-                };
-                (idx, Some(b))
+                (idx, Some(Bound::delete(&c.pos, params)))
             }
             Op::Upsert => {
                 let row = c

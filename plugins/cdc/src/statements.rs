@@ -119,19 +119,20 @@ impl Table {
     /// its position (a change applied in stream order). Placeholders:
     /// the key values.
     pub fn delete_unguarded(&self, key: &[usize]) -> String {
-        let conditions: Vec<String> = key
-            .iter()
+        format!("DELETE FROM {} WHERE {}", self.sql_name, self.key_is(key))
+    }
+
+    /// `"k1" = $1 AND "k2" = $2` for key columns `key` (indexes), cast as
+    /// [`Self::placeholder`] does.
+    fn key_is(&self, key: &[usize]) -> String {
+        key.iter()
             .enumerate()
             .map(|(n, &i)| {
                 let c = &self.columns[i];
                 format!("{} = {}", quote(&c.name), self.placeholder(c, n + 1))
             })
-            .collect();
-        format!(
-            "DELETE FROM {} WHERE {}",
-            self.sql_name,
-            conditions.join(" AND ")
-        )
+            .collect::<Vec<_>>()
+            .join(" AND ")
     }
 
     /// `DELETE` of the rows with key columns `key` (indexes), `rows` of
@@ -146,17 +147,9 @@ impl Table {
         let pos = quote(&self.position_column().name);
         let width = key.len() + 1;
         if rows <= 1 {
-            let conditions: Vec<String> = key
-                .iter()
-                .enumerate()
-                .map(|(n, &i)| {
-                    let c = &self.columns[i];
-                    format!("{} = {}", quote(&c.name), self.placeholder(c, n + 1))
-                })
-                .collect();
             return format!(
                 "DELETE FROM {t} WHERE {} AND {}",
-                conditions.join(" AND "),
+                self.key_is(key),
                 self.guard(&pos, &format!("${width}"), &format!("${}", width + 1))
             );
         }

@@ -249,15 +249,7 @@ impl Table {
     /// differ only in case are ambiguous and match neither (the same rule
     /// as [`crate::change::find`]).
     pub fn find(&self, name: &str) -> Option<usize> {
-        if let Some(i) = self.columns.iter().position(|c| c.name == name) {
-            return Some(i);
-        }
-        let mut folded =
-            (0..self.columns.len()).filter(|&i| self.columns[i].name.eq_ignore_ascii_case(name));
-        match (folded.next(), folded.next()) {
-            (Some(i), None) => Some(i),
-            _ => None,
-        }
+        crate::change::find_name(self.columns.iter().map(|c| c.name.as_str()), name)
     }
 
     /// The position column.
@@ -268,11 +260,7 @@ impl Table {
 
 /// A non-negative count from the catalog (an integer, or its text).
 fn count(v: &Value) -> Option<u64> {
-    match v {
-        Value::Integer(n) => u64::try_from(*n).ok(),
-        Value::Text(t) => t.parse().ok(),
-        _ => None,
-    }
+    integer(v).and_then(|n| u64::try_from(n).ok())
 }
 
 /// An integer from the catalog (an integer, or its text).
