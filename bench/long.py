@@ -46,6 +46,7 @@ Python baseline first). Environment: RUNS (default 3), EVENTS, PARTITIONS,
 BATCH (Sluice's --max-records-per-partition, default 2000: 128,000
 records a batch at 64 partitions), SKIP_PYTHON=1, SKIP_PYTHON_PG=1 (only the python -> PostgreSQL row), SKIP_BYTEWAX=1,
 SKIP_BATCH_PYTHON=1 (the executemany rows), ONLY_PG=1 (just the PostgreSQL rows),
+BASELINE_COMPANY_WASM=PATH (another build of the company component, run beside this one into PostgreSQL),
 BENCH_PG_URL. Needs psycopg (in the bench venv) for the PostgreSQL rows.
 """
 import datetime
@@ -135,10 +136,10 @@ def main():
         with open(expected_file) as f:
             expected = json.load(f)
 
-        def sluice(plugin, sink, i):
-            ck = os.path.join(work, f"ck-{plugin}-{sink}-{i}")
+        def sluice(plugin, sink, i, wasm=None):
+            ck = os.path.join(work, f"ck-{plugin}-{sink}-{i}-{bool(wasm)}")
             args = [run.HOST, "run", "--brokers", b.bootstrap, "--topic", "maxwell", "--checkpoint", ck,
-                    "--plugin", os.path.join(run.WASM, f"{plugin}.wasm"), "--until-caught-up",
+                    "--plugin", wasm or os.path.join(run.WASM, f"{plugin}.wasm"), "--until-caught-up",
                     "--progress", "json", "--max-records-per-partition", BATCH, "--trigger-interval", "10ms"]
             db = None
             if sink == "sqlite":
@@ -219,6 +220,9 @@ def main():
             if not env("SKIP_BYTEWAX"):
                 cells["Bytewax -> SQLite"] = bytewax
         if PG_URL:
+            if env("BASELINE_COMPANY_WASM"):
+                cells["Sluice company, baseline build -> PostgreSQL"] = with_server_cpu(
+                    lambda i: sluice("company", "postgres", i, env("BASELINE_COMPANY_WASM")))
             cells["Sluice company -> PostgreSQL"] = with_server_cpu(lambda i: sluice("company", "postgres", i))
             if not (env("SKIP_PYTHON") or env("SKIP_PYTHON_PG")):
                 cells["python consumer -> PostgreSQL"] = with_server_cpu(lambda i: python("postgres", i))

@@ -135,6 +135,17 @@ export function executeBatch(statement, rows) {
   }
 }
 
+/** `Table.apply`'s host call (`sql.apply`): `target` `{ table, columns,
+ * key }`, `changes` already WIT `change` variants. */
+export function applyChanges(target, changes) {
+  const s = granted();
+  try {
+    return Number(s.apply(target, changes));
+  } catch (e) {
+    throw asSqlError(e);
+  }
+}
+
 /** Run one query: `{ columns, rows }`, `rows` an array of arrays of
  * JavaScript values. The host returns at most 100,000 rows or 64 MiB. */
 export function query(statement, params = []) {

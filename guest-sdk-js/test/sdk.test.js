@@ -233,47 +233,39 @@ test('sql without a connection: a clear SqlError', () => {
   assert.throws(() => sluice.sql.execute('SELECT 1'), /no sql capability granted/);
 });
 
-test('Table: runs in order, the last upsert per key, 64-row statements', () => {
+test('Table: one host call with the target and the changes as WIT variants', () => {
   const sent = [];
   install(
     Object.assign(new NativeHost(), {
       sql: () => ({
-        executeBatch(statement, rows) {
-          sent.push([statement, rows.length, rows[0].length]);
-          return BigInt(rows.length);
+        apply(target, changes) {
+          sent.push([target, changes]);
+          return BigInt(changes.length);
         },
       }),
     }),
   );
   const t = new Table('t', ['k', 'v'], ['k']);
-  const changes = [];
-  for (let i = 0; i < 130; i++) changes.push(['upsert', [i, `v${i}`]]);
-  changes.push(['upsert', [0, 'again']], ['delete', [5]], ['upsert', [null, 'x']], ['upsert', [null, 'y']]);
-  t.apply(changes);
+  assert.equal(t.apply([]), 0);
+  assert.equal(t.apply([['upsert', [1, 'a']], ['delete', [2]], ['upsert', [null, 'x']]]), 3);
   assert.deepEqual(sent, [
-    // 131 upserts of 130 keys: key 0's first one is folded into its last,
-    // so 1…128 go in two 64-row statements, 129 and 0 one row each.
-    [t.upsertMany, 2, 128],
-    [t.upsertOne, 2, 2],
-    [t.deleteOne, 1, 1],
-    [t.upsertOne, 2, 2], // null keys are never folded
+    [
+      { table: 't', columns: ['k', 'v'], key: ['k'] },
+      [
+        { tag: 'upsert', val: [{ tag: 'integer', val: 1n }, { tag: 'text', val: 'a' }] },
+        { tag: 'delete', val: [{ tag: 'integer', val: 2n }] },
+        { tag: 'upsert', val: [{ tag: 'null' }, { tag: 'text', val: 'x' }] },
+      ],
+    ],
   ]);
-  assert.equal(
-    t.upsertOne,
-    'INSERT INTO t (k, v) VALUES ($1, $2) ON CONFLICT (k) DO UPDATE SET v = excluded.v',
-  );
   assert.throws(() => new Table('t;', ['k'], ['k']), sluice.Fatal);
   assert.throws(() => new Table('t', ['k'], ['x']), /key column x is not a column/);
+  assert.throws(() => new Table('t', ['k', 'k'], ['k']), /each named once/);
   assert.throws(() => t.apply([['merge', [1, 2]]]), (e) => e instanceof sluice.sql.SqlError && e.row === 0);
   assert.throws(() => new Table('t', 'pk', 'pk'), /arrays of names/);
-  // Keys of two columns whose texts would run together stay apart.
-  sent.length = 0;
-  const two = new Table('t2', ['a', 'b', 'v'], ['a', 'b']);
-  two.apply([
-    ['upsert', ['x\u0000text:y', 'z', 1]],
-    ['upsert', ['x', 'y\u0000text:z', 2]],
-  ]);
-  assert.deepEqual(sent, [[two.upsertOne, 2, 3]]);
+  // Without a connection: a clear SqlError.
+  install(new NativeHost());
+  assert.throws(() => t.apply([['delete', [1]]]), /no sql capability granted/);
 });
 
 test('a stage made by make() sees its config', () => {
@@ -297,7 +289,7 @@ test('build: the world follows the exports; the entry installs the host', () => 
   const map = entrySource('/p/app.js', 'map-plugin');
   assert.match(map, /export \{ mapper \} from "\/p\/app.js"/);
   assert.doesNotMatch(map, /sluice:plugin\/sql/);
-  assert.match(entrySource('/p/app.js', 'map-sink-plugin'), /import \* as sql from 'sluice:plugin\/sql@0.2.1'/);
+  assert.match(entrySource('/p/app.js', 'map-sink-plugin'), /import \* as sql from 'sluice:plugin\/sql@0.2.2'/);
 });
 
 test('build: a stage under the wrong name, or a stage class never exported as a stage, is refused', () => {

@@ -130,30 +130,19 @@ class Stages(unittest.TestCase):
 
 
 class Tables(unittest.TestCase):
-    def test_statements_are_the_rust_sdks(self):
+    def test_names_are_checked_when_the_table_is_made(self):
         t = sql.Table("t", ["k", "v"], ["k"])
-        self.assertEqual(t.upsert_one, "INSERT INTO t (k, v) VALUES ($1, $2) ON CONFLICT (k) DO UPDATE SET v = excluded.v")
-        self.assertEqual(t.delete_one, "DELETE FROM t WHERE k = $1")
-        self.assertTrue(t.upsert_many.endswith("($127, $128) ON CONFLICT (k) DO UPDATE SET v = excluded.v"))
-        two = sql.Table("t", ["a", "b", "v"], ["a", "b"])
-        self.assertEqual(two.delete_one, "DELETE FROM t WHERE a = $1 AND b = $2")
-        self.assertTrue(two.delete_many.startswith("DELETE FROM t WHERE (a, b) IN (($1, $2), ($3, $4)"))
-        with self.assertRaises(sluice.Fatal):
-            sql.Table("t", ["k", "k"], ["k"])
+        self.assertEqual((t.name, t.columns, t.key), ("t", ["k", "v"], ["k"]))
+        for bad in [("t; drop", ["k"], ["k"]), ("t", ["k", "k"], ["k"]), ("t", ["k"], ["x"]), ("t", [], [])]:
+            with self.assertRaises(sluice.Fatal, msg=str(bad)):
+                sql.Table(*bad)
 
-    def test_runs_keep_the_order_and_the_last_upsert_of_each_key(self):
-        t = sql.Table("t", ["k", "v"], ["k"])
-        steps = t._plan([("upsert", ["a", 1]), ("upsert", ["b", 1]), ("upsert", ["a", 2]), ("delete", ["a"]), ("upsert", ["a", 3])])
-        self.assertEqual(
-            [(k, multi, origin) for k, multi, _, origin in steps],
-            [("upsert", False, [1, 2]), ("delete", False, [3]), ("upsert", False, [4])],
-        )
-        self.assertEqual(steps[0][2], [["b", 1], ["a", 2]])
-        big = t._plan([("upsert", [f"k{i}", i]) for i in range(150)] + [("upsert", [None, 1]), ("upsert", [None, 2])])
-        self.assertEqual([(m, o[:2], len(r)) for _, m, r, o in big], [(True, [0, 64], 2), (False, [128, 129], 24)])
+    def test_natively_apply_has_no_connection(self):
+        t = sql.Table("t", ["k"], ["k"])
+        self.assertEqual(t.apply([]), 0)
         with self.assertRaises(sql.SqlError) as e:
-            t._plan([("upsert", ["a", 1]), ("delete", [])])
-        self.assertEqual(e.exception.row, 1)
+            t.apply([("delete", ["a"])])
+        self.assertIn("no sql capability granted", str(e.exception))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 
 use std::sync::OnceLock;
 
+use crate::sql::Change;
 use crate::sql::types::{BatchError, Rows, SqlError, Value, not_granted};
 
 /// Log severity, as in the WIT `log.level` enum.
@@ -46,6 +47,21 @@ pub trait HostApi: Send + Sync {
                 .map_err(|error| BatchError { row, error })?;
         }
         Ok(changed)
+    }
+    /// Apply a table's changes (`sql.apply`): `table`, its `columns` and
+    /// `key` columns as [`crate::sql::Table::new`] checked them.
+    fn sql_apply(
+        &self,
+        table: &str,
+        columns: &[String],
+        key: &[String],
+        changes: Vec<Change>,
+    ) -> Result<u64, BatchError> {
+        let _ = (table, columns, key, changes);
+        Err(BatchError {
+            row: 0,
+            error: not_granted(),
+        })
     }
     /// Run one query.
     fn sql_query(&self, statement: &str, params: &[Value]) -> Result<Rows, SqlError> {

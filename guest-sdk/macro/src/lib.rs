@@ -122,6 +122,34 @@ fn expand(args: Args) -> syn::Result<proc_macro2::TokenStream> {
                     }
                 })
             }
+            fn sql_apply(
+                &self,
+                table: &str,
+                columns: &[::std::string::String],
+                key: &[::std::string::String],
+                changes: ::std::vec::Vec<::sluice_guest::sql::Change>,
+            ) -> ::std::result::Result<u64, ::sluice_guest::sql::BatchError> {
+                use ::sluice_guest::sql::Change as C;
+                use sluice::plugin::sql::Change as W;
+                let target = sluice::plugin::sql::Target {
+                    table: table.to_string(),
+                    columns: columns.to_vec(),
+                    key: key.to_vec(),
+                };
+                let changes: ::std::vec::Vec<W> = changes
+                    .into_iter()
+                    .map(|c| match c {
+                        C::Upsert(v) => W::Upsert(v.into_iter().map(into_wit).collect()),
+                        C::Delete(v) => W::Delete(v.into_iter().map(into_wit).collect()),
+                    })
+                    .collect();
+                sluice::plugin::sql::apply(&target, &changes).map_err(|e| {
+                    ::sluice_guest::sql::BatchError {
+                        row: e.row as usize,
+                        error: from_wit_error(e.error),
+                    }
+                })
+            }
             fn sql_query(
                 &self,
                 statement: &str,
@@ -151,6 +179,17 @@ fn expand(args: Args) -> syn::Result<proc_macro2::TokenStream> {
                     V::Real(r) => W::Real(*r),
                     V::Text(t) => W::Text(t.clone()),
                     V::Blob(b) => W::Blob(b.clone()),
+                }
+            }
+            fn into_wit(v: ::sluice_guest::sql::Value) -> sluice::plugin::sql::Value {
+                use ::sluice_guest::sql::Value as V;
+                use sluice::plugin::sql::Value as W;
+                match v {
+                    V::Null => W::Null,
+                    V::Integer(i) => W::Integer(i),
+                    V::Real(r) => W::Real(r),
+                    V::Text(t) => W::Text(t),
+                    V::Blob(b) => W::Blob(b),
                 }
             }
             fn from_wit(v: sluice::plugin::sql::Value) -> ::sluice_guest::sql::Value {

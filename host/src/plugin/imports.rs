@@ -21,7 +21,7 @@ use wasmtime_wasi::{WasiCtxView, WasiView};
 use super::bindings::sluice::plugin::{config, log, sql, types};
 use super::error::WaitPastDeadline;
 use super::instance::State;
-use crate::capability::sql::{DbError, SqlValue};
+use crate::capability::sql::{DbError, SqlValue, bulk};
 
 impl WasiView for State {
     fn ctx(&mut self) -> WasiCtxView<'_> {
@@ -133,6 +133,34 @@ impl sql::Host for State {
                 row: u32::try_from(row).unwrap_or(u32::MAX),
                 error: sql_error(e),
             })
+    }
+
+    fn apply(
+        &mut self,
+        target: sql::Target,
+        changes: Vec<sql::Change>,
+    ) -> Result<u64, sql::BatchError> {
+        let batch_error = |row: usize, e: DbError| sql::BatchError {
+            // A list lifted from the guest has fewer than 2^32 changes.
+            row: u32::try_from(row).unwrap_or(u32::MAX),
+            error: sql_error(e),
+        };
+        let Some(g) = &self.sql else {
+            return Err(batch_error(0, not_granted()));
+        };
+        let changes = changes
+            .into_iter()
+            .map(|c| match c {
+                sql::Change::Upsert(v) => {
+                    bulk::Change::Upsert(v.into_iter().map(to_sql_value).collect())
+                }
+                sql::Change::Delete(v) => {
+                    bulk::Change::Delete(v.into_iter().map(to_sql_value).collect())
+                }
+            })
+            .collect();
+        g.plugin_apply((&target.table, &target.columns, &target.key), changes)
+            .map_err(|(row, e)| batch_error(row, e))
     }
 
     fn query(

@@ -14,7 +14,8 @@
 //! ([`connect`], [`redact`], [`sink_identity`]), `session` the session the
 //! driver and plugins share ([`SqlGrant`]), `ddl` creating the host's
 //! tables and adding columns; `sqlite` and `postgres` are
-//! the backends, `guard`
+//! the backends, `bulk` the statements of a plugin's `apply` (a table's
+//! changes folded and sent as multi-row statements), `guard`
 //! the checks on plugin statements before they run, `role` the plugin
 //! role's check on PostgreSQL, `dry` the backend of `host test`'s dry run
 //! (no database).
@@ -22,6 +23,7 @@
 #[cfg(test)]
 use std::path::Path;
 
+pub mod bulk;
 mod ddl;
 mod dry;
 mod guard;
@@ -323,5 +325,7 @@ pub(crate) fn test_databases(dir: &Path, file: &str) -> Vec<String> {
     urls
 }
 
+#[cfg(test)]
+mod apply_tests;
 #[cfg(test)]
 mod tests;

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::guard::{Approved, REFUSED, first_keyword};
 use super::url::connect_with;
-use super::{Backend, DbError, Dialect, QueryRows, Ran, SqlValue, dry, guard};
+use super::{Backend, DbError, Dialect, QueryRows, Ran, SqlValue, bulk, dry, guard};
 
 /// State behind the capability: the connection and the transaction the
 /// driver has open for the current partition range.
@@ -293,28 +293,37 @@ impl SqlGrant {
         sql: &str,
         rows: &[Vec<SqlValue>],
     ) -> Result<u64, (usize, DbError)> {
+        self.lock().execute_batch(sql, rows)
+    }
+
+    /// A plugin's `apply` to `target` (table, columns, key columns: see
+    /// [`bulk::Target::new`]): the statements [`bulk::plan`] makes of
+    /// `changes` (each key's last change, as multi-row statements), each
+    /// run as the plugin's own `execute-batch` of it would be: checked,
+    /// in the plugin's role, recorded by `host test`.
+    ///
+    /// # Errors
+    /// The index in `changes` of the change that failed (the first change
+    /// of a failing multi-row statement; 0 when a statement is refused)
+    /// and its error; either aborts the range.
+    pub fn plugin_apply(
+        &self,
+        target: (&str, &[String], &[String]),
+        changes: Vec<bulk::Change>,
+    ) -> Result<u64, (usize, DbError)> {
         let mut s = self.lock();
-        let approved = s.approve(sql).map_err(|e| (0, e))?;
-        // Row by row where each row must be checked after it runs
-        // (`watch`) or recorded with its own outcome.
-        if approved.watch || s.ran.is_some() {
-            let mut changed = 0;
-            for (i, params) in rows.iter().enumerate() {
-                let r = s.run_approved(approved, |b| b.execute(sql, params));
-                s.keep_ran(sql, params, false, r.as_ref().map(|n| *n));
-                changed += r.map_err(|e| (i, e))?;
-            }
-            return Ok(changed);
+        let (table, columns, key) = target;
+        let steps = bulk::Target::new(table, columns, key)
+            .map_err(|e| (0, e))
+            .and_then(|t| bulk::plan(&t, changes))
+            .inspect_err(|(_, e)| s.failed = Some(e.clone()))?;
+        let mut changed = 0;
+        for step in steps {
+            changed += s
+                .execute_batch(&step.sql, &step.rows)
+                .map_err(|(i, e)| (step.origin.get(i).copied().unwrap_or_default(), e))?;
         }
-        let mut failed_row = 0;
-        s.run_approved(approved, |b| {
-            b.execute_many(sql, rows).map_err(|(i, e)| {
-                failed_row = i;
-                e
-            })
-        })
-        .map(|counts| counts.iter().sum())
-        .map_err(|e| (failed_row, e))
+        Ok(changed)
     }
 
     /// A plugin's `query`.
@@ -368,6 +377,37 @@ impl Session {
                 outcome: outcome.map(|n| (!dry).then_some(n)).map_err(Clone::clone),
             });
         }
+    }
+
+    /// `sql` once per parameter row of `rows`, in order, checked once;
+    /// the total number of rows changed. Each row is run and recorded as
+    /// its own `execute` would be.
+    fn execute_batch(
+        &mut self,
+        sql: &str,
+        rows: &[Vec<SqlValue>],
+    ) -> Result<u64, (usize, DbError)> {
+        let approved = self.approve(sql).map_err(|e| (0, e))?;
+        // Row by row where each row must be checked after it runs
+        // (`watch`) or recorded with its own outcome.
+        if approved.watch || self.ran.is_some() {
+            let mut changed = 0;
+            for (i, params) in rows.iter().enumerate() {
+                let r = self.run_approved(approved, |b| b.execute(sql, params));
+                self.keep_ran(sql, params, false, r.as_ref().map(|n| *n));
+                changed += r.map_err(|e| (i, e))?;
+            }
+            return Ok(changed);
+        }
+        let mut failed_row = 0;
+        self.run_approved(approved, |b| {
+            b.execute_many(sql, rows).map_err(|(i, e)| {
+                failed_row = i;
+                e
+            })
+        })
+        .map(|counts| counts.iter().sum())
+        .map_err(|e| (failed_row, e))
     }
 
     fn guarded<T>(

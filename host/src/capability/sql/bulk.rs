@@ -1,0 +1,497 @@
+//! The bulk path of the SQL capability (`sql.apply`, contract 0.2.2): a
+//! table's upserts and deletes folded to each key's last change and
+//! planned as multi-row statements, which the session then runs through
+//! the same checks, role and transaction as a plugin's own statements.
+//!
+//! Why: PostgreSQL spends most of its time per statement, not per row; a
+//! sink that sent a part's changes as one-row statements kept one server
+//! core busy at ~45,000 records/s (docs/benchmarks.md, session 23). The
+//! statements are the portable `INSERT … ON CONFLICT (key) DO UPDATE SET
+//! c = excluded.c` (SQLite 3.24+, PostgreSQL 9.5+) and `DELETE … WHERE
+//! key IN (…)` (a row value `(a, b) IN ((…), …)` for a key of several
+//! columns: SQLite 3.37+, the bundled library is newer).
+//!
+//! Statement sizes are powers of two up to [`MAX_ROWS`] rows, so a table
+//! has at most a dozen statement texts of each kind: each is checked and
+//! prepared once per connection, whatever the changes' count.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+
+use super::{DbError, SqlValue};
+
+/// Rows per statement, at most.
+pub const MAX_ROWS: usize = 512;
+
+/// Parameters per statement, at most: SQLite's default limit
+/// (`SQLITE_MAX_VARIABLE_NUMBER`, 32,766 since 3.32); PostgreSQL's is
+/// 65,535.
+pub const MAX_PARAMS: usize = 32_766;
+
+/// A table kept current by [`plan`] (the WIT `sql.target`), checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    table: String,
+    columns: Vec<String>,
+    /// Positions of the key columns among the columns.
+    key: Vec<usize>,
+}
+
+/// One change of a [`Target`]'s row (the WIT `sql.change`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Change {
+    /// The row: one value per column, in the target's column order.
+    Upsert(Vec<SqlValue>),
+    /// The key: one value per key column, in the target's key order.
+    Delete(Vec<SqlValue>),
+}
+
+/// One statement and its parameter rows (each row one execution), as
+/// `execute-batch` takes them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    /// The statement's text.
+    pub sql: String,
+    /// Parameters of each execution.
+    pub rows: Vec<Vec<SqlValue>>,
+    /// Per execution, the index in the changes of the first change it
+    /// carries (what a failing execution is reported as).
+    pub origin: Vec<usize>,
+}
+
+/// `name` if it is a plain SQL identifier (`[A-Za-z_][A-Za-z0-9_]*`, at
+/// most 63 bytes: PostgreSQL's `NAMEDATALEN` − 1), which both dialects
+/// take unquoted.
+fn plain(what: &str, name: &str) -> Result<String, DbError> {
+    let mut chars = name.chars();
+    let ok = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && name.len() <= 63;
+    if ok {
+        Ok(name.to_string())
+    } else {
+        Err(DbError::host(format!(
+            "{what} `{name}` is not a plain SQL identifier ([A-Za-z_][A-Za-z0-9_]*, at most 63 bytes)"
+        )))
+    }
+}
+
+impl Target {
+    /// Check a target: plain identifiers, at least one column and one key
+    /// column, each named once, every key column one of the columns.
+    ///
+    /// # Errors
+    /// A host [`DbError`] (code `sluice`) naming what is wrong.
+    pub fn new(table: &str, columns: &[String], key: &[String]) -> Result<Target, DbError> {
+        let table = plain("table", table)?;
+        for c in columns.iter().chain(key) {
+            plain("column", c)?;
+        }
+        let repeated = |names: &[String]| {
+            names
+                .iter()
+                .enumerate()
+                .any(|(i, n)| names[..i].contains(n))
+        };
+        if columns.is_empty() || key.is_empty() || repeated(columns) || repeated(key) {
+            return Err(DbError::host(format!(
+                "table {table}: needs at least one column and one key column, each named once"
+            )));
+        }
+        let key = key
+            .iter()
+            .map(|k| {
+                columns.iter().position(|c| c == k).ok_or_else(|| {
+                    DbError::host(format!("table {table}: key column {k} is not a column"))
+                })
+            })
+            .collect::<Result<Vec<usize>, _>>()?;
+        Ok(Target {
+            table,
+            columns: columns.to_vec(),
+            key,
+        })
+    }
+
+    /// Rows per statement at most: [`MAX_ROWS`], fewer for wide rows, a
+    /// power of two.
+    fn rows_per_statement(&self, width: usize) -> usize {
+        let most = MAX_ROWS.min(MAX_PARAMS / width.max(1)).max(1);
+        1 << most.ilog2()
+    }
+
+    fn upsert(&self, rows: usize) -> String {
+        let keys: Vec<&str> = self.key.iter().map(|&k| self.columns[k].as_str()).collect();
+        let set: Vec<String> = self
+            .columns
+            .iter()
+            .filter(|c| !keys.contains(&c.as_str()))
+            .map(|c| format!("{c} = excluded.{c}"))
+            .collect();
+        let conflict = if set.is_empty() {
+            format!("ON CONFLICT ({}) DO NOTHING", keys.join(", "))
+        } else {
+            format!(
+                "ON CONFLICT ({}) DO UPDATE SET {}",
+                keys.join(", "),
+                set.join(", ")
+            )
+        };
+        format!(
+            "INSERT INTO {} ({}) VALUES {} {conflict}",
+            self.table,
+            self.columns.join(", "),
+            groups(rows, self.columns.len())
+        )
+    }
+
+    fn delete(&self, rows: usize) -> String {
+        let keys: Vec<&str> = self.key.iter().map(|&k| self.columns[k].as_str()).collect();
+        match keys.as_slice() {
+            [one] if rows == 1 => format!("DELETE FROM {} WHERE {one} = $1", self.table),
+            [one] => format!(
+                "DELETE FROM {} WHERE {one} IN {}",
+                self.table,
+                placeholders(1, rows)
+            ),
+            _ => format!(
+                "DELETE FROM {} WHERE ({}) IN ({})",
+                self.table,
+                keys.join(", "),
+                groups(rows, keys.len())
+            ),
+        }
+    }
+}
+
+/// `(${first}, ${first+1}, …)` for `n` parameters from `first` on.
+fn placeholders(first: usize, n: usize) -> String {
+    let list: Vec<String> = (first..first + n).map(|i| format!("${i}")).collect();
+    format!("({})", list.join(", "))
+}
+
+/// `n` groups of `width` placeholders, numbered on from `$1`.
+fn groups(n: usize, width: usize) -> String {
+    (0..n)
+        .map(|r| placeholders(1 + r * width, width))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The statements that apply `changes` to `target`, in order: the
+/// deletes, then the upserts.
+///
+/// Each key's changes fold to its last: a last delete deletes; a last
+/// upsert is sent alone, after a delete of the key when one of its
+/// earlier changes was a delete (so columns the upsert does not list get
+/// their defaults again, as one by one). Keys compare by exact value
+/// (integer 1 and text "1" are two keys); a key with a NULL is never
+/// folded (it matches no row).
+///
+/// # Errors
+/// The index in `changes` of a change with the wrong number of values,
+/// before any statement.
+pub fn plan(target: &Target, changes: Vec<Change>) -> Result<Vec<Step>, (usize, DbError)> {
+    // Per key: the index of its last change and of its last delete.
+    let mut last: HashMap<Vec<u8>, (usize, Option<usize>)> = HashMap::new();
+    let mut keys = Vec::with_capacity(changes.len());
+    for (i, change) in changes.iter().enumerate() {
+        let (values, width, what) = match change {
+            Change::Upsert(v) => (v, target.columns.len(), "an upsert"),
+            Change::Delete(v) => (v, target.key.len(), "a delete"),
+        };
+        if values.len() != width {
+            return Err((
+                i,
+                DbError::host(format!(
+                    "{what} change carries {} values, table {} takes {width}",
+                    values.len(),
+                    target.table
+                )),
+            ));
+        }
+        let key: Vec<&SqlValue> = match change {
+            Change::Upsert(v) => target.key.iter().map(|&k| &v[k]).collect(),
+            Change::Delete(v) => v.iter().collect(),
+        };
+        let key = (!key.contains(&&SqlValue::Null)).then(|| key_bytes(key.into_iter()));
+        if let Some(k) = &key {
+            let deleted = matches!(change, Change::Delete(_)).then_some(i);
+            match last.entry(k.clone()) {
+                Entry::Occupied(mut e) => {
+                    let (at, del) = e.get_mut();
+                    *at = i;
+                    *del = deleted.or(*del);
+                }
+                Entry::Vacant(e) => {
+                    e.insert((i, deleted));
+                }
+            }
+        }
+        keys.push(key);
+    }
+    let mut deletes: Vec<(usize, Vec<SqlValue>)> = Vec::new();
+    let mut upserts: Vec<(usize, Vec<SqlValue>)> = Vec::new();
+    for (i, (change, key)) in changes.into_iter().zip(keys).enumerate() {
+        let (at, deleted) = match &key {
+            Some(k) => last.get(k).copied().unwrap_or((i, None)),
+            None => (i, None),
+        };
+        if at != i {
+            continue;
+        }
+        match change {
+            Change::Delete(v) => deletes.push((i, v)),
+            Change::Upsert(v) => {
+                if let Some(d) = deleted {
+                    deletes.push((d, target.key.iter().map(|&k| v[k].clone()).collect()));
+                }
+                upserts.push((i, v));
+            }
+        }
+    }
+    deletes.sort_by_key(|(i, _)| *i);
+    let mut steps = Vec::new();
+    cut(
+        deletes,
+        target.rows_per_statement(target.key.len()),
+        |n| target.delete(n),
+        &mut steps,
+    );
+    cut(
+        upserts,
+        target.rows_per_statement(target.columns.len()),
+        |n| target.upsert(n),
+        &mut steps,
+    );
+    Ok(steps)
+}
+
+/// Cut `rows` into statements of `most` rows (one step, an execution per
+/// statement) and the rest into statements of the powers of two it is
+/// made of, largest first.
+fn cut(
+    rows: Vec<(usize, Vec<SqlValue>)>,
+    most: usize,
+    text: impl Fn(usize) -> String,
+    steps: &mut Vec<Step>,
+) {
+    let mut rows = rows.into_iter().peekable();
+    let mut left = rows.len();
+    let mut size = most;
+    while left > 0 {
+        let count = left / size;
+        if count > 0 {
+            let mut step = Step {
+                sql: text(size),
+                rows: Vec::with_capacity(count),
+                origin: Vec::with_capacity(count),
+            };
+            for _ in 0..count {
+                let group: Vec<(usize, Vec<SqlValue>)> = rows.by_ref().take(size).collect();
+                step.origin.push(group[0].0);
+                step.rows
+                    .push(group.into_iter().flat_map(|(_, v)| v).collect());
+            }
+            steps.push(step);
+            left -= count * size;
+        }
+        size /= 2;
+    }
+}
+
+/// A key's values as bytes that compare equal exactly when the values do
+/// (a tag per value, lengths before text and bytes).
+fn key_bytes<'a>(values: impl Iterator<Item = &'a SqlValue>) -> Vec<u8> {
+    let mut out = Vec::new();
+    for v in values {
+        match v {
+            SqlValue::Null => out.push(0),
+            SqlValue::Integer(i) => {
+                out.push(1);
+                out.extend_from_slice(&i.to_le_bytes());
+            }
+            SqlValue::Real(r) => {
+                out.push(2);
+                out.extend_from_slice(&r.to_bits().to_le_bytes());
+            }
+            SqlValue::Text(t) => {
+                out.push(3);
+                out.extend_from_slice(&t.len().to_le_bytes());
+                out.extend_from_slice(t.as_bytes());
+            }
+            SqlValue::Blob(b) => {
+                out.push(4);
+                out.extend_from_slice(&b.len().to_le_bytes());
+                out.extend_from_slice(b);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(n: &[&str]) -> Vec<String> {
+        n.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn target(columns: &[&str], key: &[&str]) -> Target {
+        Target::new("t", &names(columns), &names(key)).unwrap()
+    }
+
+    fn up(k: &str, v: i64) -> Change {
+        Change::Upsert(vec![SqlValue::Text(k.into()), SqlValue::Integer(v)])
+    }
+
+    fn del(k: &str) -> Change {
+        Change::Delete(vec![SqlValue::Text(k.into())])
+    }
+
+    /// (kind and rows of the statement, executions, origins) per step,
+    /// for a target of two columns and a key of one.
+    fn shape(steps: &[Step]) -> Vec<(String, usize, Vec<usize>)> {
+        steps
+            .iter()
+            .map(|s| {
+                let params = s.sql.matches('$').count();
+                let (kind, rows) = if s.sql.starts_with("DELETE") {
+                    ("delete", params)
+                } else {
+                    ("upsert", params / 2)
+                };
+                (format!("{kind}{rows}"), s.rows.len(), s.origin.clone())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn statements_are_portable_upserts_and_deletes() {
+        let t = target(&["k", "v"], &["k"]);
+        assert_eq!(
+            t.upsert(1),
+            "INSERT INTO t (k, v) VALUES ($1, $2) ON CONFLICT (k) DO UPDATE SET v = excluded.v"
+        );
+        assert!(t.upsert(4).contains("($7, $8) ON CONFLICT"));
+        assert_eq!(t.delete(1), "DELETE FROM t WHERE k = $1");
+        assert_eq!(t.delete(3), "DELETE FROM t WHERE k IN ($1, $2, $3)");
+        let two = target(&["a", "b", "v"], &["a", "b"]);
+        assert_eq!(
+            two.delete(2),
+            "DELETE FROM t WHERE (a, b) IN (($1, $2), ($3, $4))"
+        );
+        assert_eq!(two.delete(1), "DELETE FROM t WHERE (a, b) IN (($1, $2))");
+        let keys_only = target(&["k"], &["k"]);
+        assert!(keys_only.upsert(1).ends_with("ON CONFLICT (k) DO NOTHING"));
+        for (table, columns, key) in [
+            ("t; drop", vec!["k"], vec!["k"]),
+            ("t", vec!["k"], vec!["x"]),
+            ("t", vec!["k", "k"], vec!["k"]),
+            ("t", vec![], vec![]),
+            ("t", vec!["k\""], vec!["k\""]),
+        ] {
+            assert!(
+                Target::new(table, &names(&columns), &names(&key)).is_err(),
+                "{table} {columns:?}"
+            );
+        }
+        // Wide rows: fewer rows a statement, still a power of two.
+        let wide: Vec<String> = (0..100).map(|i| format!("c{i}")).collect();
+        let w = Target::new("t", &wide, &wide[..1]).unwrap();
+        assert_eq!(w.rows_per_statement(100), 256);
+        assert_eq!(w.rows_per_statement(1), MAX_ROWS);
+    }
+
+    #[test]
+    fn each_key_keeps_its_last_change_deletes_first() {
+        let t = target(&["k", "v"], &["k"]);
+        let steps = plan(
+            &t,
+            vec![
+                up("a", 1),
+                up("b", 1),
+                up("a", 2),
+                del("b"),
+                del("c"),
+                up("c", 3),
+                up("d", 1),
+                del("d"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            shape(&steps),
+            [
+                ("delete2".into(), 1, vec![3]),
+                ("delete1".into(), 1, vec![7]),
+                ("upsert2".into(), 1, vec![2]),
+            ]
+        );
+        // b and d deleted (d's upsert folded away); c deleted, then upserted.
+        let deleted: Vec<&SqlValue> = steps[0].rows[0].iter().chain(&steps[1].rows[0]).collect();
+        assert_eq!(
+            deleted,
+            [
+                &SqlValue::Text("b".into()),
+                &SqlValue::Text("c".into()),
+                &SqlValue::Text("d".into())
+            ]
+        );
+        assert_eq!(
+            steps[2].rows[0],
+            vec![
+                SqlValue::Text("a".into()),
+                SqlValue::Integer(2),
+                SqlValue::Text("c".into()),
+                SqlValue::Integer(3),
+            ]
+        );
+    }
+
+    #[test]
+    fn counts_go_in_whole_statements_then_powers_of_two() {
+        let t = target(&["k", "v"], &["k"]);
+        let changes: Vec<Change> = (0..1100).map(|i| up(&format!("k{i}"), i)).collect();
+        let steps = plan(&t, changes).unwrap();
+        // 1100 = 2 × 512 + 64 + 8 + 4
+        assert_eq!(
+            shape(&steps),
+            [
+                ("upsert512".into(), 2, vec![0, 512]),
+                ("upsert64".into(), 1, vec![1024]),
+                ("upsert8".into(), 1, vec![1088]),
+                ("upsert4".into(), 1, vec![1096]),
+            ]
+        );
+        assert!(
+            steps
+                .iter()
+                .all(|s| s.rows.iter().all(|r| r.len() == s.sql.matches('$').count()))
+        );
+    }
+
+    #[test]
+    fn nulls_never_fold_and_bad_widths_name_the_change() {
+        let t = target(&["k", "v"], &["k"]);
+        let null_up = Change::Upsert(vec![SqlValue::Null, SqlValue::Integer(1)]);
+        let steps = plan(&t, vec![null_up.clone(), null_up]).unwrap();
+        assert_eq!(shape(&steps), [("upsert2".into(), 1, vec![0])]);
+        let e = plan(&t, vec![up("a", 1), del("a"), Change::Delete(vec![])]).unwrap_err();
+        assert_eq!(e.0, 2);
+        assert!(e.1.message.contains("carries 0 values"), "{}", e.1);
+    }
+
+    #[test]
+    fn keys_of_different_types_do_not_collide() {
+        let a = key_bytes([SqlValue::Text("1".into())].iter());
+        let b = key_bytes([SqlValue::Integer(1)].iter());
+        let c = key_bytes([SqlValue::Text("ab".into()), SqlValue::Text("c".into())].iter());
+        let d = key_bytes([SqlValue::Text("a".into()), SqlValue::Text("bc".into())].iter());
+        assert_ne!(a, b);
+        assert_ne!(c, d);
+    }
+}
