@@ -47,6 +47,7 @@ BATCH (Sluice's --max-records-per-partition, default 2000: 128,000
 records a batch at 64 partitions), SKIP_PYTHON=1, SKIP_PYTHON_PG=1 (only the python -> PostgreSQL row), SKIP_BYTEWAX=1,
 SKIP_BATCH_PYTHON=1 (the executemany rows), ONLY_PG=1 (just the PostgreSQL rows),
 BASELINE_COMPANY_WASM=PATH (another build of the company component, run beside this one into PostgreSQL),
+BENCH_COMPANIES (company ids the events cycle through, default 5,000; 1000000 makes every event a new key),
 BENCH_PG_URL. Needs psycopg (in the bench venv) for the PostgreSQL rows.
 """
 import datetime

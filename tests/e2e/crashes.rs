@@ -54,6 +54,30 @@ fn a_crash_between_parts_of_a_range_resumes_after_the_last_part_applied() {
     assert_eq!(db.scalar("SELECT COUNT(*) FROM seen"), 5000);
 }
 
+#[test]
+fn the_bulk_path_killed_before_its_part_commits_applies_each_record_once() {
+    // sql-counter with bulk=true writes each part through `sql.apply` in
+    // `close` and bumps its counter by the rows that call changed. Killed
+    // after the second part's bulk statements and progress row, before
+    // its commit (and, earlier, after its write): only the first part is
+    // there, and a restart applies the rest once.
+    for fp in ["sink:before-db-commit@2", "sink:after-write@2"] {
+        for db in Db::both() {
+            let mock = raw_topic((0..5000).map(|i| format!("v{i}")));
+            let dir = tempfile::tempdir().unwrap();
+            let mut args = counter_run_args(&mock, &dir.path().join("ckpt"), &db, "10000");
+            args.extend(["--config".to_string(), "bulk=true".to_string()]);
+            let mut run = HostProcess::spawn(&args, &[("SLUICE_FAILPOINT", fp)]);
+            run.wait_for("FAILPOINT", WAIT);
+            run.kill();
+            let what = format!("{fp} {}", db.name);
+            assert_eq!(db.scalar("SELECT COUNT(*) FROM seen_bulk"), 2000, "{what}");
+            first_part_only_then_all_once(&db, &args);
+            assert_eq!(db.scalar("SELECT COUNT(*) FROM seen_bulk"), 5000, "{what}");
+        }
+    }
+}
+
 /// `host run` over `raw` into SQLite through sql-counter (a counter bumped
 /// per record: a duplicate or a loss shows in it), `max` records per
 /// partition per batch, until caught up.

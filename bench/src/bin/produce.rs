@@ -182,8 +182,15 @@ fn main() {
     );
     let mut ev = Events::new();
     let mut bytes = 0usize;
+    // BENCH_COMPANIES: how many company ids the events cycle through
+    // (5,000 by default: each key changes ~200 times in 1M events; as
+    // many as events: every event inserts a new key, nothing to fold).
+    let companies: u64 = std::env::var("BENCH_COMPANIES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5000);
     for _ in 0..n {
-        let (id, key, value) = ev.next_event(5000);
+        let (id, key, value) = ev.next_event(companies);
         bytes += value.len();
         send(
             &p,
