@@ -52,6 +52,7 @@ export class Table {
    * `['upsert' | 'delete', values]` is refused before anything is sent.
    */
   apply(changes) {
+    changes = [...changes];
     if (!changes.length) return 0;
     const wit = changes.map((change, i) => {
       const [kind, values] = Array.isArray(change) && change.length === 2 ? change : [change, null];

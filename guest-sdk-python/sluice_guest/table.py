@@ -59,6 +59,8 @@ class Table:
         wit = []
         for i, change in enumerate(changes):
             kind, values = change if isinstance(change, (tuple, list)) and len(change) == 2 else (change, None)
+            if not isinstance(values, (list, tuple)):
+                raise SqlError(f"a change is ('upsert', values) or ('delete', key values), not {change!r}", row=i)
             if kind == "upsert":
                 wit.append(s.Change_Upsert([_to_wit(s, v) for v in values]))
             elif kind == "delete":

@@ -753,8 +753,8 @@ fn company_upserts_and_deletes_end_in_the_right_table_state() {
         r#"{"database":"shop","table":"company","type":"update","ts":3,"data":{"id":1,"name":"A2","cap":999999999999.999998},"old":{"name":"A"}}"#.into(),
         r#"{"database":"shop","table":"company","type":"delete","ts":4,"data":{"id":2,"name":"B"}}"#.into(),
         r#"{"database":"shop","table":"company","type":"bootstrap-insert","ts":5,"data":{"id":3,"founded":"0000-00-00 00:00:00"}}"#.into(),
-        // A delete and a re-insert of one key in one chunk: the sink
-        // batches runs of one kind, so their order must survive.
+        // A delete and a re-insert of one key in one chunk: the bulk
+        // path folds each key's changes, and this pair must end inserted.
         r#"{"database":"shop","table":"company","type":"delete","ts":6,"data":{"id":3}}"#.into(),
         r#"{"database":"shop","table":"company","type":"insert","ts":7,"data":{"id":3,"founded":"0000-00-00 00:00:00"}}"#.into(),
         // An update that moves a row to another key (Maxwell's `old`
@@ -800,10 +800,11 @@ fn company_upserts_and_deletes_end_in_the_right_table_state() {
     }
 }
 
-/// Long runs of one kind go in multi-row statements: 100 keys upserted,
-/// every third one twice more right away (only each key's last change
-/// counts, and a 64-row `INSERT … ON CONFLICT` on PostgreSQL must not meet
-/// a key twice), 70 deletes, then 5 re-inserts, in one chunk.
+/// Many changes go in multi-row statements (the bulk path): 100 keys
+/// upserted, every third one twice more right away (only each key's last
+/// change counts, and a multi-row `INSERT … ON CONFLICT` on PostgreSQL
+/// must not meet a key twice), 70 deletes, then 5 re-inserts, in one
+/// chunk.
 #[test]
 fn company_runs_longer_than_one_statement_keep_the_last_change_per_key() {
     let mut events = Vec::new();

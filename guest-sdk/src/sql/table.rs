@@ -85,20 +85,21 @@ impl Table {
     /// Apply `changes` so that each row ends as if they had been applied
     /// one by one, in one host call (`sql.apply`). The host keeps each
     /// key's last change (an upsert replaces the row's listed columns; a
-    /// delete before it is kept, so unlisted columns return to their
-    /// defaults as they would one by one) and sends the deletes, then the
-    /// upserts, as multi-row statements. Returns the rows changed, a
-    /// folded change counted once; triggers see only each key's last
-    /// change.
+    /// delete earlier in the call is kept, so unlisted columns return to
+    /// their defaults as they would one by one) and sends the deletes,
+    /// then the upserts, as multi-row statements. Returns the rows the
+    /// statements changed; triggers see only those statements.
     ///
     /// Keys are folded by their exact values: give each key column its
-    /// values in one type (a text key always as [`Value`]`::Text`); keys
-    /// the database takes as equal but that differ here (integer 1 and
-    /// real 1.0, a case-insensitive collation) may meet in one statement,
-    /// which PostgreSQL refuses (SQLSTATE 21000). A key with a NULL is
-    /// never folded. Deletes run before upserts: a second unique
-    /// constraint of the table sees a freed value before it is taken
-    /// again.
+    /// values in one type (a text key always as [`Value`]`::Text`); a call
+    /// whose key column gets two types (integer 1 and text "1") runs
+    /// change by change, in order. Keys the database takes as equal but
+    /// that differ here in one type (a case-insensitive collation,
+    /// `char(n)` padding) may meet in one statement, which PostgreSQL
+    /// refuses (SQLSTATE 21000) and SQLite applies as the later one. A
+    /// key with a NULL is never folded. Rows of different keys reach the
+    /// table deletes first, then each key at its last change, which a
+    /// second unique constraint of the table can notice.
     ///
     /// [`Value`]: super::Value
     ///

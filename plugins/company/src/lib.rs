@@ -40,8 +40,9 @@
 //! and its Kafka timestamp as `updated_at_ms`. A record with a value
 //! inserts or replaces the row of its key, a tombstone removes it; the
 //! sink takes both from the record as they are, without parsing them
-//! again (the map stage wrote them). The SDK's `sql::Table` writes a
-//! chunk's changes in multi-row statements, in order.
+//! again (the map stage wrote them). The SDK's `sql::Table` hands a
+//! chunk's changes to the host's bulk path (`sql.apply`), which keeps
+//! each key's last change and writes them in multi-row statements.
 
 use serde::Deserialize;
 use sluice_guest::json::{self, Object, RawValue, Text};

@@ -215,6 +215,10 @@ fn apply_is_held_to_the_guard_and_fails_the_range() {
                 .batch("CREATE TABLE IF NOT EXISTS sluice_progress (query_id TEXT PRIMARY KEY, v TEXT)")
                 .unwrap();
         }
+        // Outside a range's window, even with nothing to apply.
+        let key = names(&["k"]);
+        let (_, e) = g.plugin_apply(("t", &key, &key), vec![]).unwrap_err();
+        assert!(e.message.contains("only available inside sink"), "{e}");
         window(&g);
         let (row, e) = g
             .plugin_apply(

@@ -28,6 +28,13 @@ pub const MAX_ROWS: usize = 512;
 /// 65,535.
 pub const MAX_PARAMS: usize = 32_766;
 
+/// Columns of a target, at most: SQLite's default `SQLITE_MAX_COLUMN`
+/// (PostgreSQL allows 1,600).
+pub const MAX_COLUMNS: usize = 2000;
+
+/// Key columns of a target, at most: PostgreSQL's `INDEX_MAX_KEYS`.
+pub const MAX_KEY_COLUMNS: usize = 32;
+
 /// A table kept current by [`plan`] (the WIT `sql.target`), checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
@@ -86,14 +93,19 @@ impl Target {
     /// A host [`DbError`] (code `sluice`) naming what is wrong.
     pub fn new(table: &str, columns: &[String], key: &[String]) -> Result<Target, DbError> {
         let table = plain("table", table)?;
+        if columns.len() > MAX_COLUMNS || key.len() > MAX_KEY_COLUMNS {
+            return Err(DbError::host(format!(
+                "table {table}: {} columns and {} key columns given; at most {MAX_COLUMNS} and {MAX_KEY_COLUMNS}",
+                columns.len(),
+                key.len()
+            )));
+        }
         for c in columns.iter().chain(key) {
             plain("column", c)?;
         }
         let repeated = |names: &[String]| {
-            names
-                .iter()
-                .enumerate()
-                .any(|(i, n)| names[..i].contains(n))
+            let mut seen = std::collections::HashSet::with_capacity(names.len());
+            !names.iter().all(|n| seen.insert(n))
         };
         if columns.is_empty() || key.is_empty() || repeated(columns) || repeated(key) {
             return Err(DbError::host(format!(
@@ -187,8 +199,10 @@ fn groups(n: usize, width: usize) -> String {
 /// upsert is sent alone, after a delete of the key when one of its
 /// earlier changes was a delete (so columns the upsert does not list get
 /// their defaults again, as one by one). Keys compare by exact value
-/// (integer 1 and text "1" are two keys); a key with a NULL is never
-/// folded (it matches no row).
+/// (-0.0 as 0.0); a key with a NULL is never folded (it matches no row).
+/// When a key column gets values of two types in one call (integer 1 and
+/// text "1" may be one row to the database), nothing is folded: every
+/// change goes as a one-row statement, in order.
 ///
 /// # Errors
 /// The index in `changes` of a change with the wrong number of values,
@@ -232,6 +246,9 @@ pub fn plan(target: &Target, changes: Vec<Change>) -> Result<Vec<Step>, (usize, 
         }
         keys.push(key);
     }
+    if mixed_key_types(target, &changes) {
+        return Ok(in_order(target, changes));
+    }
     let mut deletes: Vec<(usize, Vec<SqlValue>)> = Vec::new();
     let mut upserts: Vec<(usize, Vec<SqlValue>)> = Vec::new();
     for (i, (change, key)) in changes.into_iter().zip(keys).enumerate() {
@@ -267,6 +284,51 @@ pub fn plan(target: &Target, changes: Vec<Change>) -> Result<Vec<Step>, (usize, 
         &mut steps,
     );
     Ok(steps)
+}
+
+/// Whether a key column gets non-NULL values of more than one type.
+fn mixed_key_types(target: &Target, changes: &[Change]) -> bool {
+    let mut types: Vec<Option<std::mem::Discriminant<SqlValue>>> = vec![None; target.key.len()];
+    for change in changes {
+        let key: Vec<&SqlValue> = match change {
+            Change::Upsert(v) => target.key.iter().map(|&k| &v[k]).collect(),
+            Change::Delete(v) => v.iter().collect(),
+        };
+        for (seen, value) in types.iter_mut().zip(key) {
+            if *value == SqlValue::Null {
+                continue;
+            }
+            let t = std::mem::discriminant(value);
+            if *seen.get_or_insert(t) != t {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+/// Every change as a one-row statement, in order (consecutive changes of
+/// one kind in one step).
+fn in_order(target: &Target, changes: Vec<Change>) -> Vec<Step> {
+    let mut steps: Vec<Step> = Vec::new();
+    for (i, change) in changes.into_iter().enumerate() {
+        let (sql, values) = match change {
+            Change::Upsert(v) => (target.upsert(1), v),
+            Change::Delete(v) => (target.delete(1), v),
+        };
+        match steps.last_mut() {
+            Some(step) if step.sql == sql => {
+                step.rows.push(values);
+                step.origin.push(i);
+            }
+            _ => steps.push(Step {
+                sql,
+                rows: vec![values],
+                origin: vec![i],
+            }),
+        }
+    }
+    steps
 }
 
 /// Cut `rows` into statements of `most` rows (one step, an execution per
@@ -315,6 +377,8 @@ fn key_bytes<'a>(values: impl Iterator<Item = &'a SqlValue>) -> Vec<u8> {
             }
             SqlValue::Real(r) => {
                 out.push(2);
+                // -0.0 and 0.0 are one key to the database.
+                let r = if *r == 0.0 { 0.0f64 } else { *r };
                 out.extend_from_slice(&r.to_bits().to_le_bytes());
             }
             SqlValue::Text(t) => {
@@ -483,6 +547,38 @@ mod tests {
         let e = plan(&t, vec![up("a", 1), del("a"), Change::Delete(vec![])]).unwrap_err();
         assert_eq!(e.0, 2);
         assert!(e.1.message.contains("carries 0 values"), "{}", e.1);
+    }
+
+    #[test]
+    fn keys_of_two_types_in_a_call_go_one_by_one_in_order() {
+        let t = target(&["k", "v"], &["k"]);
+        let changes = vec![
+            Change::Upsert(vec![SqlValue::Integer(1), SqlValue::Integer(1)]),
+            Change::Upsert(vec![SqlValue::Integer(2), SqlValue::Integer(1)]),
+            Change::Delete(vec![SqlValue::Text("1".into())]),
+            Change::Upsert(vec![SqlValue::Integer(1), SqlValue::Integer(2)]),
+        ];
+        let steps = plan(&t, changes).unwrap();
+        assert_eq!(
+            shape(&steps),
+            [
+                ("upsert1".into(), 2, vec![0, 1]),
+                ("delete1".into(), 1, vec![2]),
+                ("upsert1".into(), 1, vec![3]),
+            ]
+        );
+        // -0.0 and 0.0 fold as one key.
+        let zeros = vec![
+            Change::Upsert(vec![SqlValue::Real(-0.0), SqlValue::Integer(1)]),
+            Change::Upsert(vec![SqlValue::Real(0.0), SqlValue::Integer(2)]),
+        ];
+        assert_eq!(
+            shape(&plan(&t, zeros).unwrap()),
+            [("upsert1".into(), 1, vec![1])]
+        );
+        // Too many columns: refused before any work on them.
+        let many: Vec<String> = (0..=MAX_COLUMNS).map(|i| format!("c{i}")).collect();
+        assert!(Target::new("t", &many, &many[..1]).is_err());
     }
 
     #[test]

@@ -304,14 +304,16 @@ impl SqlGrant {
     ///
     /// # Errors
     /// The index in `changes` of the change that failed (the first change
-    /// of a failing multi-row statement; 0 when a statement is refused)
-    /// and its error; either aborts the range.
+    /// of the failing statement, also when the guard refused it; 0 for a
+    /// bad target or outside a usable window) and its error; any of them
+    /// aborts the range.
     pub fn plugin_apply(
         &self,
         target: (&str, &[String], &[String]),
         changes: Vec<bulk::Change>,
     ) -> Result<u64, (usize, DbError)> {
         let mut s = self.lock();
+        s.ready().map_err(|e| (0, e))?;
         let (table, columns, key) = target;
         let steps = bulk::Target::new(table, columns, key)
             .map_err(|e| (0, e))
@@ -419,10 +421,9 @@ impl Session {
         self.run_approved(approved, f)
     }
 
-    /// Whether a plugin may run `sql` now: inside a range whose
-    /// transaction has not failed, and passing [`Session::check`]
-    /// (remembered per statement text).
-    fn approve(&mut self, sql: &str) -> Result<Approved, DbError> {
+    /// Whether a plugin may use the connection now: inside a range
+    /// whose transaction has not failed.
+    fn ready(&self) -> Result<(), DbError> {
         if !self.open {
             return Err(DbError::host(
                 "sql is only available inside sink open/write/close of a partition range",
@@ -434,6 +435,14 @@ impl Session {
                 code: e.code.clone(),
             });
         }
+        Ok(())
+    }
+
+    /// Whether a plugin may run `sql` now: inside a range whose
+    /// transaction has not failed, and passing [`Session::check`]
+    /// (remembered per statement text).
+    fn approve(&mut self, sql: &str) -> Result<Approved, DbError> {
+        self.ready()?;
         let digest = (sql.len() > APPROVED_MAX_LEN).then(|| {
             use sha2::Digest as _;
             <[u8; 32]>::from(sha2::Sha256::digest(sql.as_bytes()))
