@@ -6,23 +6,8 @@
 use std::collections::BTreeMap;
 
 use super::bulk::Change;
+use super::tests::{grants, window};
 use super::*;
-
-/// SQLite always; PostgreSQL too when the suite's server is up.
-fn grants(dir: &std::path::Path) -> Vec<SqlGrant> {
-    let mut v =
-        vec![SqlGrant::connect(&format!("sqlite:{}", dir.join("apply.db").display())).unwrap()];
-    if let Ok(url) = std::env::var("SLUICE_TEST_PG_URL") {
-        v.push(SqlGrant::connect(&url).unwrap());
-    }
-    v
-}
-
-fn window(g: &SqlGrant) {
-    let mut s = g.lock();
-    s.begin().unwrap();
-    s.open_plugin_window().unwrap();
-}
 
 fn names(n: &[&str]) -> Vec<String> {
     n.iter().map(|s| s.to_string()).collect()

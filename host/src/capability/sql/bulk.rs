@@ -66,22 +66,14 @@ pub struct Step {
     pub origin: Vec<usize>,
 }
 
-/// `name` if it is a plain SQL identifier (`[A-Za-z_][A-Za-z0-9_]*`, at
-/// most 63 bytes: PostgreSQL's `NAMEDATALEN` − 1), which both dialects
-/// take unquoted.
+/// `name` if it is a plain SQL identifier, which both dialects take
+/// unquoted: the guest SDK's rule ([`sluice_guest::sql::identifier`]),
+/// its message as a host error.
 fn plain(what: &str, name: &str) -> Result<String, DbError> {
-    let mut chars = name.chars();
-    let ok = chars
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-        && name.len() <= 63;
-    if ok {
-        Ok(name.to_string())
-    } else {
-        Err(DbError::host(format!(
-            "{what} `{name}` is not a plain SQL identifier ([A-Za-z_][A-Za-z0-9_]*, at most 63 bytes)"
-        )))
+    match sluice_guest::sql::identifier(what, name) {
+        Ok(name) => Ok(name.to_string()),
+        Err(sluice_guest::Error::Fatal(m)) => Err(DbError::host(m)),
+        Err(e) => Err(DbError::host(e.to_string())),
     }
 }
 
@@ -211,6 +203,10 @@ pub fn plan(target: &Target, changes: Vec<Change>) -> Result<Vec<Step>, (usize, 
     // Per key: the index of its last change and of its last delete.
     let mut last: HashMap<Vec<u8>, (usize, Option<usize>)> = HashMap::new();
     let mut keys = Vec::with_capacity(changes.len());
+    // The type of each key column's non-NULL values so far, and whether
+    // one got two.
+    let mut types: Vec<Option<std::mem::Discriminant<SqlValue>>> = vec![None; target.key.len()];
+    let mut mixed = false;
     for (i, change) in changes.iter().enumerate() {
         let (values, width, what) = match change {
             Change::Upsert(v) => (v, target.columns.len(), "an upsert"),
@@ -230,6 +226,12 @@ pub fn plan(target: &Target, changes: Vec<Change>) -> Result<Vec<Step>, (usize, 
             Change::Upsert(v) => target.key.iter().map(|&k| &v[k]).collect(),
             Change::Delete(v) => v.iter().collect(),
         };
+        for (seen, value) in types.iter_mut().zip(&key) {
+            if **value != SqlValue::Null {
+                let t = std::mem::discriminant(*value);
+                mixed |= *seen.get_or_insert(t) != t;
+            }
+        }
         let key = (!key.contains(&&SqlValue::Null)).then(|| key_bytes(key.into_iter()));
         if let Some(k) = &key {
             let deleted = matches!(change, Change::Delete(_)).then_some(i);
@@ -246,7 +248,7 @@ pub fn plan(target: &Target, changes: Vec<Change>) -> Result<Vec<Step>, (usize, 
         }
         keys.push(key);
     }
-    if mixed_key_types(target, &changes) {
+    if mixed {
         return Ok(in_order(target, changes));
     }
     let mut deletes: Vec<(usize, Vec<SqlValue>)> = Vec::new();
@@ -284,27 +286,6 @@ pub fn plan(target: &Target, changes: Vec<Change>) -> Result<Vec<Step>, (usize, 
         &mut steps,
     );
     Ok(steps)
-}
-
-/// Whether a key column gets non-NULL values of more than one type.
-fn mixed_key_types(target: &Target, changes: &[Change]) -> bool {
-    let mut types: Vec<Option<std::mem::Discriminant<SqlValue>>> = vec![None; target.key.len()];
-    for change in changes {
-        let key: Vec<&SqlValue> = match change {
-            Change::Upsert(v) => target.key.iter().map(|&k| &v[k]).collect(),
-            Change::Delete(v) => v.iter().collect(),
-        };
-        for (seen, value) in types.iter_mut().zip(key) {
-            if *value == SqlValue::Null {
-                continue;
-            }
-            let t = std::mem::discriminant(value);
-            if *seen.get_or_insert(t) != t {
-                return true;
-            }
-        }
-    }
-    false
 }
 
 /// Every change as a one-row statement, in order (consecutive changes of

@@ -13,7 +13,7 @@ fn first_keyword(sql: &str) -> String {
 }
 
 /// Open a transaction and the plugin window in it.
-fn window(g: &SqlGrant) {
+pub(super) fn window(g: &SqlGrant) {
     let mut s = g.lock();
     s.begin().unwrap();
     s.open_plugin_window().unwrap();
@@ -652,7 +652,7 @@ fn sqlite_authorizer_refuses_what_the_text_does_not_show() {
 }
 
 /// SQLite always; PostgreSQL too when the suite's server is up.
-fn grants(dir: &std::path::Path) -> Vec<SqlGrant> {
+pub(super) fn grants(dir: &std::path::Path) -> Vec<SqlGrant> {
     let mut v =
         vec![SqlGrant::connect(&format!("sqlite:{}", dir.join("cap.db").display())).unwrap()];
     if let Ok(url) = std::env::var("SLUICE_TEST_PG_URL") {
