@@ -48,6 +48,7 @@ records a batch at 64 partitions), SKIP_PYTHON=1, SKIP_PYTHON_PG=1 (only the pyt
 SKIP_BATCH_PYTHON=1 (the executemany rows), ONLY_PG=1 (just the PostgreSQL rows),
 BASELINE_COMPANY_WASM=PATH (another build of the company component, run beside this one into PostgreSQL),
 BENCH_COMPANIES (company ids the events cycle through, default 5,000; 1000000 makes every event a new key),
+SINK_CONNECTIONS=1,2,4 (one company -> PostgreSQL row per --sink-connections value instead of the default's),
 BENCH_PG_URL. Needs psycopg (in the bench venv) for the PostgreSQL rows.
 """
 import datetime
@@ -137,7 +138,7 @@ def main():
         with open(expected_file) as f:
             expected = json.load(f)
 
-        def sluice(plugin, sink, i, wasm=None):
+        def sluice(plugin, sink, i, wasm=None, connections=None):
             ck = os.path.join(work, f"ck-{plugin}-{sink}-{i}-{bool(wasm)}")
             args = [run.HOST, "run", "--brokers", b.bootstrap, "--topic", "maxwell", "--checkpoint", ck,
                     "--plugin", wasm or os.path.join(run.WASM, f"{plugin}.wasm"), "--until-caught-up",
@@ -149,6 +150,8 @@ def main():
             elif sink == "postgres":
                 db = fresh_pg(f"bench_sluice_{i}")
                 args += ["--sink-db", db]
+                if connections:
+                    args += ["--sink-connections", connections]
             wall, cpu, rss, out = measure(args)
             progress = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
             n = sum(p["counts"]["input"] for p in progress)
@@ -224,7 +227,12 @@ def main():
             if env("BASELINE_COMPANY_WASM"):
                 cells["Sluice company, baseline build -> PostgreSQL"] = with_server_cpu(
                     lambda i: sluice("company", "postgres", i, env("BASELINE_COMPANY_WASM")))
-            cells["Sluice company -> PostgreSQL"] = with_server_cpu(lambda i: sluice("company", "postgres", i))
+            connections = [c for c in env("SINK_CONNECTIONS", "").split(",") if c]
+            for c in connections:
+                cells[f"Sluice company -> PostgreSQL, --sink-connections {c}"] = with_server_cpu(
+                    lambda i, c=c: sluice("company", "postgres", i, connections=c))
+            if not connections:
+                cells["Sluice company -> PostgreSQL"] = with_server_cpu(lambda i: sluice("company", "postgres", i))
             if not (env("SKIP_PYTHON") or env("SKIP_PYTHON_PG")):
                 cells["python consumer -> PostgreSQL"] = with_server_cpu(lambda i: python("postgres", i))
             if not env("SKIP_BATCH_PYTHON"):

@@ -78,6 +78,58 @@ fn the_bulk_path_killed_before_its_part_commits_applies_each_record_once() {
     }
 }
 
+#[test]
+fn parts_of_other_partitions_commit_on_their_own_connections_while_one_part_waits() {
+    // Two partitions, no sink plugin (only progress rows), PostgreSQL. The
+    // first part to reach its commit stops there (a failpoint that holds
+    // it, transaction open). With one connection nothing else can commit;
+    // with `--sink-connections 2` the other partition's part commits on
+    // its own connection meanwhile. Killed then, a restart applies the
+    // held partition and leaves the committed one as it is.
+    for connections in ["1", "2"] {
+        let mock = Mock::new();
+        mock.create_topic("raw", 2);
+        let p = producer(&mock.bootstrap());
+        for i in 0..200 {
+            p.send("raw", i % 2, None, Some(format!("v{i}").as_bytes()), &[]);
+        }
+        p.flush();
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::postgres();
+        let args = RunArgs::new(&mock.bootstrap(), &["raw"], &dir.path().join("ckpt"))
+            .sink_db(&db)
+            .plugin("passthrough")
+            .args(["--until-caught-up", "--progress", "none"])
+            .args(["--sink-connections", connections])
+            .build();
+        let mut run = HostProcess::spawn(&args, &[("SLUICE_FAILPOINT", "sink:before-db-commit@1")]);
+        run.wait_for("FAILPOINT", WAIT);
+        let committed = || db.sorted_texts("SELECT end_offset::text FROM sluice_progress");
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while connections == "2" && committed().is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if connections == "1" {
+            std::thread::sleep(Duration::from_secs(1));
+            assert_eq!(committed(), Vec::<String>::new(), "one connection, held");
+        } else {
+            assert_eq!(committed(), vec!["100"], "the other partition's part");
+        }
+        run.kill();
+        let log = run_to_end(&args);
+        assert_eq!(
+            db.sorted_texts("SELECT end_offset::text FROM sluice_progress"),
+            vec!["100", "100"],
+            "{log}"
+        );
+        assert_eq!(
+            log.contains("on 2 sink connections at once"),
+            connections == "2",
+            "{log}"
+        );
+    }
+}
+
 /// `host run` over `raw` into SQLite through sql-counter (a counter bumped
 /// per record: a duplicate or a loss shows in it), `max` records per
 /// partition per batch, until caught up.
@@ -273,6 +325,28 @@ fn random_runs_crashes_and_resets_apply_every_offset_once() {
     // offsets the progress row shows applied; at the end a reset to
     // earliest applies every record exactly once. SLUICE_CHAOS_STEPS and
     // SLUICE_CHAOS_SEED run a longer or another walk.
+    random_walk(&Db::sqlite(), 2, &[], 7);
+}
+
+#[test]
+fn random_runs_crashes_and_resets_on_several_sink_connections_apply_every_offset_once() {
+    // The same walk on PostgreSQL with the parts of 5 partitions applied on
+    // 3 connections at once (`--sink-connections 3`): parts commit in no
+    // set order across connections, every connection's transaction bumps
+    // the one counter row (so they queue on its lock), and a kill -9 may
+    // leave any of them uncommitted.
+    random_walk(
+        &Db::postgres(),
+        5,
+        &["--sink-connections", "3", "--map-threads", "2"],
+        11,
+    );
+}
+
+/// The random walk of the tests above on `db`, over `partitions`
+/// partitions of `raw`, each `host run` with `extra` arguments;
+/// `seed` unless SLUICE_CHAOS_SEED says otherwise.
+fn random_walk(db: &Db, partitions: i32, extra: &[&str], seed: u64) {
     let steps: u64 = std::env::var("SLUICE_CHAOS_STEPS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -280,7 +354,7 @@ fn random_runs_crashes_and_resets_apply_every_offset_once() {
     let mut state: u64 = std::env::var("SLUICE_CHAOS_SEED")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(7)
+        .unwrap_or(seed)
         .max(1);
     let mut next = move |n: u64| {
         // xorshift64: a fixed, dependency-free sequence per seed.
@@ -289,14 +363,13 @@ fn random_runs_crashes_and_resets_apply_every_offset_once() {
         state ^= state << 17;
         state % n
     };
-    const PARTITIONS: i32 = 2;
     let mock = Mock::new();
-    mock.create_topic("raw", PARTITIONS);
-    let mut total = [0i64; PARTITIONS as usize];
-    let produce = |n: usize, total: &mut [i64; PARTITIONS as usize]| {
+    mock.create_topic("raw", partitions);
+    let mut total = vec![0i64; partitions as usize];
+    let produce = |n: usize, total: &mut [i64]| {
         let p = producer(&mock.bootstrap());
         for i in 0..n {
-            let part = (i % PARTITIONS as usize) as i32;
+            let part = (i % partitions as usize) as i32;
             p.send("raw", part, None, Some(format!("v{i}").as_bytes()), &[]);
             total[part as usize] += 1;
         }
@@ -304,11 +377,15 @@ fn random_runs_crashes_and_resets_apply_every_offset_once() {
     };
     produce(200, &mut total);
     let dir = tempfile::tempdir().unwrap();
-    let db = Db::sqlite();
     let ckpt = dir.path().join("ckpt");
     let ck = ckpt.to_str().unwrap().to_string();
+    let args = |max: &str| {
+        let mut a = counter_run_args(&mock, &ckpt, db, max);
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
     let run = |max: &str| {
-        run_to_end(&counter_run_args(&mock, &ckpt, &db, max));
+        run_to_end(&args(max));
     };
     for step in 0..steps {
         let what = match next(5) {
@@ -325,10 +402,7 @@ fn random_runs_crashes_and_resets_apply_every_offset_once() {
                     "engine:before-commit",
                 ][next(4) as usize];
                 let at = format!("{fp}@{}", 1 + next(3));
-                let mut w = HostProcess::spawn(
-                    &counter_run_args(&mock, &ckpt, &db, "13"),
-                    &[("SLUICE_FAILPOINT", &at)],
-                );
+                let mut w = HostProcess::spawn(&args("13"), &[("SLUICE_FAILPOINT", &at)]);
                 // Killed at the failpoint, or it finished before reaching it.
                 w.logged("FAILPOINT", WAIT);
                 w.kill();
@@ -337,7 +411,7 @@ fn random_runs_crashes_and_resets_apply_every_offset_once() {
             3 => {
                 // Anywhere, or near the end (mostly a jump forward, which
                 // leaves a hole for a later reset back to fill).
-                let to: Vec<String> = (0..PARTITIONS)
+                let to: Vec<String> = (0..partitions)
                     .map(|p| {
                         let t = total[p as usize] as u64;
                         let o = if next(2) == 0 {
@@ -370,25 +444,26 @@ fn random_runs_crashes_and_resets_apply_every_offset_once() {
             }
         };
         eprintln!("{what}");
-        check_applied_exactly(&db, PARTITIONS, &what);
+        check_applied_exactly(db, partitions, &what);
     }
     // Finish what is pending, then everything from the start.
     run("1000");
+    let zero: Vec<String> = (0..partitions).map(|p| format!("\"{p}\":0")).collect();
     let out = crate::support::host(&[
         "checkpoint",
         "reset",
         &ck,
         "--to",
-        "offsets:{\"raw\":{\"0\":0,\"1\":0}}",
+        &format!("offsets:{{\"raw\":{{{}}}}}", zero.join(",")),
     ]);
     assert!(out.status.success(), "{}", crate::support::stderr(&out));
     run("50");
-    check_applied_exactly(&db, PARTITIONS, "final");
+    check_applied_exactly(db, partitions, "final");
     let sum: i64 = total.iter().sum();
     assert_eq!(db.counted(), sum);
     assert_eq!(
         db.sorted_texts("SELECT holes FROM sluice_progress"),
-        vec!["[]"; PARTITIONS as usize]
+        vec!["[]"; partitions as usize]
     );
 }
 

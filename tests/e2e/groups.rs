@@ -297,7 +297,9 @@ fn a_member_that_stops_hands_its_partitions_to_the_other() {
 /// the session timeout and thawed later (a zombie), a fourth joins, and
 /// two are stopped with SIGTERM: the coordinator moves the partitions
 /// each time, the new owners' claims fence the old ones, and every
-/// record is counted once.
+/// record is counted once. b and c apply their parts on 3 sink
+/// connections each and d on 2 (`--sink-connections`): a zombie's parts
+/// in flight on several connections are fenced alike.
 #[test]
 fn a_killed_member_and_a_zombie_lose_and_double_nothing() {
     let db = Db::postgres();
@@ -308,8 +310,9 @@ fn a_killed_member_and_a_zombie_lose_and_double_nothing() {
         &member_args(&mock, &db, "g3", &[]),
         &[("SLUICE_FAILPOINT", "sink:after-write")],
     );
-    let mut b = HostProcess::start(&member_args(&mock, &db, "g3", &[]));
-    let mut c = HostProcess::start(&member_args(&mock, &db, "g3", &[]));
+    let three = ["--sink-connections", "3"];
+    let mut b = HostProcess::start(&member_args(&mock, &db, "g3", &three));
+    let mut c = HostProcess::start(&member_args(&mock, &db, "g3", &three));
     let logs = |ms: &[&HostProcess]| {
         ms.iter()
             .enumerate()
@@ -353,7 +356,7 @@ fn a_killed_member_and_a_zombie_lose_and_double_nothing() {
     );
     // A fourth member joins; then b and c are stopped with SIGTERM, and d
     // takes everything.
-    let mut d = HostProcess::start(&member_args(&mock, &db, "g3", &[]));
+    let mut d = HostProcess::start(&member_args(&mock, &db, "g3", &["--sink-connections", "2"]));
     d.wait_for("joined the pipeline group", within);
     produce(&mock, "events", 1200, 300, 6);
     wait_for_count(&db, 1500, "three members apply", within, &[&a, &b, &c, &d]);
@@ -369,6 +372,14 @@ fn a_killed_member_and_a_zombie_lose_and_double_nothing() {
     );
     std::thread::sleep(Duration::from_secs(1));
     assert_eq!(d.term(), Some(0), "{}", logs(&[&a, &b, &c, &d]));
+    for (m, n) in [(&b, 3), (&c, 3), (&d, 2)] {
+        assert!(
+            m.log()
+                .contains(&format!("on {n} sink connections at once")),
+            "{}",
+            m.log()
+        );
+    }
     assert_exactly_once(&db, 1800);
 }
 

@@ -130,6 +130,7 @@ fn apply_counter_in(
     let recs = owned("t", 0, start..end, value);
     let v = views("t", 0, &recs);
     driver.apply(
+        0,
         Some(&mut inst),
         &PartitionBatch {
             epoch: sluice_host::checkpoint::Epoch::new(epoch),
@@ -372,6 +373,7 @@ fn a_resumed_range_stores_only_the_dead_letters_past_the_applied_part() {
             .collect();
         driver
             .apply(
+                0,
                 Some(&mut inst),
                 &PartitionBatch {
                     epoch: sluice_host::checkpoint::Epoch::new(1),
@@ -387,6 +389,7 @@ fn a_resumed_range_stores_only_the_dead_letters_past_the_applied_part() {
             .collect();
         let a = driver
             .apply(
+                0,
                 Some(&mut inst),
                 &PartitionBatch {
                     epoch: sluice_host::checkpoint::Epoch::new(2),
@@ -510,6 +513,7 @@ fn a_part_waiting_on_another_sessions_lock_is_applied_again_until_it_is_free() {
     let recs = owned("t", 0, 100..130, plain);
     let v = views("t", 0, &recs);
     let applied = driver.apply(
+        0,
         Some(&mut inst),
         &PartitionBatch {
             epoch: sluice_host::checkpoint::Epoch::new(1),
@@ -721,13 +725,13 @@ fn dead_letters_are_stored_with_original_bytes_once() {
             dead_letters: &dl,
         };
         for _ in 0..2 {
-            driver.apply(Some(&mut inst), &batch).unwrap();
+            driver.apply(0, Some(&mut inst), &batch).unwrap();
         }
         // Re-applying on purpose (the README's way: delete the progress
         // rows) stores the dead letter again in place, not a second copy
         // nor a primary-key error.
         db.query("DELETE FROM sluice_progress");
-        driver.apply(Some(&mut inst), &batch).unwrap();
+        driver.apply(0, Some(&mut inst), &batch).unwrap();
         let rows = db.query(
             "SELECT \"offset\", record_key, record_value, headers_json, error, plugin_digest FROM sluice_dead_letters",
         );
@@ -911,6 +915,7 @@ fn map_and_sink(
         .collect();
     let (topic, partition) = (source[0].topic, source[0].partition);
     driver.apply(
+        0,
         Some(&mut sink),
         &PartitionBatch {
             epoch: sluice_host::checkpoint::Epoch::new(1),
@@ -1010,6 +1015,7 @@ fn the_guest_reaches_the_database_only_through_the_capability() {
     let v = views("t", 0, &recs);
     driver
         .apply(
+            0,
             Some(&mut inst),
             &PartitionBatch {
                 epoch: sluice_host::checkpoint::Epoch::new(1),
@@ -1024,6 +1030,7 @@ fn the_guest_reaches_the_database_only_through_the_capability() {
     let driver = SinkDriver::new(None).unwrap();
     let e = driver
         .apply(
+            0,
             Some(&mut ungranted),
             &PartitionBatch {
                 epoch: sluice_host::checkpoint::Epoch::new(1),

@@ -248,6 +248,48 @@ plugins = ["p.wasm"]
     }
 
     #[test]
+    fn sink_connections_default_to_one_and_take_a_postgres_sink_only() {
+        assert_eq!(merged(&[], BASE).unwrap().sink_connections, 1);
+        let pg = format!("{BASE}sink_db = \"postgres://u@h/d\"\n");
+        assert_eq!(
+            merged(&["--sink-connections", "4"], &pg)
+                .unwrap()
+                .sink_connections,
+            4
+        );
+        let file = format!("{pg}sink_connections = 3\n");
+        assert_eq!(merged(&[], &file).unwrap().sink_connections, 3);
+        assert_eq!(
+            merged(&["--sink-connections", "2"], &file)
+                .unwrap()
+                .sink_connections,
+            2,
+            "the flag wins over the file"
+        );
+        for (flags, file, says) in [
+            (vec!["--sink-connections", "0"], pg.clone(), "out of range"),
+            (vec!["--sink-connections", "65"], pg.clone(), "out of range"),
+            (
+                vec!["--sink-connections", "2"],
+                format!("{BASE}sink_db = \"sqlite:x.db\"\n"),
+                "SQLite lets one connection write at a time",
+            ),
+            (
+                vec!["--sink-connections", "2"],
+                BASE.to_string(),
+                "PostgreSQL --sink-db",
+            ),
+        ] {
+            let e = merged(&flags, &file).unwrap_err();
+            assert_eq!(e.code, ExitCode::Usage, "{flags:?} {file}");
+            assert!(format!("{:#}", e.error).contains(says), "{:#}", e.error);
+        }
+        // One connection is fine on SQLite.
+        let sqlite = format!("{BASE}sink_db = \"sqlite:x.db\"\nsink_connections = 1\n");
+        assert_eq!(merged(&[], &sqlite).unwrap().sink_connections, 1);
+    }
+
+    #[test]
     fn file_sets_progress_metrics_and_attempts_and_flags_win() {
         let file = format!(
             "{BASE}progress = \"line\"\nmetrics_addr = \"127.0.0.1:9464\"\nattempts = 5\nmap_threads = 3\n"

@@ -166,6 +166,17 @@ pub struct Settings {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, env = "SLUICE_SINK_RETRY_FOR", hide_env_values = true)]
     #[serde(default, with = "duration_text")]
     pub sink_retry_for: Option<Duration>,
+    /// Connections to a PostgreSQL sink database that apply parts of
+    /// different partitions at once, each part still one transaction with
+    /// its progress row; a partition's parts keep their order on one
+    /// connection [default: 1].
+    #[arg(
+        long,
+        value_name = "N",
+        env = "SLUICE_SINK_CONNECTIONS",
+        hide_env_values = true
+    )]
+    pub sink_connections: Option<usize>,
     /// PostgreSQL schema that holds the host's tables (`sluice_progress`,
     /// `sluice_dead_letters`), always named in full, never found through
     /// `search_path` [default: public].
@@ -364,6 +375,9 @@ pub const PLUGIN_TIMEOUT: (Duration, Duration) =
 pub const PLUGIN_MEMORY: (u64, u64) = (1 << 20, 4 << 30);
 /// Range of `--sink-retry-for`.
 pub const SINK_RETRY_FOR: (Duration, Duration) = (Duration::ZERO, Duration::from_secs(24 * 3600));
+/// Range of `--sink-connections`: each is a PostgreSQL backend (a
+/// process on the server) and a sink plugin instance.
+pub const SINK_CONNECTIONS: (usize, usize) = (1, 64);
 /// Most `--map-threads`: each thread holds a whole map chain's instances
 /// (up to `--plugin-memory` each), so a typo must not start thousands.
 pub const MAP_THREADS_MAX: usize = 256;
@@ -513,6 +527,20 @@ pub fn resolve(s: Settings, config: &[(String, String)]) -> Result<PipelineConfi
     cfg.sink_plugin_role = s.sink_plugin_role;
     if let Some(d) = s.sink_retry_for {
         cfg.sink_retry_for = within("--sink-retry-for", d, SINK_RETRY_FOR, show_duration)?;
+    }
+    if let Some(n) = s.sink_connections {
+        cfg.sink_connections =
+            within("--sink-connections", n, SINK_CONNECTIONS, |n| n.to_string())?;
+        if n > 1
+            && !cfg
+                .sink_db
+                .as_deref()
+                .is_some_and(|u| u.starts_with("postgres://") || u.starts_with("postgresql://"))
+        {
+            return Err(usage(format!(
+                "--sink-connections {n} is for a PostgreSQL --sink-db: SQLite lets one connection write at a time, so more would only wait for each other (leave it at 1)"
+            )));
+        }
     }
     if let Some(n) = s.max_records_per_partition {
         if n == 0 {

@@ -1,7 +1,8 @@
 //! One batch: a fetch thread reads the planned ranges in pieces, the map
 //! threads (`map_threads`) map them, this thread takes each mapped piece
-//! back in the order it was read, and a sink thread applies each as a part
-//! of its range; the error policy decides about bad records on both sides.
+//! back in the order it was read, and a sink thread (one per sink
+//! connection, a range's parts all on one) applies each as a part of its
+//! range; the error policy decides about bad records on both sides.
 //! Nothing here commits: the loop in `engine` does, after [`run_batch`]
 //! returned success.
 
@@ -20,7 +21,7 @@ use super::map_threads::{MapEnv, MapPool, Mapped, map_thread};
 use super::member::revoke::Revocations;
 use super::policy::{Rejection, on_bad_record, on_data_loss};
 use super::progress::ms;
-use super::sink_thread::{SINK_QUEUE, SinkJob, SinkPolicy, run_sink};
+use super::sink_thread::{SINK_QUEUE, SinkEnv, SinkJob, SinkPolicy, SinkReport, lane_of, run_sink};
 use super::stages::Stages;
 use super::{EngineError, PipelineConfig};
 
@@ -67,9 +68,10 @@ pub(super) struct BatchRun<'a> {
     states: Vec<RangeState>,
     counts: Counts,
     map_time: Duration,
-    /// Parts for the sink thread, in order (`None` once the batch's
-    /// pieces are all handed over: the sink thread then ends).
-    sink: Option<std::sync::mpsc::SyncSender<SinkJob>>,
+    /// Parts for the sink threads, one queue per sink connection, each in
+    /// order (emptied once the batch's pieces are all handed over: the
+    /// sink threads then end).
+    sinks: Vec<std::sync::mpsc::SyncSender<SinkJob>>,
 }
 
 /// Pieces queued between the fetch thread and the map at most.
@@ -276,10 +278,10 @@ impl BatchRun<'_> {
             outputs: mapped.outputs,
             dead_letters,
         };
-        // The sink thread stopped only because a part failed: the caller
+        // A sink thread stopped only because a part failed: the caller
         // reports that error.
-        self.sink
-            .as_ref()
+        self.sinks
+            .get(lane_of(i, self.sinks.len()))
             .ok_or(EngineError::SinkStopped)?
             .send(job)
             .map_err(|_| EngineError::SinkStopped)?;
@@ -422,13 +424,30 @@ pub(super) fn run_batch(
         })
         .collect();
     let Stages {
-        maps, sink, files, ..
+        maps, sinks, files, ..
     } = stages;
-    let (sink_tx, sink_rx) = std::sync::mpsc::sync_channel::<SinkJob>(SINK_QUEUE);
-    let sink_policy = SinkPolicy {
-        on_error: cfg.on_error,
-        stage: maps.first().map_or(0, Vec::len),
-        attempts: cfg.attempts,
+    // One sink thread per connection, each with the sink instance granted
+    // that connection (none: no sink stage, only progress rows).
+    let lanes = driver.connections();
+    if !sinks.is_empty() && sinks.len() != lanes {
+        return Err(EngineError::Internal(format!(
+            "{} sink instances for {lanes} sink connections",
+            sinks.len()
+        )));
+    }
+    let (sink_txs, sink_rxs): (Vec<_>, Vec<_>) = (0..lanes)
+        .map(|_| std::sync::mpsc::sync_channel::<SinkJob>(SINK_QUEUE))
+        .unzip();
+    let sink_env = SinkEnv {
+        driver,
+        policy: SinkPolicy {
+            on_error: cfg.on_error,
+            stage: maps.first().map_or(0, Vec::len),
+            attempts: cfg.attempts,
+        },
+        metrics,
+        ranges: entry.ranges.len(),
+        revocations,
     };
     let map_env = MapEnv {
         ranges: &entry.ranges,
@@ -441,24 +460,27 @@ pub(super) fn run_batch(
     };
     // The fetch thread reads pieces, this thread hands each to a map
     // thread (`--map-threads`) as it arrives and takes the mapped pieces
-    // back in the same order, and the sink thread applies each as a part
-    // of its range while the next is read and mapped.
+    // back in the same order, and the sink threads (`--sink-connections`)
+    // apply each as a part of its range while the next is read and mapped.
     let mut fetch_time = Duration::ZERO;
     let cancel = AtomicBool::new(false);
-    // Set once the sink thread has ended: the fetch thread stops serving.
+    // Set once the sink threads have ended: the fetch thread stops serving.
     let sunk = AtomicBool::new(false);
     let (mut counts, map_time, report) = std::thread::scope(|s| {
-        let sinker = spawn_named(s, "sluice-sink".into(), || {
-            run_sink(
-                sink_rx,
-                sink.as_mut(),
-                driver,
-                &sink_policy,
-                metrics,
-                entry.ranges.len(),
-                revocations,
-            )
-        });
+        let mut instances = sinks.iter_mut();
+        let sinkers: Vec<_> = sink_rxs
+            .into_iter()
+            .enumerate()
+            .map(|(lane, rx)| {
+                let instance = instances.next();
+                let env = &sink_env;
+                let name = match lanes {
+                    1 => "sluice-sink".to_string(),
+                    _ => format!("sluice-sink-{lane}"),
+                };
+                spawn_named(s, name, move || run_sink(rx, lane, instance, env))
+            })
+            .collect();
         // Ends the fetch thread's serving even if this closure panics (the
         // scope then joins the threads).
         let _sunk_on_unwind = SetOnDrop(&sunk);
@@ -474,7 +496,7 @@ pub(super) fn run_batch(
             states: entry.ranges.iter().map(|_| RangeState::default()).collect(),
             counts: Counts::default(),
             map_time: Duration::ZERO,
-            sink: Some(sink_tx),
+            sinks: sink_txs,
         };
         // Bounded, like the sink queue: when the map falls behind, records
         // wait in librdkafka's own (bounded) queue, not here.
@@ -552,21 +574,29 @@ pub(super) fn run_batch(
         // Stops the fetch thread if we failed.
         cancel.store(true, Ordering::Relaxed);
         drop(rx);
-        // Closes the sink queue: the sink thread applies what is queued and
-        // ends.
-        run.sink = None;
-        let report = sinker.join();
+        // Closes the sink queues: each sink thread applies what is queued
+        // and ends.
+        run.sinks.clear();
+        let reports: Vec<_> = sinkers.into_iter().map(|h| h.join()).collect();
         sunk.store(true, Ordering::Relaxed);
         let (fetched, took) = match fetcher.join() {
             Ok(v) => v,
             Err(panic) => std::panic::resume_unwind(panic),
         };
         fetch_time = took;
-        let report = match report {
-            Ok(v) => v,
-            Err(panic) => std::panic::resume_unwind(panic),
-        };
-        // The sink's own error explains a stopped sink; otherwise the
+        // One report of all the sink threads, or the first thread's error
+        // (the others' logged).
+        let mut report: Result<SinkReport, EngineError> = Ok(SinkReport::empty(entry.ranges.len()));
+        for r in reports {
+            match (&mut report, r) {
+                (_, Err(panic)) => std::panic::resume_unwind(panic),
+                (Ok(all), Ok(Ok(one))) => all.merge(one),
+                (Ok(_), Ok(Err(e))) => report = Err(e),
+                (Err(_), Ok(Err(e))) => tracing::error!("another sink connection failed too: {e}"),
+                (Err(_), Ok(Ok(_))) => {}
+            }
+        }
+        // A sink's own error explains a stopped sink; otherwise the
         // first failure of the map side is reported, and a sink error
         // behind it is logged, not lost.
         let report = match (processed, report) {

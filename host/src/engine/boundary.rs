@@ -54,7 +54,7 @@ fn swap_in(p: &mut Pipeline, swap: SwapRequest) {
     let result = install_swap(
         &mut p.stages,
         p.cp.as_ref(),
-        p.sql.as_ref(),
+        &p.grants,
         swap.plugin,
         &swap.bytes,
         swap.stage,
@@ -99,9 +99,7 @@ pub(super) fn serve_group(
     }
     g.member.revocations.take();
     let next = p.cp.next_batch_id();
-    if g.swaps
-        .at_boundary(cfg, &mut p.stages, p.sql.as_ref(), next)
-    {
+    if g.swaps.at_boundary(cfg, &mut p.stages, &p.grants, next) {
         p.metrics.swap();
     }
     Ok(())

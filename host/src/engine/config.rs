@@ -81,6 +81,11 @@ pub struct PipelineConfig {
     /// How long to keep reconnecting to a lost sink database before the
     /// job stops.
     pub sink_retry_for: Duration,
+    /// Connections to the sink database that apply parts concurrently
+    /// (`--sink-connections`, at least 1; more than 1 on PostgreSQL only):
+    /// each has its own sink plugin instance, and the parts of one
+    /// partition all go to one connection, in order.
+    pub sink_connections: usize,
     /// The pipeline group this host is a member of (`--group`): the Kafka
     /// consumer group and the key of the group's checkpoint in the sink
     /// database. `None`: a pipeline of its own with a checkpoint directory.
@@ -232,6 +237,7 @@ impl PipelineConfig {
             sink_db: None,
             sink_db_password_file: None,
             sink_retry_for: crate::sink::DEFAULT_RECONNECT_FOR,
+            sink_connections: 1,
             group: None,
             sink_schema: None,
             sink_plugin_role: None,

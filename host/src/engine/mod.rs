@@ -8,7 +8,9 @@
 //! chain; a range sticks to one) map the pieces while the next are read,
 //! this thread takes the mapped pieces back in the order they were read,
 //! and a sink thread applies each mapped piece, in order, while the next is
-//! mapped (the map and sink stages are separate instances). A partition's range thus
+//! mapped (the map and sink stages are separate instances; with
+//! `--sink-connections N`, N sink threads, each with its own connection
+//! and sink instance, a partition's pieces all on one of them). A partition's range thus
 //! reaches the sink in consecutive parts, each its own
 //! `open`/`write`/`close` (one transaction with the SQL capability, whose
 //! progress row records the part's end). Keys depend only on source

@@ -87,21 +87,26 @@ pub(super) struct Opened {
 }
 
 /// Connect the sink database of `cfg` (if any) as the SQL capability,
-/// with the statement limit, host schema and plugin role set.
+/// with the statement limit, host schema and plugin role set: one
+/// session per `--sink-connections` (none without a sink database).
 ///
 /// # Errors
 /// [`EngineError::SinkDb`].
-pub(super) fn connect_sink(cfg: &PipelineConfig) -> Result<Option<SqlGrant>, EngineError> {
+pub(super) fn connect_sink(cfg: &PipelineConfig) -> Result<Vec<SqlGrant>, EngineError> {
     let Some(url) = cfg.sink_db.as_deref() else {
-        return Ok(None);
+        return Ok(Vec::new());
     };
-    let g = SqlGrant::connect_with(url, cfg.sink_db_password_file.as_deref())
-        .map_err(sink_db_error(url))?;
-    g.limit_statements(cfg.limits.call_timeout)
-        .and_then(|()| g.set_host_schema(cfg.sink_schema.clone()))
-        .and_then(|()| g.set_plugin_role(cfg.sink_plugin_role.clone()))
-        .map_err(sink_db_error(url))?;
-    Ok(Some(g))
+    (0..cfg.sink_connections.max(1))
+        .map(|_| {
+            let g = SqlGrant::connect_with(url, cfg.sink_db_password_file.as_deref())
+                .map_err(sink_db_error(url))?;
+            g.limit_statements(cfg.limits.call_timeout)
+                .and_then(|()| g.set_host_schema(cfg.sink_schema.clone()))
+                .and_then(|()| g.set_plugin_role(cfg.sink_plugin_role.clone()))
+                .map_err(sink_db_error(url))?;
+            Ok(g)
+        })
+        .collect()
 }
 
 /// Open and claim the checkpoint directory of `cfg` (after a handover
@@ -138,7 +143,7 @@ pub(super) fn open_dir(
         // hand over and exit first.
         checkpoint::check_fingerprint(&cfg.checkpoint, &cfg.topics)?;
     }
-    let sql = connect_sink(cfg)?;
+    let grants = connect_sink(cfg)?;
     if let Some(url) = cfg.sink_db.as_deref() {
         sql::sink_identity_in(url, cfg.sink_schema.as_deref())
             .map_err(|e| EngineError::Config(format!("--sink-db {}: {e}", sql::redact(url))))?;
@@ -193,8 +198,9 @@ pub(super) fn open_dir(
 
     let checkpoint_dir =
         std::path::absolute(&cfg.checkpoint).unwrap_or_else(|_| cfg.checkpoint.clone());
-    let driver = SinkDriver::new(sql.clone())
+    let driver = SinkDriver::new(grants.first().cloned())
         .map_err(sink_db_error(cfg.sink_db.as_deref().unwrap_or_default()))?
+        .with_connections(grants.iter().skip(1).cloned().collect())
         .reconnect_for(cfg.sink_retry_for)
         .owner(format!(
             "pid {} on {}, checkpoint {}",
@@ -237,7 +243,7 @@ pub(super) fn open_dir(
     for (_, bytes) in &loaded {
         store.store_plugin(bytes)?;
     }
-    let stages = assemble(cfg, &loaded, &recorded, sql.as_ref())?;
+    let stages = assemble(cfg, &loaded, &recorded, &grants)?;
     guard.disarm();
     Ok(Opened {
         cp: store,

@@ -1,6 +1,11 @@
-//! The sink thread of a batch: applies each mapped part of a range, in
+//! The sink threads of a batch, one per sink connection
+//! (`--sink-connections`): each applies the mapped parts routed to it, in
 //! the order queued, with retries, and gives the records the sink stage
-//! rejects the error policy.
+//! rejects the error policy. The parts of one partition's range all go to
+//! one thread ([`lane_of`]), so they are applied in offset order; parts of
+//! different partitions on different threads commit in no set order,
+//! which nothing depends on (each part's transaction carries its own
+//! progress row and fencing).
 
 use std::time::{Duration, Instant};
 
@@ -34,7 +39,13 @@ pub(super) struct SinkJob {
     pub(super) dead_letters: Vec<DeadLetter>,
 }
 
-/// What the sink thread did in one batch.
+/// The sink thread (connection) that applies range `range`'s parts, of
+/// `lanes`: every part of a range goes to the same one.
+pub(super) fn lane_of(range: usize, lanes: usize) -> usize {
+    range % lanes.max(1)
+}
+
+/// What the sink threads did in one batch.
 pub(super) struct SinkReport {
     /// Records the sink stage rejected (`bad_records`, `skipped`) and dead
     /// letters written (of both sides).
@@ -49,7 +60,34 @@ pub(super) struct SinkReport {
     /// partition was taken from this group member (counted by the map
     /// side when it handed them over).
     pub(super) abandoned: (u64, u64),
+    /// Time spent applying parts, summed over the threads.
     pub(super) time: Duration,
+}
+
+impl SinkReport {
+    /// Nothing done yet, in a batch of `ranges` ranges.
+    pub(super) fn empty(ranges: usize) -> Self {
+        SinkReport {
+            counts: Counts::default(),
+            rejected_outputs: 0,
+            already_applied: vec![AppliedBefore::default(); ranges],
+            abandoned: (0, 0),
+            time: Duration::ZERO,
+        }
+    }
+
+    /// Add another thread's report of the same batch.
+    pub(super) fn merge(&mut self, other: SinkReport) {
+        self.counts.add(&other.counts);
+        self.rejected_outputs += other.rejected_outputs;
+        for (a, b) in self.already_applied.iter_mut().zip(other.already_applied) {
+            a.offsets += b.offsets;
+            a.by_other_batch |= b.by_other_batch;
+        }
+        self.abandoned.0 += other.abandoned.0;
+        self.abandoned.1 += other.abandoned.1;
+        self.time += other.time;
+    }
 }
 
 /// Most records the sink stage may reject in one part before it is taken
@@ -66,8 +104,20 @@ pub(super) struct SinkPolicy {
     pub(super) attempts: u32,
 }
 
-/// The sink thread of a batch: apply each part, in the order queued, with
-/// retries. A record the sink rejects (`bad-record` from `sink.write`) gets
+/// What every sink thread of a batch shares.
+pub(super) struct SinkEnv<'a> {
+    pub(super) driver: &'a SinkDriver,
+    pub(super) policy: SinkPolicy,
+    pub(super) metrics: &'a Metrics,
+    /// Ranges in the batch.
+    pub(super) ranges: usize,
+    /// A pipeline group's member: the partitions taken during the batch.
+    pub(super) revocations: Option<&'a Revocations>,
+}
+
+/// A sink thread of a batch, on connection `lane` with `sink` (the sink
+/// stage's instance granted that connection): apply each part, in the
+/// order queued, with retries. A record the sink rejects (`bad-record` from `sink.write`) gets
 /// the error policy: under `dlq`/`skip` the part is applied again without
 /// it (and with its dead letter); under `fail` the batch stops. Stops at
 /// the first part that fails (the batch is then not committed).
@@ -77,20 +127,18 @@ pub(super) struct SinkPolicy {
 /// only; the other partitions' parts go on.
 pub(super) fn run_sink(
     jobs: std::sync::mpsc::Receiver<SinkJob>,
+    lane: usize,
     mut sink: Option<&mut Instance>,
-    driver: &SinkDriver,
-    policy: &SinkPolicy,
-    metrics: &Metrics,
-    ranges: usize,
-    revocations: Option<&Revocations>,
+    env: &SinkEnv<'_>,
 ) -> Result<SinkReport, EngineError> {
-    let mut report = SinkReport {
-        counts: Counts::default(),
-        rejected_outputs: 0,
-        already_applied: vec![AppliedBefore::default(); ranges],
-        abandoned: (0, 0),
-        time: Duration::ZERO,
-    };
+    let SinkEnv {
+        driver,
+        ref policy,
+        metrics,
+        ranges,
+        revocations,
+    } = *env;
+    let mut report = SinkReport::empty(ranges);
     for job in jobs {
         let tp = (job.part.topic.clone(), job.part.partition);
         // Held while the part is applied: a revoke of its partition waits
@@ -147,7 +195,7 @@ pub(super) fn run_sink(
                 dead_letters: &dead_letters,
             };
             let r = with_retries(policy.attempts, "sink", SinkError::is_retryable, || {
-                let r = driver.apply(sink.as_deref_mut(), &batch);
+                let r = driver.apply(lane, sink.as_deref_mut(), &batch);
                 if let Err(e) = &r {
                     if matches!(e, SinkError::Plugin(PluginError::Trap(_))) {
                         metrics.trap();

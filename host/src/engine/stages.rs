@@ -19,7 +19,9 @@ pub(super) struct Stages {
     /// The map chain, once per map thread (`--map-threads`): every chain
     /// holds its own instances of the same map stages, in order.
     pub(super) maps: Vec<Vec<Instance>>,
-    pub(super) sink: Option<Instance>,
+    /// The sink stage, once per sink connection (`--sink-connections`):
+    /// instance `n` is granted connection `n`. Empty without a sink stage.
+    pub(super) sinks: Vec<Instance>,
     pub(super) refs: Vec<PluginRef>,
     /// Digest → file, for messages.
     pub(super) files: BTreeMap<String, String>,
@@ -76,16 +78,18 @@ pub(super) fn load_plugins(
     Ok(loaded)
 }
 
-/// Arrange loaded plugins into the map chain and the sink.
+/// Arrange loaded plugins into the map chain and the sink: one sink
+/// instance per connection in `grants` (the sink database's; one instance
+/// without a grant when there is none).
 pub(super) fn assemble(
     cfg: &PipelineConfig,
     loaded: &[(Plugin, Vec<u8>)],
     recorded: &[PluginRef],
-    sql: Option<&SqlGrant>,
+    grants: &[SqlGrant],
 ) -> Result<Stages, EngineError> {
     let mut refs = Vec::new();
     let mut maps: Vec<Vec<Instance>> = (0..cfg.map_threads.max(1)).map(|_| Vec::new()).collect();
-    let mut sink = None;
+    let mut sinks = Vec::new();
     let mut files = BTreeMap::new();
     let mut sink_ref: Option<String> = None;
     for (p, _) in loaded {
@@ -120,7 +124,7 @@ pub(super) fn assemble(
                 )));
             }
             sink_ref = Some(p.digest().to_string());
-            sink = Some(p.instance_with_sql(sql.cloned()));
+            sinks = sink_instances(p, grants);
         }
     }
     if let Some(d) = sink_ref {
@@ -136,15 +140,27 @@ pub(super) fn assemble(
             show_refs(&refs)
         );
     }
-    if sink.is_none() {
+    if sinks.is_empty() {
         tracing::warn!("no plugin exports a sink stage: mapped records are counted and discarded");
     }
     Ok(Stages {
         maps,
-        sink,
+        sinks,
         refs,
         files,
     })
+}
+
+/// `plugin`'s sink stage once per connection in `grants`, each granted
+/// its own (once, without SQL, when there is no sink database).
+fn sink_instances(plugin: &Plugin, grants: &[SqlGrant]) -> Vec<Instance> {
+    if grants.is_empty() {
+        return vec![plugin.instance_with_sql(None)];
+    }
+    grants
+        .iter()
+        .map(|g| plugin.instance_with_sql(Some(g.clone())))
+        .collect()
 }
 
 pub(super) fn show_refs(v: &[PluginRef]) -> String {
@@ -245,11 +261,12 @@ pub fn swapped_refs(
     out
 }
 
-/// Replace stage(s) with a validated plugin (at a batch boundary).
+/// Replace stage(s) with a validated plugin (at a batch boundary); a
+/// sink stage on every connection in `grants`.
 pub(super) fn install_swap(
     stages: &mut Stages,
     cp: &dyn Checkpoint,
-    sql: Option<&SqlGrant>,
+    grants: &[SqlGrant],
     plugin: Plugin,
     bytes: &[u8],
     stage: Option<StageKind>,
@@ -274,7 +291,7 @@ pub(super) fn install_swap(
         }
     }
     if want_sink {
-        stages.sink = Some(plugin.instance_with_sql(sql.cloned()));
+        stages.sinks = sink_instances(&plugin, grants);
     }
     Ok(())
 }

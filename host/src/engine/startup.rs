@@ -55,7 +55,9 @@ pub(super) struct Pipeline {
     pub(super) holdings: Arc<Holdings>,
     pub(super) planner: Planner,
     pub(super) stages: Stages,
-    pub(super) sql: Option<SqlGrant>,
+    /// Every sink connection's SQL capability (`--sink-connections`; empty
+    /// without a sink database): a swapped-in sink gets one instance each.
+    pub(super) grants: Vec<SqlGrant>,
     pub(super) source: KafkaSource,
     pub(super) driver: Arc<SinkDriver>,
     /// With `--takeover`: the old owner, to tell when we first wrote.
@@ -108,7 +110,14 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
         group,
     } = opened;
     let guard = DiscardIfNew(Some(cp.as_ref()));
-    let sql = driver.grant().cloned();
+    let grants = driver.grants();
+    if grants.len() > 1 {
+        tracing::info!(
+            connections = grants.len(),
+            "applying the parts of different partitions on {} sink connections at once",
+            grants.len()
+        );
+    }
     let sink_identity = match cfg.sink_db.as_deref() {
         Some(url) => Some(
             sql::sink_identity_in(url, cfg.sink_schema.as_deref())
@@ -123,7 +132,7 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
     if !cfg.allow_shared_sink && group.is_none() {
         refuse_shared_sink(cfg, &driver, cp.query_id())?;
     }
-    if let Some(g) = &sql
+    if let Some(g) = grants.first()
         && let Some(user) = g
             .unconfined_superuser()
             .map_err(sink_db_error(cfg.sink_db.as_deref().unwrap_or_default()))?
@@ -240,7 +249,7 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
         holdings,
         planner,
         stages,
-        sql,
+        grants,
         source,
         driver,
         takeover,

@@ -255,6 +255,10 @@ impl SinkError {
 /// capability.
 pub struct SinkDriver {
     sql: Option<SqlGrant>,
+    /// Further connections to the same database (`--sink-connections`
+    /// beyond the first): connection `n` (1-based here) applies the parts
+    /// the engine routes to it ([`SinkDriver::apply`]).
+    more: Vec<SqlGrant>,
     /// How long to keep reconnecting after the connection is lost.
     reconnect_for: std::time::Duration,
     /// The host's tables, schema-qualified (see [`HostTables`]).
@@ -298,6 +302,7 @@ impl SinkDriver {
         };
         Ok(SinkDriver {
             sql,
+            more: Vec::new(),
             tables,
             reconnect_for: DEFAULT_RECONNECT_FOR,
             owner: String::new(),
@@ -317,9 +322,39 @@ impl SinkDriver {
     }
 
     /// The SQL capability this driver writes through (`None`: no sink
-    /// database).
+    /// database); with several connections, the first (the one the host's
+    /// own reads use).
     pub fn grant(&self) -> Option<&SqlGrant> {
         self.sql.as_ref()
+    }
+
+    /// Apply parts on `more` connections besides the first
+    /// (`--sink-connections`): each a session of its own on the same
+    /// database, set up as the first (statement limit, host schema,
+    /// plugin role). Connection `n` is [`SinkDriver::apply`]'s `lane` `n`.
+    pub fn with_connections(mut self, more: Vec<SqlGrant>) -> Self {
+        self.more = more;
+        self
+    }
+
+    /// The connections parts are applied on: 1 without a sink database.
+    pub fn connections(&self) -> usize {
+        1 + self.more.len()
+    }
+
+    /// The SQL capability of connection `lane` (0: [`SinkDriver::grant`];
+    /// `None` without a sink database or past [`SinkDriver::connections`]).
+    pub fn grant_of(&self, lane: usize) -> Option<&SqlGrant> {
+        match lane {
+            0 => self.sql.as_ref(),
+            n => self.more.get(n - 1),
+        }
+    }
+
+    /// Every connection's SQL capability, the first first (empty without
+    /// a sink database): one sink instance is made for each.
+    pub fn grants(&self) -> Vec<SqlGrant> {
+        self.sql.iter().chain(&self.more).cloned().collect()
     }
 
     /// Record `owner` (who runs the pipeline: pid, host, checkpoint) in
@@ -498,18 +533,36 @@ impl SinkDriver {
         self.sql.as_ref()
     }
 
-    /// Apply one partition range through `instance` (a sink plugin), or
-    /// only its dead letters and progress when there is no sink plugin.
+    /// Apply one partition range on connection `lane` (0 to
+    /// [`SinkDriver::connections`] − 1) through `instance` (a sink plugin
+    /// granted that connection), or only its dead letters and progress
+    /// when there is no sink plugin. Ranges of one partition must all go
+    /// to one connection, in order: different connections commit in no
+    /// set order.
     ///
     /// # Errors
     /// [`SinkError`]; with the SQL capability nothing of the range is
     /// applied when an error is returned.
     pub fn apply(
         &self,
+        lane: usize,
         instance: Option<&mut Instance>,
         batch: &PartitionBatch<'_>,
     ) -> Result<Applied, SinkError> {
-        match &self.sql {
+        if lane > 0 && self.grant_of(lane).is_none() {
+            return Err(SinkError::Sql {
+                during: "choosing the sink connection",
+                site: site(&batch.range),
+                error: DbError {
+                    message: format!(
+                        "connection {lane} does not exist (the driver has {})",
+                        self.connections()
+                    ),
+                    code: "sluice".into(),
+                },
+            });
+        }
+        match self.grant_of(lane) {
             Some(g) => {
                 // A part lost with the connection is applied again on a new
                 // one, from its progress row (so nothing twice), by a fresh

@@ -26,6 +26,7 @@ fn part(batch: u64, start: i64, end: i64) -> PartitionContext {
 /// row (and fencing) is written.
 fn apply_empty(driver: &SinkDriver, range: PartitionContext) -> Result<Applied, SinkError> {
     driver.apply(
+        0,
         None,
         &PartitionBatch {
             epoch: crate::checkpoint::Epoch::new(range.batch.epoch),

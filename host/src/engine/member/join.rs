@@ -35,7 +35,8 @@ pub(in crate::engine) fn join(
         )));
     };
     let db_err = sink_db_error(&url);
-    let Some(grant) = connect_sink(cfg)? else {
+    let grants = connect_sink(cfg)?;
+    let Some(grant) = grants.first().cloned() else {
         return Err(EngineError::Config("--group needs --sink-db".into()));
     };
     let schema = grant.host_schema();
@@ -50,6 +51,7 @@ pub(in crate::engine) fn join(
     let driver = Arc::new(
         SinkDriver::new(Some(grant.clone()))
             .map_err(sink_db_error(&url))?
+            .with_connections(grants[1..].to_vec())
             .reconnect_for(cfg.sink_retry_for)
             .owner(format!("{owner}, group {group}"))
             .in_group(store.tables().clone(), group.to_string()),
@@ -93,7 +95,7 @@ pub(in crate::engine) fn join(
     let loaded = load_plugins(cfg, runtime, (&recorded, &location), &|d: &str| {
         cp.load_plugin(d)
     })?;
-    let stages = assemble(cfg, &loaded, &recorded, Some(&grant))?;
+    let stages = assemble(cfg, &loaded, &recorded, &grants)?;
     if !cfg.plugins.is_empty() {
         // Stored before they can become the group's (a new group records
         // them as it is created): a member that starts without --plugin

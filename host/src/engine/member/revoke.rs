@@ -5,8 +5,9 @@
 //! [`Revocations`] is shared by the rebalance callback (which runs inside
 //! the consumer's poll, on the thread that fetches) and the batch's map
 //! and sink threads:
-//! - a **revoke** marks the partitions dropped, then waits until the part
-//!   of them the sink is applying now (if any) has finished, committed or
+//! - a **revoke** marks the partitions dropped, then waits until the parts
+//!   of them the sink is applying now (if any; one per partition, on
+//!   `--sink-connections` connections at once) have finished, committed or
 //!   rolled back, before the callback acknowledges the revoke. The parts
 //!   of them not started yet are abandoned: their offsets stay in the
 //!   planned range in the database, which the next owner runs again with
@@ -53,8 +54,9 @@ pub enum Dropped {
 #[derive(Default)]
 struct State {
     dropped: BTreeMap<TopicPartition, Dropped>,
-    /// The partition of the part the sink is applying now.
-    in_flight: Option<TopicPartition>,
+    /// The partitions of the parts the sinks are applying now (one part
+    /// per partition at most: a partition's parts share one connection).
+    in_flight: BTreeSet<TopicPartition>,
     /// The refusals behind [`Dropped::Fenced`], for the member to act on
     /// after the batch.
     fenced: Vec<GroupError>,
@@ -72,11 +74,12 @@ pub struct Revocations {
 /// A part being applied; ends it (and wakes a waiting revoke) on drop.
 pub struct InFlight<'a> {
     of: &'a Revocations,
+    tp: TopicPartition,
 }
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        self.of.lock().in_flight = None;
+        self.of.lock().in_flight.remove(&self.tp);
         self.of.part_ended.notify_all();
     }
 }
@@ -102,16 +105,12 @@ impl Revocations {
                 },
             );
         }
-        let busy = |st: &State| {
-            st.in_flight
-                .as_ref()
-                .is_some_and(|tp| partitions.contains(tp))
-        };
+        let busy = |st: &State| partitions.iter().any(|tp| st.in_flight.contains(tp));
         if lost || !busy(&st) {
             return false;
         }
         let until = Instant::now() + wait;
-        if let Some((topic, partition)) = &st.in_flight {
+        for (topic, partition) in partitions.iter().filter(|tp| st.in_flight.contains(*tp)) {
             tracing::info!(
                 topic,
                 partition,
@@ -136,15 +135,20 @@ impl Revocations {
         true
     }
 
-    /// The sink starts a part of `tp`: `None` when `tp` was dropped (the
+    /// A sink starts a part of `tp`: `None` when `tp` was dropped (the
     /// part is abandoned), else a guard that ends the part when dropped.
+    /// Parts of different partitions may be in flight at once; a
+    /// partition's own parts run one after another.
     pub fn begin(&self, tp: &TopicPartition) -> Option<InFlight<'_>> {
         let mut st = self.lock();
         if st.dropped.contains_key(tp) {
             return None;
         }
-        st.in_flight = Some(tp.clone());
-        Some(InFlight { of: self })
+        st.in_flight.insert(tp.clone());
+        Some(InFlight {
+            of: self,
+            tp: tp.clone(),
+        })
     }
 
     /// Whether `tp` was dropped from the batch.
@@ -215,6 +219,37 @@ mod tests {
             r.begin(&tp(0)).is_some(),
             "take starts the next batch afresh"
         );
+    }
+
+    #[test]
+    fn a_revoke_waits_for_every_part_of_its_partitions_in_flight_on_several_connections() {
+        let r = Arc::new(Revocations::default());
+        let (a, b, other) = (
+            r.begin(&tp(0)).unwrap(),
+            r.begin(&tp(1)).unwrap(),
+            r.begin(&tp(2)).unwrap(),
+        );
+        let (tx, rx) = std::sync::mpsc::channel();
+        let r2 = r.clone();
+        let waiter = std::thread::spawn(move || {
+            let waited = r2.revoke(&[tp(0), tp(1)], false, Duration::from_secs(30));
+            tx.send(()).unwrap();
+            waited
+        });
+        std::thread::sleep(Duration::from_millis(150));
+        drop(a);
+        std::thread::sleep(Duration::from_millis(150));
+        assert!(
+            rx.try_recv().is_err(),
+            "the revoke returned while a part of partition 1 was in flight"
+        );
+        drop(b);
+        rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert!(waiter.join().unwrap());
+        // The part of partition 2 never held the revoke up, and ends
+        // without a trace.
+        drop(other);
+        assert!(r.lock().in_flight.is_empty());
     }
 
     #[test]

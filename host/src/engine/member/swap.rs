@@ -132,7 +132,7 @@ impl GroupSwaps {
         &mut self,
         cfg: &PipelineConfig,
         stages: &mut Stages,
-        grant: Option<&SqlGrant>,
+        grants: &[SqlGrant],
         next_batch: u64,
     ) -> bool {
         let mut changed = false;
@@ -159,7 +159,7 @@ impl GroupSwaps {
                 Some(compiled) => {
                     let swap = swap.clone();
                     self.pending = None;
-                    installed = self.install(cfg, stages, grant, &swap, compiled, next_batch);
+                    installed = self.install(cfg, stages, grants, &swap, compiled, next_batch);
                     changed = true;
                 }
                 None => {}
@@ -244,7 +244,7 @@ impl GroupSwaps {
         &mut self,
         cfg: &PipelineConfig,
         stages: &mut Stages,
-        grant: Option<&SqlGrant>,
+        grants: &[SqlGrant],
         swap: &Swap,
         compiled: Compiled,
         next_batch: u64,
@@ -253,7 +253,7 @@ impl GroupSwaps {
         let mut from_store = cfg.clone();
         from_store.plugins.clear();
         let assembled = compiled.map_err(|e| e.why).and_then(|loaded| {
-            assemble(&from_store, &loaded, &swap.plugins, grant).map_err(|e| e.to_string())
+            assemble(&from_store, &loaded, &swap.plugins, grants).map_err(|e| e.to_string())
         });
         match assembled {
             Ok(new) if new.refs == swap.plugins => {
