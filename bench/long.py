@@ -139,7 +139,7 @@ def main():
             expected = json.load(f)
 
         def sluice(plugin, sink, i, wasm=None, connections=None):
-            ck = os.path.join(work, f"ck-{plugin}-{sink}-{i}-{bool(wasm)}")
+            ck = os.path.join(work, f"ck-{plugin}-{sink}-{i}-{bool(wasm)}-{connections}")
             args = [run.HOST, "run", "--brokers", b.bootstrap, "--topic", "maxwell", "--checkpoint", ck,
                     "--plugin", wasm or os.path.join(run.WASM, f"{plugin}.wasm"), "--until-caught-up",
                     "--progress", "json", "--max-records-per-partition", BATCH, "--trigger-interval", "10ms"]

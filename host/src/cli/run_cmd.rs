@@ -257,6 +257,19 @@ plugins = ["p.wasm"]
                 .sink_connections,
             4
         );
+        let alias = format!("{BASE}sink_db = \"postgresql://u@h/d\"\n");
+        assert_eq!(
+            merged(&["--sink-connections", "2"], &alias)
+                .unwrap()
+                .sink_connections,
+            2
+        );
+        assert_eq!(
+            merged(&["--sink-connections", "1"], BASE)
+                .unwrap()
+                .sink_connections,
+            1
+        );
         let file = format!("{pg}sink_connections = 3\n");
         assert_eq!(merged(&[], &file).unwrap().sink_connections, 3);
         assert_eq!(
@@ -277,7 +290,7 @@ plugins = ["p.wasm"]
             (
                 vec!["--sink-connections", "2"],
                 BASE.to_string(),
-                "PostgreSQL --sink-db",
+                "without a --sink-db there is no connection",
             ),
         ] {
             let e = merged(&flags, &file).unwrap_err();

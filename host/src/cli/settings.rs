@@ -531,15 +531,19 @@ pub fn resolve(s: Settings, config: &[(String, String)]) -> Result<PipelineConfi
     if let Some(n) = s.sink_connections {
         cfg.sink_connections =
             within("--sink-connections", n, SINK_CONNECTIONS, |n| n.to_string())?;
-        if n > 1
-            && !cfg
-                .sink_db
-                .as_deref()
-                .is_some_and(|u| u.starts_with("postgres://") || u.starts_with("postgresql://"))
-        {
-            return Err(usage(format!(
-                "--sink-connections {n} is for a PostgreSQL --sink-db: SQLite lets one connection write at a time, so more would only wait for each other (leave it at 1)"
-            )));
+        match cfg.sink_db.as_deref() {
+            _ if n == 1 => {}
+            None => {
+                return Err(usage(format!(
+                    "--sink-connections {n} applies parts on {n} connections to a PostgreSQL --sink-db; without a --sink-db there is no connection"
+                )));
+            }
+            Some(u) if !(u.starts_with("postgres://") || u.starts_with("postgresql://")) => {
+                return Err(usage(format!(
+                    "--sink-connections {n} is for a PostgreSQL --sink-db: SQLite lets one connection write at a time, so more would only wait for each other (leave it at 1)"
+                )));
+            }
+            Some(_) => {}
         }
     }
     if let Some(n) = s.max_records_per_partition {

@@ -21,7 +21,9 @@ use super::map_threads::{MapEnv, MapPool, Mapped, map_thread};
 use super::member::revoke::Revocations;
 use super::policy::{Rejection, on_bad_record, on_data_loss};
 use super::progress::ms;
-use super::sink_thread::{SINK_QUEUE, SinkEnv, SinkJob, SinkPolicy, SinkReport, lane_of, run_sink};
+use super::sink_thread::{
+    SINK_QUEUE, SinkEnv, SinkJob, SinkPolicy, SinkReport, lanes_of, run_sink,
+};
 use super::stages::Stages;
 use super::{EngineError, PipelineConfig};
 
@@ -72,6 +74,10 @@ pub(super) struct BatchRun<'a> {
     /// order (emptied once the batch's pieces are all handed over: the
     /// sink threads then end).
     sinks: Vec<std::sync::mpsc::SyncSender<SinkJob>>,
+    /// Each range's sink thread ([`lanes_of`]).
+    lanes: Vec<usize>,
+    /// Set when a sink thread failed: no further part is handed out.
+    sink_failed: &'a AtomicBool,
 }
 
 /// Pieces queued between the fetch thread and the map at most.
@@ -280,8 +286,11 @@ impl BatchRun<'_> {
         };
         // A sink thread stopped only because a part failed: the caller
         // reports that error.
+        if self.sink_failed.load(Ordering::Relaxed) {
+            return Err(EngineError::SinkStopped);
+        }
         self.sinks
-            .get(lane_of(i, self.sinks.len()))
+            .get(self.lanes.get(i).copied().unwrap_or(0))
             .ok_or(EngineError::SinkStopped)?
             .send(job)
             .map_err(|_| EngineError::SinkStopped)?;
@@ -435,6 +444,7 @@ pub(super) fn run_batch(
             sinks.len()
         )));
     }
+    let sink_failed = AtomicBool::new(false);
     let (sink_txs, sink_rxs): (Vec<_>, Vec<_>) = (0..lanes)
         .map(|_| std::sync::mpsc::sync_channel::<SinkJob>(SINK_QUEUE))
         .unzip();
@@ -448,6 +458,7 @@ pub(super) fn run_batch(
         metrics,
         ranges: entry.ranges.len(),
         revocations,
+        failed: &sink_failed,
     };
     let map_env = MapEnv {
         ranges: &entry.ranges,
@@ -478,7 +489,12 @@ pub(super) fn run_batch(
                     1 => "sluice-sink".to_string(),
                     _ => format!("sluice-sink-{lane}"),
                 };
-                spawn_named(s, name, move || run_sink(rx, lane, instance, env))
+                spawn_named(s, name, move || {
+                    // Log lines of a sink thread name its connection.
+                    let _span = (lanes > 1)
+                        .then(|| tracing::info_span!("sink", connection = lane).entered());
+                    run_sink(rx, lane, instance, env)
+                })
             })
             .collect();
         // Ends the fetch thread's serving even if this closure panics (the
@@ -497,6 +513,8 @@ pub(super) fn run_batch(
             counts: Counts::default(),
             map_time: Duration::ZERO,
             sinks: sink_txs,
+            lanes: lanes_of(&entry.ranges, lanes),
+            sink_failed: &sink_failed,
         };
         // Bounded, like the sink queue: when the map falls behind, records
         // wait in librdkafka's own (bounded) queue, not here.
@@ -592,7 +610,9 @@ pub(super) fn run_batch(
                 (_, Err(panic)) => std::panic::resume_unwind(panic),
                 (Ok(all), Ok(Ok(one))) => all.merge(one),
                 (Ok(_), Ok(Err(e))) => report = Err(e),
-                (Err(_), Ok(Err(e))) => tracing::error!("another sink connection failed too: {e}"),
+                (Err(_), Ok(Err(e))) => {
+                    tracing::error!("another sink connection failed too: {e}")
+                }
                 (Err(_), Ok(Ok(_))) => {}
             }
         }

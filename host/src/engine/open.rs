@@ -96,13 +96,33 @@ pub(super) fn connect_sink(cfg: &PipelineConfig) -> Result<Vec<SqlGrant>, Engine
     let Some(url) = cfg.sink_db.as_deref() else {
         return Ok(Vec::new());
     };
-    (0..cfg.sink_connections.max(1))
-        .map(|_| {
+    let n = cfg.sink_connections.max(1);
+    if n > 1 && !url.starts_with("postgres://") && !url.starts_with("postgresql://") {
+        return Err(EngineError::Config(format!(
+            "--sink-connections {n} is for a PostgreSQL --sink-db: SQLite lets one connection write at a time"
+        )));
+    }
+    (0..n)
+        .map(|i| {
             let g = SqlGrant::connect_with(url, cfg.sink_db_password_file.as_deref())
-                .map_err(sink_db_error(url))?;
-            g.limit_statements(cfg.limits.call_timeout)
-                .and_then(|()| g.set_host_schema(cfg.sink_schema.clone()))
-                .and_then(|()| g.set_plugin_role(cfg.sink_plugin_role.clone()))
+                .and_then(|g| {
+                    g.limit_statements(cfg.limits.call_timeout)?;
+                    g.set_host_schema(cfg.sink_schema.clone())?;
+                    g.set_plugin_role(cfg.sink_plugin_role.clone())?;
+                    Ok(g)
+                })
+                .map_err(|mut e| {
+                    if n > 1 {
+                        // Connections past the server's max_connections
+                        // (53300) fail here, not the first.
+                        e.message = format!(
+                            "{} (connection {} of {n}, --sink-connections; each is a server backend, counted against max_connections)",
+                            e.message,
+                            i + 1
+                        );
+                    }
+                    e
+                })
                 .map_err(sink_db_error(url))?;
             Ok(g)
         })

@@ -2,7 +2,7 @@
 //! (`--sink-connections`): each applies the mapped parts routed to it, in
 //! the order queued, with retries, and gives the records the sink stage
 //! rejects the error policy. The parts of one partition's range all go to
-//! one thread ([`lane_of`]), so they are applied in offset order; parts of
+//! one thread ([`lanes_of`]), so they are applied in offset order; parts of
 //! different partitions on different threads commit in no set order,
 //! which nothing depends on (each part's transaction carries its own
 //! progress row and fencing).
@@ -39,10 +39,22 @@ pub(super) struct SinkJob {
     pub(super) dead_letters: Vec<DeadLetter>,
 }
 
-/// The sink thread (connection) that applies range `range`'s parts, of
-/// `lanes`: every part of a range goes to the same one.
-pub(super) fn lane_of(range: usize, lanes: usize) -> usize {
-    range % lanes.max(1)
+/// The sink thread (connection) of each range of a batch, of `lanes`:
+/// the ranges with records to apply are dealt out in turn (a range
+/// planned empty is never sunk), and every part of a range goes to its
+/// range's thread, so a partition's parts are applied in offset order.
+pub(super) fn lanes_of(ranges: &[crate::checkpoint::PartitionRange], lanes: usize) -> Vec<usize> {
+    let mut next = 0;
+    ranges
+        .iter()
+        .map(|r| {
+            if r.end <= r.start {
+                return 0;
+            }
+            next += 1;
+            (next - 1) % lanes.max(1)
+        })
+        .collect()
 }
 
 /// What the sink threads did in one batch.
@@ -113,6 +125,10 @@ pub(super) struct SinkEnv<'a> {
     pub(super) ranges: usize,
     /// A pipeline group's member: the partitions taken during the batch.
     pub(super) revocations: Option<&'a Revocations>,
+    /// Set by a sink thread whose part failed: the batch will not commit,
+    /// so the other threads start no further part and the map side hands
+    /// out no more.
+    pub(super) failed: &'a std::sync::atomic::AtomicBool,
 }
 
 /// A sink thread of a batch, on connection `lane` with `sink` (the sink
@@ -128,6 +144,20 @@ pub(super) struct SinkEnv<'a> {
 pub(super) fn run_sink(
     jobs: std::sync::mpsc::Receiver<SinkJob>,
     lane: usize,
+    sink: Option<&mut Instance>,
+    env: &SinkEnv<'_>,
+) -> Result<SinkReport, EngineError> {
+    let r = apply_parts(jobs, lane, sink, env);
+    if r.is_err() {
+        env.failed.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+    r
+}
+
+/// [`run_sink`]'s loop.
+fn apply_parts(
+    jobs: std::sync::mpsc::Receiver<SinkJob>,
+    lane: usize,
     mut sink: Option<&mut Instance>,
     env: &SinkEnv<'_>,
 ) -> Result<SinkReport, EngineError> {
@@ -137,9 +167,15 @@ pub(super) fn run_sink(
         metrics,
         ranges,
         revocations,
+        failed,
     } = *env;
     let mut report = SinkReport::empty(ranges);
     for job in jobs {
+        if failed.load(std::sync::atomic::Ordering::Relaxed) {
+            // Another connection's part failed: this batch is not
+            // committed, and its re-run applies what is left.
+            break;
+        }
         let tp = (job.part.topic.clone(), job.part.partition);
         // Held while the part is applied: a revoke of its partition waits
         // for it (drain, then release).
@@ -285,4 +321,72 @@ pub(super) fn run_sink(
         }
     }
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::PartitionRange;
+
+    fn range(partition: i32, start: i64, end: i64) -> PartitionRange {
+        PartitionRange {
+            topic: "t".into(),
+            partition,
+            start,
+            end,
+        }
+    }
+
+    #[test]
+    fn ranges_with_records_are_dealt_out_over_the_connections_in_turn() {
+        let ranges = [
+            range(0, 0, 10),
+            range(1, 5, 5),
+            range(2, 0, 1),
+            range(3, 7, 7),
+            range(4, 3, 9),
+            range(5, 0, 4),
+        ];
+        // Planned-empty ranges (1, 3) take no turn.
+        assert_eq!(lanes_of(&ranges, 2), vec![0, 0, 1, 0, 0, 1]);
+        assert_eq!(lanes_of(&ranges, 3), vec![0, 0, 1, 0, 2, 0]);
+        assert_eq!(lanes_of(&ranges, 1), vec![0; 6]);
+        assert_eq!(lanes_of(&ranges, 0), vec![0; 6], "0 is taken as 1");
+    }
+
+    #[test]
+    fn reports_of_the_connections_add_up_per_range() {
+        let mut a = SinkReport::empty(2);
+        a.counts.dead_lettered = 1;
+        a.rejected_outputs = 2;
+        a.already_applied[0].offsets = 5;
+        a.abandoned = (1, 1);
+        a.time = Duration::from_millis(10);
+        let mut b = SinkReport::empty(2);
+        b.counts.dead_lettered = 3;
+        b.already_applied[1] = AppliedBefore {
+            offsets: 7,
+            by_other_batch: true,
+        };
+        b.abandoned = (2, 0);
+        b.time = Duration::from_millis(5);
+        a.merge(b);
+        assert_eq!(a.counts.dead_lettered, 4);
+        assert_eq!(a.rejected_outputs, 2);
+        assert_eq!(
+            a.already_applied,
+            vec![
+                AppliedBefore {
+                    offsets: 5,
+                    by_other_batch: false
+                },
+                AppliedBefore {
+                    offsets: 7,
+                    by_other_batch: true
+                }
+            ]
+        );
+        assert_eq!(a.abandoned, (3, 1));
+        assert_eq!(a.time, Duration::from_millis(15));
+    }
 }

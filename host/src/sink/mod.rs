@@ -528,7 +528,7 @@ impl SinkDriver {
         }
     }
 
-    /// The SQL grant, for sink instances.
+    /// The first connection's SQL grant (as [`SinkDriver::grant`]).
     pub fn sql(&self) -> Option<&SqlGrant> {
         self.sql.as_ref()
     }
