@@ -47,6 +47,7 @@ BATCH (Sluice's --max-records-per-partition, default 2000: 128,000
 records a batch at 64 partitions), SKIP_PYTHON=1, SKIP_PYTHON_PG=1 (only the python -> PostgreSQL row), SKIP_BYTEWAX=1,
 SKIP_BATCH_PYTHON=1 (the executemany rows), ONLY_PG=1 (just the PostgreSQL rows),
 BASELINE_COMPANY_WASM=PATH (another build of the company component, run beside this one into PostgreSQL),
+BASELINE_HOST=PATH (another host binary, run beside this one into PostgreSQL, with each SINK_CONNECTIONS value),
 BENCH_COMPANIES (company ids the events cycle through, default 5,000; 1000000 makes every event a new key),
 SINK_CONNECTIONS=1,2,4 (one company -> PostgreSQL row per --sink-connections value instead of the default's),
 BENCH_PG_URL. Needs psycopg (in the bench venv) for the PostgreSQL rows.
@@ -138,9 +139,9 @@ def main():
         with open(expected_file) as f:
             expected = json.load(f)
 
-        def sluice(plugin, sink, i, wasm=None, connections=None):
-            ck = os.path.join(work, f"ck-{plugin}-{sink}-{i}-{bool(wasm)}-{connections}")
-            args = [run.HOST, "run", "--brokers", b.bootstrap, "--topic", "maxwell", "--checkpoint", ck,
+        def sluice(plugin, sink, i, wasm=None, connections=None, host=None):
+            ck = os.path.join(work, f"ck-{plugin}-{sink}-{i}-{bool(wasm)}-{connections}-{bool(host)}")
+            args = [host or run.HOST, "run", "--brokers", b.bootstrap, "--topic", "maxwell", "--checkpoint", ck,
                     "--plugin", wasm or os.path.join(run.WASM, f"{plugin}.wasm"), "--until-caught-up",
                     "--progress", "json", "--max-records-per-partition", BATCH, "--trigger-interval", "10ms"]
             db = None
@@ -228,6 +229,11 @@ def main():
                 cells["Sluice company, baseline build -> PostgreSQL"] = with_server_cpu(
                     lambda i: sluice("company", "postgres", i, env("BASELINE_COMPANY_WASM")))
             connections = [c for c in env("SINK_CONNECTIONS", "").split(",") if c]
+            if env("BASELINE_HOST"):
+                for c in connections or [None]:
+                    name = "Sluice company, baseline host -> PostgreSQL" + (f", --sink-connections {c}" if c else "")
+                    cells[name] = with_server_cpu(
+                        lambda i, c=c: sluice("company", "postgres", i, connections=c, host=env("BASELINE_HOST")))
             for c in connections:
                 cells[f"Sluice company -> PostgreSQL, --sink-connections {c}"] = with_server_cpu(
                     lambda i, c=c: sluice("company", "postgres", i, connections=c))

@@ -5,7 +5,7 @@
 // The host folds the changes to each key's last one and sends them as
 // multi-row statements of up to 512 rows (the portable `INSERT … ON
 // CONFLICT (key) DO UPDATE SET c = excluded.c` and `DELETE … WHERE key IN
-// (…)`).
+// (…)`), or on PostgreSQL, from 256 rows on, by `COPY` and a merge.
 
 import { Fatal } from './errors.js';
 import { SqlError, applyChanges, identifier, toWit } from './sql.js';

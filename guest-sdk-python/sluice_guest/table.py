@@ -4,7 +4,8 @@ SDK's ``sql::Table`` in Python, making the same host call.
 
 The host folds the changes to each key's last one and sends them as
 multi-row statements of up to 512 rows (the portable ``INSERT … ON CONFLICT
-(key) DO UPDATE SET c = excluded.c`` and ``DELETE … WHERE key IN (…)``).
+(key) DO UPDATE SET c = excluded.c`` and ``DELETE … WHERE key IN (…)``), or
+on PostgreSQL, from 256 rows on, by ``COPY`` and a merge.
 """
 
 from __future__ import annotations

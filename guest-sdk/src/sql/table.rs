@@ -2,11 +2,13 @@
 //! host's bulk path (`sluice:plugin/sql.apply`, contract 0.2.2).
 //!
 //! The host folds the changes to each key's last one and sends them as
-//! multi-row statements of up to 512 rows, the portable
-//! `INSERT … ON CONFLICT (key) DO UPDATE SET c = excluded.c` (SQLite 3.24+,
-//! PostgreSQL 9.5+) and `DELETE … WHERE key IN (…)`: PostgreSQL spends its
-//! time per statement, so one-row statements kept a server core busy at a
-//! third of the rate (docs/benchmarks.md, session 24).
+//! multi-row statements of up to 512 rows, the portable `INSERT … ON
+//! CONFLICT (key) DO UPDATE SET c = excluded.c` (SQLite 3.24+, PostgreSQL
+//! 9.5+) and `DELETE … WHERE key IN (…)`, or on PostgreSQL, from 256 rows
+//! on, by `COPY` into a temporary table and two merge statements:
+//! PostgreSQL spends its time per statement, so one-row statements kept a
+//! server core busy at a third of the rate (docs/benchmarks.md, sessions
+//! 24 and 25).
 
 use super::identifier;
 use super::types::{BatchError, Value};

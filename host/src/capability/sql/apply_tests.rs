@@ -39,6 +39,32 @@ fn rows(g: &SqlGrant, table: &str) -> Vec<(String, i64, String)> {
 /// default where the key was deleted and inserted again.
 #[test]
 fn apply_ends_as_the_changes_one_by_one() {
+    one_by_one(40);
+}
+
+/// The same over 5,000 keys: the larger calls keep hundreds of rows after
+/// the fold, which go by `COPY` and merge on PostgreSQL (the staging
+/// table shows it), the smaller ones by statements, on one table.
+#[test]
+fn apply_by_copy_ends_as_the_changes_one_by_one() {
+    one_by_one(5_000);
+}
+
+/// Whether `g`'s connection holds a bulk-path staging table (PostgreSQL).
+fn staged(g: &SqlGrant) -> bool {
+    let mut s = g.lock();
+    let q = s
+        .backend()
+        .query(
+            "SELECT count(*) FROM pg_class WHERE relname LIKE 'sluice\\_stage\\_%' \
+               AND relpersistence = 't' AND pg_table_is_visible(oid)",
+            &[],
+        )
+        .unwrap();
+    q.rows != vec![vec![SqlValue::Integer(0)]]
+}
+
+fn one_by_one(key_space: u64) {
     let d = tempfile::tempdir().unwrap();
     for g in grants(d.path()) {
         window(&g);
@@ -66,7 +92,7 @@ fn apply_ends_as_the_changes_one_by_one() {
             let len = [0, 1, 2, 3, 63, 64, 65, 511, 512, 513, 1500][call % 11];
             let mut changes = Vec::new();
             for _ in 0..len {
-                let k = format!("k{}", next(40));
+                let k = format!("k{}", next(key_space));
                 if next(4) == 0 {
                     model.remove(&k);
                     changes.push(Change::Delete(vec![text(&k)]));
@@ -127,6 +153,9 @@ fn apply_ends_as_the_changes_one_by_one() {
             .plugin_query("SELECT v, extra FROM bulk_t WHERE k = 'z'", &[])
             .unwrap();
         assert_eq!(z.rows, vec![vec![SqlValue::Integer(4), text("default")]]);
+        if g.dialect() == Dialect::Postgres {
+            assert_eq!(staged(&g), key_space > 1_000, "COPY used");
+        }
         g.lock().rollback();
     }
 }
@@ -281,7 +310,12 @@ fn apply_is_held_to_the_guard_and_fails_the_range() {
             })
             .collect();
         let (row, e) = g.plugin_apply(t, changes).unwrap_err();
-        assert_eq!(row, 576, "{e}");
+        // By `COPY` on PostgreSQL: the merge carries every upsert.
+        let first = match g.dialect() {
+            Dialect::Sqlite => 576,
+            Dialect::Postgres => 0,
+        };
+        assert_eq!(row, first, "{e}");
         assert!(
             e.code == "23502" || e.code.starts_with("SQLITE_CONSTRAINT"),
             "{e:?}"
@@ -340,4 +374,85 @@ fn apply_runs_in_the_plugin_role() {
              REVOKE ALL ON SCHEMA public FROM {role}; DROP ROLE {role}"
         ))
         .unwrap();
+}
+
+/// On PostgreSQL: a value `COPY` cannot encode for its column fails the
+/// range naming its change, as a statement's would; a plugin role
+/// without the TEMPORARY privilege gets the statements instead, with the
+/// same result, and no staging table.
+#[test]
+fn apply_by_copy_refuses_what_statements_refuse_and_falls_back_without_temp() {
+    let Ok(url) = std::env::var("SLUICE_TEST_PG_URL") else {
+        return;
+    };
+    let admin = SqlGrant::connect(&url).unwrap();
+    let db = "sluice_test_copy_temp";
+    let role = "sluice_test_copy_role";
+    {
+        let mut s = admin.lock();
+        let b = s.backend();
+        b.batch(&format!("DROP DATABASE IF EXISTS {db}")).unwrap();
+        b.batch(&format!("CREATE DATABASE {db}")).unwrap();
+        let _ = b.batch(&format!("DROP ROLE IF EXISTS {role}"));
+        b.batch(&format!("CREATE ROLE {role} NOLOGIN")).unwrap();
+    }
+    let base = url.rsplit_once('/').map(|(b, _)| b).unwrap();
+    let g = SqlGrant::connect(&format!("{base}/{db}")).unwrap();
+    {
+        let mut s = g.lock();
+        s.backend()
+            .batch(&format!(
+                "CREATE TABLE big (k TEXT PRIMARY KEY, v BIGINT NOT NULL); \
+                 GRANT {role} TO CURRENT_USER; GRANT USAGE ON SCHEMA public TO {role}; \
+                 GRANT SELECT, INSERT, UPDATE, DELETE ON big TO {role}"
+            ))
+            .unwrap();
+    }
+    let columns = names(&["k", "v"]);
+    let key = names(&["k"]);
+    let t = ("big", &columns[..], &key[..]);
+    let many = |bad: Option<usize>| -> Vec<Change> {
+        (0..1000)
+            .map(|i| {
+                let v = if Some(i) == bad {
+                    text("not a number")
+                } else {
+                    SqlValue::Integer(i as i64)
+                };
+                Change::Upsert(vec![text(&format!("k{i}")), v])
+            })
+            .collect()
+    };
+    window(&g);
+    let (row, e) = g.plugin_apply(t, many(Some(700))).unwrap_err();
+    assert_eq!(row, 700, "{e}");
+    assert!(
+        g.plugin_execute("SELECT 1", &[]).is_err(),
+        "the range failed"
+    );
+    g.lock().end_plugin_window();
+    g.lock().rollback();
+
+    // Without TEMPORARY (PUBLIC's, revoked): statements, same rows.
+    admin
+        .lock()
+        .backend()
+        .batch(&format!("REVOKE TEMPORARY ON DATABASE {db} FROM PUBLIC"))
+        .unwrap();
+    g.set_plugin_role(Some(role.into())).unwrap();
+    window(&g);
+    assert_eq!(g.plugin_apply(t, many(None)), Ok(1000));
+    assert!(!staged(&g));
+    let q = g
+        .plugin_query("SELECT count(*), sum(v)::text FROM big", &[])
+        .unwrap();
+    assert_eq!(q.rows, vec![vec![SqlValue::Integer(1000), text("499500")]]);
+    assert_eq!(g.lock().end_plugin_window(), None);
+    g.lock().rollback();
+    g.set_plugin_role(None).unwrap();
+    drop(g);
+    let mut s = admin.lock();
+    let b = s.backend();
+    b.batch(&format!("DROP DATABASE {db}")).unwrap();
+    b.batch(&format!("DROP ROLE {role}")).unwrap();
 }

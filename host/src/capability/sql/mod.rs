@@ -254,6 +254,23 @@ pub trait Backend: Send {
     /// # Errors
     /// The database's error.
     fn query(&mut self, sql: &str, params: &[SqlValue]) -> Result<QueryRows, DbError>;
+    /// Load `rows` into `table`'s `columns` (one value per column) with
+    /// binary `COPY … FROM STDIN`, each value encoded for its column's
+    /// type as [`Backend::execute`] binds it to a parameter of that type;
+    /// rows loaded. Only PostgreSQL has it (the default refuses).
+    ///
+    /// # Errors
+    /// The index of the row whose value could not be encoded (0 when the
+    /// database refused the whole), and the error; nothing is loaded.
+    fn copy_in(
+        &mut self,
+        table: &str,
+        columns: &[String],
+        rows: &[Vec<SqlValue>],
+    ) -> Result<u64, (usize, DbError)> {
+        let _ = (table, columns, rows);
+        Err((0, DbError::host("this database has no COPY")))
+    }
     /// False when a transaction is open (SQLite tells; PostgreSQL does not,
     /// so it answers `None`).
     fn in_autocommit(&self) -> Option<bool>;

@@ -365,6 +365,38 @@ impl Backend for Postgres {
         Ok(QueryRows { columns, rows: out })
     }
 
+    fn copy_in(
+        &mut self,
+        table: &str,
+        columns: &[String],
+        rows: &[Vec<SqlValue>],
+    ) -> Result<u64, (usize, DbError)> {
+        let cols = columns.join(", ");
+        // The columns' types, from a prepared (never run) query.
+        let types: Vec<Type> = self
+            .statement(&format!("SELECT {cols} FROM {table}"))
+            .map_err(|e| (0, e))?
+            .columns()
+            .iter()
+            .map(|c| c.type_().clone())
+            .collect();
+        let copy = format!("COPY {table} ({cols}) FROM STDIN (FORMAT binary)");
+        let client = &self.client;
+        let mut at = 0;
+        let loaded = self.rt.block_on(async {
+            let sink = client.copy_in(&copy).await?;
+            let writer = tokio_postgres::binary_copy::BinaryCopyInWriter::new(sink, &types);
+            let mut writer = std::pin::pin!(writer);
+            for (i, row) in rows.iter().enumerate() {
+                at = i;
+                writer.as_mut().write_raw(Self::params(row)).await?;
+            }
+            at = 0;
+            writer.as_mut().finish().await
+        });
+        loaded.map_err(|e| (at, pg_err(e)))
+    }
+
     fn in_autocommit(&self) -> Option<bool> {
         None
     }

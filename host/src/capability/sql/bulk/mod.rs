@@ -14,11 +14,18 @@
 //! Statement sizes are powers of two up to [`MAX_ROWS`] rows, so a table
 //! has at most a dozen statement texts of each kind: each is checked and
 //! prepared once per connection, whatever the changes' count.
+//!
+//! On PostgreSQL a call with many rows left after the fold goes instead
+//! by `COPY` into a temporary table and two statements that merge it
+//! (`copy`): the server's cheapest form (docs/benchmarks.md, session 25).
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 
 use super::{DbError, SqlValue};
+
+mod copy;
+pub use copy::{COPY_MIN_ROWS, CopyPlan, Stage};
 
 /// Rows per statement, at most.
 pub const MAX_ROWS: usize = 512;
@@ -126,15 +133,22 @@ impl Target {
         1 << most.ilog2()
     }
 
-    fn upsert(&self, rows: usize) -> String {
-        let keys: Vec<&str> = self.key.iter().map(|&k| self.columns[k].as_str()).collect();
+    /// The key columns' names.
+    fn key_names(&self) -> Vec<&str> {
+        self.key.iter().map(|&k| self.columns[k].as_str()).collect()
+    }
+
+    /// `ON CONFLICT (key) DO UPDATE SET c = excluded.c, …` for the
+    /// columns not in the key (`DO NOTHING` when there are none).
+    fn on_conflict(&self) -> String {
+        let keys = self.key_names();
         let set: Vec<String> = self
             .columns
             .iter()
             .filter(|c| !keys.contains(&c.as_str()))
             .map(|c| format!("{c} = excluded.{c}"))
             .collect();
-        let conflict = if set.is_empty() {
+        if set.is_empty() {
             format!("ON CONFLICT ({}) DO NOTHING", keys.join(", "))
         } else {
             format!(
@@ -142,17 +156,21 @@ impl Target {
                 keys.join(", "),
                 set.join(", ")
             )
-        };
+        }
+    }
+
+    fn upsert(&self, rows: usize) -> String {
         format!(
-            "INSERT INTO {} ({}) VALUES {} {conflict}",
+            "INSERT INTO {} ({}) VALUES {} {}",
             self.table,
             self.columns.join(", "),
-            groups(rows, self.columns.len())
+            groups(rows, self.columns.len()),
+            self.on_conflict()
         )
     }
 
     fn delete(&self, rows: usize) -> String {
-        let keys: Vec<&str> = self.key.iter().map(|&k| self.columns[k].as_str()).collect();
+        let keys = self.key_names();
         match keys.as_slice() {
             [one] if rows == 1 => format!("DELETE FROM {} WHERE {one} = $1", self.table),
             [one] => format!(
@@ -184,8 +202,33 @@ fn groups(n: usize, width: usize) -> String {
         .join(", ")
 }
 
+/// A call's changes after [`fold`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Folded {
+    /// Nothing folded (a key column got values of two types): every
+    /// change, in order.
+    InOrder(Vec<Change>),
+    /// What is left to apply: the deletes (key values), in the order of
+    /// the changes, then the upserts (rows), each key's last; each with
+    /// its index in the changes.
+    Sets {
+        /// Keys to delete.
+        deletes: Vec<(usize, Vec<SqlValue>)>,
+        /// Rows to insert or replace.
+        upserts: Vec<(usize, Vec<SqlValue>)>,
+    },
+}
+
 /// The statements that apply `changes` to `target`, in order: the
-/// deletes, then the upserts.
+/// deletes, then the upserts ([`fold`], then [`statements`]).
+///
+/// # Errors
+/// As [`fold`].
+pub fn plan(target: &Target, changes: Vec<Change>) -> Result<Vec<Step>, (usize, DbError)> {
+    Ok(statements(target, fold(target, changes)?))
+}
+
+/// What of `changes` is left to apply to `target`.
 ///
 /// Each key's changes fold to its last: a last delete deletes; a last
 /// upsert is sent alone, after a delete of the key when one of its
@@ -194,12 +237,12 @@ fn groups(n: usize, width: usize) -> String {
 /// (-0.0 as 0.0); a key with a NULL is never folded (it matches no row).
 /// When a key column gets values of two types in one call (integer 1 and
 /// text "1" may be one row to the database), nothing is folded: every
-/// change goes as a one-row statement, in order.
+/// change goes, in order ([`Folded::InOrder`]: one-row statements).
 ///
 /// # Errors
 /// The index in `changes` of a change with the wrong number of values,
 /// before any statement.
-pub fn plan(target: &Target, changes: Vec<Change>) -> Result<Vec<Step>, (usize, DbError)> {
+pub fn fold(target: &Target, changes: Vec<Change>) -> Result<Folded, (usize, DbError)> {
     // Per key: the index of its last change and of its last delete.
     let mut last: HashMap<Vec<u8>, (usize, Option<usize>)> = HashMap::new();
     let mut keys = Vec::with_capacity(changes.len());
@@ -249,7 +292,7 @@ pub fn plan(target: &Target, changes: Vec<Change>) -> Result<Vec<Step>, (usize, 
         keys.push(key);
     }
     if mixed {
-        return Ok(in_order(target, changes));
+        return Ok(Folded::InOrder(changes));
     }
     let mut deletes: Vec<(usize, Vec<SqlValue>)> = Vec::new();
     let mut upserts: Vec<(usize, Vec<SqlValue>)> = Vec::new();
@@ -272,6 +315,16 @@ pub fn plan(target: &Target, changes: Vec<Change>) -> Result<Vec<Step>, (usize, 
         }
     }
     deletes.sort_by_key(|(i, _)| *i);
+    Ok(Folded::Sets { deletes, upserts })
+}
+
+/// The multi-row statements of `folded` (one-row ones, in order, for
+/// [`Folded::InOrder`]).
+pub fn statements(target: &Target, folded: Folded) -> Vec<Step> {
+    let (deletes, upserts) = match folded {
+        Folded::InOrder(changes) => return in_order(target, changes),
+        Folded::Sets { deletes, upserts } => (deletes, upserts),
+    };
     let mut steps = Vec::new();
     cut(
         deletes,
@@ -285,7 +338,7 @@ pub fn plan(target: &Target, changes: Vec<Change>) -> Result<Vec<Step>, (usize, 
         |n| target.upsert(n),
         &mut steps,
     );
-    Ok(steps)
+    steps
 }
 
 /// Every change as a one-row statement, in order (consecutive changes of
