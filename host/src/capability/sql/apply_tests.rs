@@ -292,28 +292,29 @@ fn apply_is_held_to_the_guard_and_fails_the_range() {
         g.lock().rollback();
 
         // 600 upserts go as a 512-row statement, then 64 and 16 and 8:
-        // a NULL in change 590 fails the 16-row statement from 576.
+        // a NULL in upsert 590 fails the 16-row statement from upsert 576.
         window(&g);
         g.plugin_execute(
             "CREATE TABLE bulk_nn (k TEXT PRIMARY KEY, v BIGINT NOT NULL)",
             &[],
         )
         .unwrap();
-        let changes: Vec<Change> = (0..600)
-            .map(|i| {
-                let v = if i == 590 {
-                    SqlValue::Null
-                } else {
-                    SqlValue::Integer(i)
-                };
-                Change::Upsert(vec![text(&format!("k{i}")), v])
-            })
-            .collect();
+        // Change 0 a delete, so the upserts are changes 1 to 600.
+        let mut changes = vec![Change::Delete(vec![text("gone")])];
+        changes.extend((0..600).map(|i| {
+            let v = if i == 590 {
+                SqlValue::Null
+            } else {
+                SqlValue::Integer(i)
+            };
+            Change::Upsert(vec![text(&format!("k{i}")), v])
+        }));
         let (row, e) = g.plugin_apply(t, changes).unwrap_err();
-        // By `COPY` on PostgreSQL: the merge carries every upsert.
+        // By `COPY` on PostgreSQL: the merge carries every upsert, from
+        // change 1.
         let first = match g.dialect() {
-            Dialect::Sqlite => 576,
-            Dialect::Postgres => 0,
+            Dialect::Sqlite => 577,
+            Dialect::Postgres => 1,
         };
         assert_eq!(row, first, "{e}");
         assert!(
@@ -376,83 +377,124 @@ fn apply_runs_in_the_plugin_role() {
         .unwrap();
 }
 
-/// On PostgreSQL: a value `COPY` cannot encode for its column fails the
-/// range naming its change, as a statement's would; a plugin role
-/// without the TEMPORARY privilege gets the statements instead, with the
-/// same result, and no staging table.
+/// On PostgreSQL, the `COPY` form as a plugin role: a committed part's
+/// staged rows never reach the next part; a value the host cannot encode,
+/// or the server refuses, fails the range naming its change; a column
+/// whose type changed gets a new staging table; and a role without the
+/// TEMPORARY privilege gets the statements instead, with the same result.
 #[test]
-fn apply_by_copy_refuses_what_statements_refuse_and_falls_back_without_temp() {
+fn apply_by_copy_as_a_plugin_role_across_parts_types_and_privileges() {
     let Ok(url) = std::env::var("SLUICE_TEST_PG_URL") else {
         return;
     };
     let admin = SqlGrant::connect(&url).unwrap();
     let db = "sluice_test_copy_temp";
     let role = "sluice_test_copy_role";
-    {
-        let mut s = admin.lock();
-        let b = s.backend();
-        b.batch(&format!("DROP DATABASE IF EXISTS {db}")).unwrap();
-        b.batch(&format!("CREATE DATABASE {db}")).unwrap();
-        let _ = b.batch(&format!("DROP ROLE IF EXISTS {role}"));
-        b.batch(&format!("CREATE ROLE {role} NOLOGIN")).unwrap();
-    }
-    let base = url.rsplit_once('/').map(|(b, _)| b).unwrap();
-    let g = SqlGrant::connect(&format!("{base}/{db}")).unwrap();
-    {
-        let mut s = g.lock();
-        s.backend()
-            .batch(&format!(
-                "CREATE TABLE big (k TEXT PRIMARY KEY, v BIGINT NOT NULL); \
-                 GRANT {role} TO CURRENT_USER; GRANT USAGE ON SCHEMA public TO {role}; \
-                 GRANT SELECT, INSERT, UPDATE, DELETE ON big TO {role}"
-            ))
-            .unwrap();
-    }
-    let columns = names(&["k", "v"]);
-    let key = names(&["k"]);
-    let t = ("big", &columns[..], &key[..]);
-    let many = |bad: Option<usize>| -> Vec<Change> {
-        (0..1000)
-            .map(|i| {
-                let v = if Some(i) == bad {
-                    text("not a number")
-                } else {
-                    SqlValue::Integer(i as i64)
-                };
-                Change::Upsert(vec![text(&format!("k{i}")), v])
-            })
-            .collect()
-    };
-    window(&g);
-    let (row, e) = g.plugin_apply(t, many(Some(700))).unwrap_err();
-    assert_eq!(row, 700, "{e}");
-    assert!(
-        g.plugin_execute("SELECT 1", &[]).is_err(),
-        "the range failed"
-    );
-    g.lock().end_plugin_window();
-    g.lock().rollback();
-
-    // Without TEMPORARY (PUBLIC's, revoked): statements, same rows.
-    admin
+    let sql = |g: &SqlGrant, sql: &str| g.lock().backend().batch(sql).unwrap();
+    sql(&admin, &format!("DROP DATABASE IF EXISTS {db}"));
+    sql(&admin, &format!("CREATE DATABASE {db}"));
+    let _ = admin
         .lock()
         .backend()
-        .batch(&format!("REVOKE TEMPORARY ON DATABASE {db} FROM PUBLIC"))
-        .unwrap();
-    g.set_plugin_role(Some(role.into())).unwrap();
+        .batch(&format!("DROP ROLE IF EXISTS {role}"));
+    sql(&admin, &format!("CREATE ROLE {role} NOLOGIN"));
+    let db_url = format!("{}/{db}", url.rsplit_once('/').map(|(b, _)| b).unwrap());
+    let connect = || {
+        let g = SqlGrant::connect(&db_url).unwrap();
+        g.set_plugin_role(Some(role.into())).unwrap();
+        g
+    };
+    let g = connect();
+    sql(
+        &g,
+        &format!(
+            "CREATE TABLE big (k TEXT PRIMARY KEY, v BIGINT NOT NULL, s VARCHAR(3)); \
+             GRANT {role} TO CURRENT_USER; GRANT USAGE ON SCHEMA public TO {role}; \
+             GRANT SELECT, INSERT, UPDATE, DELETE ON big TO {role}"
+        ),
+    );
+    let columns = names(&["k", "v", "s"]);
+    let key = names(&["k"]);
+    let t = ("big", &columns[..], &key[..]);
+    let up =
+        |i: usize, v: SqlValue, s: &str| Change::Upsert(vec![text(&format!("k{i}")), v, text(s)]);
+    let int = |i: usize| SqlValue::Integer(i as i64);
+    let commit = |g: &SqlGrant| {
+        assert_eq!(g.lock().end_plugin_window(), None);
+        g.lock().commit().unwrap();
+    };
+    let count_sum = |g: &SqlGrant| {
+        g.plugin_query("SELECT count(*), coalesce(sum(v), 0)::text FROM big", &[])
+            .unwrap()
+            .rows
+    };
+
     window(&g);
-    assert_eq!(g.plugin_apply(t, many(None)), Ok(1000));
-    assert!(!staged(&g));
-    let q = g
-        .plugin_query("SELECT count(*), sum(v)::text FROM big", &[])
-        .unwrap();
-    assert_eq!(q.rows, vec![vec![SqlValue::Integer(1000), text("499500")]]);
-    assert_eq!(g.lock().end_plugin_window(), None);
-    g.lock().rollback();
-    g.set_plugin_role(None).unwrap();
-    drop(g);
-    let mut s = admin.lock();
-    let b = s.backend();
-    b.batch(&format!("DROP DATABASE {db}")).unwrap();
-    b.batch(&format!("DROP ROLE {role}")).unwrap();
+    assert_eq!(
+        g.plugin_apply(t, (0..1000).map(|i| up(i, int(i), "a")).collect()),
+        Ok(1000)
+    );
+    assert!(staged(&g), "COPY as the plugin role");
+    commit(&g);
+    // The next part deletes half and rewrites the rest: had the first
+    // part's rows stayed staged, the merge would bring them back.
+    window(&g);
+    let mut changes: Vec<Change> = (0..500)
+        .map(|i| Change::Delete(vec![text(&format!("k{i}"))]))
+        .collect();
+    changes.extend((500..1000).map(|i| up(i, int(1), "b")));
+    assert_eq!(g.plugin_apply(t, changes), Ok(1000));
+    assert_eq!(
+        count_sum(&g),
+        vec![vec![SqlValue::Integer(500), text("500")]]
+    );
+    commit(&g);
+
+    // A value the host cannot encode for the column (change 700), and one
+    // the server refuses (change 800: too long for varchar(3)).
+    for (bad, want) in [
+        (up(700, text("not a number"), "a"), 700),
+        (up(800, int(1), "too long"), 800),
+    ] {
+        window(&g);
+        let mut changes: Vec<Change> = (0..1000).map(|i| up(i, int(i), "c")).collect();
+        changes[want] = bad;
+        let (row, e) = g.plugin_apply(t, changes).unwrap_err();
+        assert_eq!(row, want, "{e}");
+        assert!(
+            g.plugin_execute("SELECT 1", &[]).is_err(),
+            "the range failed"
+        );
+        g.lock().end_plugin_window();
+        g.lock().rollback();
+    }
+    // The column widened: a new staging table takes the long value.
+    sql(&g, "ALTER TABLE big ALTER COLUMN s TYPE TEXT");
+    window(&g);
+    let mut changes: Vec<Change> = (0..1000).map(|i| up(i, int(2), "d")).collect();
+    changes[800] = up(800, int(2), "no longer too long");
+    assert_eq!(g.plugin_apply(t, changes), Ok(1000));
+    commit(&g);
+
+    // Without TEMPORARY (PUBLIC's, revoked), a new connection: statements,
+    // same rows, no staging table.
+    sql(
+        &admin,
+        &format!("REVOKE TEMPORARY ON DATABASE {db} FROM PUBLIC"),
+    );
+    let g2 = connect();
+    window(&g2);
+    assert_eq!(
+        g2.plugin_apply(t, (0..1000).map(|i| up(i, int(3), "e")).collect()),
+        Ok(1000)
+    );
+    assert!(!staged(&g2));
+    assert_eq!(
+        count_sum(&g2),
+        vec![vec![SqlValue::Integer(1000), text("3000")]]
+    );
+    commit(&g2);
+    drop((g, g2));
+    sql(&admin, &format!("DROP DATABASE {db}"));
+    sql(&admin, &format!("DROP ROLE {role}"));
 }

@@ -250,9 +250,11 @@ pub(super) fn check_postgres(sql: &str) -> Result<Approved, String> {
 }
 
 /// The first word of `lower` that names a system catalog or view: one
-/// starting with `pg_`, or `information_schema`.
+/// starting with `pg_`, or `information_schema`. `pg_temp` is not one:
+/// it names the session's own temporary schema (the bulk path stages
+/// there), never another session's (`pg_temp_3` is refused).
 fn catalog_name(lower: &str) -> Option<&str> {
-    words(lower).find(|w| w.starts_with("pg_") || *w == "information_schema")
+    words(lower).find(|w| (w.starts_with("pg_") && *w != "pg_temp") || *w == "information_schema")
 }
 
 /// Finds whether a statement, or one nested in it (a data-modifying

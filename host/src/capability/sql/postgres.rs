@@ -394,7 +394,17 @@ impl Backend for Postgres {
             at = 0;
             writer.as_mut().finish().await
         });
-        loaded.map_err(|e| (at, pg_err(e)))
+        loaded.map_err(|e| {
+            // The server names the row it refused in its context:
+            // "COPY t, line N, column c: …" (line 1 is the first row).
+            let line = e
+                .as_db_error()
+                .and_then(|d| d.where_())
+                .and_then(|w| w.split(", line ").nth(1))
+                .and_then(|l| l.split(|c: char| !c.is_ascii_digit()).next())
+                .and_then(|n| n.parse::<usize>().ok());
+            (line.map_or(at, |n| n.saturating_sub(1)), pg_err(e))
+        })
     }
 
     fn in_autocommit(&self) -> Option<bool> {

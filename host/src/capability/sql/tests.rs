@@ -189,6 +189,10 @@ fn postgres_guard_refuses_by_parse_not_by_first_word() {
             "CREATE TEMP TABLE pg_roles (x int)",
             "may not name `pg_roles`",
         ),
+        (
+            "INSERT INTO pg_temp_3.staging (k) VALUES ($1)",
+            "may not name `pg_temp_3`",
+        ),
     ] {
         let e = pg_verdict(sql).unwrap_err();
         assert!(e.contains(why), "{sql}: {e}");
@@ -202,6 +206,20 @@ fn postgres_guard_refuses_by_parse_not_by_first_word() {
     ] {
         assert_eq!(pg_verdict(sql), Ok(false), "{sql}");
     }
+    // The session's own temporary schema is not a catalog: the bulk path
+    // stages there.
+    assert_eq!(
+        pg_verdict(
+            "INSERT INTO t (k, v) SELECT k, v FROM pg_temp.sluice_stage_0123456789abcdef WHERE NOT sluice_delete ON CONFLICT (k) DO UPDATE SET v = excluded.v"
+        ),
+        Ok(false)
+    );
+    assert_eq!(
+        pg_verdict(
+            "CREATE TEMP TABLE IF NOT EXISTS pg_temp.s ON COMMIT DELETE ROWS AS SELECT k, v, FALSE AS sluice_delete FROM t WITH NO DATA"
+        ),
+        Ok(true)
+    );
     // Reading the catalogs stays allowed (a sink may look up its columns).
     assert_eq!(
         pg_verdict("SELECT column_name FROM information_schema.columns WHERE table_name = $1"),

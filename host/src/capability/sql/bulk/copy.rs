@@ -12,9 +12,12 @@
 //! column types, no constraints, emptied at each commit), created by the
 //! plugin role, which needs PostgreSQL's TEMPORARY privilege (PUBLIC has
 //! it by default); the session falls back to the statements where it
-//! cannot create one. Values are encoded for the staging columns' types
-//! the way they are bound to a statement's parameters, so both forms take
-//! and refuse the same values.
+//! cannot create one. It is always named `pg_temp.…`, so no table of
+//! another schema on the search path can stand in for it, and its name
+//! carries the target columns' types, so a target whose column types
+//! changed gets a new one. Values are encoded for the staging columns'
+//! types the way they are bound to a statement's parameters, so both
+//! forms take and refuse the same values.
 
 use sha2::{Digest, Sha256};
 
@@ -32,7 +35,8 @@ const DELETE_FLAG: &str = "sluice_delete";
 /// A target's staging table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stage {
-    /// Its name (a plain identifier, in the session's temporary schema).
+    /// Its name, qualified: `pg_temp.sluice_stage_…` (the session's
+    /// temporary schema).
     pub name: String,
     /// Creates it when the session has none yet.
     pub create: String,
@@ -84,12 +88,13 @@ impl Target {
         }
     }
 
-    /// The staging table of this table and column list:
-    /// `sluice_stage_` and 16 hex digits of their SHA-256, made by
+    /// The staging table of this table, column list and the columns'
+    /// `types` (as the database names them, one per column):
+    /// `pg_temp.sluice_stage_` and 16 hex digits of their SHA-256, made by
     /// `CREATE TEMP TABLE IF NOT EXISTS … ON COMMIT DELETE ROWS AS SELECT
     /// <columns>, FALSE AS sluice_delete FROM <table> WITH NO DATA`.
-    pub fn stage(&self) -> Stage {
-        let name = self.stage_name();
+    pub fn stage(&self, types: &[String]) -> Stage {
+        let name = format!("pg_temp.{}", self.stage_name(types));
         let create = format!(
             "CREATE TEMP TABLE IF NOT EXISTS {name} ON COMMIT DELETE ROWS AS SELECT {}, FALSE AS {DELETE_FLAG} FROM {} WITH NO DATA",
             self.columns.join(", "),
@@ -98,25 +103,33 @@ impl Target {
         Stage { name, create }
     }
 
+    /// The table's name and its columns', comma-separated, for
+    /// [`Target::stage`]'s type lookup.
+    pub fn names(&self) -> (&str, String) {
+        (&self.table, self.columns.join(","))
+    }
+
     /// The deletes and upserts of a [`Folded::Sets`] as a [`CopyPlan`]
-    /// (nothing to apply for [`Folded::InOrder`], which
+    /// into `stage` (nothing to apply for [`Folded::InOrder`], which
     /// [`Target::wants_copy`] keeps to the statements).
-    pub fn copy_plan(&self, folded: Folded) -> CopyPlan {
+    pub fn copy_plan(&self, folded: Folded, stage: Stage) -> CopyPlan {
         let (deletes, upserts) = match folded {
             Folded::Sets { deletes, upserts } => (deletes, upserts),
             Folded::InOrder(_) => (Vec::new(), Vec::new()),
         };
-        let stage = self.stage();
         let s = &stage.name;
+        // The staging table's own name, as the alias its columns are
+        // named by.
+        let alias = s.trim_start_matches("pg_temp.");
         let cols = self.columns.join(", ");
         let delete = (!deletes.is_empty()).then(|| {
             let on: Vec<String> = self
                 .key_names()
                 .iter()
-                .map(|k| format!("{t}.{k} = {s}.{k}", t = self.table))
+                .map(|k| format!("{t}.{k} = {alias}.{k}", t = self.table))
                 .collect();
             format!(
-                "DELETE FROM {} USING {s} WHERE {s}.{DELETE_FLAG} AND {}",
+                "DELETE FROM {} USING {s} AS {alias} WHERE {alias}.{DELETE_FLAG} AND {}",
                 self.table,
                 on.join(" AND ")
             )
@@ -156,12 +169,12 @@ impl Target {
         }
     }
 
-    /// The staging table of this table and column list:
-    /// `sluice_stage_` and 16 hex digits of their SHA-256.
-    fn stage_name(&self) -> String {
+    /// `sluice_stage_` and 16 hex digits of the SHA-256 of the table's
+    /// name, its columns' and their `types`.
+    fn stage_name(&self, types: &[String]) -> String {
         let mut h = Sha256::new();
         h.update(self.table.as_bytes());
-        for c in &self.columns {
+        for c in self.columns.iter().chain(types) {
             h.update([0]);
             h.update(c.as_bytes());
         }
@@ -192,9 +205,11 @@ mod tests {
         changes.push(Change::Delete(vec![text("x".into())]));
         let folded = fold(&t(), changes).unwrap();
         assert!(t().wants_copy(&folded));
-        let plan = t().copy_plan(folded);
+        let types = vec!["text".to_string(), "bigint".to_string()];
+        let plan = t().copy_plan(folded, t().stage(&types));
         let stage = &plan.stage.name;
-        assert!(stage.starts_with("sluice_stage_") && stage.len() == 29);
+        assert!(stage.starts_with("pg_temp.sluice_stage_") && stage.len() == 37);
+        let alias = &stage["pg_temp.".len()..];
         assert_eq!(
             plan.stage.create,
             format!(
@@ -206,8 +221,8 @@ mod tests {
             plan.delete.as_deref(),
             Some(
                 format!(
-                    "DELETE FROM t USING {s} WHERE {s}.sluice_delete AND t.k = {s}.k",
-                    s = stage
+                    "DELETE FROM t USING {stage} AS {a} WHERE {a}.sluice_delete AND t.k = {a}.k",
+                    a = alias
                 )
                 .as_str()
             )
@@ -260,8 +275,16 @@ mod tests {
             .map(|i| Change::Upsert(vec![text(format!("k{i}")), SqlValue::Integer(0)]))
             .collect();
         assert!(!flagged.wants_copy(&fold(&flagged, many).unwrap()));
-        // Another column list is another staging table.
+        // Another column list, or other types, is another staging table.
         let other = Target::new("t", &n(&["k"]), &n(&["k"])).unwrap();
-        assert_ne!(other.stage_name(), t().stage_name());
+        let types = |v: &[&str]| n(v);
+        assert_ne!(
+            other.stage(&types(&["text"])),
+            t().stage(&types(&["text", "bigint"]))
+        );
+        assert_ne!(
+            t().stage(&types(&["text", "character varying(3)"])),
+            t().stage(&types(&["text", "text"]))
+        );
     }
 }

@@ -7,6 +7,8 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::guard::{Approved, REFUSED, first_keyword};
+
+mod staging;
 use super::url::connect_with;
 use super::{Backend, DbError, Dialect, QueryRows, Ran, SqlValue, bulk, dry, guard};
 
@@ -339,18 +341,14 @@ impl SqlGrant {
             .and_then(|t| bulk::fold(&t, changes).map(|f| (t, f)))
             .inspect_err(|(_, e)| s.failed = Some(e.clone()))?;
         if s.copy_allowed() && target.wants_copy(&folded) {
-            let stage = target.stage();
-            // The merge statements pass the guard before anything is
-            // staged (a host table is refused by name).
             let first = match &folded {
                 bulk::Folded::Sets { deletes, upserts } => {
                     deletes.first().or(upserts.first()).map_or(0, |(i, _)| *i)
                 }
                 bulk::Folded::InOrder(_) => 0,
             };
-            s.approve(&stage.create).map_err(|e| (first, e))?;
-            if s.stage_for(&stage).map_err(|e| (first, e))? {
-                return s.apply_by_copy(&target.copy_plan(folded));
+            if let Some(stage) = s.stage_for(&target).map_err(|e| (first, e))? {
+                return s.apply_by_copy(&target.copy_plan(folded, stage));
             }
         }
         let steps = bulk::statements(&target, folded);
@@ -555,104 +553,6 @@ impl Session {
             )));
         }
         Ok(Approved { watch: false })
-    }
-
-    /// Whether a plugin's `apply` may go by `COPY` here: PostgreSQL, a
-    /// real database, not recording (`host test` shows statements), and a
-    /// connection that can stage.
-    fn copy_allowed(&self) -> bool {
-        self.backend.dialect() == Dialect::Postgres
-            && !self.dry
-            && self.ran.is_none()
-            && self.no_stage.is_none()
-    }
-
-    /// Make sure `stage` exists on this connection: created (by the plugin
-    /// role, in the plugin's window) the first time, in a savepoint, so
-    /// that a refusal — no TEMPORARY privilege, say — leaves the
-    /// transaction as it was and the bulk path keeps to statements on
-    /// this connection (false).
-    ///
-    /// # Errors
-    /// The database's error on the savepoint itself; the transaction then
-    /// fails.
-    fn stage_for(&mut self, stage: &bulk::Stage) -> Result<bool, DbError> {
-        if self.stages.contains(&stage.name) || self.new_stages.contains(&stage.name) {
-            return Ok(true);
-        }
-        let fail = |s: &mut Session, e: DbError| {
-            s.failed = Some(e.clone());
-            e
-        };
-        if let Err(e) = self.backend.batch("SAVEPOINT sluice_stage") {
-            return Err(fail(self, e));
-        }
-        let approved = self.approve(&stage.create)?;
-        match self.run_approved(approved, |b| b.batch(&stage.create)) {
-            Ok(()) => {
-                if let Err(e) = self.backend.batch("RELEASE SAVEPOINT sluice_stage") {
-                    return Err(fail(self, e));
-                }
-                self.new_stages.push(stage.name.clone());
-                Ok(true)
-            }
-            Err(refused) => {
-                if let Err(e) = self.backend.batch("ROLLBACK TO SAVEPOINT sluice_stage") {
-                    return Err(fail(self, e));
-                }
-                self.failed = None;
-                tracing::warn!(
-                    "the SQL capability's bulk path cannot create its temporary staging table on this connection ({refused}); it sends multi-row statements instead (grant the plugin role TEMPORARY on the database for COPY)"
-                );
-                self.no_stage = Some(refused.message);
-                Ok(false)
-            }
-        }
-    }
-
-    /// Apply a [`bulk::CopyPlan`]: `COPY` its rows into the staging table
-    /// (in plugin mode, as the plugin role), then its merge statements,
-    /// which pass the guard as a plugin's own; rows changed.
-    ///
-    /// # Errors
-    /// The index in the changes of the change the failure is reported as
-    /// (the row that could not be encoded, or the first of the failing
-    /// merge statement), and the error; the transaction then fails.
-    fn apply_by_copy(&mut self, plan: &bulk::CopyPlan) -> Result<u64, (usize, DbError)> {
-        for (sql, deletes) in [(&plan.delete, true), (&plan.upsert, false)] {
-            if let Some(sql) = sql {
-                self.approve(sql).map_err(|e| (plan.first_of(deletes), e))?;
-            }
-        }
-        // A second call in one transaction finds the first one's rows.
-        let again = self.filled.contains(&plan.stage.name);
-        let loaded = {
-            let mut untrusted = Untrusted::new(self.backend.as_mut());
-            let b = untrusted.backend();
-            let emptied = match again {
-                true => b
-                    .execute(&format!("DELETE FROM {}", plan.stage.name), &[])
-                    .map_err(|e| (0, e)),
-                false => Ok(0),
-            };
-            emptied.and_then(|_| b.copy_in(&plan.stage.name, &plan.columns, &plan.rows))
-        };
-        if !again {
-            self.filled.push(plan.stage.name.clone());
-        }
-        if let Err((row, e)) = loaded {
-            self.failed = Some(e.clone());
-            return Err((plan.origin.get(row).copied().unwrap_or_default(), e));
-        }
-        let mut changed = 0;
-        for (sql, deletes) in [(&plan.delete, true), (&plan.upsert, false)] {
-            if let Some(sql) = sql {
-                changed += self
-                    .execute_batch(sql, &[Vec::new()])
-                    .map_err(|(_, e)| (plan.first_of(deletes), e))?;
-            }
-        }
-        Ok(changed)
     }
 
     /// See [`SqlGrant::limit_statements`].
