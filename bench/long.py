@@ -29,8 +29,9 @@ runs each system over all of them, RUNS times interleaved:
 For the PostgreSQL rows the server's CPU is measured too (every
 `postgres` process's user + system time from /proc, exited backends
 through the postmaster's children times; every cluster on the machine
-counts, so run it with no other PostgreSQL busy): CPU seconds per
-million records on the client's side and on the server's.
+counts, so run it with no other PostgreSQL busy) while each system's
+process runs (not the table checks after): CPU seconds per million
+records on the client's side and on the server's.
 
 Per system: whole-process records/s (wall clock from start to exit),
 steady-state records/s for Sluice (from its progress events: the records
@@ -79,6 +80,14 @@ def measure(cmd):
         raise RuntimeError(f"{cmd[0]} failed ({out.returncode}):\n{out.stderr[-3000:]}")
     _, _, user, sys_, rss = [l for l in out.stderr.splitlines() if l.startswith("TIME ")][-1].split()
     return wall, float(user) + float(sys_), int(rss) / 1024.0, out.stdout
+
+
+def measure_pg(cmd):
+    """measure(cmd) and the PostgreSQL server's CPU seconds during it
+    only (not the table checks after)."""
+    before = pg_server_cpu()
+    wall, cpu, rss, out = measure(cmd)
+    return wall, cpu, rss, out, pg_server_cpu() - before
 
 
 def steady(progress):
@@ -153,7 +162,7 @@ def main():
                 args += ["--sink-db", db]
                 if connections:
                     args += ["--sink-connections", connections]
-            wall, cpu, rss, out = measure(args)
+            wall, cpu, rss, out, server = measure_pg(args)
             progress = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
             n = sum(p["counts"]["input"] for p in progress)
             if n != EVENTS:
@@ -162,7 +171,7 @@ def main():
             if db and table != expected:
                 raise RuntimeError(f"company's table in {sink} differs from the expected one")
             return {"wall": wall, "cpu": cpu, "rss": rss, "steady": steady(progress), "batches": len(progress),
-                    "exact": True if db else None}
+                    "exact": True if db else None, **({"server_cpu": server} if sink == "postgres" else {})}
 
         def bare(i):
             wall, cpu, rss, out = measure([os.path.join(run.REL, "bare-consumer"), b.bootstrap, "maxwell"])
@@ -181,27 +190,24 @@ def main():
         def python(sink, i, script="py_consumer.py", every="1000"):
             tag = script.split(".")[0]
             db = fresh_pg(f"bench_{tag}_{i}") if sink == "postgres" else os.path.join(work, f"{tag}-{i}.db")
-            wall, cpu, rss, _ = measure([run.PY, os.path.join(run.ROOT, "bench", script), b.bootstrap,
-                                         "maxwell", db, every])
+            wall, cpu, rss, _, server = measure_pg([run.PY, os.path.join(run.ROOT, "bench", script), b.bootstrap,
+                                                    "maxwell", db, every])
             table = pg_table_of(db) if sink == "postgres" else run.table_of(db)
             return {"wall": wall, "cpu": cpu, "rss": rss, "steady": None, "batches": None,
-                    "exact": checked(tag, table)}
+                    "exact": checked(tag, table), **({"server_cpu": server} if sink == "postgres" else {})}
 
         def ceiling_pg(i):
             db = fresh_pg(f"bench_bulk_{i}")
-            _, cpu, rss, out = measure([run.PY, os.path.join(run.ROOT, "bench", "pg_bulk_ceiling.py"), b.bootstrap,
-                                        "maxwell", db, str(int(BATCH) * PARTS)])
+            _, cpu, rss, out, server = measure_pg([run.PY, os.path.join(run.ROOT, "bench", "pg_bulk_ceiling.py"),
+                                                   b.bootstrap, "maxwell", db, str(int(BATCH) * PARTS)])
             seconds = float(out.split()[0])
             return {"wall": seconds, "cpu": cpu, "rss": rss, "steady": None, "batches": None,
-                    "exact": checked("bulk ceiling", pg_table_of(db))}
+                    "exact": checked("bulk ceiling", pg_table_of(db)), "server_cpu": server}
 
         def with_server_cpu(fn):
-            def go(i):
-                before = pg_server_cpu()
-                r = fn(i)
-                r["server_cpu"] = pg_server_cpu() - before
-                return r
-            return go
+            # The cells measure the server during their own process only
+            # (measure_pg), not the table checks after.
+            return fn
 
         def bytewax(i):
             db = os.path.join(work, f"bytewax-{i}.db")
