@@ -512,7 +512,10 @@ impl SinkDriver {
                     );
                     return Ok(());
                 }
-                Err(error) if error.is_connection_lost() && std::time::Instant::now() < until => {
+                Err(error)
+                    if (error.is_connection_lost() || error.is_server_full())
+                        && std::time::Instant::now() < until =>
+                {
                     tracing::warn!(attempt, "sink database still unreachable: {error}");
                 }
                 Err(error) => {

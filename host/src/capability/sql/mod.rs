@@ -76,10 +76,23 @@ impl DbError {
     /// failure or deadlock (SQLSTATE class 40), a lock not granted within
     /// `lock_timeout` (55P03: a row another pipeline group member's open
     /// part holds, possibly a member frozen until PostgreSQL ends its
-    /// session), a busy SQLite database. Nothing was applied; the same
-    /// work may be done again after a pause.
+    /// session), a busy SQLite database, or another session's `CREATE
+    /// TABLE IF NOT EXISTS` of the same table at the same moment
+    /// ([`DbError::is_concurrent_create`]: a plugin's `init` on several
+    /// `--sink-connections` or group members). Nothing was applied; the
+    /// same work may be done again after a pause.
     pub fn is_contention(&self) -> bool {
-        self.code.starts_with("40") || self.code == "55P03" || self.code == "SQLITE_BUSY"
+        self.code.starts_with("40")
+            || self.code == "55P03"
+            || self.code == "SQLITE_BUSY"
+            || self.is_concurrent_create()
+    }
+
+    /// The server has no connection slot free (53300, `too many clients
+    /// already`): after a failover every client reconnects at once, so a
+    /// reconnect keeps trying (`--sink-retry-for`).
+    pub fn is_server_full(&self) -> bool {
+        self.code == "53300"
     }
 
     /// PostgreSQL's answer to two sessions running the same `CREATE TABLE

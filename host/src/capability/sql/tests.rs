@@ -877,6 +877,26 @@ fn concurrent_create_answers_are_recognised() {
         )
         .is_concurrent_create()
     );
+    // Found by an attack run: the plugins' `init` on 8 connections at
+    // once lost this race on every new database, and with `--attempts 1`
+    // the run stopped. It is contention now (retried for
+    // `--sink-retry-for`, not `--attempts`); a unique violation of the
+    // plugin's own table is not.
+    let race = e(
+        "23505",
+        "duplicate key value violates unique constraint \"pg_type_typname_nsp_index\"",
+    );
+    assert!(race.is_contention());
+    assert!(
+        !e(
+            "23505",
+            "duplicate key value violates unique constraint \"t_pkey\""
+        )
+        .is_contention()
+    );
+    // And a server with no free slot is worth reconnecting to.
+    assert!(e("53300", "sorry, too many clients already").is_server_full());
+    assert!(!e("08006", "connection lost").is_server_full());
 }
 
 /// A SQLite database the host creates is private to its owner, as the

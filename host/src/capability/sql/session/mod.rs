@@ -278,7 +278,8 @@ impl SqlGrant {
         s.stages.clear();
         s.new_stages.clear();
         s.filled.clear();
-        s.no_stage = None;
+        // `no_stage` stays: the plugin role's privileges are the same on
+        // the new connection (its warning is not repeated).
         s.apply_idle_limit()
     }
 
@@ -655,7 +656,13 @@ impl Session {
         self.new_stages.clear();
         self.filled.clear();
         if let Err(e) = self.backend.batch("ROLLBACK") {
-            tracing::warn!("rollback failed: {e}");
+            // A lost connection rolled the transaction back already (and
+            // the reconnect says so).
+            if e.is_connection_lost() {
+                tracing::debug!("rollback failed: {e}");
+            } else {
+                tracing::warn!("rollback failed: {e}");
+            }
         }
     }
 }
