@@ -204,11 +204,6 @@ def main():
             return {"wall": seconds, "cpu": cpu, "rss": rss, "steady": None, "batches": None,
                     "exact": checked("bulk ceiling", pg_table_of(db)), "server_cpu": server}
 
-        def with_server_cpu(fn):
-            # The cells measure the server during their own process only
-            # (measure_pg), not the table checks after.
-            return fn
-
         def bytewax(i):
             db = os.path.join(work, f"bytewax-{i}.db")
             os.environ.update(BENCH_BROKERS=b.bootstrap, BENCH_TOPIC="maxwell", BENCH_DB=db)
@@ -232,24 +227,24 @@ def main():
                 cells["Bytewax -> SQLite"] = bytewax
         if PG_URL:
             if env("BASELINE_COMPANY_WASM"):
-                cells["Sluice company, baseline build -> PostgreSQL"] = with_server_cpu(
-                    lambda i: sluice("company", "postgres", i, env("BASELINE_COMPANY_WASM")))
+                cells["Sluice company, baseline build -> PostgreSQL"] = lambda i: sluice(
+                    "company", "postgres", i, env("BASELINE_COMPANY_WASM"))
             connections = [c for c in env("SINK_CONNECTIONS", "").split(",") if c]
             if env("BASELINE_HOST"):
                 for c in connections or [None]:
                     name = "Sluice company, baseline host -> PostgreSQL" + (f", --sink-connections {c}" if c else "")
-                    cells[name] = with_server_cpu(
-                        lambda i, c=c: sluice("company", "postgres", i, connections=c, host=env("BASELINE_HOST")))
+                    cells[name] = lambda i, c=c: sluice("company", "postgres", i, connections=c,
+                                                        host=env("BASELINE_HOST"))
             for c in connections:
-                cells[f"Sluice company -> PostgreSQL, --sink-connections {c}"] = with_server_cpu(
-                    lambda i, c=c: sluice("company", "postgres", i, connections=c))
+                cells[f"Sluice company -> PostgreSQL, --sink-connections {c}"] = \
+                    lambda i, c=c: sluice("company", "postgres", i, connections=c)
             if not connections:
-                cells["Sluice company -> PostgreSQL"] = with_server_cpu(lambda i: sluice("company", "postgres", i))
+                cells["Sluice company -> PostgreSQL"] = lambda i: sluice("company", "postgres", i)
             if not (env("SKIP_PYTHON") or env("SKIP_PYTHON_PG")):
-                cells["python consumer -> PostgreSQL"] = with_server_cpu(lambda i: python("postgres", i))
+                cells["python consumer -> PostgreSQL"] = lambda i: python("postgres", i)
             if not env("SKIP_BATCH_PYTHON"):
-                cells["python executemany consumer -> PostgreSQL"] = with_server_cpu(batch_py("postgres"))
-            cells["PostgreSQL bulk path (COPY + merge), database work only: ceiling"] = with_server_cpu(ceiling_pg)
+                cells["python executemany consumer -> PostgreSQL"] = batch_py("postgres")
+            cells["PostgreSQL bulk path (COPY + merge), database work only: ceiling"] = ceiling_pg
         results = {k: [] for k in cells}
         for i in range(run.RUNS):
             for k, fn in cells.items():

@@ -18,6 +18,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::{CliError, ExitCode, MIN_PLUGIN_TIMEOUT, WithCode, parse_bytes, parse_duration};
+use crate::capability::sql::is_postgres_url;
 use crate::engine::{DataLossPolicy, ErrorPolicy, PipelineConfig, ProgressMode, StartingOffsets};
 use crate::plugin::Limits;
 
@@ -513,10 +514,7 @@ pub fn resolve(s: Settings, config: &[(String, String)]) -> Result<PipelineConfi
         }
     }
     if (s.sink_schema.is_some() || s.sink_plugin_role.is_some())
-        && !cfg
-            .sink_db
-            .as_deref()
-            .is_some_and(|u| u.starts_with("postgres://") || u.starts_with("postgresql://"))
+        && !cfg.sink_db.as_deref().is_some_and(is_postgres_url)
     {
         return Err(usage(
             "--sink-schema and --sink-plugin-role are for a PostgreSQL --sink-db (on SQLite the host's tables are in `main` and the authorizer guards them)",
@@ -538,7 +536,7 @@ pub fn resolve(s: Settings, config: &[(String, String)]) -> Result<PipelineConfi
                     "--sink-connections {n} applies parts on {n} connections to a PostgreSQL --sink-db; without a --sink-db there is no connection"
                 )));
             }
-            Some(u) if !(u.starts_with("postgres://") || u.starts_with("postgresql://")) => {
+            Some(u) if !is_postgres_url(u) => {
                 return Err(usage(format!(
                     "--sink-connections {n} is for a PostgreSQL --sink-db: SQLite lets one connection write at a time, so more would only wait for each other (leave it at 1)"
                 )));

@@ -97,7 +97,7 @@ pub(super) fn connect_sink(cfg: &PipelineConfig) -> Result<Vec<SqlGrant>, Engine
         return Ok(Vec::new());
     };
     let n = cfg.sink_connections.max(1);
-    if n > 1 && !url.starts_with("postgres://") && !url.starts_with("postgresql://") {
+    if n > 1 && !sql::is_postgres_url(url) {
         return Err(EngineError::Config(format!(
             "--sink-connections {n} is for a PostgreSQL --sink-db: SQLite lets one connection write at a time"
         )));

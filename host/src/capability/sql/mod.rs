@@ -273,8 +273,9 @@ pub trait Backend: Send {
     /// rows loaded. Only PostgreSQL has it (the default refuses).
     ///
     /// # Errors
-    /// The index of the row whose value could not be encoded (0 when the
-    /// database refused the whole), and the error; nothing is loaded.
+    /// The index of the row whose value could not be encoded or that the
+    /// server names in its error's context (`COPY …, line N`; else 0), and
+    /// the error; nothing is loaded.
     fn copy_in(
         &mut self,
         table: &str,
@@ -330,7 +331,9 @@ pub trait Backend: Send {
 
 pub use ddl::{add_column, create_tables};
 pub use session::{Session, SqlGrant};
-pub use url::{check_url, connect, connect_with, redact, sink_identity, sink_identity_in};
+pub use url::{
+    check_url, connect, connect_with, is_postgres_url, redact, sink_identity, sink_identity_in,
+};
 
 /// For unit tests of the modules above that run on real databases: a
 /// SQLite file `file` in `dir` always, and a fresh PostgreSQL database too

@@ -139,6 +139,12 @@ fn parse_url(url: &str) -> Result<SinkUrl<'_>, String> {
     }
 }
 
+/// Whether `url` names a PostgreSQL database (`postgres://…` or
+/// `postgresql://…`), for settings that only PostgreSQL takes.
+pub fn is_postgres_url(url: &str) -> bool {
+    matches!(parse_url(url), Ok(SinkUrl::Postgres))
+}
+
 /// Check the form of a `--sink-db` URL without connecting (see
 /// [`connect`] for the forms). For the command line, so that another
 /// scheme (`mysql://…`) is a usage error (exit 2) before anything starts.

@@ -21,7 +21,7 @@
 
 use sha2::{Digest, Sha256};
 
-use super::{Folded, SqlValue, Target};
+use super::{SqlValue, Target};
 
 /// Rows left after the fold from which a call goes by `COPY`: below, the
 /// fixed cost (creating the staging table if needed, three round trips)
@@ -48,7 +48,7 @@ pub struct Stage {
 pub struct CopyPlan {
     /// The staging table.
     pub stage: Stage,
-    /// Its columns: the target's, then [`DELETE_FLAG`].
+    /// Its columns: the target's, then the delete flag `sluice_delete`.
     pub columns: Vec<String>,
     /// The rows to stage, in the staging columns' order: the deletes (key
     /// values, NULL elsewhere, flag 1), then the upserts (flag 0).
@@ -75,17 +75,12 @@ impl CopyPlan {
 }
 
 impl Target {
-    /// Whether `folded` goes by `COPY` on PostgreSQL: folded, at least
-    /// [`COPY_MIN_ROWS`] rows to apply, and no column named like the
-    /// staging table's delete flag.
-    pub fn wants_copy(&self, folded: &Folded) -> bool {
-        match folded {
-            Folded::InOrder(_) => false,
-            Folded::Sets { deletes, upserts } => {
-                deletes.len() + upserts.len() >= COPY_MIN_ROWS
-                    && !self.columns.iter().any(|c| c == DELETE_FLAG)
-            }
-        }
+    /// Whether a [`super::Folded::Sets`] of `rows` rows (deletes and upserts)
+    /// goes by `COPY` on PostgreSQL: at least [`COPY_MIN_ROWS`], and no
+    /// column named like the staging table's delete flag. A call that
+    /// is not folded ([`super::Folded::InOrder`]) keeps to the statements.
+    pub fn wants_copy(&self, rows: usize) -> bool {
+        rows >= COPY_MIN_ROWS && !self.columns.iter().any(|c| c == DELETE_FLAG)
     }
 
     /// The staging table of this table, column list and the columns'
@@ -109,14 +104,14 @@ impl Target {
         (&self.table, self.columns.join(","))
     }
 
-    /// The deletes and upserts of a [`Folded::Sets`] as a [`CopyPlan`]
-    /// into `stage` (nothing to apply for [`Folded::InOrder`], which
-    /// [`Target::wants_copy`] keeps to the statements).
-    pub fn copy_plan(&self, folded: Folded, stage: Stage) -> CopyPlan {
-        let (deletes, upserts) = match folded {
-            Folded::Sets { deletes, upserts } => (deletes, upserts),
-            Folded::InOrder(_) => (Vec::new(), Vec::new()),
-        };
+    /// The deletes and upserts of a [`super::Folded::Sets`] (each with its index
+    /// in the changes) as a [`CopyPlan`] into `stage`.
+    pub fn copy_plan(
+        &self,
+        deletes: Vec<(usize, Vec<SqlValue>)>,
+        upserts: Vec<(usize, Vec<SqlValue>)>,
+        stage: Stage,
+    ) -> CopyPlan {
         let s = &stage.name;
         // The staging table's own name, as the alias its columns are
         // named by.
@@ -184,7 +179,7 @@ impl Target {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Change, fold};
+    use super::super::{Change, Folded, fold};
     use super::*;
 
     fn t() -> Target {
@@ -203,10 +198,12 @@ mod tests {
             .collect();
         changes.push(Change::Delete(vec![text("k5".into())]));
         changes.push(Change::Delete(vec![text("x".into())]));
-        let folded = fold(&t(), changes).unwrap();
-        assert!(t().wants_copy(&folded));
+        let Folded::Sets { deletes, upserts } = fold(&t(), changes).unwrap() else {
+            panic!("not folded");
+        };
+        assert!(t().wants_copy(deletes.len() + upserts.len()));
         let types = vec!["text".to_string(), "bigint".to_string()];
-        let plan = t().copy_plan(folded, t().stage(&types));
+        let plan = t().copy_plan(deletes, upserts, t().stage(&types));
         let stage = &plan.stage.name;
         assert!(stage.starts_with("pg_temp.sluice_stage_") && stage.len() == 37);
         let alias = &stage["pg_temp.".len()..];
@@ -261,20 +258,20 @@ mod tests {
         let few: Vec<Change> = (0..300)
             .map(|i| Change::Upsert(vec![text(format!("k{}", i % 10)), SqlValue::Integer(i)]))
             .collect();
-        assert!(!t().wants_copy(&fold(&t(), few).unwrap()));
+        let Folded::Sets { deletes, upserts } = fold(&t(), few).unwrap() else {
+            panic!("not folded");
+        };
+        assert_eq!((deletes.len(), upserts.len()), (0, 10));
+        assert!(!t().wants_copy(10));
+        assert!(t().wants_copy(COPY_MIN_ROWS));
         let mixed = vec![
             Change::Upsert(vec![SqlValue::Integer(1), SqlValue::Integer(1)]),
             Change::Delete(vec![text("1".into())]),
         ];
-        let mixed = fold(&t(), mixed).unwrap();
-        assert!(matches!(mixed, Folded::InOrder(_)));
-        assert!(!t().wants_copy(&mixed));
+        assert!(matches!(fold(&t(), mixed).unwrap(), Folded::InOrder(_)));
         let n = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         let flagged = Target::new("t", &n(&["k", "sluice_delete"]), &n(&["k"])).unwrap();
-        let many: Vec<Change> = (0..300)
-            .map(|i| Change::Upsert(vec![text(format!("k{i}")), SqlValue::Integer(0)]))
-            .collect();
-        assert!(!flagged.wants_copy(&fold(&flagged, many).unwrap()));
+        assert!(!flagged.wants_copy(300));
         // Another column list, or other types, is another staging table.
         let other = Target::new("t", &n(&["k"]), &n(&["k"])).unwrap();
         let types = |v: &[&str]| n(v);

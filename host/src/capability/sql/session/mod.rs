@@ -341,17 +341,20 @@ impl SqlGrant {
             .map_err(|e| (0, e))
             .and_then(|t| bulk::fold(&t, changes).map(|f| (t, f)))
             .inspect_err(|(_, e)| s.failed = Some(e.clone()))?;
-        if s.copy_allowed() && target.wants_copy(&folded) {
-            let first = match &folded {
-                bulk::Folded::Sets { deletes, upserts } => {
-                    deletes.first().or(upserts.first()).map_or(0, |(i, _)| *i)
+        let folded = match folded {
+            bulk::Folded::Sets { deletes, upserts }
+                if s.copy_allowed() && target.wants_copy(deletes.len() + upserts.len()) =>
+            {
+                let first = deletes.first().or(upserts.first()).map_or(0, |(i, _)| *i);
+                match s.stage_for(&target).map_err(|e| (first, e))? {
+                    Some(stage) => {
+                        return s.apply_by_copy(&target.copy_plan(deletes, upserts, stage));
+                    }
+                    None => bulk::Folded::Sets { deletes, upserts },
                 }
-                bulk::Folded::InOrder(_) => 0,
-            };
-            if let Some(stage) = s.stage_for(&target).map_err(|e| (first, e))? {
-                return s.apply_by_copy(&target.copy_plan(folded, stage));
             }
-        }
+            other => other,
+        };
         let steps = bulk::statements(&target, folded);
         let mut changed = 0;
         for step in steps {
