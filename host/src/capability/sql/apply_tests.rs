@@ -498,3 +498,92 @@ fn apply_by_copy_as_a_plugin_role_across_parts_types_and_privileges() {
     sql(&admin, &format!("DROP DATABASE {db}"));
     sql(&admin, &format!("DROP ROLE {role}"));
 }
+
+/// On PostgreSQL, text (and integer) values reach columns of types the
+/// host has no binary encoder for — `uuid`, `numeric(10,2)`, `timestamp`,
+/// `date`, `bit(3)`, an enum — read by the types' own input functions,
+/// alike by statements (a call of 10 rows) and by `COPY` (a call of 300,
+/// with deletes by a `uuid` key); a value the type refuses fails the call
+/// in both forms.
+#[test]
+fn apply_binds_text_to_typed_columns_alike_by_statements_and_by_copy() {
+    let Ok(url) = std::env::var("SLUICE_TEST_PG_URL") else {
+        return;
+    };
+    let g = SqlGrant::connect(&url).unwrap();
+    let sql = |sql: &str| g.lock().backend().batch(sql).unwrap();
+    sql("DROP TABLE IF EXISTS typed_by_copy, typed_by_statements; \
+         DROP TYPE IF EXISTS typed_mood; CREATE TYPE typed_mood AS ENUM ('sad', 'ok', 'happy')");
+    for t in ["typed_by_copy", "typed_by_statements"] {
+        sql(&format!(
+            "CREATE TABLE {t} (k uuid PRIMARY KEY, n numeric(10,2), ts timestamp, d date, \
+             b bit(3), m typed_mood, i bigint, f float8)"
+        ));
+    }
+    let columns = names(&["k", "n", "ts", "d", "b", "m", "i", "f"]);
+    let key = names(&["k"]);
+    let uuid = |i: usize| text(&format!("00000000-0000-4000-8000-{i:012}"));
+    let change = |i: usize| {
+        if i % 7 == 3 {
+            // A key upserted below (i - 1 < i), deleted again here.
+            return Change::Delete(vec![uuid(i - 1)]);
+        }
+        Change::Upsert(vec![
+            uuid(i),
+            text(&format!("{}.{:03}", i, i % 1000)),
+            text(&format!("2024-03-01 10:00:{:02}.123456", i % 60)),
+            text("2024-02-29"),
+            text(["101", "010", "111"][i % 3]),
+            text(["sad", "ok", "happy"][i % 3]),
+            SqlValue::Integer(i as i64),
+            text("0.25"),
+        ])
+    };
+    let changes: Vec<Change> = (0..300).map(change).collect();
+    window(&g);
+    let copied = g.plugin_apply(("typed_by_copy", &columns, &key), changes.clone());
+    assert!(copied.is_ok(), "{copied:?}");
+    assert!(staged(&g), "the 300-row call went by COPY");
+    for part in changes.chunks(10) {
+        let applied = g.plugin_apply(("typed_by_statements", &columns, &key), part.to_vec());
+        assert!(applied.is_ok(), "{applied:?}");
+    }
+    let all = |t: &str| {
+        g.plugin_query(
+            &format!("SELECT CAST({t} AS text) FROM {t} ORDER BY k"),
+            &[],
+        )
+        .unwrap()
+        .rows
+    };
+    let (by_copy, by_statements) = (all("typed_by_copy"), all("typed_by_statements"));
+    assert_eq!(by_copy.len(), 300 - 2 * 43, "deletes applied");
+    assert_eq!(by_copy, by_statements);
+    assert_eq!(
+        by_copy[1],
+        vec![text(
+            "(00000000-0000-4000-8000-000000000001,1.00,\"2024-03-01 10:00:01.123456\",2024-02-29,010,ok,1,0.25)"
+        )],
+        "numeric(10,2) rounds 1.001 as a cast would"
+    );
+    // A value the type refuses fails the call, reported as the first
+    // change of the failing statement: the 10-row statement's, or the
+    // merge's (a staged text column is read as its type in the merge, so
+    // `COPY` itself cannot name the row).
+    for (t, n) in [("typed_by_copy", 300), ("typed_by_statements", 10)] {
+        let mut changes: Vec<Change> = (1000..1000 + n).map(change).collect();
+        let bad = n - 1; // an upsert ((1000 + bad) % 7 != 3)
+        if let Change::Upsert(row) = &mut changes[bad] {
+            row[3] = text("2024-02-30");
+        }
+        let (row, e) = g.plugin_apply((t, &columns, &key), changes).unwrap_err();
+        assert_eq!(e.code, "22008", "{t}: {e}");
+        assert_eq!(row, 0, "{t}: {e}");
+        g.lock().end_plugin_window();
+        g.lock().rollback();
+        window(&g);
+    }
+    g.lock().end_plugin_window();
+    g.lock().rollback();
+    sql("DROP TABLE typed_by_copy, typed_by_statements; DROP TYPE typed_mood");
+}

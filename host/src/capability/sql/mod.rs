@@ -269,8 +269,11 @@ pub trait Backend: Send {
     fn query(&mut self, sql: &str, params: &[SqlValue]) -> Result<QueryRows, DbError>;
     /// Load `rows` into `table`'s `columns` (one value per column) with
     /// binary `COPY … FROM STDIN`, each value encoded for its column's
-    /// type as [`Backend::execute`] binds it to a parameter of that type;
-    /// rows loaded. Only PostgreSQL has it (the default refuses).
+    /// type as [`Backend::execute`] binds it to a parameter of that type,
+    /// except in a `text` column that stands in for another type
+    /// (`stand_in[i]` names it): there the value's text form, as a
+    /// parameter of that type takes it. Rows loaded. Only PostgreSQL has
+    /// it (the default refuses).
     ///
     /// # Errors
     /// The index of the row whose value could not be encoded or that the
@@ -280,9 +283,10 @@ pub trait Backend: Send {
         &mut self,
         table: &str,
         columns: &[String],
+        stand_in: &[Option<String>],
         rows: &[Vec<SqlValue>],
     ) -> Result<u64, (usize, DbError)> {
-        let _ = (table, columns, rows);
+        let _ = (table, columns, stand_in, rows);
         Err((0, DbError::host("this database has no COPY")))
     }
     /// False when a transaction is open (SQLite tells; PostgreSQL does not,

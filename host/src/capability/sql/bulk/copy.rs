@@ -32,6 +32,17 @@ pub const COPY_MIN_ROWS: usize = 256;
 /// a target with a column of this name keeps to the statements).
 const DELETE_FLAG: &str = "sluice_delete";
 
+/// A target column's type, as the database names it (`format_type`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ColumnType {
+    /// E.g. `numeric(10,2)`, `timestamp without time zone`.
+    pub name: String,
+    /// Values for it are sent as text (a type without a binary encoder in
+    /// the host): its staging column is `text`, cast to `name` in the
+    /// merge.
+    pub as_text: bool,
+}
+
 /// A target's staging table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stage {
@@ -40,6 +51,9 @@ pub struct Stage {
     pub name: String,
     /// Creates it when the session has none yet.
     pub create: String,
+    /// Per target column, the type a `text` staging column stands in
+    /// for (`None`: the staging column has the target's type).
+    pub stand_in: Vec<Option<String>>,
 }
 
 /// A call's changes as a `COPY` into the [`Stage`] and its merge
@@ -50,6 +64,9 @@ pub struct CopyPlan {
     pub stage: Stage,
     /// Its columns: the target's, then the delete flag `sluice_delete`.
     pub columns: Vec<String>,
+    /// Per staging column, the type its `text` stands in for
+    /// ([`Stage::stand_in`], then `None` for the flag).
+    pub stand_in: Vec<Option<String>>,
     /// The rows to stage, in the staging columns' order: the deletes (key
     /// values, NULL elsewhere, flag 1), then the upserts (flag 0).
     pub rows: Vec<Vec<SqlValue>>,
@@ -84,18 +101,46 @@ impl Target {
     }
 
     /// The staging table of this table, column list and the columns'
-    /// `types` (as the database names them, one per column):
-    /// `pg_temp.sluice_stage_` and 16 hex digits of their SHA-256, made by
-    /// `CREATE TEMP TABLE IF NOT EXISTS … ON COMMIT DELETE ROWS AS SELECT
-    /// <columns>, FALSE AS sluice_delete FROM <table> WITH NO DATA`.
-    pub fn stage(&self, types: &[String]) -> Stage {
+    /// `types` (one per column): `pg_temp.sluice_stage_` and 16 hex
+    /// digits of the SHA-256 of them, made by `CREATE TEMP TABLE IF NOT
+    /// EXISTS … ON COMMIT DELETE ROWS AS SELECT <columns>, FALSE AS
+    /// sluice_delete FROM <table> WITH NO DATA`, a column whose values go
+    /// as text selected as `CAST(c AS text) AS c`.
+    pub fn stage(&self, types: &[ColumnType]) -> Stage {
         let name = format!("pg_temp.{}", self.stage_name(types));
+        let select: Vec<String> = self
+            .columns
+            .iter()
+            .zip(types)
+            .map(|(c, t)| match t.as_text {
+                true => format!("CAST({c} AS text) AS {c}"),
+                false => c.clone(),
+            })
+            .collect();
         let create = format!(
             "CREATE TEMP TABLE IF NOT EXISTS {name} ON COMMIT DELETE ROWS AS SELECT {}, FALSE AS {DELETE_FLAG} FROM {} WITH NO DATA",
-            self.columns.join(", "),
+            select.join(", "),
             self.table
         );
-        Stage { name, create }
+        let stand_in = types
+            .iter()
+            .map(|t| t.as_text.then(|| t.name.clone()))
+            .collect();
+        Stage {
+            name,
+            create,
+            stand_in,
+        }
+    }
+
+    /// Staging column `c` (an index) of `alias` as the target column's
+    /// type: `alias.c`, or `CAST(alias.c AS type)` for a `text` stand-in.
+    fn staged(&self, stage: &Stage, alias: &str, c: usize) -> String {
+        let name = &self.columns[c];
+        match stage.stand_in.get(c).and_then(Option::as_deref) {
+            Some(ty) => format!("CAST({alias}.{name} AS {ty})"),
+            None => format!("{alias}.{name}"),
+        }
     }
 
     /// The table's name and its columns', comma-separated, for
@@ -119,9 +164,12 @@ impl Target {
         let cols = self.columns.join(", ");
         let delete = (!deletes.is_empty()).then(|| {
             let on: Vec<String> = self
-                .key_names()
+                .key
                 .iter()
-                .map(|k| format!("{t}.{k} = {alias}.{k}", t = self.table))
+                .map(|&k| {
+                    let staged = self.staged(&stage, alias, k);
+                    format!("{}.{} = {staged}", self.table, self.columns[k])
+                })
                 .collect();
             format!(
                 "DELETE FROM {} USING {s} AS {alias} WHERE {alias}.{DELETE_FLAG} AND {}",
@@ -130,9 +178,13 @@ impl Target {
             )
         });
         let upsert = (!upserts.is_empty()).then(|| {
+            let select: Vec<String> = (0..self.columns.len())
+                .map(|c| self.staged(&stage, alias, c))
+                .collect();
             format!(
-                "INSERT INTO {} ({cols}) SELECT {cols} FROM {s} WHERE NOT {DELETE_FLAG} {}",
+                "INSERT INTO {} ({cols}) SELECT {} FROM {s} AS {alias} WHERE NOT {alias}.{DELETE_FLAG} {}",
                 self.table,
+                select.join(", "),
                 self.on_conflict()
             )
         });
@@ -154,9 +206,12 @@ impl Target {
         }
         let mut columns = self.columns.clone();
         columns.push(DELETE_FLAG.to_string());
+        let mut stand_in = stage.stand_in.clone();
+        stand_in.push(None);
         CopyPlan {
             stage,
             columns,
+            stand_in,
             rows,
             origin,
             delete,
@@ -166,10 +221,10 @@ impl Target {
 
     /// `sluice_stage_` and 16 hex digits of the SHA-256 of the table's
     /// name, its columns' and their `types`.
-    fn stage_name(&self, types: &[String]) -> String {
+    fn stage_name(&self, types: &[ColumnType]) -> String {
         let mut h = Sha256::new();
         h.update(self.table.as_bytes());
-        for c in self.columns.iter().chain(types) {
+        for c in self.columns.iter().chain(types.iter().map(|t| &t.name)) {
             h.update([0]);
             h.update(c.as_bytes());
         }
@@ -187,6 +242,16 @@ mod tests {
         Target::new("t", &n(&["k", "v"]), &n(&["k"])).unwrap()
     }
 
+    fn typed(types: &[(&str, bool)]) -> Vec<ColumnType> {
+        types
+            .iter()
+            .map(|(name, as_text)| ColumnType {
+                name: name.to_string(),
+                as_text: *as_text,
+            })
+            .collect()
+    }
+
     fn text(s: String) -> SqlValue {
         SqlValue::Text(s)
     }
@@ -202,7 +267,7 @@ mod tests {
             panic!("not folded");
         };
         assert!(t().wants_copy(deletes.len() + upserts.len()));
-        let types = vec!["text".to_string(), "bigint".to_string()];
+        let types = typed(&[("text", false), ("numeric(10,2)", true)]);
         let plan = t().copy_plan(deletes, upserts, t().stage(&types));
         let stage = &plan.stage.name;
         assert!(stage.starts_with("pg_temp.sluice_stage_") && stage.len() == 37);
@@ -210,7 +275,7 @@ mod tests {
         assert_eq!(
             plan.stage.create,
             format!(
-                "CREATE TEMP TABLE IF NOT EXISTS {s} ON COMMIT DELETE ROWS AS SELECT k, v, FALSE AS sluice_delete FROM t WITH NO DATA",
+                "CREATE TEMP TABLE IF NOT EXISTS {s} ON COMMIT DELETE ROWS AS SELECT k, CAST(v AS text) AS v, FALSE AS sluice_delete FROM t WITH NO DATA",
                 s = stage
             )
         );
@@ -228,13 +293,14 @@ mod tests {
             plan.upsert.as_deref(),
             Some(
                 format!(
-                    "INSERT INTO t (k, v) SELECT k, v FROM {} WHERE NOT sluice_delete ON CONFLICT (k) DO UPDATE SET v = excluded.v",
-                    stage
+                    "INSERT INTO t (k, v) SELECT {a}.k, CAST({a}.v AS numeric(10,2)) FROM {stage} AS {a} WHERE NOT {a}.sluice_delete ON CONFLICT (k) DO UPDATE SET v = excluded.v",
+                    a = alias
                 )
                 .as_str()
             )
         );
         assert_eq!(plan.columns, vec!["k", "v", "sluice_delete"]);
+        assert_eq!(plan.stand_in, [None, Some("numeric(10,2)".into()), None]);
         // k5's delete was its last change: 2 deletes, 299 upserts.
         assert_eq!(plan.rows.len(), 301);
         assert_eq!(
@@ -274,7 +340,7 @@ mod tests {
         assert!(!flagged.wants_copy(300));
         // Another column list, or other types, is another staging table.
         let other = Target::new("t", &n(&["k"]), &n(&["k"])).unwrap();
-        let types = |v: &[&str]| n(v);
+        let types = |v: &[&str]| typed(&v.iter().map(|t| (*t, false)).collect::<Vec<_>>());
         assert_ne!(
             other.stage(&types(&["text"])),
             t().stage(&types(&["text", "bigint"]))
@@ -282,6 +348,22 @@ mod tests {
         assert_ne!(
             t().stage(&types(&["text", "character varying(3)"])),
             t().stage(&types(&["text", "text"]))
+        );
+        // A key sent as text is cast where the deletes meet the table.
+        let uuid = typed(&[("uuid", true), ("bigint", false)]);
+        let plan = t().copy_plan(
+            vec![(0, vec![text("x".into())])],
+            Vec::new(),
+            t().stage(&uuid),
+        );
+        let alias = &plan.stage.name["pg_temp.".len()..];
+        assert!(
+            plan.delete
+                .as_deref()
+                .unwrap()
+                .ends_with(&format!("t.k = CAST({alias}.k AS uuid)")),
+            "{:?}",
+            plan.delete
         );
     }
 }

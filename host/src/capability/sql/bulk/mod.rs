@@ -25,7 +25,7 @@ use std::collections::hash_map::Entry;
 use super::{DbError, SqlValue};
 
 mod copy;
-pub use copy::{COPY_MIN_ROWS, CopyPlan, Stage};
+pub use copy::{COPY_MIN_ROWS, ColumnType, CopyPlan, Stage};
 
 /// Rows per statement, at most.
 pub const MAX_ROWS: usize = 512;

@@ -2,6 +2,9 @@
 //! ([`bulk::CopyPlan`], PostgreSQL): whether a call may take it, the
 //! connection's staging tables, and the load and merge.
 
+use tokio_postgres::types::Type;
+
+use super::super::postgres::binds_in_binary;
 use super::super::{Dialect, SqlValue, bulk};
 use super::{DbError, Session, Untrusted};
 
@@ -72,13 +75,17 @@ impl Session {
     }
 
     /// The types of `target`'s columns as PostgreSQL names them
-    /// (`format_type`), looked up as the plugin's statements find the
-    /// table (its search path); `None` when the table or a column is not
-    /// there.
-    fn column_types(&mut self, target: &bulk::Target) -> Result<Option<Vec<String>>, DbError> {
+    /// (`format_type`) and whether their values go as text
+    /// ([`binds_in_binary`]), looked up as the plugin's statements find
+    /// the table (its search path); `None` when the table or a column is
+    /// not there.
+    fn column_types(
+        &mut self,
+        target: &bulk::Target,
+    ) -> Result<Option<Vec<bulk::ColumnType>>, DbError> {
         let (table, columns) = target.names();
         let rows = self.backend.query(
-            "SELECT format_type(a.atttypid, a.atttypmod) \
+            "SELECT format_type(a.atttypid, a.atttypmod), a.atttypid::int8 \
                FROM unnest(string_to_array($1, ',')) WITH ORDINALITY AS c(name, i) \
                LEFT JOIN pg_attribute a ON a.attnum > 0 AND NOT a.attisdropped \
                  AND a.attname = lower(c.name) \
@@ -97,8 +104,14 @@ impl Session {
         Ok(rows
             .rows
             .into_iter()
-            .map(|r| match r.into_iter().next() {
-                Some(SqlValue::Text(t)) => Some(t),
+            .map(|r| match r.as_slice() {
+                [SqlValue::Text(name), SqlValue::Integer(oid)] => Some(bulk::ColumnType {
+                    name: name.clone(),
+                    as_text: !u32::try_from(*oid)
+                        .ok()
+                        .and_then(Type::from_oid)
+                        .is_some_and(|t| binds_in_binary(&t)),
+                }),
                 _ => None,
             })
             .collect())
@@ -137,7 +150,9 @@ impl Session {
                     .map_err(|e| (0, e)),
                 false => Ok(0),
             };
-            emptied.and_then(|_| b.copy_in(&plan.stage.name, &plan.columns, &plan.rows))
+            emptied.and_then(|_| {
+                b.copy_in(&plan.stage.name, &plan.columns, &plan.stand_in, &plan.rows)
+            })
         };
         if !again {
             self.filled.push(plan.stage.name.clone());

@@ -12,9 +12,12 @@ use std::pin::Pin;
 use std::task::Poll;
 
 use futures_util::StreamExt as _;
-use tokio_postgres::types::{IsNull, ToSql, Type, to_sql_checked};
+use tokio_postgres::types::{ToSql, Type};
 
 use super::{Backend, DbError, Dialect, QueryRows, RowBudget, SqlValue};
+
+mod bind;
+pub(super) use bind::binds_in_binary;
 
 pub(super) struct Postgres {
     // Dropped before `rt`, which then lets the connection end cleanly.
@@ -77,77 +80,6 @@ fn pg_err(e: tokio_postgres::Error) -> DbError {
                 .code()
                 .map_or_else(|| "08000".to_string(), |c| c.code().to_string()),
         },
-    }
-}
-
-/// Binds a [`SqlValue`] to whatever type the server inferred for the
-/// placeholder: integers to int2/int4/int8/float/numeric-as-text/bool,
-/// text to text-like types, JSON and others that accept text.
-impl ToSql for SqlValue {
-    fn to_sql(
-        &self,
-        ty: &Type,
-        out: &mut tokio_postgres::types::private::BytesMut,
-    ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
-        match self {
-            SqlValue::Null => Ok(IsNull::Yes),
-            SqlValue::Integer(n) => match *ty {
-                Type::INT2 => i16::try_from(*n)?.to_sql(ty, out),
-                Type::INT4 => i32::try_from(*n)?.to_sql(ty, out),
-                Type::INT8 => n.to_sql(ty, out),
-                Type::FLOAT4 => (*n as f32).to_sql(ty, out),
-                Type::FLOAT8 => (*n as f64).to_sql(ty, out),
-                Type::BOOL => (*n != 0).to_sql(ty, out),
-                _ => text_like(ty, &n.to_string(), out),
-            },
-            SqlValue::Real(r) => match *ty {
-                Type::FLOAT4 => (*r as f32).to_sql(ty, out),
-                Type::FLOAT8 => r.to_sql(ty, out),
-                _ => text_like(ty, &r.to_string(), out),
-            },
-            SqlValue::Text(t) => match *ty {
-                Type::INT2 => t.parse::<i16>()?.to_sql(ty, out),
-                Type::INT4 => t.parse::<i32>()?.to_sql(ty, out),
-                Type::INT8 => t.parse::<i64>()?.to_sql(ty, out),
-                Type::FLOAT4 => t.parse::<f32>()?.to_sql(ty, out),
-                Type::FLOAT8 => t.parse::<f64>()?.to_sql(ty, out),
-                Type::BOOL => matches!(t.as_str(), "t" | "true" | "1").to_sql(ty, out),
-                Type::BYTEA => t.as_bytes().to_sql(ty, out),
-                Type::JSONB => {
-                    // jsonb's binary format: version byte 1, then the text.
-                    out.extend_from_slice(&[1]);
-                    out.extend_from_slice(t.as_bytes());
-                    Ok(IsNull::No)
-                }
-                _ => text_like(ty, t, out),
-            },
-            SqlValue::Blob(b) => b.as_slice().to_sql(&Type::BYTEA, out),
-        }
-    }
-
-    fn accepts(_: &Type) -> bool {
-        true
-    }
-
-    to_sql_checked!();
-}
-
-/// Text into a parameter whose binary format is the text itself; any
-/// other type is refused with the usual fix (cast the placeholder).
-fn text_like(
-    ty: &Type,
-    text: &str,
-    out: &mut tokio_postgres::types::private::BytesMut,
-) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
-    match *ty {
-        Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME | Type::UNKNOWN | Type::JSON | Type::XML => {
-            out.extend_from_slice(text.as_bytes());
-            Ok(IsNull::No)
-        }
-        _ => Err(format!(
-            "the sql capability cannot bind a value to a parameter of type {ty}; write the placeholder as `CAST($n AS TEXT)` and convert in SQL"
-        )
-        .into()),
     }
 }
 
@@ -369,6 +301,7 @@ impl Backend for Postgres {
         &mut self,
         table: &str,
         columns: &[String],
+        stand_in: &[Option<String>],
         rows: &[Vec<SqlValue>],
     ) -> Result<u64, (usize, DbError)> {
         let cols = columns.join(", ");
@@ -389,7 +322,11 @@ impl Backend for Postgres {
             let mut writer = std::pin::pin!(writer);
             for (i, row) in rows.iter().enumerate() {
                 at = i;
-                writer.as_mut().write_raw(Self::params(row)).await?;
+                let fields = row.iter().zip(stand_in).map(|(value, s)| bind::Field {
+                    value,
+                    stand_in: s.as_deref(),
+                });
+                writer.as_mut().write_raw(fields).await?;
             }
             at = 0;
             writer.as_mut().finish().await
