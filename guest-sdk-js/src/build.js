@@ -49,9 +49,9 @@ export function entrySource(app, world) {
   const withSql = world !== 'map-plugin';
   const exports = world === 'map-sink-plugin' ? 'mapper, sink' : world === 'map-plugin' ? 'mapper' : 'sink';
   return [
-    `import * as log from 'sluice:plugin/log@0.2.2';`,
-    `import * as config from 'sluice:plugin/config@0.2.2';`,
-    withSql ? `import * as sql from 'sluice:plugin/sql@0.2.2';` : `const sql = null;`,
+    `import * as log from 'sluice:plugin/log@0.2.3';`,
+    `import * as config from 'sluice:plugin/config@0.2.3';`,
+    withSql ? `import * as sql from 'sluice:plugin/sql@0.2.3';` : `const sql = null;`,
     `import { installComponentHost } from ${host};`,
     `installComponentHost({ log, config, sql });`,
     `export { ${exports} } from ${JSON.stringify(app)};`,

@@ -136,11 +136,13 @@ export function executeBatch(statement, rows) {
 }
 
 /** `Table.apply`'s host call (`sql.apply`): `target` `{ table, columns,
- * key }`, `changes` already WIT `change` variants. */
-export function applyChanges(target, changes) {
+ * key }`, `changes` already WIT `change` variants; with `guard` (`{
+ * column, low }`, `low` a WIT value), `Table.applyVersioned`'s
+ * (`sql.apply-versioned`). */
+export function applyChanges(target, changes, guard = null) {
   const s = granted();
   try {
-    return Number(s.apply(target, changes));
+    return Number(guard ? s.applyVersioned(target, guard, changes) : s.apply(target, changes));
   } catch (e) {
     throw asSqlError(e);
   }

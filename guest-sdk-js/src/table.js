@@ -1,5 +1,6 @@
 // `Table`: a table kept current by upserts and deletes, through the
-// host's bulk path (`sluice:plugin/sql.apply`, contract 0.2.2) — the Rust
+// host's bulk path (`sluice:plugin/sql.apply`, contract 0.2.2, and
+// `sql.apply-versioned`, 0.2.3) — the Rust
 // SDK's `sql::Table` in JavaScript, making the same host call.
 //
 // The host folds the changes to each key's last one and sends them as
@@ -52,6 +53,28 @@ export class Table {
    * `['upsert' | 'delete', values]` is refused before anything is sent.
    */
   apply(changes) {
+    return this.#send(changes, null);
+  }
+
+  /**
+   * `apply` with a version guard (`sql.apply-versioned`, contract 0.2.3):
+   * last writer wins by version, as a change-data-capture sink needs.
+   * Each row keeps in `versionColumn` (one of the columns, not a key
+   * column) the version of its last applied change; a change applies only
+   * where the stored version is null or lies in [`low`, the change's
+   * version] as the database compares them (`low` null: no lower bound).
+   * An upsert's version is its value for `versionColumn`; a delete is
+   * `['delete', [key values..., version]]`. Held-back changes change
+   * nothing and are not counted in the result; give a key's changes in
+   * version order (each key folds to its last change given, as in
+   * `apply`). Throws as `apply`, also for a version column that is not a
+   * column or is a key column.
+   */
+  applyVersioned(versionColumn, low, changes) {
+    return this.#send(changes, { column: versionColumn, low: toWit(low) });
+  }
+
+  #send(changes, guard) {
     changes = [...changes];
     if (!changes.length) return 0;
     const wit = changes.map((change, i) => {
@@ -61,6 +84,6 @@ export class Table {
       }
       return { tag: kind, val: values.map(toWit) };
     });
-    return applyChanges({ table: this.name, columns: this.columns, key: this.key }, wit);
+    return applyChanges({ table: this.name, columns: this.columns, key: this.key }, wit, guard);
   }
 }

@@ -242,6 +242,10 @@ test('Table: one host call with the target and the changes as WIT variants', () 
           sent.push([target, changes]);
           return BigInt(changes.length);
         },
+        applyVersioned(target, guard, changes) {
+          sent.push([target, guard, changes]);
+          return 1n;
+        },
       }),
     }),
   );
@@ -258,6 +262,16 @@ test('Table: one host call with the target and the changes as WIT variants', () 
       ],
     ],
   ]);
+  sent.length = 0;
+  assert.equal(t.applyVersioned('v', 'a:', [['delete', [2, 'a:9']]]), 1);
+  assert.deepEqual(sent, [
+    [
+      { table: 't', columns: ['k', 'v'], key: ['k'] },
+      { column: 'v', low: { tag: 'text', val: 'a:' } },
+      [{ tag: 'delete', val: [{ tag: 'integer', val: 2n }, { tag: 'text', val: 'a:9' }] }],
+    ],
+  ]);
+  assert.equal(t.applyVersioned('v', null, []), 0);
   assert.throws(() => new Table('t;', ['k'], ['k']), sluice.Fatal);
   assert.throws(() => new Table('t', ['k'], ['x']), /key column x is not a column/);
   assert.throws(() => new Table('t', ['k', 'k'], ['k']), /each named once/);
@@ -289,7 +303,7 @@ test('build: the world follows the exports; the entry installs the host', () => 
   const map = entrySource('/p/app.js', 'map-plugin');
   assert.match(map, /export \{ mapper \} from "\/p\/app.js"/);
   assert.doesNotMatch(map, /sluice:plugin\/sql/);
-  assert.match(entrySource('/p/app.js', 'map-sink-plugin'), /import \* as sql from 'sluice:plugin\/sql@0.2.2'/);
+  assert.match(entrySource('/p/app.js', 'map-sink-plugin'), /import \* as sql from 'sluice:plugin\/sql@0.2.3'/);
 });
 
 test('build: a stage under the wrong name, or a stage class never exported as a stage, is refused', () => {

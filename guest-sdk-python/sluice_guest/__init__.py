@@ -2,7 +2,7 @@
 
 A plugin is a module (``app.py``) with a map stage, a sink stage or both,
 built into a WebAssembly component with componentize-py against the
-contract ``sluice:plugin@0.2.2`` (``wit/plugin.wit``)::
+contract ``sluice:plugin@0.2.3`` (``wit/plugin.wit``)::
 
     import sluice_guest as sluice
 
@@ -57,7 +57,7 @@ __all__ = [
 ]
 
 #: The contract this SDK is built for (``wit/plugin.wit``).
-CONTRACT = "sluice:plugin@0.2.2"
+CONTRACT = "sluice:plugin@0.2.3"
 
 
 class StageError(Exception):

@@ -1,5 +1,6 @@
 """``Table``: a table kept current by upserts and deletes, through the
-host's bulk path (``sluice:plugin/sql.apply``, contract 0.2.2) — the Rust
+host's bulk path (``sluice:plugin/sql.apply``, contract 0.2.2, and
+``sql.apply-versioned``, 0.2.3) — the Rust
 SDK's ``sql::Table`` in Python, making the same host call.
 
 The host folds the changes to each key's last one and sends them as
@@ -53,6 +54,25 @@ class Table:
         (its first, for a multi-row one); a change that is not
         ``("upsert" | "delete", values)`` is refused before anything is
         sent."""
+        return self._send(changes, None)
+
+    def apply_versioned(self, version_column: str, low, changes) -> int:
+        """:meth:`apply` with a version guard (``sql.apply-versioned``,
+        contract 0.2.3): last writer wins by version, as a change-data-capture
+        sink needs. Each row keeps in ``version_column`` (one of the
+        columns, not a key column) the version of its last applied change;
+        a change applies only where the stored version is ``None`` or lies
+        in [``low``, the change's version] as the database compares them
+        (``low`` ``None``: no lower bound). An upsert's version is its value
+        for ``version_column``; a delete is ``("delete", [key values...,
+        version])``. Held-back changes change nothing and are not counted
+        in the result; give a key's changes in version order (each key
+        folds to its last change given, as in :meth:`apply`). Raises as
+        :meth:`apply`, also for a version column that is not a column or is
+        a key column."""
+        return self._send(changes, (version_column, low))
+
+    def _send(self, changes, guard) -> int:
         changes = list(changes)
         if not changes:
             return 0
@@ -70,7 +90,11 @@ class Table:
                 raise SqlError(f"a change is ('upsert', values) or ('delete', key values), not {kind!r}", row=i)
         from componentize_py_types import Err
 
+        target = s.Target(self.name, self.columns, self.key)
         try:
-            return s.apply(s.Target(self.name, self.columns, self.key), wit)
+            if guard is None:
+                return s.apply(target, wit)
+            column, low = guard
+            return s.apply_versioned(target, s.VersionGuard(column, _to_wit(s, low)), wit)
         except Err as e:
             _raise(e)

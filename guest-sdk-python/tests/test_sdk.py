@@ -143,6 +143,10 @@ class Tables(unittest.TestCase):
         with self.assertRaises(sql.SqlError) as e:
             t.apply([("delete", ["a"])])
         self.assertIn("no sql capability granted", str(e.exception))
+        self.assertEqual(t.apply_versioned("v", None, []), 0)
+        with self.assertRaises(sql.SqlError) as e:
+            t.apply_versioned("v", "a:", [("delete", ["a", "a:1"])])
+        self.assertIn("no sql capability granted", str(e.exception))
 
 
 if __name__ == "__main__":

@@ -49,15 +49,18 @@ pub trait HostApi: Send + Sync {
         Ok(changed)
     }
     /// Apply a table's changes (`sql.apply`): `table`, its `columns` and
-    /// `key` columns as [`crate::sql::Table::new`] checked them.
+    /// `key` columns as [`crate::sql::Table::new`] checked them; with
+    /// `version` (the version column and the low version),
+    /// `sql.apply-versioned`.
     fn sql_apply(
         &self,
         table: &str,
         columns: &[String],
         key: &[String],
+        version: Option<(&str, Value)>,
         changes: Vec<Change>,
     ) -> Result<u64, BatchError> {
-        let _ = (table, columns, key, changes);
+        let _ = (table, columns, key, version, changes);
         Err(BatchError {
             row: 0,
             error: not_granted(),

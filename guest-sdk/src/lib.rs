@@ -2,7 +2,7 @@
 //!
 //! A plugin is a WebAssembly component that exports a map stage, a sink
 //! stage or both (the contract is `wit/plugin.wit`, package
-//! `sluice:plugin@0.2.2`). With this SDK an author implements [`Mapper`]
+//! `sluice:plugin@0.2.3`). With this SDK an author implements [`Mapper`]
 //! and/or [`Sink`] on an ordinary type and adds one [`export!`] line; the
 //! SDK generates the bindings, decodes the packed batches, and turns
 //! [`Error`]s into the contract's `stage-error`. [`Config::parse`] reads
@@ -107,7 +107,7 @@ pub use wire::{Header, Record, SinkRecord, TimestampType};
 pub use sluice_guest_macro::export;
 
 /// The contract version this SDK implements (`sluice:plugin@<this>`).
-pub const CONTRACT_VERSION: &str = "0.2.2";
+pub const CONTRACT_VERSION: &str = "0.2.3";
 
 /// The pipeline's `--config k=v` pairs, as the plugin sees them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

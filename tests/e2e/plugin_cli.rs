@@ -299,7 +299,7 @@ fn inspect_reports_stages_version_and_imports() {
     assert!(out.status.success(), "{}", stderr(&out));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["stages"], json!(["map", "sink"]));
-    assert_eq!(v["contract_version"], "0.2.2");
+    assert_eq!(v["contract_version"], "0.2.3");
     let digest = v["digest"].as_str().unwrap();
     assert!(digest.starts_with("sha256:") && digest.len() == 7 + 64);
     let imports: Vec<&str> = v["imports"]
@@ -308,10 +308,10 @@ fn inspect_reports_stages_version_and_imports() {
         .iter()
         .map(|i| i.as_str().unwrap())
         .collect();
-    assert!(imports.contains(&"sluice:plugin/config@0.2.2"));
-    assert!(imports.contains(&"sluice:plugin/log@0.2.2"));
+    assert!(imports.contains(&"sluice:plugin/config@0.2.3"));
+    assert!(imports.contains(&"sluice:plugin/log@0.2.3"));
     assert!(
-        imports.contains(&"sluice:plugin/sql@0.2.2"),
+        imports.contains(&"sluice:plugin/sql@0.2.3"),
         "the sink stage asks for sql"
     );
     let out = host(&[
@@ -324,7 +324,7 @@ fn inspect_reports_stages_version_and_imports() {
     assert_eq!(v["stages"], json!(["map"]));
     let imports = v["imports"].as_array().unwrap();
     assert!(
-        !imports.iter().any(|i| i == "sluice:plugin/sql@0.2.2"),
+        !imports.iter().any(|i| i == "sluice:plugin/sql@0.2.3"),
         "map-only plugins get no sql"
     );
 }

@@ -127,6 +127,7 @@ fn expand(args: Args) -> syn::Result<proc_macro2::TokenStream> {
                 table: &str,
                 columns: &[::std::string::String],
                 key: &[::std::string::String],
+                version: ::std::option::Option<(&str, ::sluice_guest::sql::Value)>,
                 changes: ::std::vec::Vec<::sluice_guest::sql::Change>,
             ) -> ::std::result::Result<u64, ::sluice_guest::sql::BatchError> {
                 use ::sluice_guest::sql::Change as C;
@@ -143,7 +144,17 @@ fn expand(args: Args) -> syn::Result<proc_macro2::TokenStream> {
                         C::Delete(v) => W::Delete(v.into_iter().map(into_wit).collect()),
                     })
                     .collect();
-                sluice::plugin::sql::apply(&target, &changes).map_err(|e| {
+                let applied = match version {
+                    ::std::option::Option::Some((column, low)) => {
+                        let guard = sluice::plugin::sql::VersionGuard {
+                            column: column.to_string(),
+                            low: into_wit(low),
+                        };
+                        sluice::plugin::sql::apply_versioned(&target, &guard, &changes)
+                    }
+                    ::std::option::Option::None => sluice::plugin::sql::apply(&target, &changes),
+                };
+                applied.map_err(|e| {
                     ::sluice_guest::sql::BatchError {
                         row: e.row as usize,
                         error: from_wit_error(e.error),

@@ -1,5 +1,6 @@
 //! [`Table`]: a table kept current by upserts and deletes, through the
-//! host's bulk path (`sluice:plugin/sql.apply`, contract 0.2.2).
+//! host's bulk path (`sluice:plugin/sql.apply`, contract 0.2.2, and
+//! `sql.apply-versioned`, 0.2.3).
 //!
 //! The host folds the changes to each key's last one and sends them as
 //! multi-row statements of up to 512 rows, the portable `INSERT … ON
@@ -21,7 +22,8 @@ pub enum Change {
     /// column, in the order given to [`Table::new`].
     Upsert(Vec<Value>),
     /// Delete the row with this key: one value per key column, in the
-    /// order given to [`Table::new`].
+    /// order given to [`Table::new`]; for [`Table::apply_versioned`],
+    /// then the delete's version.
     Delete(Vec<Value>),
 }
 
@@ -115,7 +117,45 @@ impl Table {
         if changes.is_empty() {
             return Ok(0);
         }
-        host().sql_apply(&self.name, &self.columns, &self.key, changes)
+        host().sql_apply(&self.name, &self.columns, &self.key, None, changes)
+    }
+
+    /// [`Table::apply`] with a version guard (`sql.apply-versioned`,
+    /// contract 0.2.3): last writer wins by version, as a change-data-capture
+    /// sink needs. Each row keeps in `version_column` (one of the columns,
+    /// not a key column) the version of the last change applied to it; a
+    /// change applies only where the stored version is NULL or lies in
+    /// [`low`, the change's version] as the database compares them (equal
+    /// versions apply; [`Value::Null`] for `low`: no lower bound). An
+    /// upsert's version is its value for `version_column`; a
+    /// [`Change::Delete`] carries the key's values, then its version.
+    /// Changes the guard holds back change nothing and are not counted in
+    /// the result: fewer rows changed than changes given means some were
+    /// held back (or deleted keys had no row); query the stored versions
+    /// to learn which. Each key's changes fold to the last one given, as
+    /// in [`Table::apply`]: give a key's changes in version order.
+    ///
+    /// [`Value::Null`]: super::Value::Null
+    ///
+    /// # Errors
+    /// As [`Table::apply`]; also when `version_column` is not one of the
+    /// columns or is a key column (`row` 0).
+    pub fn apply_versioned(
+        &self,
+        version_column: &str,
+        low: Value,
+        changes: Vec<Change>,
+    ) -> Result<u64, BatchError> {
+        if changes.is_empty() {
+            return Ok(0);
+        }
+        host().sql_apply(
+            &self.name,
+            &self.columns,
+            &self.key,
+            Some((version_column, low)),
+            changes,
+        )
     }
 }
 

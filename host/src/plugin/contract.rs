@@ -1,5 +1,5 @@
 //! The host's side of the plugin contract's types (`wit/plugin.wit`,
-//! `sluice:plugin@0.2.2`), free of the generated bindings: what a call is
+//! `sluice:plugin@0.2.3`), free of the generated bindings: what a call is
 //! given ([`CallContext`], [`PartitionContext`]) and what it answers
 //! ([`OpenAnswer`], [`MapResult`] with its [`BadRecord`]s).
 

@@ -92,6 +92,44 @@ fn sql_error(e: DbError) -> sql::SqlError {
     }
 }
 
+impl State {
+    /// `sql.apply`, or `sql.apply-versioned` with `version` (the version
+    /// column and the low version), through the grant's bulk path.
+    fn apply_to(
+        &mut self,
+        target: sql::Target,
+        version: Option<(String, SqlValue)>,
+        changes: Vec<sql::Change>,
+    ) -> Result<u64, sql::BatchError> {
+        let batch_error = |row: usize, e: DbError| sql::BatchError {
+            // A list lifted from the guest has fewer than 2^32 changes.
+            row: u32::try_from(row).unwrap_or(u32::MAX),
+            error: sql_error(e),
+        };
+        let Some(g) = &self.sql else {
+            return Err(batch_error(0, not_granted()));
+        };
+        let changes = changes
+            .into_iter()
+            .map(|c| match c {
+                sql::Change::Upsert(v) => {
+                    bulk::Change::Upsert(v.into_iter().map(to_sql_value).collect())
+                }
+                sql::Change::Delete(v) => {
+                    bulk::Change::Delete(v.into_iter().map(to_sql_value).collect())
+                }
+            })
+            .collect();
+        let version = version.as_ref().map(|(c, low)| (c.as_str(), low.clone()));
+        g.plugin_apply(
+            (&target.table, &target.columns, &target.key),
+            version,
+            changes,
+        )
+        .map_err(|(row, e)| batch_error(row, e))
+    }
+}
+
 impl sql::Host for State {
     fn dialect(&mut self) -> String {
         self.sql
@@ -140,27 +178,17 @@ impl sql::Host for State {
         target: sql::Target,
         changes: Vec<sql::Change>,
     ) -> Result<u64, sql::BatchError> {
-        let batch_error = |row: usize, e: DbError| sql::BatchError {
-            // A list lifted from the guest has fewer than 2^32 changes.
-            row: u32::try_from(row).unwrap_or(u32::MAX),
-            error: sql_error(e),
-        };
-        let Some(g) = &self.sql else {
-            return Err(batch_error(0, not_granted()));
-        };
-        let changes = changes
-            .into_iter()
-            .map(|c| match c {
-                sql::Change::Upsert(v) => {
-                    bulk::Change::Upsert(v.into_iter().map(to_sql_value).collect())
-                }
-                sql::Change::Delete(v) => {
-                    bulk::Change::Delete(v.into_iter().map(to_sql_value).collect())
-                }
-            })
-            .collect();
-        g.plugin_apply((&target.table, &target.columns, &target.key), changes)
-            .map_err(|(row, e)| batch_error(row, e))
+        self.apply_to(target, None, changes)
+    }
+
+    fn apply_versioned(
+        &mut self,
+        target: sql::Target,
+        guard: sql::VersionGuard,
+        changes: Vec<sql::Change>,
+    ) -> Result<u64, sql::BatchError> {
+        let low = to_sql_value(guard.low);
+        self.apply_to(target, Some((guard.column, low)), changes)
     }
 
     fn query(

@@ -1,5 +1,5 @@
 //! The wasmtime side of Sluice: load plugin components, check them against
-//! the contract (`wit/plugin.wit`, `sluice:plugin@0.2.2`), and run their
+//! the contract (`wit/plugin.wit`, `sluice:plugin@0.2.3`), and run their
 //! stages in a sandbox.
 //!
 //! Invariants:
@@ -385,7 +385,7 @@ fn describe(engine: &Engine, component: &Component) -> ComponentInfo {
     }
 }
 
-/// Split `sluice:plugin/mapper@0.2.2` into (`mapper`, `0.2.2`).
+/// Split `sluice:plugin/mapper@0.2.3` into (`mapper`, `0.2.3`).
 fn sluice_interface(name: &str) -> Option<(&str, &str)> {
     let rest = name.strip_prefix("sluice:plugin/")?;
     let (iface, version) = rest.split_once('@').unwrap_or((rest, ""));

@@ -51,7 +51,7 @@ fn apply_by_copy_ends_as_the_changes_one_by_one() {
 }
 
 /// Whether `g`'s connection holds a bulk-path staging table (PostgreSQL).
-fn staged(g: &SqlGrant) -> bool {
+pub(super) fn staged(g: &SqlGrant) -> bool {
     let mut s = g.lock();
     let q = s
         .backend()
@@ -106,7 +106,8 @@ fn one_by_one(key_space: u64) {
                 }
             }
             applied += len;
-            g.plugin_apply(("bulk_t", &columns, &key), changes).unwrap();
+            g.plugin_apply(("bulk_t", &columns, &key), None, changes)
+                .unwrap();
             g.plugin_execute(
                 "UPDATE bulk_t SET extra = 'marked' WHERE extra = 'default'",
                 &[],
@@ -131,6 +132,7 @@ fn one_by_one(key_space: u64) {
         // column is back at its default, as one by one.
         g.plugin_apply(
             ("bulk_t", &columns, &key),
+            None,
             vec![
                 Change::Upsert(vec![text("z"), SqlValue::Integer(1)]),
                 Change::Delete(vec![text("z")]),
@@ -142,6 +144,7 @@ fn one_by_one(key_space: u64) {
             .unwrap();
         g.plugin_apply(
             ("bulk_t", &columns, &key),
+            None,
             vec![
                 Change::Delete(vec![text("z")]),
                 Change::Upsert(vec![text("z"), SqlValue::Integer(3)]),
@@ -184,10 +187,10 @@ fn apply_takes_keys_of_several_columns_and_counts_rows() {
         let changes: Vec<Change> = (0..700)
             .map(|i| up(i % 300, "x", &format!("v{i}")))
             .collect();
-        assert_eq!(g.plugin_apply(t, changes), Ok(300));
+        assert_eq!(g.plugin_apply(t, None, changes), Ok(300));
         let del = |a: i64, b: &str| Change::Delete(vec![SqlValue::Integer(a), text(b)]);
         let changes = vec![del(1, "x"), del(2, "x"), del(2, "y"), up(3, "y", "new")];
-        assert_eq!(g.plugin_apply(t, changes), Ok(3));
+        assert_eq!(g.plugin_apply(t, None, changes), Ok(3));
         let q = g
             .plugin_query("SELECT COUNT(*), MAX(v) FROM bulk_two WHERE b = 'x'", &[])
             .unwrap();
@@ -204,7 +207,7 @@ fn apply_takes_keys_of_several_columns_and_counts_rows() {
             Change::Upsert(vec![SqlValue::Null]),
             Change::Upsert(vec![SqlValue::Null]),
         ];
-        assert_eq!(g.plugin_apply(t, changes), Ok(3));
+        assert_eq!(g.plugin_apply(t, None, changes), Ok(3));
         let q = g
             .plugin_query("SELECT COUNT(*) FROM bulk_keys", &[])
             .unwrap();
@@ -231,7 +234,7 @@ fn apply_is_held_to_the_guard_and_fails_the_range() {
         }
         // Outside a range's window, even with nothing to apply.
         let key = names(&["k"]);
-        let (_, e) = g.plugin_apply(("t", &key, &key), vec![]).unwrap_err();
+        let (_, e) = g.plugin_apply(("t", &key, &key), None, vec![]).unwrap_err();
         assert!(e.message.contains("only available inside sink"), "{e}");
         window(&g);
         let (row, e) = g
@@ -241,6 +244,7 @@ fn apply_is_held_to_the_guard_and_fails_the_range() {
                     &names(&["query_id", "v"]),
                     &names(&["query_id"]),
                 ),
+                None,
                 vec![Change::Upsert(vec![text("q"), text("forged")])],
             )
             .unwrap_err();
@@ -267,7 +271,7 @@ fn apply_is_held_to_the_guard_and_fails_the_range() {
         ] {
             window(&g);
             let (row, e) = g
-                .plugin_apply((table, &names(&columns), &names(&key)), vec![])
+                .plugin_apply((table, &names(&columns), &names(&key)), None, vec![])
                 .unwrap_err();
             assert_eq!((row, e.code.as_str()), (0, "sluice"));
             assert!(e.message.contains(why), "{e}");
@@ -285,7 +289,7 @@ fn apply_is_held_to_the_guard_and_fails_the_range() {
         .unwrap();
         let t = ("bulk_nn", &names(&["k", "v"])[..], &names(&["k"])[..]);
         let (row, e) = g
-            .plugin_apply(t, vec![Change::Upsert(vec![text("a")])])
+            .plugin_apply(t, None, vec![Change::Upsert(vec![text("a")])])
             .unwrap_err();
         assert_eq!(row, 0);
         assert!(e.message.contains("carries 1 values"), "{e}");
@@ -309,7 +313,7 @@ fn apply_is_held_to_the_guard_and_fails_the_range() {
             };
             Change::Upsert(vec![text(&format!("k{i}")), v])
         }));
-        let (row, e) = g.plugin_apply(t, changes).unwrap_err();
+        let (row, e) = g.plugin_apply(t, None, changes).unwrap_err();
         // By `COPY` on PostgreSQL: the merge carries every upsert, from
         // change 1.
         let first = match g.dialect() {
@@ -354,6 +358,7 @@ fn apply_runs_in_the_plugin_role() {
     assert_eq!(
         g.plugin_apply(
             ("bulk_granted", &key, &key),
+            None,
             vec![Change::Upsert(vec![text("a")])]
         ),
         Ok(1)
@@ -361,6 +366,7 @@ fn apply_runs_in_the_plugin_role() {
     let (_, e) = g
         .plugin_apply(
             ("bulk_private", &key, &key),
+            None,
             vec![Change::Upsert(vec![text("a")])],
         )
         .unwrap_err();
@@ -431,7 +437,7 @@ fn apply_by_copy_as_a_plugin_role_across_parts_types_and_privileges() {
 
     window(&g);
     assert_eq!(
-        g.plugin_apply(t, (0..1000).map(|i| up(i, int(i), "a")).collect()),
+        g.plugin_apply(t, None, (0..1000).map(|i| up(i, int(i), "a")).collect()),
         Ok(1000)
     );
     assert!(staged(&g), "COPY as the plugin role");
@@ -443,7 +449,7 @@ fn apply_by_copy_as_a_plugin_role_across_parts_types_and_privileges() {
         .map(|i| Change::Delete(vec![text(&format!("k{i}"))]))
         .collect();
     changes.extend((500..1000).map(|i| up(i, int(1), "b")));
-    assert_eq!(g.plugin_apply(t, changes), Ok(1000));
+    assert_eq!(g.plugin_apply(t, None, changes), Ok(1000));
     assert_eq!(
         count_sum(&g),
         vec![vec![SqlValue::Integer(500), text("500")]]
@@ -459,7 +465,7 @@ fn apply_by_copy_as_a_plugin_role_across_parts_types_and_privileges() {
         window(&g);
         let mut changes: Vec<Change> = (0..1000).map(|i| up(i, int(i), "c")).collect();
         changes[want] = bad;
-        let (row, e) = g.plugin_apply(t, changes).unwrap_err();
+        let (row, e) = g.plugin_apply(t, None, changes).unwrap_err();
         assert_eq!(row, want, "{e}");
         assert!(
             g.plugin_execute("SELECT 1", &[]).is_err(),
@@ -473,7 +479,7 @@ fn apply_by_copy_as_a_plugin_role_across_parts_types_and_privileges() {
     window(&g);
     let mut changes: Vec<Change> = (0..1000).map(|i| up(i, int(2), "d")).collect();
     changes[800] = up(800, int(2), "no longer too long");
-    assert_eq!(g.plugin_apply(t, changes), Ok(1000));
+    assert_eq!(g.plugin_apply(t, None, changes), Ok(1000));
     commit(&g);
 
     // Without TEMPORARY (PUBLIC's, revoked), a new connection: statements,
@@ -485,7 +491,7 @@ fn apply_by_copy_as_a_plugin_role_across_parts_types_and_privileges() {
     let g2 = connect();
     window(&g2);
     assert_eq!(
-        g2.plugin_apply(t, (0..1000).map(|i| up(i, int(3), "e")).collect()),
+        g2.plugin_apply(t, None, (0..1000).map(|i| up(i, int(3), "e")).collect()),
         Ok(1000)
     );
     assert!(!staged(&g2));
@@ -541,11 +547,11 @@ fn apply_binds_text_to_typed_columns_alike_by_statements_and_by_copy() {
     };
     let changes: Vec<Change> = (0..300).map(change).collect();
     window(&g);
-    let copied = g.plugin_apply(("typed_by_copy", &columns, &key), changes.clone());
+    let copied = g.plugin_apply(("typed_by_copy", &columns, &key), None, changes.clone());
     assert!(copied.is_ok(), "{copied:?}");
     assert!(staged(&g), "the 300-row call went by COPY");
     for part in changes.chunks(10) {
-        let applied = g.plugin_apply(("typed_by_statements", &columns, &key), part.to_vec());
+        let applied = g.plugin_apply(("typed_by_statements", &columns, &key), None, part.to_vec());
         assert!(applied.is_ok(), "{applied:?}");
     }
     let all = |t: &str| {
@@ -576,7 +582,9 @@ fn apply_binds_text_to_typed_columns_alike_by_statements_and_by_copy() {
         if let Change::Upsert(row) = &mut changes[bad] {
             row[3] = text("2024-02-30");
         }
-        let (row, e) = g.plugin_apply((t, &columns, &key), changes).unwrap_err();
+        let (row, e) = g
+            .plugin_apply((t, &columns, &key), None, changes)
+            .unwrap_err();
         assert_eq!(e.code, "22008", "{t}: {e}");
         assert_eq!(row, 0, "{t}: {e}");
         g.lock().end_plugin_window();

@@ -366,3 +366,5 @@ pub(crate) fn test_databases(dir: &Path, file: &str) -> Vec<String> {
 mod apply_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod versioned_tests;

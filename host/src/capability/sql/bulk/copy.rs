@@ -76,6 +76,9 @@ pub struct CopyPlan {
     pub delete: Option<String>,
     /// `INSERT … SELECT` the staged upserts (`None`: there are none).
     pub upsert: Option<String>,
+    /// The merge statements' parameters: the version guard's low version,
+    /// or none.
+    pub params: Vec<SqlValue>,
 }
 
 impl CopyPlan {
@@ -150,7 +153,9 @@ impl Target {
     }
 
     /// The deletes and upserts of a [`super::Folded::Sets`] (each with its index
-    /// in the changes) as a [`CopyPlan`] into `stage`.
+    /// in the changes) as a [`CopyPlan`] into `stage`. A versioned
+    /// target's deletes stage their version in the version column, and
+    /// both merges keep to the guard ([`Target::versioned`]).
     pub fn copy_plan(
         &self,
         deletes: Vec<(usize, Vec<SqlValue>)>,
@@ -171,27 +176,41 @@ impl Target {
                     format!("{}.{} = {staged}", self.table, self.columns[k])
                 })
                 .collect();
+            let guard = self
+                .version
+                .as_ref()
+                .and_then(|v| self.guard(&self.staged(&stage, alias, v.column), 1))
+                .map(|g| format!(" AND {g}"));
             format!(
-                "DELETE FROM {} USING {s} AS {alias} WHERE {alias}.{DELETE_FLAG} AND {}",
+                "DELETE FROM {} USING {s} AS {alias} WHERE {alias}.{DELETE_FLAG} AND {}{}",
                 self.table,
-                on.join(" AND ")
+                on.join(" AND "),
+                guard.unwrap_or_default()
             )
         });
         let upsert = (!upserts.is_empty()).then(|| {
             let select: Vec<String> = (0..self.columns.len())
                 .map(|c| self.staged(&stage, alias, c))
                 .collect();
+            let guard = self
+                .version_column()
+                .and_then(|v| self.guard(&format!("excluded.{v}"), 1))
+                .map(|g| format!(" WHERE {g}"));
             format!(
-                "INSERT INTO {} ({cols}) SELECT {} FROM {s} AS {alias} WHERE NOT {alias}.{DELETE_FLAG} {}",
+                "INSERT INTO {} ({cols}) SELECT {} FROM {s} AS {alias} WHERE NOT {alias}.{DELETE_FLAG} {}{}",
                 self.table,
                 select.join(", "),
-                self.on_conflict()
+                self.on_conflict(),
+                guard.unwrap_or_default()
             )
         });
         let mut rows = Vec::with_capacity(deletes.len() + upserts.len());
         let mut origin = Vec::with_capacity(rows.capacity());
-        for (i, key) in deletes {
+        for (i, mut key) in deletes {
             let mut row = vec![SqlValue::Null; self.columns.len() + 1];
+            if let Some(v) = &self.version {
+                row[v.column] = key.pop().unwrap_or(SqlValue::Null);
+            }
             for (&k, v) in self.key.iter().zip(key) {
                 row[k] = v;
             }
@@ -216,6 +235,7 @@ impl Target {
             origin,
             delete,
             upsert,
+            params: self.tail(),
         }
     }
 

@@ -1,4 +1,5 @@
-//! The bulk path of the SQL capability (`sql.apply`, contract 0.2.2): a
+//! The bulk path of the SQL capability (`sql.apply`, contract 0.2.2;
+//! `sql.apply-versioned`, 0.2.3, with [a version guard](version)): a
 //! table's upserts and deletes folded to each key's last change and
 //! planned as multi-row statements, which the session then runs through
 //! the same checks, role and transaction as a plugin's own statements.
@@ -25,7 +26,9 @@ use std::collections::hash_map::Entry;
 use super::{DbError, SqlValue};
 
 mod copy;
+mod version;
 pub use copy::{COPY_MIN_ROWS, ColumnType, CopyPlan, Stage};
+pub use version::Version;
 
 /// Rows per statement, at most.
 pub const MAX_ROWS: usize = 512;
@@ -42,13 +45,15 @@ pub const MAX_COLUMNS: usize = 2000;
 /// Key columns of a target, at most: PostgreSQL's `INDEX_MAX_KEYS`.
 pub const MAX_KEY_COLUMNS: usize = 32;
 
-/// A table kept current by [`plan`] (the WIT `sql.target`), checked.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A table kept current by [`plan`] (the WIT `sql.target`), checked,
+/// with its version guard for `apply-versioned` ([`Target::versioned`]).
+#[derive(Debug, Clone, PartialEq)]
 pub struct Target {
     table: String,
     columns: Vec<String>,
     /// Positions of the key columns among the columns.
     key: Vec<usize>,
+    version: Option<Version>,
 }
 
 /// One change of a [`Target`]'s row (the WIT `sql.change`).
@@ -56,7 +61,8 @@ pub struct Target {
 pub enum Change {
     /// The row: one value per column, in the target's column order.
     Upsert(Vec<SqlValue>),
-    /// The key: one value per key column, in the target's key order.
+    /// The key: one value per key column, in the target's key order,
+    /// then, for a versioned target, the delete's version.
     Delete(Vec<SqlValue>),
 }
 
@@ -123,6 +129,7 @@ impl Target {
             table,
             columns: columns.to_vec(),
             key,
+            version: None,
         })
     }
 
@@ -159,17 +166,30 @@ impl Target {
         }
     }
 
+    /// `rows` rows (each all the columns) inserted or replaced, where
+    /// the version guard holds (its low version last).
     fn upsert(&self, rows: usize) -> String {
+        let width = self.columns.len();
+        let guard = self.version_column().and_then(|v| {
+            self.guard(&format!("excluded.{v}"), rows * width + 1)
+                .map(|g| format!(" WHERE {g}"))
+        });
         format!(
-            "INSERT INTO {} ({}) VALUES {} {}",
+            "INSERT INTO {} ({}) VALUES {} {}{}",
             self.table,
             self.columns.join(", "),
-            groups(rows, self.columns.len()),
-            self.on_conflict()
+            groups(rows, width),
+            self.on_conflict(),
+            guard.unwrap_or_default()
         )
     }
 
+    /// `rows` keys deleted; for a versioned target one key, where the
+    /// guard holds ([`Target::versioned_delete`]).
     fn delete(&self, rows: usize) -> String {
+        if let Some(delete) = self.versioned_delete() {
+            return delete;
+        }
         let keys = self.key_names();
         match keys.as_slice() {
             [one] if rows == 1 => format!("DELETE FROM {} WHERE {one} = $1", self.table),
@@ -253,7 +273,7 @@ pub fn fold(target: &Target, changes: Vec<Change>) -> Result<Folded, (usize, DbE
     for (i, change) in changes.iter().enumerate() {
         let (values, width, what) = match change {
             Change::Upsert(v) => (v, target.columns.len(), "an upsert"),
-            Change::Delete(v) => (v, target.key.len(), "a delete"),
+            Change::Delete(v) => (v, target.delete_width(), "a delete"),
         };
         if values.len() != width {
             return Err((
@@ -267,7 +287,7 @@ pub fn fold(target: &Target, changes: Vec<Change>) -> Result<Folded, (usize, DbE
         }
         let key: Vec<&SqlValue> = match change {
             Change::Upsert(v) => target.key.iter().map(|&k| &v[k]).collect(),
-            Change::Delete(v) => v.iter().collect(),
+            Change::Delete(v) => v[..target.key.len()].iter().collect(),
         };
         for (seen, value) in types.iter_mut().zip(&key) {
             if **value != SqlValue::Null {
@@ -296,19 +316,24 @@ pub fn fold(target: &Target, changes: Vec<Change>) -> Result<Folded, (usize, DbE
     }
     let mut deletes: Vec<(usize, Vec<SqlValue>)> = Vec::new();
     let mut upserts: Vec<(usize, Vec<SqlValue>)> = Vec::new();
+    // Deletes kept to run before their key's last upsert, by index.
+    let mut before: HashMap<usize, Vec<SqlValue>> = HashMap::new();
     for (i, (change, key)) in changes.into_iter().zip(keys).enumerate() {
         let (at, deleted) = match &key {
             Some(k) => last.get(k).copied().unwrap_or((i, None)),
             None => (i, None),
         };
         if at != i {
+            if let (Change::Delete(v), Some(true)) = (change, deleted.map(|d| d == i)) {
+                before.insert(i, v);
+            }
             continue;
         }
         match change {
             Change::Delete(v) => deletes.push((i, v)),
             Change::Upsert(v) => {
-                if let Some(d) = deleted {
-                    deletes.push((d, target.key.iter().map(|&k| v[k].clone()).collect()));
+                if let Some(delete) = deleted.and_then(|d| before.remove(&d).map(|k| (d, k))) {
+                    deletes.push(delete);
                 }
                 upserts.push((i, v));
             }
@@ -326,16 +351,23 @@ pub fn statements(target: &Target, folded: Folded) -> Vec<Step> {
         Folded::Sets { deletes, upserts } => (deletes, upserts),
     };
     let mut steps = Vec::new();
+    let tail = target.tail();
+    let delete_rows = match target.version {
+        Some(_) => 1,
+        None => target.rows_per_statement(target.key.len()),
+    };
     cut(
         deletes,
-        target.rows_per_statement(target.key.len()),
+        delete_rows,
         |n| target.delete(n),
+        &tail,
         &mut steps,
     );
     cut(
         upserts,
-        target.rows_per_statement(target.columns.len()),
+        target.rows_per_statement(target.columns.len() + tail.len()),
         |n| target.upsert(n),
+        &tail,
         &mut steps,
     );
     steps
@@ -345,11 +377,13 @@ pub fn statements(target: &Target, folded: Folded) -> Vec<Step> {
 /// one kind in one step).
 fn in_order(target: &Target, changes: Vec<Change>) -> Vec<Step> {
     let mut steps: Vec<Step> = Vec::new();
+    let tail = target.tail();
     for (i, change) in changes.into_iter().enumerate() {
-        let (sql, values) = match change {
+        let (sql, mut values) = match change {
             Change::Upsert(v) => (target.upsert(1), v),
             Change::Delete(v) => (target.delete(1), v),
         };
+        values.extend(tail.iter().cloned());
         match steps.last_mut() {
             Some(step) if step.sql == sql => {
                 step.rows.push(values);
@@ -367,11 +401,12 @@ fn in_order(target: &Target, changes: Vec<Change>) -> Vec<Step> {
 
 /// Cut `rows` into statements of `most` rows (one step, an execution per
 /// statement) and the rest into statements of the powers of two it is
-/// made of, largest first.
+/// made of, largest first; each execution's values end with `tail`.
 fn cut(
     rows: Vec<(usize, Vec<SqlValue>)>,
     most: usize,
     text: impl Fn(usize) -> String,
+    tail: &[SqlValue],
     steps: &mut Vec<Step>,
 ) {
     let mut rows = rows.into_iter().peekable();
@@ -388,8 +423,9 @@ fn cut(
             for _ in 0..count {
                 let group: Vec<(usize, Vec<SqlValue>)> = rows.by_ref().take(size).collect();
                 step.origin.push(group[0].0);
-                step.rows
-                    .push(group.into_iter().flat_map(|(_, v)| v).collect());
+                let mut values: Vec<SqlValue> = group.into_iter().flat_map(|(_, v)| v).collect();
+                values.extend_from_slice(tail);
+                step.rows.push(values);
             }
             steps.push(step);
             left -= count * size;

@@ -319,7 +319,9 @@ impl SqlGrant {
     }
 
     /// A plugin's `apply` to `target` (table, columns, key columns: see
-    /// [`bulk::Target::new`]): the statements [`bulk::plan`] makes of
+    /// [`bulk::Target::new`]), or its `apply-versioned` with `version`
+    /// (the version column and the low version: see
+    /// [`bulk::Target::versioned`]): the statements [`bulk::plan`] makes of
     /// `changes` (each key's last change, as multi-row statements), each
     /// run as the plugin's own `execute-batch` of it would be: checked,
     /// in the plugin's role, recorded by `host test`.
@@ -332,12 +334,17 @@ impl SqlGrant {
     pub fn plugin_apply(
         &self,
         target: (&str, &[String], &[String]),
+        version: Option<(&str, SqlValue)>,
         changes: Vec<bulk::Change>,
     ) -> Result<u64, (usize, DbError)> {
         let mut s = self.lock();
         s.ready().map_err(|e| (0, e))?;
         let (table, columns, key) = target;
         let (target, folded) = bulk::Target::new(table, columns, key)
+            .and_then(|t| match version {
+                Some((column, low)) => t.versioned(column, low),
+                None => Ok(t),
+            })
             .map_err(|e| (0, e))
             .and_then(|t| bulk::fold(&t, changes).map(|f| (t, f)))
             .inspect_err(|(_, e)| s.failed = Some(e.clone()))?;

@@ -165,7 +165,7 @@ impl Session {
         for (sql, deletes) in [(&plan.delete, true), (&plan.upsert, false)] {
             if let Some(sql) = sql {
                 changed += self
-                    .execute_batch(sql, &[Vec::new()])
+                    .execute_batch(sql, std::slice::from_ref(&plan.params))
                     .map_err(|(_, e)| (plan.first_of(deletes), e))?;
             }
         }
