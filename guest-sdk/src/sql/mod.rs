@@ -47,6 +47,41 @@ pub fn identifier<'a>(what: &str, name: &'a str) -> Result<&'a str, crate::Error
     }
 }
 
+/// Check `name`, a table or column name of a [`Table`]: a plain
+/// identifier ([`identifier`]), which statements write unquoted, or a
+/// delimited identifier as [`quoted`] makes it (`"Order Lines"`: inner
+/// text of 1 to 63 bytes without control characters, `"` doubled), for
+/// names a plain one cannot write (reserved words, upper case on
+/// PostgreSQL, spaces). Returns the name as the database stores it: a
+/// plain one in lower case (PostgreSQL folds unquoted names; SQLite
+/// compares them without case), a delimited one's inner text.
+///
+/// # Errors
+/// [`crate::Error::Fatal`] naming `what`, the name and the rule.
+pub fn target_name(what: &str, name: &str) -> Result<String, crate::Error> {
+    if let Some(inner) = name
+        .strip_prefix('"')
+        .and_then(|n| n.strip_suffix('"'))
+        .filter(|_| name.len() >= 2)
+    {
+        let stored = inner.replace("\"\"", "\"");
+        let doubled_only = !stored.is_empty() && quoted(&stored) == name;
+        if doubled_only && stored.len() <= 63 && !stored.chars().any(char::is_control) {
+            return Ok(stored);
+        }
+        return Err(crate::Error::fatal(format!(
+            "{what} `{name}` is not a delimited SQL identifier (\"…\" around 1 to 63 bytes without control characters, \" written \"\")"
+        )));
+    }
+    identifier(what, name).map(str::to_ascii_lowercase)
+}
+
+/// `name` as a delimited SQL identifier: `"…"`, `"` doubled (both
+/// dialects). The database then takes it exactly, case included.
+pub fn quoted(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
 /// `sqlite` or `postgres`; `None` when no connection is granted.
 pub fn dialect() -> Option<String> {
     host().sql_dialect()

@@ -11,7 +11,7 @@
 //! server core busy at a third of the rate (docs/benchmarks.md, sessions
 //! 24 and 25).
 
-use super::identifier;
+use super::target_name;
 use super::types::{BatchError, Value};
 use crate::host::host;
 
@@ -52,28 +52,43 @@ impl Table {
     /// A table `name` with `columns`, whose primary key (or a unique
     /// constraint) is `key`, a non-empty subset of `columns`. The table
     /// must exist when [`Table::apply`] runs (create it in `Sink::init`).
+    /// Names are plain identifiers, written unquoted, or delimited ones
+    /// (`"Order"`, made by [`super::quoted`]) for the names a plain one
+    /// cannot write ([`target_name`]).
     ///
     /// # Errors
-    /// [`crate::Error::Fatal`] for a name that is not a plain identifier
-    /// ([`identifier`]), no columns, a name given twice, or a key column
+    /// [`crate::Error::Fatal`] for a name that is neither
+    /// ([`target_name`]), no columns, a name given twice, or a key column
     /// that is not one of the columns.
     pub fn new(name: &str, columns: &[&str], key: &[&str]) -> Result<Table, crate::Error> {
-        let name = identifier("table", name)?;
-        for c in columns.iter().chain(key) {
-            identifier("column", c)?;
-        }
-        let repeated = |names: &[&str]| {
+        target_name("table", name)?;
+        let stored = |names: &[&str]| {
+            names
+                .iter()
+                .map(|c| target_name("column", c))
+                .collect::<Result<Vec<String>, _>>()
+        };
+        let (stored_columns, stored_key) = (stored(columns)?, stored(key)?);
+        let repeated = |names: &[String]| {
             names
                 .iter()
                 .enumerate()
                 .any(|(i, n)| names[..i].contains(n))
         };
-        if columns.is_empty() || key.is_empty() || repeated(columns) || repeated(key) {
+        if columns.is_empty()
+            || key.is_empty()
+            || repeated(&stored_columns)
+            || repeated(&stored_key)
+        {
             return Err(crate::Error::fatal(format!(
                 "table {name}: needs at least one column and one key column, each named once"
             )));
         }
-        if let Some(k) = key.iter().find(|k| !columns.contains(k)) {
+        if let Some((k, _)) = key
+            .iter()
+            .zip(&stored_key)
+            .find(|(_, s)| !stored_columns.contains(s))
+        {
             return Err(crate::Error::fatal(format!(
                 "table {name}: key column {k} is not a column"
             )));
@@ -170,6 +185,14 @@ mod tests {
         assert!(Table::new("t", &["k"], &["x"]).is_err());
         assert!(Table::new("t", &["k", "k"], &["k"]).is_err());
         assert!(Table::new("t", &[], &[]).is_err());
+        // Delimited names: as the database stores them, so "k" is k.
+        assert!(Table::new("\"Order\"", &["\"Key\"", "\"a \"\"b\"\"\""], &["\"Key\""]).is_ok());
+        assert!(Table::new("t", &["k", "\"k\""], &["k"]).is_err());
+        assert!(Table::new("t", &["\"k\"", "v"], &["K"]).is_ok());
+        for bad in ["\"\"", "\"a\"b\"", "\"a\nb\"", "\"", "\"a"] {
+            assert!(Table::new(bad, &["k"], &["k"]).is_err(), "{bad}");
+        }
+        assert_eq!(super::super::quoted("a\"b"), "\"a\"\"b\"");
         let e = Table::new("t", &["k"], &["x"]).unwrap_err();
         assert!(
             e.to_string().contains("key column x is not a column"),

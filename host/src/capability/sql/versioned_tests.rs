@@ -215,3 +215,50 @@ fn apply_versioned_without_a_low_version_and_its_refusals() {
         g.lock().rollback();
     }
 }
+
+/// Names a plain identifier cannot write — upper case, a reserved word,
+/// a space — given delimited, by statements and by `COPY`.
+#[test]
+fn apply_versioned_takes_delimited_names() {
+    let d = tempfile::tempdir().unwrap();
+    for g in grants(d.path()) {
+        window(&g);
+        g.plugin_execute("DROP TABLE IF EXISTS \"Order Lines\"", &[])
+            .unwrap();
+        g.plugin_execute(
+            "CREATE TABLE \"Order Lines\" (\"Key\" TEXT PRIMARY KEY, \"group\" BIGINT, \"Ver\" TEXT)",
+            &[],
+        )
+        .unwrap();
+        let columns = names(&["\"Key\"", "\"group\"", "\"Ver\""]);
+        let key = names(&["\"Key\""]);
+        let t = ("\"Order Lines\"", &columns[..], &key[..]);
+        for (n, version) in [(300, "a:2"), (10, "a:1"), (10, "a:3")] {
+            let changes: Vec<Change> = (0..n)
+                .map(|i| {
+                    Change::Upsert(vec![
+                        text(&format!("k{i}")),
+                        SqlValue::Integer(i as i64),
+                        text(version),
+                    ])
+                })
+                .collect();
+            let applied = g.plugin_apply(t, Some(("\"Ver\"", text("a:"))), changes);
+            assert_eq!(applied, Ok(if version == "a:1" { 0 } else { n as u64 }));
+        }
+        let q = g
+            .plugin_query(
+                "SELECT count(*), min(\"Ver\"), max(\"Ver\") FROM \"Order Lines\"",
+                &[],
+            )
+            .unwrap();
+        assert_eq!(
+            q.rows,
+            vec![vec![SqlValue::Integer(300), text("a:2"), text("a:3")]]
+        );
+        if g.dialect() == Dialect::Postgres {
+            assert!(super::apply_tests::staged(&g), "COPY used");
+        }
+        g.lock().rollback();
+    }
+}

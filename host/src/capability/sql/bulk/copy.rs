@@ -100,7 +100,7 @@ impl Target {
     /// column named like the staging table's delete flag. A call that
     /// is not folded ([`super::Folded::InOrder`]) keeps to the statements.
     pub fn wants_copy(&self, rows: usize) -> bool {
-        rows >= COPY_MIN_ROWS && !self.columns.iter().any(|c| c == DELETE_FLAG)
+        rows >= COPY_MIN_ROWS && !self.stored.1.iter().any(|c| c == DELETE_FLAG)
     }
 
     /// The staging table of this table, column list and the columns'
@@ -146,10 +146,11 @@ impl Target {
         }
     }
 
-    /// The table's name and its columns', comma-separated, for
-    /// [`Target::stage`]'s type lookup.
-    pub fn names(&self) -> (&str, String) {
-        (&self.table, self.columns.join(","))
+    /// The table's name and its columns' as the database stores them,
+    /// the columns joined by U+0001 (no name has a control character),
+    /// for [`Target::stage`]'s type lookup.
+    pub fn stored_names(&self) -> (&str, String) {
+        (&self.stored.0, self.stored.1.join("\u{1}"))
     }
 
     /// The deletes and upserts of a [`super::Folded::Sets`] (each with its index

@@ -51,6 +51,9 @@ pub const MAX_KEY_COLUMNS: usize = 32;
 pub struct Target {
     table: String,
     columns: Vec<String>,
+    /// The table's and the columns' names as the database stores them
+    /// ([`stored`]).
+    stored: (String, Vec<String>),
     /// Positions of the key columns among the columns.
     key: Vec<usize>,
     version: Option<Version>,
@@ -79,25 +82,27 @@ pub struct Step {
     pub origin: Vec<usize>,
 }
 
-/// `name` if it is a plain SQL identifier, which both dialects take
-/// unquoted: the guest SDK's rule ([`sluice_guest::sql::identifier`]),
-/// its message as a host error.
-fn plain(what: &str, name: &str) -> Result<String, DbError> {
-    match sluice_guest::sql::identifier(what, name) {
-        Ok(name) => Ok(name.to_string()),
+/// The name the database stores for `name`, a plain identifier or a
+/// delimited one: the guest SDK's rule
+/// ([`sluice_guest::sql::target_name`]), its message as a host error.
+fn stored(what: &str, name: &str) -> Result<String, DbError> {
+    match sluice_guest::sql::target_name(what, name) {
+        Ok(name) => Ok(name),
         Err(sluice_guest::Error::Fatal(m)) => Err(DbError::host(m)),
         Err(e) => Err(DbError::host(e.to_string())),
     }
 }
 
 impl Target {
-    /// Check a target: plain identifiers, at least one column and one key
-    /// column, each named once, every key column one of the columns.
+    /// Check a target: plain or delimited identifiers
+    /// ([`sluice_guest::sql::target_name`]), at least one column and one
+    /// key column, each named once, every key column one of the columns.
     ///
     /// # Errors
     /// A host [`DbError`] (code `sluice`) naming what is wrong.
     pub fn new(table: &str, columns: &[String], key: &[String]) -> Result<Target, DbError> {
-        let table = plain("table", table)?;
+        let stored_table = stored("table", table)?;
+        let table = table.to_string();
         if columns.len() > MAX_COLUMNS || key.len() > MAX_KEY_COLUMNS {
             return Err(DbError::host(format!(
                 "table {table}: {} columns and {} key columns given; at most {MAX_COLUMNS} and {MAX_KEY_COLUMNS}",
@@ -105,28 +110,37 @@ impl Target {
                 key.len()
             )));
         }
-        for c in columns.iter().chain(key) {
-            plain("column", c)?;
-        }
+        let names = |n: &[String]| {
+            n.iter()
+                .map(|c| stored("column", c))
+                .collect::<Result<Vec<String>, _>>()
+        };
+        let (stored_columns, stored_key) = (names(columns)?, names(key)?);
         let repeated = |names: &[String]| {
             let mut seen = std::collections::HashSet::with_capacity(names.len());
             !names.iter().all(|n| seen.insert(n))
         };
-        if columns.is_empty() || key.is_empty() || repeated(columns) || repeated(key) {
+        if columns.is_empty()
+            || key.is_empty()
+            || repeated(&stored_columns)
+            || repeated(&stored_key)
+        {
             return Err(DbError::host(format!(
                 "table {table}: needs at least one column and one key column, each named once"
             )));
         }
         let key = key
             .iter()
-            .map(|k| {
-                columns.iter().position(|c| c == k).ok_or_else(|| {
+            .zip(&stored_key)
+            .map(|(k, s)| {
+                stored_columns.iter().position(|c| c == s).ok_or_else(|| {
                     DbError::host(format!("table {table}: key column {k} is not a column"))
                 })
             })
             .collect::<Result<Vec<usize>, _>>()?;
         Ok(Target {
             table,
+            stored: (stored_table, stored_columns),
             columns: columns.to_vec(),
             key,
             version: None,

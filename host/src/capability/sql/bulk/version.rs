@@ -13,7 +13,7 @@
 //! condition against the delete's version on a delete. A change the guard
 //! holds back is not counted in the rows changed.
 
-use super::{DbError, SqlValue, Target};
+use super::{DbError, SqlValue, Target, stored};
 
 /// A target's version column and the call's lowest version.
 #[derive(Debug, Clone, PartialEq)]
@@ -33,7 +33,8 @@ impl Target {
     /// A host [`DbError`] (code `sluice`) when `column` is not a column of
     /// the target, or is a key column.
     pub fn versioned(mut self, column: &str, low: SqlValue) -> Result<Target, DbError> {
-        let at = self.columns.iter().position(|c| c == column);
+        let column = stored("version column", column)?;
+        let at = self.stored.1.iter().position(|c| *c == column);
         let Some(at) = at.filter(|i| !self.key.contains(i)) else {
             return Err(DbError::host(format!(
                 "table {}: the version column {column} must be one of the columns and not a key column",

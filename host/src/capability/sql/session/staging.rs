@@ -83,14 +83,14 @@ impl Session {
         &mut self,
         target: &bulk::Target,
     ) -> Result<Option<Vec<bulk::ColumnType>>, DbError> {
-        let (table, columns) = target.names();
+        let (table, columns) = target.stored_names();
         let rows = self.backend.query(
             "SELECT format_type(a.atttypid, a.atttypmod), a.atttypid::int8 \
-               FROM unnest(string_to_array($1, ',')) WITH ORDINALITY AS c(name, i) \
+               FROM unnest(string_to_array($1, chr(1))) WITH ORDINALITY AS c(name, i) \
                LEFT JOIN pg_attribute a ON a.attnum > 0 AND NOT a.attisdropped \
-                 AND a.attname = lower(c.name) \
+                 AND a.attname = c.name \
                  AND a.attrelid = (SELECT r.oid FROM pg_class r \
-                                    WHERE r.relname = lower($2) AND pg_table_is_visible(r.oid)) \
+                                    WHERE r.relname = $2 AND pg_table_is_visible(r.oid)) \
               ORDER BY c.i",
             &[SqlValue::Text(columns), SqlValue::Text(table.to_string())],
         );
