@@ -11,6 +11,7 @@
 mod support;
 
 mod cdc;
+mod cdc_bulk;
 mod cdc_files;
 mod cdc_real;
 mod checkpoint;

@@ -1,7 +1,7 @@
 //! A change checked and bound to its table's columns ([`Bound`]), as the
 //! sink keeps it until a flush, and the shapes statements take it in.
 
-use sluice_guest::sql::Value;
+use sluice_guest::sql::{self, BatchError, Change, SqlError, Value};
 
 use crate::change::Op;
 use crate::number::Decimal;
@@ -99,55 +99,75 @@ impl Bound {
     }
 }
 
-/// The parameters of `changes` as rows of one statement: each change's
-/// values, then its position; last the changes' position domain (the
-/// guard's, one for all: see [`chunks`]). Copies the values; see
-/// [`run_chunk`] for the statements of a flush, which move them.
-pub fn row_params(changes: &[Bound]) -> Vec<Value> {
-    let mut params =
-        Vec::with_capacity(changes.iter().map(|b| b.params.len() + 1).sum::<usize>() + 1);
-    for b in changes {
-        params.extend(b.params.iter().cloned());
-        params.push(Value::from(b.pos.as_str()));
-    }
-    if let Some(b) = changes.first() {
-        params.push(Value::from(position::domain(&b.pos)));
-    }
-    params
-}
-
-/// Run statement `text` with the [`row_params`] of `chunk`, moving its
-/// values into the parameters rather than copying them (a flush binds
-/// thousands), and handing them back to `chunk` only when `again` says
-/// the count of changed rows calls for a second look at the changes.
+/// Apply `chunk` to `table` through the host's bulk path: all deletes,
+/// or all upserts of one column set, with key columns `key` (indexes)
+/// and one position domain ([`chunks`]). With `guarded`, by
+/// `sql.apply-versioned` on the position column from the chunk's domain
+/// on ([`crate::position`]'s rule: a change older than its row, or whose
+/// row's position is of another domain, is held back and not counted);
+/// without, by `sql.apply` (a change applied in stream order). An
+/// upsert sets its columns and the position; a delete carries its key
+/// values, then its position. The host folds nothing here (the sink
+/// kept one change per key) and sends the chunk as multi-row statements,
+/// or by `COPY` on PostgreSQL from 256 changes on. The values are
+/// copied: the chunk stays for [`crate::order::resolve`].
 ///
 /// # Errors
-/// The database's error.
-pub fn run_chunk(
-    text: &str,
-    chunk: &mut [Bound],
-    again: impl Fn(u64) -> bool,
-) -> Result<u64, sluice_guest::sql::SqlError> {
-    let mut params =
-        Vec::with_capacity(chunk.iter().map(|b| b.params.len() + 1).sum::<usize>() + 1);
-    let mut lens = Vec::with_capacity(chunk.len());
-    for b in chunk.iter_mut() {
-        lens.push(b.params.len());
-        params.append(&mut b.params);
-        params.push(Value::from(b.pos.as_str()));
+/// The database's error, and the index in `chunk` of the change the
+/// failing statement began with.
+pub fn apply_chunk(
+    table: &Table,
+    key: &[usize],
+    chunk: &[Bound],
+    guarded: bool,
+) -> Result<u64, BatchError> {
+    let Some(first) = chunk.first() else {
+        return Ok(0);
+    };
+    let name = |i: &usize| crate::table::quote(&table.columns[*i].name);
+    let position = crate::table::quote(&table.position_column().name);
+    let delete = first.op == Op::Delete;
+    let mut columns: Vec<String> = if delete { key } else { &first.set[..] }
+        .iter()
+        .map(name)
+        .collect();
+    columns.push(position.clone());
+    let key: Vec<String> = key.iter().map(name).collect();
+    let target =
+        sql::Table::new(&table.sql_name, &as_strs(&columns), &as_strs(&key)).map_err(|e| {
+            BatchError {
+                row: 0,
+                error: SqlError {
+                    message: e.to_string(),
+                    code: "sluice".into(),
+                },
+            }
+        })?;
+    let changes: Vec<Change> = chunk
+        .iter()
+        .map(|b| {
+            let mut values = Vec::with_capacity(b.params.len() + 1);
+            values.extend(b.params.iter().cloned());
+            if delete && !guarded {
+                return Change::Delete(values);
+            }
+            values.push(Value::from(b.pos.as_str()));
+            match delete {
+                true => Change::Delete(values),
+                false => Change::Upsert(values),
+            }
+        })
+        .collect();
+    if guarded {
+        let low = Value::from(position::domain(&first.pos));
+        target.apply_versioned(&position, low, changes)
+    } else {
+        target.apply(changes)
     }
-    if let Some(b) = chunk.first() {
-        params.push(Value::from(position::domain(&b.pos)));
-    }
-    let n = sluice_guest::sql::execute(text, &params)?;
-    if again(n) {
-        let mut values = params.into_iter();
-        for (b, len) in chunk.iter_mut().zip(lens) {
-            b.params = values.by_ref().take(len).collect();
-            values.next(); // its position
-        }
-    }
-    Ok(n)
+}
+
+fn as_strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
 }
 
 /// Key values (of columns `key` of `table`, indexes) as bytes that are

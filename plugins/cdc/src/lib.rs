@@ -54,7 +54,6 @@ pub mod order;
 pub mod position;
 pub mod route;
 pub mod sink;
-pub mod statements;
 pub mod table;
 
 use std::borrow::Cow;

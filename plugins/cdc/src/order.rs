@@ -13,9 +13,8 @@ use sluice_guest::log;
 use sluice_guest::sql::{self, SqlError, Value};
 
 use crate::bound::Bound;
-use crate::change::Op;
 use crate::position;
-use crate::table::Table;
+use crate::table::{Column, Dialect, Kind, Table, quote};
 
 /// Examples kept per table and kind for the log line.
 const EXAMPLES: usize = 3;
@@ -152,12 +151,49 @@ pub fn resolve(
 
 /// Apply `b` (of `table`, key columns `key`) whatever its row's position.
 fn apply_unguarded(table: &Table, key: &[usize], b: &Bound) -> Result<u64, SqlError> {
-    match b.op {
-        Op::Delete => sql::execute(&table.delete_unguarded(key), &b.params),
-        _ => {
-            let mut params = b.params.clone();
-            params.push(Value::from(b.pos.as_str()));
-            sql::execute(&table.upsert_unguarded(&b.set, key, 1), &params)
+    crate::bound::apply_chunk(table, key, std::slice::from_ref(b), false).map_err(|e| e.error)
+}
+
+impl Table {
+    /// The stored positions of `rows` keys (key columns `key`, indexes):
+    /// `SELECT i, position` for each key that has a row, `i` its 1-based
+    /// number in the list. Placeholders: the key values, row after row,
+    /// each cast to its column's type on PostgreSQL (a `VALUES` list is
+    /// typed from its own values).
+    pub fn positions(&self, key: &[usize], rows: usize) -> String {
+        let t = &self.sql_name;
+        let pos = quote(&self.position_column().name);
+        let names: Vec<String> = (0..key.len()).map(|n| format!("k{n}")).collect();
+        let values: Vec<String> = (0..rows.max(1))
+            .map(|row| {
+                let cells: Vec<String> = key
+                    .iter()
+                    .enumerate()
+                    .map(|(n, &i)| self.placeholder(&self.columns[i], row * key.len() + n + 1))
+                    .collect();
+                format!("({}, {})", row + 1, cells.join(", "))
+            })
+            .collect();
+        let on: Vec<String> = key
+            .iter()
+            .zip(&names)
+            .map(|(&i, k)| format!("{t}.{} = v.{k}", quote(&self.columns[i].name)))
+            .collect();
+        format!(
+            "WITH v (i, {}) AS (VALUES {}) SELECT v.i, {t}.{pos} FROM v JOIN {t} ON {}",
+            names.join(", "),
+            values.join(", "),
+            on.join(" AND ")
+        )
+    }
+
+    /// Placeholder `$n` for column `c`, cast where the dialect needs it
+    /// (a bit string through `varbit`: a bare `bit` is `bit(1)`).
+    fn placeholder(&self, c: &Column, n: usize) -> String {
+        match (self.dialect, c.kind) {
+            (Dialect::Sqlite, _) | (_, Kind::Binary | Kind::Text) => format!("${n}"),
+            (Dialect::Postgres, Kind::Bits) => format!("CAST(CAST(${n} AS TEXT) AS varbit)"),
+            (Dialect::Postgres, _) => format!("CAST(CAST(${n} AS TEXT) AS {})", c.cast),
         }
     }
 }
@@ -165,6 +201,18 @@ fn apply_unguarded(table: &Table, key: &[usize], b: &Bound) -> Result<u64, SqlEr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn positions_are_read_with_keys_cast_to_their_columns() {
+        let t = crate::table::sample(Dialect::Postgres);
+        assert_eq!(
+            t.positions(&[0], 2),
+            "WITH v (i, k0) AS (VALUES (1, CAST(CAST($1 AS TEXT) AS int8)), (2, CAST(CAST($2 AS TEXT) AS int8))) \
+             SELECT v.i, \"company\".\"_sluice_position\" FROM v JOIN \"company\" ON \"company\".\"id\" = v.k0"
+        );
+        let t = crate::table::sample(Dialect::Sqlite);
+        assert!(t.positions(&[0, 1], 1).contains("VALUES (1, $1, $2)"));
+    }
 
     #[test]
     fn a_report_counts_everything_and_keeps_a_few_examples() {

@@ -10,8 +10,9 @@
 //! an earlier upsert set keep its values; a delete before an upsert still
 //! runs first), and applied at the part's `close` — or when `batch_rows`
 //! keys are kept — as one multi-row upsert and one multi-row delete per
-//! table. With
-//! `batch_rows=1` each change is its own statement, run at once, so even
+//! table, through the host's bulk path (`sql.apply-versioned`: multi-row
+//! statements, or `COPY` on PostgreSQL, guarded by the ordering rule).
+//! With `batch_rows=1` each change is its own call, run at once, so even
 //! an error only the database finds is a bad record of that change.
 
 use std::cmp::Ordering;
@@ -22,15 +23,11 @@ use sluice_guest::sql::{self, SqlError, Value};
 use sluice_guest::{Config, Error, OpenAnswer, PartitionContext, Sink, SinkRecord, log};
 
 use crate::Settings;
-use crate::bound::{Bound, chunks, key_bytes, row_params, run_chunk};
+use crate::bound::{Bound, apply_chunk, chunks, key_bytes};
 use crate::change::{ChangeIn, Op, Val};
 use crate::order::{self, Report};
 use crate::position;
 use crate::table::{Dialect, Table};
-
-/// At most this many parameters in one statement (SQLite allows 32,766
-/// since 3.32, PostgreSQL 65,535).
-const MAX_PARAMS: usize = 30_000;
 
 /// The changes of one destination table kept for the flush.
 #[derive(Debug, Default)]
@@ -43,31 +40,6 @@ struct Kept {
     by_key: HashMap<Vec<u8>, Bound>,
     /// Keys in first-seen order (so statements are reproducible).
     order: Vec<Vec<u8>>,
-}
-
-/// Which statement: (table, delete rather than upsert, the columns it
-/// sets, the key columns, rows).
-type StatementKey = (String, bool, Vec<usize>, Vec<usize>, usize);
-
-/// Most statement texts kept per sink instance, and their most bytes (a
-/// 1,000-row upsert with PostgreSQL's casts is ~150 KB).
-const STATEMENTS_KEPT: usize = 64;
-const STATEMENT_BYTES: usize = 4 << 20;
-
-/// The text of statement `key`, built by `build` the first time (texts
-/// of thousands of placeholders are not rebuilt at every flush).
-fn statement(
-    kept: &mut HashMap<StatementKey, String>,
-    key: StatementKey,
-    build: impl FnOnce() -> String,
-) -> &str {
-    if !kept.contains_key(&key)
-        && (kept.len() >= STATEMENTS_KEPT
-            || kept.values().map(String::len).sum::<usize>() > STATEMENT_BYTES)
-    {
-        kept.clear();
-    }
-    kept.entry(key).or_insert_with(build)
 }
 
 /// The cdc sink stage.
@@ -84,8 +56,6 @@ pub struct CdcSink {
     kept_rows: usize,
     /// The part being written, for messages.
     part: String,
-    /// Statement texts built so far ([`statement`]).
-    statements: HashMap<StatementKey, String>,
     /// What the ordering rule held back or applied in stream order since
     /// the last flush, for its log line.
     report: Report,
@@ -101,7 +71,6 @@ impl Sink for CdcSink {
             kept: HashMap::new(),
             kept_rows: 0,
             part: String::new(),
-            statements: HashMap::new(),
             report: Report::default(),
         })
     }
@@ -216,7 +185,7 @@ impl Sink for CdcSink {
         };
         if self.settings.batch_rows <= 1 {
             for b in moved_from.iter().chain(bound.iter()) {
-                let n = apply_one(table, &key_idx, Some(b), &mut self.statements)
+                let n = apply_one(table, &key_idx, Some(b))
                     .map_err(|e| classify(e, &c, table, &key_idx))?;
                 order::resolve(
                     table,
@@ -228,8 +197,7 @@ impl Sink for CdcSink {
                 .map_err(|e| classify(e, &c, table, &key_idx))?;
             }
             if bound.is_none() {
-                apply_one(table, &key_idx, None, &mut self.statements)
-                    .map_err(|e| classify(e, &c, table, &key_idx))?;
+                apply_one(table, &key_idx, None).map_err(|e| classify(e, &c, table, &key_idx))?;
             }
             return Ok(());
         }
@@ -265,26 +233,13 @@ impl Sink for CdcSink {
     }
 }
 
-/// Run one change as its own statement (`batch_rows=1`); `None` is a
+/// Run one change as its own call (`batch_rows=1`); `None` is a
 /// truncate.
-fn apply_one(
-    table: &Table,
-    key: &[usize],
-    change: Option<&Bound>,
-    statements: &mut HashMap<StatementKey, String>,
-) -> Result<u64, SqlError> {
+fn apply_one(table: &Table, key: &[usize], change: Option<&Bound>) -> Result<u64, SqlError> {
     let Some(b) = change else {
         return sql::execute(&format!("DELETE FROM {}", table.sql_name), &[]);
     };
-    let params = row_params(std::slice::from_ref(b));
-    let delete = b.op == Op::Delete;
-    let set = if delete { Vec::new() } else { b.set.clone() };
-    let id = (table.name.clone(), delete, set, key.to_vec(), 1);
-    let text = statement(statements, id, || match b.op {
-        Op::Delete => table.delete(key, 1),
-        _ => table.upsert(&b.set, key, 1),
-    });
-    sql::execute(text, &params)
+    apply_chunk(table, key, std::slice::from_ref(b), true).map_err(|e| e.error)
 }
 
 impl CdcSink {
@@ -395,9 +350,9 @@ impl CdcSink {
         None
     }
 
-    /// Apply every kept change: per table the truncate, then one
-    /// multi-row delete and one multi-row upsert per column set (in
-    /// statements of at most [`MAX_PARAMS`] parameters).
+    /// Apply every kept change: per table the truncate, then the deletes
+    /// and the upserts of each column set, each in one call of the
+    /// host's bulk path per position domain ([`apply_chunk`]).
     ///
     /// # Errors
     /// [`Error::Fatal`] naming the table and the part when the database
@@ -426,7 +381,7 @@ impl CdcSink {
                 // The host reports the database's error itself (it wins
                 // over the stage's): the log line carries what to do.
                 let why = format!(
-                    "table {name}: the database refused a change of {}: {e}. One statement carries many changes, so which one is not known: restart with --config batch_rows=1 to apply them one by one, and the bad one goes to --on-error",
+                    "table {name}: the database refused a change of {}: {e}. One call carries many changes, so which one is not known: restart with --config batch_rows=1 to apply them one by one, and the bad one goes to --on-error",
                     self.part
                 );
                 log::error(&why);
@@ -449,35 +404,14 @@ impl CdcSink {
                     }
                 }
             }
-            let rows = MAX_PARAMS / (kept.key.len() + 1);
-            for mut chunk in chunks(deletes, rows, false) {
-                let id = (
-                    name.clone(),
-                    true,
-                    Vec::new(),
-                    kept.key.clone(),
-                    chunk.len(),
-                );
-                let text = statement(&mut self.statements, id, || {
-                    table.delete(&kept.key, chunk.len())
-                });
-                let rows = chunk.len() as u64;
-                let n = run_chunk(text, &mut chunk, |n| n < rows).map_err(fail)?;
-                order::resolve(table, &kept.key, &chunk, n, &mut self.report).map_err(fail)?;
-            }
-            // Rows of one statement set the same columns: a statement per
-            // column set (and position domain).
-            let widest = upserts.iter().map(|b| b.set.len()).max().unwrap_or(0);
-            let rows = MAX_PARAMS / (widest + 1);
-            for mut chunk in chunks(upserts, rows, true) {
-                let set = chunk[0].set.clone();
-                let id = (name.clone(), false, set, kept.key.clone(), chunk.len());
-                let text = statement(&mut self.statements, id, || {
-                    table.upsert(&chunk[0].set, &kept.key, chunk.len())
-                });
-                let rows = chunk.len() as u64;
-                let n = run_chunk(text, &mut chunk, |n| n < rows).map_err(fail)?;
-                order::resolve(table, &kept.key, &chunk, n, &mut self.report).map_err(fail)?;
+            // Upserts of one call set the same columns: a call per column
+            // set (and position domain).
+            for (changes, by_set) in [(deletes, false), (upserts, true)] {
+                for chunk in chunks(changes, usize::MAX, by_set) {
+                    let n =
+                        apply_chunk(table, &kept.key, &chunk, true).map_err(|e| fail(e.error))?;
+                    order::resolve(table, &kept.key, &chunk, n, &mut self.report).map_err(fail)?;
+                }
             }
         }
         self.kept_rows = 0;

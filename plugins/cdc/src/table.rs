@@ -99,10 +99,8 @@ pub struct Table {
     pub(crate) dialect: Dialect,
 }
 
-/// `"name"`, quoted for both dialects.
-pub fn quote(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
-}
+/// `"name"`, quoted for both dialects (the SDK's rule).
+pub use sluice_guest::sql::quoted as quote;
 
 impl Table {
     /// The table `name` of `columns`.

@@ -161,6 +161,11 @@ impl Session {
             self.failed = Some(e.clone());
             return Err((plan.origin.get(row).copied().unwrap_or_default(), e));
         }
+        tracing::debug!(
+            rows = plan.rows.len(),
+            stage = %plan.stage.name,
+            "sql.apply: rows loaded by COPY, merging"
+        );
         let mut changed = 0;
         for (sql, deletes) in [(&plan.delete, true), (&plan.upsert, false)] {
             if let Some(sql) = sql {
