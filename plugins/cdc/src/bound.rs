@@ -1,5 +1,6 @@
 //! A change checked and bound to its table's columns ([`Bound`]), as the
-//! sink keeps it until a flush, and the shapes statements take it in.
+//! sink keeps it until a flush, and how a chunk of them reaches the
+//! host's bulk path ([`apply_chunk`]).
 
 use sluice_guest::sql::{self, BatchError, Change, SqlError, Value};
 
