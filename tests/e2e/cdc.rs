@@ -328,7 +328,7 @@ fn values_that_do_not_fit_are_bad_records_or_stop_with_the_fix() {
     mock.create_topic("cdc", 1);
     db.batch(
         "CREATE TABLE company (id BIGINT PRIMARY KEY, name VARCHAR(5), founded DATE, \
-         _sluice_position TEXT)",
+         flag SMALLINT, _sluice_position TEXT)",
     );
     let dir = tempfile::tempdir().unwrap();
     let ck = dir.path().join("ck");
@@ -375,15 +375,18 @@ fn values_that_do_not_fit_are_bad_records_or_stop_with_the_fix() {
         "{dead:?}"
     );
 
-    // Only the database can tell this date is wrong.
+    // Only the database can tell this date is wrong; `true` for a
+    // smallint is refused by the host's binding (a data exception too,
+    // not a lost connection to retry).
     send(&[
         (5, 50, r#"{"id":5,"name":"d","founded":"2024-13-45"}"#),
         (6, 60, r#"{"id":6,"name":"e"}"#),
+        (7, 70, r#"{"id":7,"name":"f","flag":true}"#),
     ]);
     let (code, log) = run(&mock, &db, &ck, &["--on-error", "dlq"]);
     assert_ne!(code, Some(0), "{log}");
     assert!(log.contains("batch_rows=1"), "{log}");
-    assert!(log.contains("cdc/0 offsets [4, 6)"), "{log}");
+    assert!(log.contains("cdc/0 offsets [4, 7)"), "{log}");
     assert_eq!(db.scalar("SELECT count(*) FROM company"), 2, "{log}");
     let (code, log) = run(
         &mock,
@@ -397,7 +400,11 @@ fn values_that_do_not_fit_are_bad_records_or_stop_with_the_fix() {
         ["1", "4", "6"],
         "{log}"
     );
-    assert_eq!(db.scalar("SELECT count(*) FROM sluice_dead_letters"), 3);
+    assert_eq!(db.scalar("SELECT count(*) FROM sluice_dead_letters"), 4);
+    assert!(
+        !log.contains("reconnect"),
+        "a refused value is not a lost connection: {log}"
+    );
 }
 
 /// `host test` with the cdc component: on a real database the sink's

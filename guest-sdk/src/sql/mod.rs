@@ -50,11 +50,12 @@ pub fn identifier<'a>(what: &str, name: &'a str) -> Result<&'a str, crate::Error
 /// Check `name`, a table or column name of a [`Table`]: a plain
 /// identifier ([`identifier`]), which statements write unquoted, or a
 /// delimited identifier as [`quoted`] makes it (`"Order Lines"`: inner
-/// text of 1 to 63 bytes without control characters, `"` doubled), for
-/// names a plain one cannot write (reserved words, upper case on
-/// PostgreSQL, spaces). Returns the name as the database stores it: a
-/// plain one in lower case (PostgreSQL folds unquoted names; SQLite
-/// compares them without case), a delimited one's inner text.
+/// text of at least one character and no NUL, `"` doubled), for names a
+/// plain one cannot write (reserved words, upper case on PostgreSQL,
+/// spaces). Returns the name as the database stores it: a plain one in
+/// lower case (PostgreSQL folds unquoted names; SQLite compares them
+/// without case), a delimited one's inner text (PostgreSQL keeps its
+/// first 63 bytes).
 ///
 /// # Errors
 /// [`crate::Error::Fatal`] naming `what`, the name and the rule.
@@ -66,11 +67,11 @@ pub fn target_name(what: &str, name: &str) -> Result<String, crate::Error> {
     {
         let stored = inner.replace("\"\"", "\"");
         let doubled_only = !stored.is_empty() && quoted(&stored) == name;
-        if doubled_only && stored.len() <= 63 && !stored.chars().any(char::is_control) {
+        if doubled_only && !stored.contains('\0') {
             return Ok(stored);
         }
         return Err(crate::Error::fatal(format!(
-            "{what} `{name}` is not a delimited SQL identifier (\"…\" around 1 to 63 bytes without control characters, \" written \"\")"
+            "{what} `{name}` is not a delimited SQL identifier (\"…\" around at least one character and no NUL, \" written \"\")"
         )));
     }
     identifier(what, name).map(str::to_ascii_lowercase)

@@ -5,9 +5,9 @@
 //! only say so at the end of a multi-row statement; each refusal is a
 //! bad record naming the column and the way out. Values keep their exact
 //! text (no floating point on the way) and the database converts them:
-//! on PostgreSQL through the placeholder's cast
-//! ([`crate::statements`]), on SQLite by the column's type affinity
-//! (<https://sqlite.org/datatype3.html>).
+//! on PostgreSQL by the column type's input function (the host sends
+//! text to a type it has no binary form for, docs/plugins.md), on SQLite
+//! by the column's type affinity (<https://sqlite.org/datatype3.html>).
 
 use base64::Engine as _;
 use sluice_guest::Error;

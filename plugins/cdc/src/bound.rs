@@ -231,15 +231,11 @@ pub fn key_bytes<'a>(
     k
 }
 
-/// `changes` in statements of at most `rows` changes each that share one
-/// position domain ([`crate::position::domain`]: a guarded statement
-/// takes it as one parameter) and, with `by_set`, one column set (an
-/// upsert statement's columns): sorted by (set, domain), stable.
-pub fn chunks(
-    mut changes: Vec<Bound>,
-    rows: usize,
-    by_set: bool,
-) -> impl Iterator<Item = Vec<Bound>> {
+/// `changes` in calls ([`apply_chunk`]) that share one position domain
+/// ([`crate::position::domain`]: the guard's low version) and, with
+/// `by_set`, one column set (an upsert call's columns): sorted by (set,
+/// domain), stable.
+pub fn chunks(mut changes: Vec<Bound>, by_set: bool) -> impl Iterator<Item = Vec<Bound>> {
     let set = move |b: &Bound| -> Vec<usize> { if by_set { b.set.clone() } else { Vec::new() } };
     changes.sort_by(|a, b| {
         let sets = if by_set {
@@ -255,9 +251,8 @@ pub fn chunks(
         let domain = position::domain(&first.pos).to_string();
         let columns = set(&first);
         let mut chunk = vec![first];
-        while chunk.len() < rows.max(1)
-            && let Some(b) =
-                it.next_if(|b| position::domain(&b.pos) == domain && (!by_set || b.set == columns))
+        while let Some(b) =
+            it.next_if(|b| position::domain(&b.pos) == domain && (!by_set || b.set == columns))
         {
             chunk.push(b);
         }

@@ -117,6 +117,22 @@ pub fn resolve(
     if applied >= changes.len() as u64 {
         return Ok(());
     }
+    // At most this many parameters a query (SQLite's default limit is
+    // 32,766, PostgreSQL's 65,535).
+    let per_query = (30_000 / key.len().max(1)).max(1);
+    for part in changes.chunks(per_query) {
+        positions_of(table, key, part, report)?;
+    }
+    Ok(())
+}
+
+/// [`resolve`] for `changes` whose keys fit one positions query.
+fn positions_of(
+    table: &Table,
+    key: &[usize],
+    changes: &[Bound],
+    report: &mut Report,
+) -> Result<(), SqlError> {
     let params: Vec<Value> = changes.iter().flat_map(|b| b.key_values(key)).collect();
     let rows = sql::query(&table.positions(key, changes.len()), &params)?;
     for row in rows.rows {

@@ -9,9 +9,11 @@
 //! source position wins, the later one on equal positions; columns only
 //! an earlier upsert set keep its values; a delete before an upsert still
 //! runs first), and applied at the part's `close` — or when `batch_rows`
-//! keys are kept — as one multi-row upsert and one multi-row delete per
-//! table, through the host's bulk path (`sql.apply-versioned`: multi-row
-//! statements, or `COPY` on PostgreSQL, guarded by the ordering rule).
+//! keys are kept — per table as one call of the host's bulk path for
+//! the deletes and one per column set for the upserts
+//! (`sql.apply-versioned`, guarded by the ordering rule: multi-row
+//! upserts and one-row deletes sent together, or `COPY` and a merge on
+//! PostgreSQL).
 //! With `batch_rows=1` each change is its own call, run at once, so even
 //! an error only the database finds is a bad record of that change.
 
@@ -407,7 +409,7 @@ impl CdcSink {
             // Upserts of one call set the same columns: a call per column
             // set (and position domain).
             for (changes, by_set) in [(deletes, false), (upserts, true)] {
-                for chunk in chunks(changes, usize::MAX, by_set) {
+                for chunk in chunks(changes, by_set) {
                     let n =
                         apply_chunk(table, &kept.key, &chunk, true).map_err(|e| fail(e.error))?;
                     order::resolve(table, &kept.key, &chunk, n, &mut self.report).map_err(fail)?;

@@ -1,7 +1,7 @@
 //! A destination table as the sink sees it: its columns (read once per
 //! sink instance) and how each is bound ([`Kind`]). How a change's values
-//! become parameters is in [`crate::bind`], the statements in
-//! [`crate::statements`].
+//! become parameters is in [`crate::bind`], how they reach the table in
+//! [`crate::bound::apply_chunk`].
 //!
 //! Columns come from SQLite's `pragma_table_info` or PostgreSQL's
 //! `information_schema.columns` (the table in the connection's current

@@ -458,15 +458,17 @@ fn apply_by_copy_as_a_plugin_role_across_parts_types_and_privileges() {
 
     // A value the host cannot encode for the column (change 700), and one
     // the server refuses (change 800: too long for varchar(3)).
-    for (bad, want) in [
-        (up(700, text("not a number"), "a"), 700),
-        (up(800, int(1), "too long"), 800),
+    // Both are data exceptions (class 22), never a lost connection.
+    for (bad, want, code) in [
+        (up(700, text("not a number"), "a"), 700, "22P02"),
+        (up(800, int(1), "too long"), 800, "22001"),
     ] {
         window(&g);
         let mut changes: Vec<Change> = (0..1000).map(|i| up(i, int(i), "c")).collect();
         changes[want] = bad;
         let (row, e) = g.plugin_apply(t, None, changes).unwrap_err();
         assert_eq!(row, want, "{e}");
+        assert_eq!(e.code, code, "{e}");
         assert!(
             g.plugin_execute("SELECT 1", &[]).is_err(),
             "the range failed"
@@ -591,6 +593,33 @@ fn apply_binds_text_to_typed_columns_alike_by_statements_and_by_copy() {
         g.lock().rollback();
         window(&g);
     }
+    // Text the host itself cannot read as a bigint: a data exception
+    // too, by statements as by `COPY`.
+    for n in [10, 300] {
+        let mut changes: Vec<Change> = (2000..2000 + n).map(change).collect();
+        let Change::Upsert(row) = &mut changes[0] else {
+            panic!("change 2000 is an upsert");
+        };
+        row[6] = text("12 apples");
+        let (_, e) = g
+            .plugin_apply(("typed_by_copy", &columns, &key), None, changes)
+            .unwrap_err();
+        assert_eq!(e.code, "22P02", "{n}: {e}");
+        g.lock().end_plugin_window();
+        g.lock().rollback();
+        window(&g);
+    }
+    // A bit string of the wrong length is refused by `COPY` as by the
+    // statements (an explicit cast to bit(3) would pad it).
+    let mut changes: Vec<Change> = (3000..3300).map(change).collect();
+    let Change::Upsert(row) = &mut changes[0] else {
+        panic!("change 3000 is an upsert");
+    };
+    row[4] = text("1");
+    let (_, e) = g
+        .plugin_apply(("typed_by_copy", &columns, &key), None, changes)
+        .unwrap_err();
+    assert_eq!(e.code, "22026", "{e}");
     g.lock().end_plugin_window();
     g.lock().rollback();
     sql("DROP TABLE typed_by_copy, typed_by_statements; DROP TYPE typed_mood");

@@ -37,6 +37,12 @@ const DELETE_FLAG: &str = "sluice_delete";
 pub struct ColumnType {
     /// E.g. `numeric(10,2)`, `timestamp without time zone`.
     pub name: String,
+    /// The type without its modifier, as a cast names it
+    /// (`format_type(oid, -1)`: `numeric`, `"bit"` — a bare `bit` would
+    /// be `bit(1)`), so the merge's assignment applies the modifier as a
+    /// statement's would (a bit string of another length is refused,
+    /// not padded).
+    pub cast: String,
     /// Values for it are sent as text (a type without a binary encoder in
     /// the host): its staging column is `text`, cast to `name` in the
     /// merge.
@@ -127,7 +133,7 @@ impl Target {
         );
         let stand_in = types
             .iter()
-            .map(|t| t.as_text.then(|| t.name.clone()))
+            .map(|t| t.as_text.then(|| t.cast.clone()))
             .collect();
         Stage {
             name,
@@ -147,10 +153,9 @@ impl Target {
     }
 
     /// The table's name and its columns' as the database stores them,
-    /// the columns joined by U+0001 (no name has a control character),
     /// for [`Target::stage`]'s type lookup.
-    pub fn stored_names(&self) -> (&str, String) {
-        (&self.stored.0, self.stored.1.join("\u{1}"))
+    pub fn stored_names(&self) -> (&str, &[String]) {
+        (&self.stored.0, &self.stored.1)
     }
 
     /// The deletes and upserts of a [`super::Folded::Sets`] (each with its index
@@ -268,6 +273,7 @@ mod tests {
             .iter()
             .map(|(name, as_text)| ColumnType {
                 name: name.to_string(),
+                cast: name.split('(').next().unwrap_or(name).to_string(),
                 as_text: *as_text,
             })
             .collect()
@@ -314,14 +320,14 @@ mod tests {
             plan.upsert.as_deref(),
             Some(
                 format!(
-                    "INSERT INTO t (k, v) SELECT {a}.k, CAST({a}.v AS numeric(10,2)) FROM {stage} AS {a} WHERE NOT {a}.sluice_delete ON CONFLICT (k) DO UPDATE SET v = excluded.v",
+                    "INSERT INTO t (k, v) SELECT {a}.k, CAST({a}.v AS numeric) FROM {stage} AS {a} WHERE NOT {a}.sluice_delete ON CONFLICT (k) DO UPDATE SET v = excluded.v",
                     a = alias
                 )
                 .as_str()
             )
         );
         assert_eq!(plan.columns, vec!["k", "v", "sluice_delete"]);
-        assert_eq!(plan.stand_in, [None, Some("numeric(10,2)".into()), None]);
+        assert_eq!(plan.stand_in, [None, Some("numeric".into()), None]);
         // k5's delete was its last change: 2 deletes, 299 upserts.
         assert_eq!(plan.rows.len(), 301);
         assert_eq!(

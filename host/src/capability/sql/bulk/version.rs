@@ -165,6 +165,7 @@ mod tests {
             .iter()
             .map(|n| crate::capability::sql::bulk::ColumnType {
                 name: n.to_string(),
+                cast: n.to_string(),
                 as_text: false,
             })
             .collect();

@@ -27,6 +27,41 @@ use super::super::SqlValue;
 
 type BoxError = Box<dyn StdError + Sync + Send>;
 
+/// A value the host cannot bind to its parameter's type: a data
+/// exception (SQLSTATE class 22: `22P02` text that does not read as the
+/// type, `22003` a number out of its range, `42804` a value of a kind
+/// the type never takes), as the server would report it, so it is never
+/// taken for a lost connection.
+#[derive(Debug)]
+pub struct Refused {
+    /// The SQLSTATE the host reports.
+    pub code: &'static str,
+    /// What was refused, for people.
+    pub message: String,
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl StdError for Refused {}
+
+fn invalid(t: &str, ty: &Type) -> BoxError {
+    Box::new(Refused {
+        code: "22P02",
+        message: format!("invalid input syntax for type {ty}: \"{t}\""),
+    })
+}
+
+fn out_of_range(n: impl std::fmt::Display, ty: &Type) -> BoxError {
+    Box::new(Refused {
+        code: "22003",
+        message: format!("value {n} is out of range for type {ty}"),
+    })
+}
+
 /// Whether the host encodes values for a parameter of type `ty` in
 /// PostgreSQL's binary format; any other type gets the text format.
 pub fn binds_in_binary(ty: &Type) -> bool {
@@ -78,10 +113,34 @@ pub fn text_form<'a>(v: &'a SqlValue, ty: &str) -> Result<Option<Cow<'a, str>>, 
 }
 
 fn refuse(what: &str, ty: &Type) -> BoxError {
-    format!(
-        "the sql capability cannot bind {what} to a parameter of type {ty}; bind it as text, or write the placeholder as `CAST($n AS TEXT)` and convert in SQL"
-    )
-    .into()
+    Box::new(Refused {
+        code: "42804",
+        message: format!(
+            "the sql capability cannot bind {what} to a parameter of type {ty}; bind it as text, or write the placeholder as `CAST($n AS TEXT)` and convert in SQL"
+        ),
+    })
+}
+
+/// [`text_form`]'s refusal as a [`Refused`].
+fn text_of<'a>(v: &'a SqlValue, ty: &str) -> Result<Option<Cow<'a, str>>, BoxError> {
+    text_form(v, ty).map_err(|message| -> BoxError {
+        Box::new(Refused {
+            code: "42804",
+            message,
+        })
+    })
+}
+
+/// `t` as an integer of type `I`: out of its range (digits only) or not
+/// an integer, refused as the server would.
+fn integer<I: std::str::FromStr>(t: &str, ty: &Type) -> Result<I, BoxError> {
+    t.parse::<I>().map_err(|_| {
+        let digits = t.strip_prefix(['-', '+']).unwrap_or(t);
+        match !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+            true => out_of_range(t, ty),
+            false => invalid(t, ty),
+        }
+    })
 }
 
 /// `t` as PostgreSQL's `boolin` reads it: `t`, `true`, `yes`, `on`, `1`
@@ -90,7 +149,7 @@ fn boolean(t: &str) -> Result<bool, BoxError> {
     match t.trim().to_ascii_lowercase().as_str() {
         "t" | "true" | "y" | "yes" | "on" | "1" => Ok(true),
         "f" | "false" | "n" | "no" | "off" | "0" => Ok(false),
-        _ => Err(format!("invalid input syntax for type boolean: \"{t}\"").into()),
+        _ => Err(invalid(t, &Type::BOOL)),
     }
 }
 
@@ -111,7 +170,7 @@ fn raw(bytes: &[u8], out: &mut BytesMut) -> IsNull {
 impl ToSql for SqlValue {
     fn to_sql(&self, ty: &Type, out: &mut BytesMut) -> Result<IsNull, BoxError> {
         if !binds_in_binary(ty) {
-            return Ok(match text_form(self, &ty.to_string())? {
+            return Ok(match text_of(self, &ty.to_string())? {
                 Some(text) => raw(text.as_bytes(), out),
                 None => IsNull::Yes,
             });
@@ -119,8 +178,12 @@ impl ToSql for SqlValue {
         match self {
             SqlValue::Null => Ok(IsNull::Yes),
             SqlValue::Integer(n) => match *ty {
-                Type::INT2 => i16::try_from(*n)?.to_sql(ty, out),
-                Type::INT4 => i32::try_from(*n)?.to_sql(ty, out),
+                Type::INT2 => i16::try_from(*n)
+                    .map_err(|_| out_of_range(n, ty))?
+                    .to_sql(ty, out),
+                Type::INT4 => i32::try_from(*n)
+                    .map_err(|_| out_of_range(n, ty))?
+                    .to_sql(ty, out),
                 Type::INT8 => n.to_sql(ty, out),
                 Type::FLOAT4 => (*n as f32).to_sql(ty, out),
                 Type::FLOAT8 => (*n as f64).to_sql(ty, out),
@@ -136,11 +199,17 @@ impl ToSql for SqlValue {
                 _ => Err(refuse("a real", ty)),
             },
             SqlValue::Text(t) => match *ty {
-                Type::INT2 => t.parse::<i16>()?.to_sql(ty, out),
-                Type::INT4 => t.parse::<i32>()?.to_sql(ty, out),
-                Type::INT8 => t.parse::<i64>()?.to_sql(ty, out),
-                Type::FLOAT4 => t.parse::<f32>()?.to_sql(ty, out),
-                Type::FLOAT8 => t.parse::<f64>()?.to_sql(ty, out),
+                Type::INT2 => integer::<i16>(t, ty)?.to_sql(ty, out),
+                Type::INT4 => integer::<i32>(t, ty)?.to_sql(ty, out),
+                Type::INT8 => integer::<i64>(t, ty)?.to_sql(ty, out),
+                Type::FLOAT4 => t
+                    .parse::<f32>()
+                    .map_err(|_| invalid(t, ty))?
+                    .to_sql(ty, out),
+                Type::FLOAT8 => t
+                    .parse::<f64>()
+                    .map_err(|_| invalid(t, ty))?
+                    .to_sql(ty, out),
                 Type::BOOL => boolean(t)?.to_sql(ty, out),
                 Type::BYTEA => t.as_bytes().to_sql(ty, out),
                 Type::JSONB => Ok(jsonb(t.as_bytes(), out)),
@@ -177,7 +246,10 @@ impl ToSql for SqlValue {
 /// refuses what a parameter of that type would.
 #[derive(Debug)]
 pub struct Field<'a> {
+    /// The value.
     pub value: &'a SqlValue,
+    /// The target column's type when the staging column is its `text`
+    /// stand-in (as `format_type` names it).
     pub stand_in: Option<&'a str>,
 }
 
@@ -186,7 +258,7 @@ impl ToSql for Field<'_> {
         let Some(stand_in) = self.stand_in else {
             return self.value.to_sql(ty, out);
         };
-        Ok(match text_form(self.value, stand_in)? {
+        Ok(match text_of(self.value, stand_in)? {
             Some(text) => raw(text.as_bytes(), out),
             None => IsNull::Yes,
         })

@@ -58,6 +58,17 @@ pub(super) fn quote_ident(name: &str) -> String {
 }
 
 fn pg_err(e: tokio_postgres::Error) -> DbError {
+    // A value the host refused to bind: a data exception of its own.
+    let mut source = std::error::Error::source(&e);
+    while let Some(s) = source {
+        if let Some(r) = s.downcast_ref::<bind::Refused>() {
+            return DbError {
+                message: format!("{e}: {r}"),
+                code: r.code.to_string(),
+            };
+        }
+        source = s.source();
+    }
     match e.as_db_error() {
         Some(db) => DbError {
             message: db.message().to_string(),

@@ -84,9 +84,10 @@ impl Session {
         target: &bulk::Target,
     ) -> Result<Option<Vec<bulk::ColumnType>>, DbError> {
         let (table, columns) = target.stored_names();
+        let columns = serde_json::Value::from(columns).to_string();
         let rows = self.backend.query(
-            "SELECT format_type(a.atttypid, a.atttypmod), a.atttypid::int8 \
-               FROM unnest(string_to_array($1, chr(1))) WITH ORDINALITY AS c(name, i) \
+            "SELECT format_type(a.atttypid, a.atttypmod), format_type(a.atttypid, -1), a.atttypid::int8 \
+               FROM json_array_elements_text($1::json) WITH ORDINALITY AS c(name, i) \
                LEFT JOIN pg_attribute a ON a.attnum > 0 AND NOT a.attisdropped \
                  AND a.attname = c.name \
                  AND a.attrelid = (SELECT r.oid FROM pg_class r \
@@ -105,8 +106,13 @@ impl Session {
             .rows
             .into_iter()
             .map(|r| match r.as_slice() {
-                [SqlValue::Text(name), SqlValue::Integer(oid)] => Some(bulk::ColumnType {
+                [
+                    SqlValue::Text(name),
+                    SqlValue::Text(cast),
+                    SqlValue::Integer(oid),
+                ] => Some(bulk::ColumnType {
                     name: name.clone(),
+                    cast: cast.clone(),
                     as_text: !u32::try_from(*oid)
                         .ok()
                         .and_then(Type::from_oid)
