@@ -21,6 +21,8 @@
 //! - [`sink`]: the sink driver (one transaction per part of a partition's
 //!   range, with its progress row), the resets' row moves and the rows a
 //!   pipeline takes along between its stores.
+//! - [`output`]: output to Kafka (the producer of a pipeline's outputs,
+//!   its guarantee).
 //! - [`metrics`]: the Prometheus endpoint.
 //! - [`control`]: the owner's control socket (status, handover, swap).
 //! - [`status_line`]: the one-line progress display.
@@ -39,6 +41,7 @@ pub mod control;
 pub mod demo;
 pub mod engine;
 pub mod metrics;
+pub mod output;
 pub mod plugin;
 pub mod sink;
 pub mod source;

@@ -27,6 +27,7 @@ mod js;
 mod kafka;
 mod maxwell;
 mod moves;
+mod output;
 mod pipeline;
 mod plugin_cli;
 mod plugin_runtime;

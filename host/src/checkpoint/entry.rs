@@ -287,6 +287,14 @@ pub struct Counts {
     /// records: control records and compaction gaps count too).
     #[serde(default)]
     pub already_applied: u64,
+    /// Outputs produced to the output topic (`--output-topic`); absent
+    /// from entries of pipelines without one.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub produced: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Counts {
@@ -299,6 +307,7 @@ impl Counts {
         self.dead_lettered += other.dead_lettered;
         self.skipped += other.skipped;
         self.already_applied += other.already_applied;
+        self.produced += other.produced;
     }
 }
 

@@ -21,13 +21,15 @@ pub struct RunArgs {
     /// The pipeline's settings.
     #[command(flatten)]
     pub settings: Settings,
-    /// Plugin configuration pair (`kafka.<property>=…` goes to librdkafka
-    /// instead). Repeatable; applied over the config file's tables.
+    /// Plugin configuration pair (`kafka.<property>=…` goes to the
+    /// consumer's librdkafka instead, `output.kafka.<property>=…` to the
+    /// output producer's). Repeatable; applied over the config file's
+    /// tables.
     #[arg(long = "config", value_name = "KEY=VALUE", value_parser = parse_kv)]
     pub config: Vec<(String, String)>,
     /// TOML file with the same settings, by their long names in snake
     /// case (`max_records_per_partition = 5000`; `topics` and `plugins` as
-    /// lists; `[config]` and `[kafka]` tables). Flags and `SLUICE_*`
+    /// lists; `[config]`, `[kafka]` and `[output_kafka]` tables). Flags and `SLUICE_*`
     /// variables override it.
     #[arg(
         long,
@@ -245,6 +247,78 @@ plugins = ["p.wasm"]
                 .unwrap()
                 .allow_shared_sink
         );
+    }
+
+    #[test]
+    fn output_settings_come_from_flags_config_pairs_and_the_file() {
+        use crate::output::{OutputConfig, OutputGuarantee};
+        assert_eq!(merged(&[], BASE).unwrap().output, None);
+        let cfg = merged(
+            &[
+                "--output-topic",
+                "out.v1",
+                "--output-guarantee",
+                "at-least-once",
+                "--config",
+                "output.kafka.linger.ms=20",
+                "--config",
+                "kafka.security.protocol=plaintext",
+            ],
+            BASE,
+        )
+        .unwrap();
+        assert_eq!(
+            cfg.output,
+            Some(OutputConfig {
+                topic: "out.v1".into(),
+                brokers: None,
+                kafka: [("linger.ms".to_string(), "20".to_string())].into(),
+                guarantee: OutputGuarantee::AtLeastOnce,
+            })
+        );
+        assert_eq!(
+            cfg.kafka.get("security.protocol").map(String::as_str),
+            Some("plaintext")
+        );
+        assert!(!cfg.plugin_config.contains_key("output.kafka.linger.ms"));
+        // The file; exactly once is the default guarantee; flags win.
+        let file = format!(
+            "{BASE}output_topic = \"o\"\noutput_brokers = \"x:1\"\n[output_kafka]\n\"compression.type\" = \"lz4\"\n"
+        );
+        let cfg = merged(&[], &file).unwrap();
+        let o = cfg.output.unwrap();
+        assert_eq!(o.topic, "o");
+        assert_eq!(o.brokers.as_deref(), Some("x:1"));
+        assert_eq!(o.guarantee, OutputGuarantee::ExactlyOnce);
+        assert_eq!(
+            o.kafka.get("compression.type").map(String::as_str),
+            Some("lz4")
+        );
+        let o = merged(&["--output-topic", "p"], &file)
+            .unwrap()
+            .output
+            .unwrap();
+        assert_eq!(o.topic, "p");
+        // Refused: the other output settings without a topic; names Kafka
+        // would refuse.
+        for flags in [
+            &["--output-guarantee", "at-least-once"][..],
+            &["--output-brokers", "x:1"],
+            &["--config", "output.kafka.acks=1"],
+            &["--output-topic", "a b"],
+            &["--output-topic", ".."],
+            &["--output-topic", "é"],
+        ] {
+            let e = merged(flags, BASE).unwrap_err();
+            assert_eq!(e.code, ExitCode::Usage, "{flags:?}");
+        }
+        assert!(
+            T::try_parse_from(["t", "--output-guarantee", "exactly-twice"]).is_err(),
+            "clap refuses an unknown guarantee"
+        );
+        let long = "t".repeat(250);
+        assert!(merged(&["--output-topic", &long], BASE).is_err());
+        assert!(merged(&["--output-topic", &long[..249]], BASE).is_ok());
     }
 
     #[test]

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use super::{CliError, ExitCode, MIN_PLUGIN_TIMEOUT, WithCode, parse_bytes, parse_duration};
 use crate::capability::sql::is_postgres_url;
 use crate::engine::{DataLossPolicy, ErrorPolicy, PipelineConfig, ProgressMode, StartingOffsets};
+use crate::output::{OutputConfig, OutputGuarantee};
 use crate::plugin::Limits;
 
 /// A clap parser for one of the engine's serde enums (lower-case names),
@@ -297,6 +298,41 @@ pub struct Settings {
     /// (status line on stderr), `none` [default: auto].
     #[arg(long, value_name = "MODE", env = "SLUICE_PROGRESS", hide_env_values = true, value_parser = serde_enum::<ProgressMode>(&["auto", "json", "line", "none"]))]
     pub progress: Option<ProgressMode>,
+    /// Produce the outputs of a map-only pipeline to topic NAME (it must
+    /// exist): key, value and headers as the map emitted them, the
+    /// partition from the key (Java's murmur2 hash). Without it the
+    /// outputs are counted and discarded.
+    #[arg(
+        long,
+        value_name = "NAME",
+        env = "SLUICE_OUTPUT_TOPIC",
+        hide_env_values = true
+    )]
+    pub output_topic: Option<String>,
+    /// Bootstrap servers of the output topic's cluster, when it is not the
+    /// input's; its librdkafka properties are `--config
+    /// output.kafka.<property>=VALUE` (the file's `[output_kafka]` table)
+    /// [default: --brokers, with the input's kafka.* settings].
+    #[arg(
+        long,
+        value_name = "SERVERS",
+        env = "SLUICE_OUTPUT_BROKERS",
+        hide_env_values = true,
+        value_parser = super::parse_brokers
+    )]
+    pub output_brokers: Option<String>,
+    /// What the output topic's consumers may rely on: `exactly-once`
+    /// (Kafka transactions; not built yet) or `at-least-once` (an
+    /// idempotent producer; each output carries its idempotency key in
+    /// the `sluice-idempotency-key` header) [default: exactly-once].
+    #[arg(long, value_name = "GUARANTEE", env = "SLUICE_OUTPUT_GUARANTEE", hide_env_values = true, value_parser = serde_enum::<OutputGuarantee>(&["exactly-once", "at-least-once"]))]
+    pub output_guarantee: Option<OutputGuarantee>,
+    /// librdkafka properties of the output producer (the file's
+    /// `[output_kafka]` table; flags use `--config
+    /// output.kafka.<property>=VALUE`).
+    #[arg(skip)]
+    #[serde(default)]
+    pub output_kafka: BTreeMap<String, String>,
 }
 
 impl Settings {
@@ -476,11 +512,15 @@ pub fn resolve(s: Settings, config: &[(String, String)]) -> Result<PipelineConfi
     cfg.plugins = s.plugins;
     cfg.plugin_config = s.config;
     cfg.kafka = s.kafka;
+    let mut output_kafka = s.output_kafka;
     for (k, v) in config {
-        match k.strip_prefix("kafka.") {
-            Some(prop) => cfg.kafka.insert(prop.to_string(), v.clone()),
-            None => cfg.plugin_config.insert(k.clone(), v.clone()),
-        };
+        if let Some(prop) = k.strip_prefix("kafka.") {
+            cfg.kafka.insert(prop.to_string(), v.clone());
+        } else if let Some(prop) = k.strip_prefix("output.kafka.") {
+            output_kafka.insert(prop.to_string(), v.clone());
+        } else {
+            cfg.plugin_config.insert(k.clone(), v.clone());
+        }
     }
     crate::source::check_brokers(
         &cfg.brokers,
@@ -609,5 +649,60 @@ pub fn resolve(s: Settings, config: &[(String, String)]) -> Result<PipelineConfi
     };
     cfg.progress = s.progress.unwrap_or(ProgressMode::Auto);
     cfg.metrics_addr = s.metrics_addr;
+    cfg.output = output(
+        s.output_topic,
+        s.output_brokers,
+        output_kafka,
+        s.output_guarantee,
+    )?;
     Ok(cfg)
+}
+
+/// The output settings, checked: the other output flags need
+/// `--output-topic`.
+fn output(
+    topic: Option<String>,
+    brokers: Option<String>,
+    kafka: BTreeMap<String, String>,
+    guarantee: Option<OutputGuarantee>,
+) -> Result<Option<OutputConfig>, CliError> {
+    let Some(topic) = topic else {
+        if brokers.is_some() || guarantee.is_some() || !kafka.is_empty() {
+            return Err(usage(
+                "--output-brokers, --output-guarantee and output.kafka.* settings are for the output topic: give --output-topic NAME too",
+            ));
+        }
+        return Ok(None);
+    };
+    // Kafka's rule for topic names (Topic.java): 1 to 249 characters of
+    // ASCII letters, digits, '.', '_' and '-', not "." or "..".
+    if topic.is_empty()
+        || topic.len() > 249
+        || topic == "."
+        || topic == ".."
+        || !topic
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+    {
+        return Err(usage(format!(
+            "--output-topic {topic:?} is not a Kafka topic name (1 to 249 of a-z, A-Z, 0-9, '.', '_', '-')"
+        )));
+    }
+    if let Some(b) = &brokers {
+        crate::source::check_brokers(
+            b,
+            Some(
+                kafka
+                    .get("security.protocol")
+                    .map_or("plaintext", String::as_str),
+            ),
+        )
+        .map_err(|e| usage(format!("--output-brokers {e}")))?;
+    }
+    Ok(Some(OutputConfig {
+        topic,
+        brokers,
+        kafka,
+        guarantee: guarantee.unwrap_or(OutputGuarantee::ExactlyOnce),
+    }))
 }

@@ -329,6 +329,8 @@ pub(super) struct BatchEnv<'a> {
     pub(super) metrics: &'a Metrics,
     /// Set when the user asked to stop: map no further piece.
     pub(super) stop: &'a AtomicBool,
+    /// The producer of the outputs (`--output-topic`).
+    pub(super) output: Option<&'a crate::output::KafkaOutput>,
 }
 
 /// `s.spawn(f)` with a thread name (shown by `top -H`, `perf report
@@ -376,6 +378,7 @@ pub(super) fn run_batch(
         revocations,
         metrics,
         stop,
+        output,
     } = env;
     let mut timings = Timings::default();
     // A re-run may find part of its planned range deleted by retention since
@@ -459,6 +462,7 @@ pub(super) fn run_batch(
         ranges: entry.ranges.len(),
         revocations,
         failed: &sink_failed,
+        output,
     };
     let map_env = MapEnv {
         ranges: &entry.ranges,
@@ -658,6 +662,7 @@ pub(super) fn run_batch(
         }
     }
     counts.add(&report.counts);
+    counts.produced += report.produced;
     counts.output = counts.output.saturating_sub(report.rejected_outputs);
     counts.input = counts.input.saturating_sub(report.abandoned.0);
     counts.output = counts.output.saturating_sub(report.abandoned.1);

@@ -135,6 +135,9 @@ pub struct PipelineConfig {
     pub progress: ProgressMode,
     /// Serve Prometheus metrics on this address.
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Where a map-only pipeline's outputs go (`--output-topic`): `None`,
+    /// they are counted and discarded.
+    pub output: Option<crate::output::OutputConfig>,
 }
 
 /// The default of `--map-threads`: the cores this process may use
@@ -259,6 +262,7 @@ impl PipelineConfig {
             map_threads: default_map_threads(),
             progress: ProgressMode::Json,
             metrics_addr: None,
+            output: None,
         }
     }
 }

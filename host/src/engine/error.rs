@@ -44,6 +44,10 @@ pub enum EngineError {
         /// database, else `--on-error skip`.
         aside: &'static str,
     },
+    /// The Kafka output failed: the producer could not be made, its topic
+    /// is missing, or an output was not acknowledged.
+    #[error(transparent)]
+    Output(#[from] crate::output::OutputError),
     /// The sink failed (after retries).
     #[error("{0}; batch not committed, it is re-run on the next start")]
     Sink(SinkError),

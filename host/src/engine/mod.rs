@@ -299,6 +299,7 @@ fn run_batches(
                 revocations: p.group.as_ref().map(|g| g.member.revocations.as_ref()),
                 metrics: &p.metrics,
                 stop,
+                output: p.output.as_deref(),
             },
             &batch.entry,
             rerun,
@@ -358,6 +359,10 @@ fn run_batches(
 
         // Commit the partitions still ours. A dropped partition's planned
         // range is left to its next owner.
+        // Every output acknowledged before the batch is recorded as done.
+        if let Some(out) = &p.output {
+            out.flush()?;
+        }
         crate::util::failpoint("engine:before-commit");
         let commit_started = Instant::now();
         let batch = without(batch, &dropped);

@@ -74,6 +74,8 @@ pub(super) struct SinkReport {
     pub(super) abandoned: (u64, u64),
     /// Time spent applying parts, summed over the threads.
     pub(super) time: Duration,
+    /// Outputs handed to the Kafka producer (`--output-topic`).
+    pub(super) produced: u64,
 }
 
 impl SinkReport {
@@ -85,6 +87,7 @@ impl SinkReport {
             already_applied: vec![AppliedBefore::default(); ranges],
             abandoned: (0, 0),
             time: Duration::ZERO,
+            produced: 0,
         }
     }
 
@@ -99,6 +102,7 @@ impl SinkReport {
         self.abandoned.0 += other.abandoned.0;
         self.abandoned.1 += other.abandoned.1;
         self.time += other.time;
+        self.produced += other.produced;
     }
 }
 
@@ -129,6 +133,9 @@ pub(super) struct SinkEnv<'a> {
     /// so the other threads start no further part and the map side hands
     /// out no more.
     pub(super) failed: &'a std::sync::atomic::AtomicBool,
+    /// The producer of the outputs (`--output-topic`, a map-only
+    /// pipeline): a part's outputs are produced before it is applied.
+    pub(super) output: Option<&'a crate::output::KafkaOutput>,
 }
 
 /// A sink thread of a batch, on connection `lane` with `sink` (the sink
@@ -168,6 +175,7 @@ fn apply_parts(
         ranges,
         revocations,
         failed,
+        output,
     } = *env;
     let mut report = SinkReport::empty(ranges);
     for job in jobs {
@@ -194,6 +202,19 @@ fn apply_parts(
         let mut rejected: Vec<usize> = Vec::new();
         let mut dead_letters = job.dead_letters.clone();
         let t = Instant::now();
+        if let Some(out) = output {
+            // Produced before the part is applied: where that writes a
+            // progress row (a sink database), the outputs are acknowledged
+            // first, so a part recorded as done never lacks its outputs.
+            // Without one, the batch's commit waits for them
+            // (`engine::run_batches`).
+            report.produced += out
+                .send(&job.part.topic, job.part.partition, &job.outputs, &[])
+                .map_err(EngineError::Output)?;
+            if driver.grant().is_some() {
+                out.flush().map_err(EngineError::Output)?;
+            }
+        }
         // Only a sink plugin reads idempotency keys: without one (mapped
         // records counted and discarded) none is made.
         let keys: Vec<String> = if sink.is_some() {

@@ -140,8 +140,10 @@ pub(super) fn assemble(
             show_refs(&refs)
         );
     }
-    if sinks.is_empty() {
-        tracing::warn!("no plugin exports a sink stage: mapped records are counted and discarded");
+    if sinks.is_empty() && cfg.output.is_none() {
+        tracing::warn!(
+            "no plugin exports a sink stage and no --output-topic is given: mapped records are counted and discarded"
+        );
     }
     Ok(Stages {
         maps,

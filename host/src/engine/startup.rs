@@ -23,6 +23,7 @@ use crate::control::Handover;
 use crate::control::handover::{self, Takeover};
 use crate::control::{ControlServer, LiveStatus, Request, ServerContext};
 use crate::metrics::{Metrics, MetricsServer};
+use crate::output::{KafkaOutput, OutputConfig, OutputGuarantee};
 use crate::plugin::Runtime;
 use crate::sink::SinkDriver;
 use crate::source::KafkaSource;
@@ -76,6 +77,8 @@ pub(super) struct Pipeline {
     pub(super) last_commit_ms: Option<i64>,
     /// A group member's parts (`None` for a single host).
     pub(super) group: Option<GroupParts>,
+    /// The producer of the outputs (`--output-topic`).
+    pub(super) output: Option<Arc<KafkaOutput>>,
 }
 
 /// Check the configuration, claim the checkpoint and assemble the
@@ -96,6 +99,15 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
             "--on-error dlq stores dead letters in the sink database: pass --sink-db sqlite:PATH or postgres://…".into(),
         ));
     }
+    if let Some(o) = &cfg.output
+        && o.guarantee == OutputGuarantee::ExactlyOnce
+    {
+        return Err(EngineError::Config(format!(
+            "--output-topic {}: exactly once through Kafka transactions is not built yet; pass --output-guarantee at-least-once (an idempotent producer; each output carries its idempotency key in the `{}` header so consumers can drop duplicates)",
+            o.topic,
+            crate::output::IDEMPOTENCY_KEY_HEADER
+        )));
+    }
     let runtime = Arc::new(Runtime::new(cfg.limits).map_err(EngineError::Config)?);
     let holdings = Arc::new(Holdings::default());
     let opened = match &cfg.group {
@@ -110,6 +122,10 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
         group,
     } = opened;
     let guard = DiscardIfNew(Some(cp.as_ref()));
+    let output = match &cfg.output {
+        Some(o) => Some(Arc::new(open_output(cfg, o, &stages)?)),
+        None => None,
+    };
     let grants = driver.grants();
     if grants.len() > 1 {
         tracing::info!(
@@ -263,7 +279,35 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
         control,
         last_commit_ms: None,
         group,
+        output,
     })
+}
+
+/// The producer of a map-only pipeline's outputs.
+///
+/// # Errors
+/// [`EngineError::Config`] with a sink stage (its records go to the
+/// sink); [`EngineError::Output`] when the producer cannot be made or the
+/// topic is missing.
+fn open_output(
+    cfg: &PipelineConfig,
+    o: &OutputConfig,
+    stages: &Stages,
+) -> Result<KafkaOutput, EngineError> {
+    if !stages.sinks.is_empty() {
+        return Err(EngineError::Config(format!(
+            "--output-topic {} is for a map-only pipeline: this one has a sink stage, which receives the outputs; run the map plugin alone to write a topic",
+            o.topic
+        )));
+    }
+    let out = KafkaOutput::connect(o, &cfg.brokers, &cfg.kafka, cfg.kafka_timeout)?;
+    tracing::info!(
+        topic = o.topic,
+        guarantee = o.guarantee.as_str(),
+        "producing the outputs to {}",
+        o.topic
+    );
+    Ok(out)
 }
 
 impl Pipeline {

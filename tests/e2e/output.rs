@@ -1,0 +1,337 @@
+//! Output to Kafka (`host run --output-topic`): a map-only pipeline's
+//! outputs produced to a topic of a nisshi broker process, read back with
+//! a consumer. At-least-once: everything arrives, a kill -9 after the
+//! outputs were acknowledged and before the batch's commit entry produces
+//! the batch again, and the duplicates carry the same idempotency key.
+//! What is refused at start, and why.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+use crate::kafka::{Broker, BrokerProcess, producer};
+use crate::support::{HostProcess, RunArgs, host, json_lines, stderr};
+
+/// `host` with owned arguments.
+fn host_run(args: &[String]) -> std::process::Output {
+    host(&args.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// One record read back from the output topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Produced {
+    partition: i32,
+    key: Option<Vec<u8>>,
+    value: Option<Vec<u8>>,
+    headers: Vec<(String, Option<Vec<u8>>)>,
+}
+
+impl Produced {
+    fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .and_then(|(_, v)| v.as_ref())
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+    }
+}
+
+/// Every record of `topic` (`partitions` partitions), read up to the high
+/// watermarks.
+fn read_all(bootstrap: &str, topic: &str, partitions: i32) -> Vec<Produced> {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "output-test-reader")
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("consumer");
+    let mut tpl = TopicPartitionList::new();
+    let mut highs = BTreeMap::new();
+    for p in 0..partitions {
+        let (_, high) = c
+            .fetch_watermarks(topic, p, Duration::from_secs(10))
+            .expect("watermarks");
+        highs.insert(p, high);
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .expect("assign");
+    }
+    c.assign(&tpl).expect("assign");
+    let mut next: BTreeMap<i32, i64> = (0..partitions).map(|p| (p, 0)).collect();
+    let mut out = Vec::new();
+    let deadline = std::time::Instant::now() + WAIT;
+    while next.iter().any(|(p, o)| *o < highs[p]) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "read {topic}: {next:?} of {highs:?}"
+        );
+        let Some(m) = c.poll(Duration::from_millis(200)) else {
+            continue;
+        };
+        let m = m.expect("read");
+        next.insert(m.partition(), m.offset() + 1);
+        out.push(Produced {
+            partition: m.partition(),
+            key: m.key().map(<[u8]>::to_vec),
+            value: m.payload().map(<[u8]>::to_vec),
+            headers: m
+                .headers()
+                .map(|h| {
+                    h.iter()
+                        .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
+                        .collect()
+                })
+                .unwrap_or_default(),
+        });
+    }
+    out
+}
+
+/// A nisshi broker with topic `in` (3 partitions) holding `n` records
+/// (key `k{i % 7}`, value `v{i}`, a header `h: {i}`; every 50th a
+/// tombstone) and an empty topic `out` (2 partitions).
+fn broker_with_input(n: usize) -> BrokerProcess {
+    let broker = BrokerProcess::start();
+    broker.create_topic("in", 3);
+    broker.create_topic("out", 2);
+    let p = producer(&broker.bootstrap());
+    for i in 0..n {
+        let value = format!("v{i}");
+        let header = i.to_string();
+        p.send(
+            "in",
+            (i % 3) as i32,
+            Some(format!("k{}", i % 7).as_bytes()),
+            (i % 50 != 49).then_some(value.as_bytes()),
+            &[("h", Some(header.as_bytes()))],
+        );
+    }
+    p.flush();
+    broker
+}
+
+/// The input record each output came from, by its idempotency key
+/// (`in/{partition}/{offset}`), with how often it arrived.
+fn by_key(read: &[Produced]) -> BTreeMap<String, Vec<Produced>> {
+    let mut m: BTreeMap<String, Vec<Produced>> = BTreeMap::new();
+    for r in read {
+        let key = r
+            .header("sluice-idempotency-key")
+            .unwrap_or_else(|| panic!("no idempotency key on {r:?}"));
+        m.entry(key).or_default().push(r.clone());
+    }
+    m
+}
+
+/// Check that `read` holds every input of [`broker_with_input`] as the
+/// passthrough map emits it (key, value or tombstone, the input's headers
+/// then the idempotency key), each key on one partition.
+fn assert_every_input_once_or_more(read: &[Produced], n: usize) {
+    let keyed = by_key(read);
+    assert_eq!(keyed.len(), n, "distinct inputs produced");
+    let mut partition_of_key: BTreeMap<Vec<u8>, i32> = BTreeMap::new();
+    // Input i went to partition i % 3 at offset i / 3.
+    for i in 0..n {
+        let id = format!("in/{}/{}", i % 3, i / 3);
+        let copies = keyed
+            .get(&id)
+            .unwrap_or_else(|| panic!("the output of {id} is missing"));
+        let first = &copies[0];
+        for c in copies {
+            assert_eq!(c, first, "copies of {id} differ");
+        }
+        assert_eq!(first.key.as_deref(), Some(format!("k{}", i % 7).as_bytes()));
+        let value = format!("v{i}");
+        assert_eq!(
+            first.value.as_deref(),
+            (i % 50 != 49).then_some(value.as_bytes()),
+            "{id}"
+        );
+        assert_eq!(
+            first.headers,
+            vec![
+                ("h".to_string(), Some(i.to_string().into_bytes())),
+                (
+                    "sluice-idempotency-key".to_string(),
+                    Some(id.clone().into_bytes())
+                ),
+            ],
+            "{id}"
+        );
+        let p = *partition_of_key
+            .entry(first.key.clone().unwrap_or_default())
+            .or_insert(first.partition);
+        assert_eq!(p, first.partition, "key of {id} on two partitions");
+    }
+    assert!(
+        partition_of_key.values().collect::<BTreeSet<_>>().len() > 1,
+        "7 keys all on one of 2 partitions: not partitioned by key? {partition_of_key:?}"
+    );
+}
+
+fn run_args(broker: &BrokerProcess, ckpt: &std::path::Path) -> RunArgs {
+    RunArgs::new(&broker.bootstrap(), &["in"], ckpt)
+        .plugin("passthrough")
+        .args([
+            "--output-topic",
+            "out",
+            "--output-guarantee",
+            "at-least-once",
+            "--until-caught-up",
+            "--progress",
+            "json",
+            "--max-records-per-partition",
+            "100",
+        ])
+}
+
+#[test]
+fn a_map_only_pipeline_produces_each_output_with_its_idempotency_key() {
+    let n = 600;
+    let broker = broker_with_input(n);
+    let dir = tempfile::tempdir().unwrap();
+    let out = host_run(&run_args(&broker, &dir.path().join("ck")).build());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let produced: u64 = json_lines(&out)
+        .iter()
+        .map(|e| e["counts"]["produced"].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(produced, n as u64, "{}", stderr(&out));
+    let read = read_all(&broker.bootstrap(), "out", 2);
+    assert_eq!(read.len(), n, "no crash, no duplicate");
+    assert_every_input_once_or_more(&read, n);
+    // Order within an output partition follows the inputs' order per
+    // input partition.
+    for p in 0..2 {
+        let mut last: BTreeMap<String, i64> = BTreeMap::new();
+        for r in read.iter().filter(|r| r.partition == p) {
+            let id = r.header("sluice-idempotency-key").unwrap();
+            let (tp, off) = id.rsplit_once('/').unwrap();
+            let off: i64 = off.parse().unwrap();
+            let prev = last.insert(tp.to_string(), off);
+            assert!(prev.is_none_or(|x| x < off), "{id} after {prev:?}");
+        }
+    }
+}
+
+#[test]
+fn a_kill_after_the_outputs_and_before_the_commit_produces_that_batch_again_under_one_key_each() {
+    let n = 600;
+    let broker = broker_with_input(n);
+    let dir = tempfile::tempdir().unwrap();
+    let args = run_args(&broker, &dir.path().join("ck")).build();
+    // Batch 1 (the second: 100 records of each partition) is produced and
+    // acknowledged, then the host dies before writing its commit entry.
+    let mut paused = HostProcess::spawn(&args, &[("SLUICE_FAILPOINT", "engine:before-commit@2")]);
+    paused.wait_for("FAILPOINT", WAIT);
+    paused.kill();
+    let before = read_all(&broker.bootstrap(), "out", 2);
+    assert_eq!(
+        before.len(),
+        600,
+        "two batches of 300 produced before the kill"
+    );
+
+    let out = host_run(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let events = json_lines(&out);
+    assert_eq!(events[0]["rerun"], true, "{events:?}");
+    let read = read_all(&broker.bootstrap(), "out", 2);
+    assert_every_input_once_or_more(&read, n);
+    // Exactly the re-run batch (inputs 300..600 by offset: offsets 100..200
+    // of each partition) came twice; nothing else.
+    let twice: Vec<String> = by_key(&read)
+        .into_iter()
+        .filter(|(_, c)| c.len() > 1)
+        .map(|(k, c)| {
+            assert_eq!(c.len(), 2, "{k}");
+            k
+        })
+        .collect();
+    assert_eq!(twice.len(), 300, "{twice:?}");
+    assert!(
+        twice.iter().all(|k| {
+            let off: i64 = k.rsplit_once('/').unwrap().1.parse().unwrap();
+            (100..200).contains(&off)
+        }),
+        "{twice:?}"
+    );
+}
+
+#[test]
+fn what_the_output_flags_refuse_and_why() {
+    let broker = broker_with_input(10);
+    let dir = tempfile::tempdir().unwrap();
+    let base = RunArgs::new(&broker.bootstrap(), &["in"], &dir.path().join("ck"))
+        .plugin("passthrough")
+        .args(["--until-caught-up"]);
+
+    // Exactly once (the default) is not built yet: exit 2, naming the flag.
+    let out = host_run(&base.clone().args(["--output-topic", "out"]).build());
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("--output-guarantee at-least-once"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        !dir.path().join("ck").exists(),
+        "a refused start leaves no checkpoint"
+    );
+
+    // A topic that is not there.
+    let out = host_run(
+        &base
+            .clone()
+            .args([
+                "--output-topic",
+                "nowhere",
+                "--output-guarantee",
+                "at-least-once",
+            ])
+            .build(),
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("output topic nowhere does not exist on"),
+        "{}",
+        stderr(&out)
+    );
+
+    // A sink stage receives the outputs itself.
+    let sink = RunArgs::new(&broker.bootstrap(), &["in"], &dir.path().join("ck2"))
+        .plugin("company")
+        .args([
+            "--sink-db",
+            &format!("sqlite:{}", dir.path().join("s.db").display()),
+        ])
+        .args([
+            "--output-topic",
+            "out",
+            "--output-guarantee",
+            "at-least-once",
+        ]);
+    let out = host_run(&sink.build());
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("is for a map-only pipeline"),
+        "{}",
+        stderr(&out)
+    );
+
+    // The other output flags without --output-topic, and a bad name.
+    for flags in [
+        vec!["--output-guarantee", "at-least-once"],
+        vec!["--output-brokers", "127.0.0.1:1"],
+        vec!["--config", "output.kafka.linger.ms=1"],
+        vec!["--output-topic", "no spaces"],
+    ] {
+        let out = host_run(&base.clone().args(flags.clone()).build());
+        assert_eq!(out.status.code(), Some(2), "{flags:?}: {}", stderr(&out));
+    }
+    assert_eq!(read_all(&broker.bootstrap(), "out", 2).len(), 0);
+}
