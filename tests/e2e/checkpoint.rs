@@ -56,6 +56,7 @@ fn plan(cp: &mut DirCheckpoint, n: u64, r: Vec<PartitionRange>) {
         note: None,
         topics: Default::default(),
         sink_db: None,
+        output: None,
     })
     .unwrap();
 }

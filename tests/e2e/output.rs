@@ -93,7 +93,9 @@ fn read_all(bootstrap: &str, topic: &str, partitions: i32) -> Vec<Produced> {
 
 /// A nisshi broker with topic `in` (3 partitions) holding `n` records
 /// (key `k{i % 7}`, value `v{i}`, a header `h: {i}`; every 50th a
-/// tombstone) and an empty topic `out` (2 partitions).
+/// tombstone; every 10th also an upstream pipeline's
+/// `sluice-idempotency-key`, which the output must replace) and an empty
+/// topic `out` (2 partitions).
 fn broker_with_input(n: usize) -> BrokerProcess {
     let broker = BrokerProcess::start();
     broker.create_topic("in", 3);
@@ -102,12 +104,17 @@ fn broker_with_input(n: usize) -> BrokerProcess {
     for i in 0..n {
         let value = format!("v{i}");
         let header = i.to_string();
+        let upstream = format!("up/0/{i}");
+        let mut headers = vec![("h", Some(header.as_bytes()))];
+        if i % 10 == 0 {
+            headers.insert(0, ("sluice-idempotency-key", Some(upstream.as_bytes())));
+        }
         p.send(
             "in",
             (i % 3) as i32,
             Some(format!("k{}", i % 7).as_bytes()),
             (i % 50 != 49).then_some(value.as_bytes()),
-            &[("h", Some(header.as_bytes()))],
+            &headers,
         );
     }
     p.flush();
@@ -223,9 +230,13 @@ fn a_kill_after_the_outputs_and_before_the_commit_produces_that_batch_again_unde
     let n = 600;
     let broker = broker_with_input(n);
     let dir = tempfile::tempdir().unwrap();
-    let args = run_args(&broker, &dir.path().join("ck")).build();
     // Batch 1 (the second: 100 records of each partition) is produced and
     // acknowledged, then the host dies before writing its commit entry.
+    // A 20 s linger keeps outputs in the producer until something flushes
+    // them: only the flush before the commit has sent them at the kill.
+    let args = run_args(&broker, &dir.path().join("ck"))
+        .args(["--config", "output.kafka.linger.ms=20000"])
+        .build();
     let mut paused = HostProcess::spawn(&args, &[("SLUICE_FAILPOINT", "engine:before-commit@2")]);
     paused.wait_for("FAILPOINT", WAIT);
     paused.kill();
@@ -234,6 +245,22 @@ fn a_kill_after_the_outputs_and_before_the_commit_produces_that_batch_again_unde
         before.len(),
         600,
         "two batches of 300 produced before the kill"
+    );
+
+    // The batch is re-run only where its outputs went.
+    let elsewhere: Vec<String> = args
+        .iter()
+        .take_while(|a| *a != "--output-topic")
+        .cloned()
+        .chain(["--until-caught-up".to_string()])
+        .collect();
+    let out = host_run(&elsewhere);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("batch 1 produced its outputs to out on")
+            && stderr(&out).contains("this run's outputs go to nowhere"),
+        "{}",
+        stderr(&out)
     );
 
     let out = host_run(&args);
@@ -300,6 +327,10 @@ fn what_the_output_flags_refuse_and_why() {
         stderr(&out).contains("output topic nowhere does not exist on"),
         "{}",
         stderr(&out)
+    );
+    assert!(
+        !dir.path().join("ck").exists(),
+        "checked before the checkpoint is made"
     );
 
     // A sink stage receives the outputs itself.

@@ -384,6 +384,7 @@ impl DirCheckpoint {
             note: Some(note.clone()),
             topics,
             sink_db,
+            output: None,
         })?;
         self.commit_empty(batch_id, plugins, note)?;
         Ok(batch_id)

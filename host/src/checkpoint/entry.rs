@@ -191,6 +191,11 @@ pub struct OffsetsEntry {
     /// reads it to know that the rows must move with the offsets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sink_db: Option<String>,
+    /// Where the batch's outputs go (`--output-topic`: `topic on brokers
+    /// (guarantee)`): a re-run must produce them there again. Absent
+    /// without an output topic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
 }
 
 /// What identifies a topic beyond its name, so that a topic deleted and
@@ -397,6 +402,7 @@ mod tests {
             note: None,
             topics: BTreeMap::new(),
             sink_db: None,
+            output: None,
         }
     }
 

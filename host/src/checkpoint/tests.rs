@@ -38,6 +38,7 @@ fn plan(cp: &mut DirCheckpoint, n: u64) {
         note: None,
         topics: Default::default(),
         sink_db: None,
+        output: None,
     })
     .unwrap();
 }
@@ -135,6 +136,7 @@ fn uncommitted_batch_is_rerun_with_the_same_ranges() {
             note: None,
             topics: Default::default(),
             sink_db: None,
+            output: None,
         })
         .unwrap_err();
     assert!(matches!(e, CheckpointError::Misuse { .. }), "{e}");
@@ -595,6 +597,7 @@ fn dir_store_claims_an_uncommitted_batch_as_its_rerun_and_checks_it_is_the_same(
             note: None,
             topics: Default::default(),
             sink_db: None,
+            output: None,
         },
         epochs: Default::default(),
         rerun: true,

@@ -261,6 +261,7 @@ fn run_batches(
                 note: None,
                 topics: planned.topics,
                 sink_db: p.sink_identity.clone(),
+                output: cfg.output.as_ref().map(|o| o.identity(&cfg.brokers)),
             },
             epochs: planned.epochs,
             rerun: planned.rerun,

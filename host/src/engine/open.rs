@@ -245,6 +245,21 @@ pub(super) fn open_dir(
             entry.batch_id
         )));
     }
+    // A batch whose outputs went to a topic and is run again without it
+    // (or with another) would be recorded as done without its outputs
+    // there.
+    if let Some(entry) = &pending_rerun
+        && let Some(planned) = &entry.output
+    {
+        let ours = cfg.output.as_ref().map(|o| o.identity(&cfg.brokers));
+        if ours.as_ref() != Some(planned) {
+            return Err(EngineError::Config(format!(
+                "batch {} produced its outputs to {planned} and is to be run again, but this run's outputs go to {}: they could be missing there. Start with the same --output-topic, --output-brokers and --output-guarantee, let the batch commit, then change them",
+                entry.batch_id,
+                ours.as_deref().unwrap_or("nowhere (no --output-topic)")
+            )));
+        }
+    }
     // Plugins preloaded before a takeover must still be the ones to use:
     // the old owner may have swapped one in meanwhile.
     let preloaded_ok = |l: &[(Plugin, Vec<u8>)]| {

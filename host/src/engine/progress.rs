@@ -200,6 +200,7 @@ mod tests {
             note: None,
             topics: BTreeMap::new(),
             sink_db: None,
+            output: None,
         };
         let lag = BTreeMap::from([(("t".to_string(), 0), 5)]);
         let plain = Progress::new(

@@ -209,7 +209,7 @@ fn apply_parts(
             // Without one, the batch's commit waits for them
             // (`engine::run_batches`).
             report.produced += out
-                .send(&job.part.topic, job.part.partition, &job.outputs, &[])
+                .send(&job.part.topic, job.part.partition, &job.outputs)
                 .map_err(EngineError::Output)?;
             if driver.grant().is_some() {
                 out.flush().map_err(EngineError::Output)?;

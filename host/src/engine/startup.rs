@@ -23,7 +23,7 @@ use crate::control::Handover;
 use crate::control::handover::{self, Takeover};
 use crate::control::{ControlServer, LiveStatus, Request, ServerContext};
 use crate::metrics::{Metrics, MetricsServer};
-use crate::output::{KafkaOutput, OutputConfig, OutputGuarantee};
+use crate::output::{KafkaOutput, OutputGuarantee};
 use crate::plugin::Runtime;
 use crate::sink::SinkDriver;
 use crate::source::KafkaSource;
@@ -108,6 +108,17 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
             crate::output::IDEMPOTENCY_KEY_HEADER
         )));
     }
+    // The output topic and the producer's settings are checked before
+    // the checkpoint is opened, a takeover asked or a group joined.
+    let output = match &cfg.output {
+        Some(o) => Some(Arc::new(KafkaOutput::connect(
+            o,
+            &cfg.brokers,
+            &cfg.kafka,
+            cfg.kafka_timeout,
+        )?)),
+        None => None,
+    };
     let runtime = Arc::new(Runtime::new(cfg.limits).map_err(EngineError::Config)?);
     let holdings = Arc::new(Holdings::default());
     let opened = match &cfg.group {
@@ -122,10 +133,20 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
         group,
     } = opened;
     let guard = DiscardIfNew(Some(cp.as_ref()));
-    let output = match &cfg.output {
-        Some(o) => Some(Arc::new(open_output(cfg, o, &stages)?)),
-        None => None,
-    };
+    if let (Some(out), Some(o)) = (&output, &cfg.output) {
+        if !stages.sinks.is_empty() {
+            return Err(EngineError::Config(format!(
+                "--output-topic {} is for a map-only pipeline: this one has a sink stage, which receives the outputs; run the map plugin alone to write a topic",
+                o.topic
+            )));
+        }
+        tracing::info!(
+            topic = out.topic(),
+            guarantee = o.guarantee.as_str(),
+            "producing the outputs to {}",
+            out.topic()
+        );
+    }
     let grants = driver.grants();
     if grants.len() > 1 {
         tracing::info!(
@@ -281,33 +302,6 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
         group,
         output,
     })
-}
-
-/// The producer of a map-only pipeline's outputs.
-///
-/// # Errors
-/// [`EngineError::Config`] with a sink stage (its records go to the
-/// sink); [`EngineError::Output`] when the producer cannot be made or the
-/// topic is missing.
-fn open_output(
-    cfg: &PipelineConfig,
-    o: &OutputConfig,
-    stages: &Stages,
-) -> Result<KafkaOutput, EngineError> {
-    if !stages.sinks.is_empty() {
-        return Err(EngineError::Config(format!(
-            "--output-topic {} is for a map-only pipeline: this one has a sink stage, which receives the outputs; run the map plugin alone to write a topic",
-            o.topic
-        )));
-    }
-    let out = KafkaOutput::connect(o, &cfg.brokers, &cfg.kafka, cfg.kafka_timeout)?;
-    tracing::info!(
-        topic = o.topic,
-        guarantee = o.guarantee.as_str(),
-        "producing the outputs to {}",
-        o.topic
-    );
-    Ok(out)
 }
 
 impl Pipeline {

@@ -68,12 +68,26 @@ pub struct OutputConfig {
     /// The output cluster's bootstrap servers (`None`: the input's).
     pub brokers: Option<String>,
     /// librdkafka properties of the producer (`--config
-    /// output.kafka.<name>=v`, the file's `[output.kafka]` table). When
+    /// output.kafka.<name>=v`, the file's `[output_kafka]` table). When
     /// the output cluster is the input's, the input's `kafka.*` settings
     /// apply first (its security settings, say) and these override them.
     pub kafka: BTreeMap<String, String>,
     /// At-least-once or exactly once.
     pub guarantee: OutputGuarantee,
+}
+
+impl OutputConfig {
+    /// What a batch's re-run must produce to again: `topic on brokers
+    /// (guarantee)`, the brokers being the input's when `brokers` is
+    /// `None`. Recorded in each write-ahead entry.
+    pub fn identity(&self, input_brokers: &str) -> String {
+        format!(
+            "{} on {} ({})",
+            self.topic,
+            self.brokers.as_deref().unwrap_or(input_brokers),
+            self.guarantee.as_str()
+        )
+    }
 }
 
 /// Properties of the input's `kafka.*` settings that do not carry over
@@ -101,8 +115,18 @@ const CONSUMER_ONLY: &[&str] = &[
     "check.crcs",
 ];
 
-/// Properties the guarantees rest on: set last, over any the user gave.
-const FIXED: &[(&str, &str)] = &[("enable.idempotence", "true"), ("acks", "all")];
+/// Properties the guarantees rest on: set last, over any the user gave
+/// (a missing output topic is an error at start, not one the broker
+/// creates with its defaults on the first metadata read).
+const FIXED: &[(&str, &str)] = &[
+    ("enable.idempotence", "true"),
+    ("acks", "all"),
+    ("allow.auto.create.topics", "false"),
+];
+
+/// Properties a user may not set for the output producer: the host's
+/// own (transactions are the host's, per pipeline).
+const REFUSED: &[&str] = &["transactional.id"];
 
 /// Errors of the Kafka output.
 #[derive(Debug, thiserror::Error)]
@@ -130,7 +154,7 @@ pub enum OutputError {
     /// The brokers refused or never acknowledged an output; nothing after
     /// it is recorded as done, so a re-run produces it again.
     #[error(
-        "producing to {topic} on {brokers} failed: {message}; the batch is not committed and its re-run produces its outputs again"
+        "producing to {topic} on {brokers} failed: {message}; the batch is not committed and its re-run produces its outputs again. Check that the brokers are up, that this client may write the topic (ACLs), that enough replicas are in sync for acks=all (min.insync.replicas) and the record size limits (message.max.bytes); a slow cluster may need a longer --kafka-timeout (it is also the producer's message.timeout.ms)"
     )]
     Delivery {
         /// The output topic.
@@ -227,9 +251,9 @@ impl KafkaOutput {
             .set("partitioner", "murmur2_random")
             .set("linger.ms", "5")
             .set("reconnect.backoff.ms", "10")
-            // A missing output topic is an error at start, not one the
-            // broker creates with its defaults on the first metadata read.
-            .set("allow.auto.create.topics", "false");
+            // librdkafka retries an output for 5 minutes by default; the
+            // host waits as long as each Kafka operation may take.
+            .set("message.timeout.ms", timeout.as_millis().to_string());
         if cfg.brokers.is_none() {
             for (k, v) in input_kafka {
                 if !CONSUMER_ONLY.contains(&k.as_str()) {
@@ -238,11 +262,22 @@ impl KafkaOutput {
             }
         }
         for (k, v) in &cfg.kafka {
+            if REFUSED.contains(&k.as_str()) {
+                return Err(client(format!(
+                    "output.kafka.{k} is the host's to set, not a setting"
+                )));
+            }
             props.set(k, v);
         }
         for (k, v) in FIXED {
             props.set(*k, *v);
         }
+        // A flush waits until each output was acknowledged or failed
+        // (`message.timeout.ms`), with some slack for the callbacks.
+        let message_timeout = props
+            .get("message.timeout.ms")
+            .and_then(|v| v.parse::<u64>().ok())
+            .map_or(timeout, Duration::from_millis);
         let producer: ThreadedProducer<Deliveries> = props
             .create_with_context(Deliveries::default())
             .map_err(|e| client(e.to_string()))?;
@@ -250,23 +285,35 @@ impl KafkaOutput {
             .client()
             .fetch_metadata(Some(&cfg.topic), timeout)
             .map_err(|e| client(format!("reading the topic's metadata: {e}")))?;
-        let found = meta
-            .topics()
-            .iter()
-            .find(|t| t.name() == cfg.topic)
-            .filter(|t| t.error().is_none() && !t.partitions().is_empty());
-        if found.is_none() {
-            return Err(OutputError::NoTopic {
-                topic: cfg.topic.clone(),
-                brokers,
-            });
+        let found = meta.topics().iter().find(|t| t.name() == cfg.topic);
+        match found.map(|t| (t.error(), t.partitions().len())) {
+            None
+            | Some((
+                Some(rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART),
+                _,
+            )) => {
+                return Err(OutputError::NoTopic {
+                    topic: cfg.topic.clone(),
+                    brokers,
+                });
+            }
+            Some((Some(e), _)) => {
+                return Err(client(format!(
+                    "the brokers answer {} for the topic (an ACL that does not let this client describe or write it? a leader not elected yet?)",
+                    RDKafkaErrorCode::from(e)
+                )));
+            }
+            Some((None, 0)) => {
+                return Err(client("the topic has no partitions".to_string()));
+            }
+            Some((None, _)) => {}
         }
         Ok(KafkaOutput {
             producer,
             topic: cfg.topic.clone(),
             brokers,
             guarantee: cfg.guarantee,
-            timeout,
+            timeout: message_timeout + Duration::from_secs(5),
             sent: AtomicU64::new(0),
         })
     }
@@ -277,9 +324,11 @@ impl KafkaOutput {
     }
 
     /// Hand the outputs of a part of `input_topic`/`input_partition` to
-    /// the producer, in order, leaving out those whose input (source
-    /// index) is in `left_out` (records the sink rejected). Returns once
-    /// they are queued, not acknowledged ([`KafkaOutput::flush`] waits).
+    /// the producer, in order. Returns how many, once they are queued,
+    /// not acknowledged ([`KafkaOutput::flush`] waits). Under
+    /// at-least-once a header [`IDEMPOTENCY_KEY_HEADER`] the map emitted
+    /// (one an upstream pipeline wrote, kept by a passthrough) is
+    /// replaced by this output's own.
     ///
     /// # Errors
     /// [`OutputError::Delivery`] when an earlier output failed, or the
@@ -289,23 +338,23 @@ impl KafkaOutput {
         input_topic: &str,
         input_partition: i32,
         outputs: &[ChainOutput],
-        left_out: &[usize],
     ) -> Result<u64, OutputError> {
         self.check()?;
+        let keyed = self.guarantee == OutputGuarantee::AtLeastOnce;
         let mut sent = 0;
-        for o in outputs
-            .iter()
-            .filter(|o| !left_out.contains(&o.source_index))
-        {
+        for o in outputs {
             let mut headers = OwnedHeaders::new_with_capacity(o.headers.len() + 1);
-            for (k, v) in &o.headers {
+            for (k, v) in o
+                .headers
+                .iter()
+                .filter(|(k, _)| !(keyed && k == IDEMPOTENCY_KEY_HEADER))
+            {
                 headers = headers.insert(Header {
                     key: k,
                     value: v.as_deref(),
                 });
             }
-            let key = (self.guarantee == OutputGuarantee::AtLeastOnce)
-                .then(|| o.idempotency_key(input_topic, input_partition));
+            let key = keyed.then(|| o.idempotency_key(input_topic, input_partition));
             if let Some(k) = &key {
                 headers = headers.insert(Header {
                     key: IDEMPOTENCY_KEY_HEADER,
@@ -332,9 +381,18 @@ impl KafkaOutput {
                         self.producer.poll(Duration::from_millis(10));
                     }
                     Err((e, _)) => {
+                        let full = matches!(
+                            e,
+                            KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull)
+                        );
                         return Err(self.delivery(format!(
-                            "{e} (the output of {})",
-                            o.idempotency_key(input_topic, input_partition)
+                            "{e} (the output of {}){}",
+                            o.idempotency_key(input_topic, input_partition),
+                            if full {
+                                "; the producer's local queue stayed full for the timeout: are the brokers reachable? (output.kafka.queue.buffering.max.messages and .kbytes bound the queue)"
+                            } else {
+                                ""
+                            }
                         )));
                     }
                 }

@@ -489,6 +489,7 @@ pub(super) fn disband(a: DisbandArgs) -> Result<(), CliError> {
             note: Some(note),
             topics,
             sink_db,
+            output: None,
         })?;
     }
     crate::util::failpoint("disband:after-dir");
