@@ -522,15 +522,7 @@ pub fn resolve(s: Settings, config: &[(String, String)]) -> Result<PipelineConfi
             cfg.plugin_config.insert(k.clone(), v.clone());
         }
     }
-    crate::source::check_brokers(
-        &cfg.brokers,
-        Some(
-            cfg.kafka
-                .get("security.protocol")
-                .map_or("plaintext", String::as_str),
-        ),
-    )
-    .map_err(|e| usage(format!("--brokers {e}")))?;
+    brokers_fit("--brokers", &cfg.brokers, &cfg.kafka)?;
     cfg.sink_db = s.sink_db;
     if let Some(f) = &s.sink_db_password_file
         && let Err(e) = std::fs::File::open(f)
@@ -658,6 +650,24 @@ pub fn resolve(s: Settings, config: &[(String, String)]) -> Result<PipelineConfi
     Ok(cfg)
 }
 
+/// `brokers` (given as `flag`) fit the client's librdkafka properties
+/// `kafka` (its `security.protocol`, plaintext by default).
+fn brokers_fit(
+    flag: &str,
+    brokers: &str,
+    kafka: &BTreeMap<String, String>,
+) -> Result<(), CliError> {
+    crate::source::check_brokers(
+        brokers,
+        Some(
+            kafka
+                .get("security.protocol")
+                .map_or("plaintext", String::as_str),
+        ),
+    )
+    .map_err(|e| usage(format!("{flag} {e}")))
+}
+
 /// The output settings, checked: the other output flags need
 /// `--output-topic`.
 fn output(
@@ -689,15 +699,7 @@ fn output(
         )));
     }
     if let Some(b) = &brokers {
-        crate::source::check_brokers(
-            b,
-            Some(
-                kafka
-                    .get("security.protocol")
-                    .map_or("plaintext", String::as_str),
-            ),
-        )
-        .map_err(|e| usage(format!("--output-brokers {e}")))?;
+        brokers_fit("--output-brokers", b, &kafka)?;
     }
     Ok(Some(OutputConfig {
         topic,

@@ -662,7 +662,6 @@ pub(super) fn run_batch(
         }
     }
     counts.add(&report.counts);
-    counts.produced += report.produced;
     counts.output = counts.output.saturating_sub(report.rejected_outputs);
     counts.input = counts.input.saturating_sub(report.abandoned.0);
     counts.output = counts.output.saturating_sub(report.abandoned.1);

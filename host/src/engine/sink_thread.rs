@@ -59,8 +59,9 @@ pub(super) fn lanes_of(ranges: &[crate::checkpoint::PartitionRange], lanes: usiz
 
 /// What the sink threads did in one batch.
 pub(super) struct SinkReport {
-    /// Records the sink stage rejected (`bad_records`, `skipped`) and dead
-    /// letters written (of both sides).
+    /// Records the sink stage rejected (`bad_records`, `skipped`), dead
+    /// letters written (of both sides) and outputs handed to the Kafka
+    /// producer (`produced`).
     pub(super) counts: Counts,
     /// Outputs of the records the sink rejected (counted as outputs when
     /// the map stage made them).
@@ -74,8 +75,6 @@ pub(super) struct SinkReport {
     pub(super) abandoned: (u64, u64),
     /// Time spent applying parts, summed over the threads.
     pub(super) time: Duration,
-    /// Outputs handed to the Kafka producer (`--output-topic`).
-    pub(super) produced: u64,
 }
 
 impl SinkReport {
@@ -87,7 +86,6 @@ impl SinkReport {
             already_applied: vec![AppliedBefore::default(); ranges],
             abandoned: (0, 0),
             time: Duration::ZERO,
-            produced: 0,
         }
     }
 
@@ -102,7 +100,6 @@ impl SinkReport {
         self.abandoned.0 += other.abandoned.0;
         self.abandoned.1 += other.abandoned.1;
         self.time += other.time;
-        self.produced += other.produced;
     }
 }
 
@@ -208,7 +205,7 @@ fn apply_parts(
             // first, so a part recorded as done never lacks its outputs.
             // Without one, the batch's commit waits for them
             // (`engine::run_batches`).
-            report.produced += out
+            report.counts.produced += out
                 .send(&job.part.topic, job.part.partition, &job.outputs)
                 .map_err(EngineError::Output)?;
             if driver.grant().is_some() {

@@ -20,7 +20,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use rdkafka::ClientContext;
@@ -166,11 +165,9 @@ pub enum OutputError {
     },
 }
 
-/// The producer's callbacks: counts acknowledged outputs and keeps the
-/// first failure.
+/// The producer's callbacks: keep the first failure.
 #[derive(Default)]
 struct Deliveries {
-    acknowledged: AtomicU64,
     first_error: Mutex<Option<String>>,
 }
 
@@ -180,27 +177,22 @@ impl ProducerContext for Deliveries {
     type DeliveryOpaque = ();
 
     fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
-        match result {
-            Ok(_) => {
-                self.acknowledged.fetch_add(1, Ordering::Relaxed);
-            }
-            Err((e, m)) => {
-                let key = m
-                    .headers()
-                    .and_then(|h| {
-                        use rdkafka::message::Headers as _;
-                        h.iter()
-                            .find(|h| h.key == IDEMPOTENCY_KEY_HEADER)
-                            .and_then(|h| h.value)
-                            .map(|v| String::from_utf8_lossy(v).into_owned())
-                    })
-                    .map(|k| format!(" (the output of {k})"))
-                    .unwrap_or_default();
-                if let Ok(mut first) = self.first_error.lock()
-                    && first.is_none()
-                {
-                    *first = Some(format!("{e}{key}"));
-                }
+        if let Err((e, m)) = result {
+            let key = m
+                .headers()
+                .and_then(|h| {
+                    use rdkafka::message::Headers as _;
+                    h.iter()
+                        .find(|h| h.key == IDEMPOTENCY_KEY_HEADER)
+                        .and_then(|h| h.value)
+                        .map(|v| String::from_utf8_lossy(v).into_owned())
+                })
+                .map(|k| format!(" (the output of {k})"))
+                .unwrap_or_default();
+            if let Ok(mut first) = self.first_error.lock()
+                && first.is_none()
+            {
+                *first = Some(format!("{e}{key}"));
             }
         }
     }
@@ -215,8 +207,6 @@ pub struct KafkaOutput {
     /// Bound on waiting for the brokers (metadata, acknowledgements, a
     /// full local queue).
     timeout: Duration,
-    /// Outputs handed to the producer.
-    sent: AtomicU64,
 }
 
 impl KafkaOutput {
@@ -314,7 +304,6 @@ impl KafkaOutput {
             brokers,
             guarantee: cfg.guarantee,
             timeout: message_timeout + Duration::from_secs(5),
-            sent: AtomicU64::new(0),
         })
     }
 
@@ -399,7 +388,6 @@ impl KafkaOutput {
             }
             sent += 1;
         }
-        self.sent.fetch_add(sent, Ordering::Relaxed);
         Ok(sent)
     }
 
@@ -414,15 +402,6 @@ impl KafkaOutput {
             .flush(self.timeout)
             .map_err(|e| self.delivery(format!("waiting for acknowledgements: {e}")))?;
         self.check()
-    }
-
-    /// Outputs handed to the producer since the start, and of them
-    /// acknowledged by the brokers.
-    pub fn counts(&self) -> (u64, u64) {
-        (
-            self.sent.load(Ordering::Relaxed),
-            self.producer.context().acknowledged.load(Ordering::Relaxed),
-        )
     }
 
     /// The first failed delivery, as an error.

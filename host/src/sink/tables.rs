@@ -72,7 +72,7 @@ impl HostTables {
         if b.dialect() == sql::Dialect::Postgres {
             older_home(b, schema)?;
         }
-        let schema = format!("\"{}\"", schema.replace('"', "\"\""));
+        let schema = sluice_guest::sql::quoted(schema);
         let tables = HostTables {
             progress: format!("{schema}.sluice_progress"),
             dead_letters: format!("{schema}.sluice_dead_letters"),

@@ -4,8 +4,8 @@
 //! (`SET ROLE` needs membership of the session user; a member role
 //! inherits its privileges; a superuser passes every check).
 
-use super::postgres::quote_ident;
 use super::{DbError, SqlGrant, SqlValue};
+use sluice_guest::sql::quoted;
 
 impl SqlGrant {
     /// Check that `role` can serve as the plugin role: it exists, is not a
@@ -20,7 +20,7 @@ impl SqlGrant {
         let mut s = self.lock();
         let b = s.backend();
         let refuse = |why: String| DbError::host(format!("--sink-plugin-role {role}: {why}"));
-        let q = quote_ident(role);
+        let q = quoted(role);
         let found = b.query(
             // SET, not MEMBER, from PostgreSQL 16 (`GRANT … WITH SET FALSE`).
             "SELECT r.rolsuper, r.rolbypassrls, \
@@ -49,7 +49,7 @@ impl SqlGrant {
         if !flag(2) {
             return Err(refuse(format!(
                 "the host's login role {login} cannot SET ROLE to it; run `GRANT {q} TO {}`",
-                quote_ident(&login)
+                quoted(&login)
             )));
         }
         if flag(3) && role != login {

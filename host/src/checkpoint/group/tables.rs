@@ -16,7 +16,7 @@ pub struct GroupTables {
 impl GroupTables {
     /// The names in `schema` (quoted as an identifier).
     pub fn in_schema(schema: &str) -> Self {
-        let s = format!("\"{}\"", schema.replace('"', "\"\""));
+        let s = sluice_guest::sql::quoted(schema);
         GroupTables {
             groups: format!("{s}.sluice_groups"),
             plugins: format!("{s}.sluice_group_plugins"),

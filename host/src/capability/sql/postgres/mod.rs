@@ -52,11 +52,6 @@ impl Drop for Driver {
     }
 }
 
-/// `name` as a PostgreSQL quoted identifier (`"a""b"`).
-pub(super) fn quote_ident(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
-}
-
 fn pg_err(e: tokio_postgres::Error) -> DbError {
     // A value the host refused to bind: a data exception of its own.
     let mut source = std::error::Error::source(&e);
@@ -372,7 +367,10 @@ impl Backend for Postgres {
         let mut sql =
             format!("SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {lock_ms}");
         if let Some(role) = role {
-            sql.push_str(&format!("; SET LOCAL ROLE {}", quote_ident(role)));
+            sql.push_str(&format!(
+                "; SET LOCAL ROLE {}",
+                sluice_guest::sql::quoted(role)
+            ));
         }
         self.batch(&sql)
     }
