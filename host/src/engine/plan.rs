@@ -499,7 +499,9 @@ impl Planner {
         use crate::source::SourceError as S;
         if !matches!(
             e,
-            EngineError::Source(S::OutOfRange { .. } | S::Client(_) | S::FetchStalled { .. })
+            EngineError::Source(
+                S::OutOfRange { .. } | S::Client(_) | S::FetchStalled { .. } | S::LogShrunk { .. }
+            )
         ) {
             return e;
         }

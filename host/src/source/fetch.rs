@@ -551,9 +551,12 @@ impl KafkaSource {
     }
 
     /// The error for a fetch that delivered nothing more within the
-    /// timeout: [`SourceError::FetchStalled`] when the broker answers and
-    /// its high watermark is past the consumer's position on some missing
-    /// partition, [`SourceError::Unavailable`] otherwise.
+    /// timeout: [`SourceError::LogShrunk`] when the broker answers with a
+    /// high watermark below a missing partition's planned end (the log is
+    /// shorter than when the range was planned),
+    /// [`SourceError::FetchStalled`] when its high watermark is past the
+    /// consumer's position on some missing partition,
+    /// [`SourceError::Unavailable`] otherwise.
     fn fetch_timed_out(
         &self,
         remaining: &HashMap<TopicPartition, i64>,
@@ -576,11 +579,12 @@ impl KafkaSource {
         let mut missing: Vec<(&TopicPartition, &i64)> = remaining.iter().collect();
         missing.sort();
         let mut stalled = Vec::new();
+        let mut shrunk = Vec::new();
         // A few quick questions at most: one stalled partition explains
         // the error, and a broker that does not answer them is the
         // "unavailable" case.
         let asked = Instant::now();
-        for (tp, _) in &missing {
+        for (tp, end) in &missing {
             if asked.elapsed() > Duration::from_secs(5) {
                 break;
             }
@@ -591,16 +595,31 @@ impl KafkaSource {
             else {
                 continue;
             };
-            if let Ok((_, high)) = self
+            let Ok((_, high)) = self
                 .meta
                 .fetch_watermarks(&tp.0, tp.1, Duration::from_secs(2))
-                && high > pos
-            {
+            else {
+                continue;
+            };
+            if high < **end {
+                // The range was planned below an earlier high watermark:
+                // the log is shorter now than it was.
+                shrunk.push(format!(
+                    "{}/{} planned up to {end}, high watermark now {high}",
+                    tp.0, tp.1
+                ));
+            } else if high > pos {
                 stalled.push(format!(
                     "{}/{} at offset {pos} (high watermark {high})",
                     tp.0, tp.1
                 ));
             }
+        }
+        if !shrunk.is_empty() {
+            return SourceError::LogShrunk {
+                shrunk: shrunk.join(", "),
+                waited,
+            };
         }
         if !stalled.is_empty() {
             return SourceError::FetchStalled {

@@ -169,6 +169,21 @@ pub enum SourceError {
         /// The fetch limits in force.
         limits: String,
     },
+    /// The broker answers, but a partition's log now ends below the end of
+    /// the range planned from its earlier high watermark: the topic was
+    /// deleted and created again, or the log was truncated (an unclean
+    /// leader election). The engine checks the topic's identity to tell
+    /// which.
+    #[error(
+        "the log ends below the planned range on {shrunk}: no record arrived within {} s, and a high watermark does not go back on a live log. The topic was deleted and created again, or its log was truncated (an unclean leader election); nothing of the range was committed. Check the topic, then reset the checkpoint to the offsets to read with `host checkpoint reset`", .waited.as_secs()
+    )]
+    LogShrunk {
+        /// `topic/partition planned up to E, high watermark now H`,
+        /// comma-separated.
+        shrunk: String,
+        /// How long we waited for records.
+        waited: Duration,
+    },
     /// The receiver of a fetch stopped taking records (it failed).
     #[error("fetch cancelled: the batch stopped before every record was read")]
     Cancelled,
