@@ -31,6 +31,17 @@ if [ ! -x "$TOOLS/bin/nisshi" ] || ! grep -qs '^0.8.1$' "$TOOLS/nisshi.version";
 fi
 export SLUICE_NISSHI="$TOOLS/bin/nisshi"
 
+step "nisshi 0.7.0 (the broker of the exactly-once output tests)"
+# The last nisshi release that runs Kafka transactions (0.8.x refuses a
+# transactional id); its SQLite storage keeps the COMMIT/ABORT markers and
+# the offsets committed in transactions. Installed beside 0.8.1.
+if [ ! -x "$TOOLS/nisshi-0.7.0/bin/nisshi" ] || ! grep -qs '^0.7.0$' "$TOOLS/nisshi-0.7.0/version"; then
+  cargo install nisshi --locked --ignore-rust-version --version 0.7.0 \
+    --no-default-features --features libsql --root "$TOOLS/nisshi-0.7.0"
+  echo 0.7.0 > "$TOOLS/nisshi-0.7.0/version"
+fi
+export SLUICE_NISSHI_TXN="$TOOLS/nisshi-0.7.0/bin/nisshi"
+
 step "Tansu 0.6.0 (for the tests of its faults)"
 # A cold install took about 20 minutes here on 2 cores.
 if [ ! -x "$TOOLS/bin/tansu" ] || ! grep -qs '^0.6.0$' "$TOOLS/tansu.version"; then

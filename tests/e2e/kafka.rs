@@ -55,12 +55,18 @@ pub enum Kind {
     /// fetch limits that it never sends, and consumer-group generations
     /// bumped on every join.
     Tansu,
+    /// nisshi 0.7.0, for exactly-once output: the last release that runs
+    /// transactions (0.8.x refuses a transactional id). Its SQLite storage
+    /// writes COMMIT/ABORT markers and stores offsets committed in a
+    /// transaction, but sends readers no aborted-transaction list (see
+    /// `txn_view`).
+    NisshiTxn,
 }
 
 impl Kind {
     fn name(self) -> &'static str {
         match self {
-            Kind::Nisshi => "nisshi",
+            Kind::Nisshi | Kind::NisshiTxn => "nisshi",
             Kind::Tansu => "tansu",
         }
     }
@@ -68,13 +74,15 @@ impl Kind {
     /// The binary: `SLUICE_NISSHI` / `SLUICE_TANSU`, else where
     /// scripts/test.sh installs it.
     fn bin(self) -> PathBuf {
-        let (var, version) = match self {
-            Kind::Nisshi => ("SLUICE_NISSHI", "0.8.1"),
-            Kind::Tansu => ("SLUICE_TANSU", "0.6.0"),
+        let (var, version, dir) = match self {
+            Kind::Nisshi => ("SLUICE_NISSHI", "0.8.1", "bin"),
+            Kind::Tansu => ("SLUICE_TANSU", "0.6.0", "bin"),
+            Kind::NisshiTxn => ("SLUICE_NISSHI_TXN", "0.7.0", "nisshi-0.7.0/bin"),
         };
         let p = std::env::var_os(var).map(PathBuf::from).unwrap_or_else(|| {
             PathBuf::from(std::env::var("HOME").unwrap_or_default())
-                .join(".cache/sluice-tools/bin")
+                .join(".cache/sluice-tools")
+                .join(dir)
                 .join(self.name())
         });
         assert!(
@@ -144,6 +152,12 @@ impl BrokerProcess {
     /// The suite's broker, nisshi.
     pub fn start() -> BrokerProcess {
         BrokerProcess::of(Kind::Nisshi)
+    }
+
+    /// nisshi 0.7.0, whose brokers run transactions (see
+    /// [`Kind::NisshiTxn`]).
+    pub fn transactional() -> BrokerProcess {
+        BrokerProcess::of(Kind::NisshiTxn)
     }
 
     /// Tansu 0.6.0, for the tests of its faults (see [`Kind::Tansu`]).

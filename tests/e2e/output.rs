@@ -16,7 +16,7 @@ use crate::kafka::{Broker, BrokerProcess, producer};
 use crate::support::{HostProcess, RunArgs, host, json_lines, stderr};
 
 /// `host` with owned arguments.
-fn host_run(args: &[String]) -> std::process::Output {
+pub(crate) fn host_run(args: &[String]) -> std::process::Output {
     host(&args.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
@@ -98,6 +98,12 @@ fn read_all(bootstrap: &str, topic: &str, partitions: i32) -> Vec<Produced> {
 /// topic `out` (2 partitions).
 fn broker_with_input(n: usize) -> BrokerProcess {
     let broker = BrokerProcess::start();
+    fill_input(&broker, n);
+    broker
+}
+
+/// [`broker_with_input`]'s topics and records on `broker`.
+pub(crate) fn fill_input(broker: &BrokerProcess, n: usize) {
     broker.create_topic("in", 3);
     broker.create_topic("out", 2);
     let p = producer(&broker.bootstrap());
@@ -118,7 +124,6 @@ fn broker_with_input(n: usize) -> BrokerProcess {
         );
     }
     p.flush();
-    broker
 }
 
 /// The input record each output came from, by its idempotency key
@@ -297,17 +302,44 @@ fn what_the_output_flags_refuse_and_why() {
         .plugin("passthrough")
         .args(["--until-caught-up"]);
 
-    // Exactly once (the default) is not built yet: exit 2, naming the flag.
+    // Exactly once (the default) on a broker that refuses transactions
+    // (nisshi 0.8.1): a clear error at start, naming the flag.
     let out = host_run(&base.clone().args(["--output-topic", "out"]).build());
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(
-        stderr(&out).contains("--output-guarantee at-least-once"),
+        stderr(&out).contains("needs Kafka transactions, which the brokers refuse")
+            && stderr(&out).contains("--output-guarantee at-least-once"),
         "{}",
         stderr(&out)
     );
     assert!(
         !dir.path().join("ck").exists(),
         "a refused start leaves no checkpoint"
+    );
+
+    // A pipeline group: exactly once needs a producer per member, not
+    // built yet (exit 2, naming the flag); checked before joining.
+    let db = crate::support::Db::sqlite();
+    let mut grouped = base
+        .clone()
+        .args([
+            "--output-topic",
+            "out",
+            "--group",
+            "g",
+            "--sink-db",
+            &db.url,
+        ])
+        .build();
+    let at = grouped.iter().position(|a| a == "--checkpoint").unwrap();
+    grouped.drain(at..at + 2);
+    let out = host_run(&grouped);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("in a pipeline group")
+            && stderr(&out).contains("--output-guarantee at-least-once"),
+        "{}",
+        stderr(&out)
     );
 
     // A topic that is not there.

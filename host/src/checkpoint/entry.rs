@@ -336,6 +336,15 @@ pub struct Timings {
     /// Writing the commit entry.
     #[serde(default)]
     pub commit: f64,
+    /// Committing the output transaction (exactly once to a Kafka topic:
+    /// the input positions added to it and its commit, which waits for
+    /// the outputs' acknowledgements). Absent when zero.
+    #[serde(default, skip_serializing_if = "is_zero_ms")]
+    pub transaction: f64,
+}
+
+fn is_zero_ms(v: &f64) -> bool {
+    *v == 0.0
 }
 
 /// A range that was gone from the log when read (retention deleted it)

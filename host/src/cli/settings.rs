@@ -322,8 +322,11 @@ pub struct Settings {
     )]
     pub output_brokers: Option<String>,
     /// What the output topic's consumers may rely on: `exactly-once`
-    /// (Kafka transactions; not built yet) or `at-least-once` (an
-    /// idempotent producer; each output carries its idempotency key in
+    /// (each output visible once to read_committed consumers: a batch's
+    /// outputs and input positions commit in one Kafka transaction, with
+    /// transactional.id sluice-<query id>; single host only) or
+    /// `at-least-once` (an idempotent producer, for brokers or ACLs
+    /// without transactions; each output carries its idempotency key in
     /// the `sluice-idempotency-key` header) [default: exactly-once].
     #[arg(long, value_name = "GUARANTEE", env = "SLUICE_OUTPUT_GUARANTEE", hide_env_values = true, value_parser = serde_enum::<OutputGuarantee>(&["exactly-once", "at-least-once"]))]
     pub output_guarantee: Option<OutputGuarantee>,

@@ -350,6 +350,7 @@ fn spawn_named<'scope, 'env, T: Send + 'scope>(
 }
 
 /// What a batch did, for its commit entry.
+#[derive(Default)]
 pub(super) struct BatchDone {
     pub(super) counts: Counts,
     /// Fetch, map and sink times; plan and commit are the caller's.

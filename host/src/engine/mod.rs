@@ -38,7 +38,8 @@
 //! the plugins, `error` holds [`EngineError`], `config` the settings,
 //! `policy` the error policy (bad records, lost data, retries),
 //! `progress` the per-batch report, `member` what a group member adds
-//! (claims on assign, revokes, the group's swaps).
+//! (claims on assign, revokes, the group's swaps), `outputs` what a
+//! batch's end and a re-run ask of the Kafka output (its transaction).
 //!
 //! Invariants:
 //! - `offsets/N` is durable before any record of batch N is read; `commits/N`
@@ -58,6 +59,7 @@ mod error;
 mod map_threads;
 mod member;
 mod open;
+mod outputs;
 mod plan;
 mod policy;
 mod progress;
@@ -288,23 +290,32 @@ fn run_batches(
         }
         let plan_ms = ms(batch_started.elapsed());
 
+        // Exactly once to a topic: a batch planned by an earlier run is
+        // not run again when its transaction committed before that run
+        // stopped (the brokers hold its input positions).
+        let committed_before = rerun && outputs::committed_before(p, &batch.entry)?;
+
         // Fetch, map and sink.
-        let done = run_batch(
-            BatchEnv {
-                cfg,
-                source: &mut p.source,
-                stages: &mut p.stages,
-                driver: &p.driver,
-                query_id: p.cp.query_id(),
-                epochs: &batch.epochs,
-                revocations: p.group.as_ref().map(|g| g.member.revocations.as_ref()),
-                metrics: &p.metrics,
-                stop,
-                output: p.output.as_deref(),
-            },
-            &batch.entry,
-            rerun,
-        );
+        let done = if committed_before {
+            Ok(batch::BatchDone::default())
+        } else {
+            run_batch(
+                BatchEnv {
+                    cfg,
+                    source: &mut p.source,
+                    stages: &mut p.stages,
+                    driver: &p.driver,
+                    query_id: p.cp.query_id(),
+                    epochs: &batch.epochs,
+                    revocations: p.group.as_ref().map(|g| g.member.revocations.as_ref()),
+                    metrics: &p.metrics,
+                    stop,
+                    output: p.output.as_deref(),
+                },
+                &batch.entry,
+                rerun,
+            )
+        };
         // A group member's partitions taken during the batch: revoked
         // (drained and released already) or fenced by the database.
         let (dropped, fenced) = match &p.group {
@@ -360,9 +371,11 @@ fn run_batches(
 
         // Commit the partitions still ours. A dropped partition's planned
         // range is left to its next owner.
-        // Every output acknowledged before the batch is recorded as done.
-        if let Some(out) = &p.output {
-            out.flush()?;
+        // Every output acknowledged (at-least-once), or committed with
+        // the input positions in the batch's transaction (exactly once),
+        // before the batch is recorded as done.
+        if !committed_before {
+            timings.transaction = outputs::finish(p, &batch.entry)?;
         }
         crate::util::failpoint("engine:before-commit");
         let commit_started = Instant::now();
@@ -375,7 +388,9 @@ fn run_batches(
             timings_ms: timings.clone(),
             plugins: p.stages.refs.clone(),
             data_loss: gaps.clone(),
-            note: None,
+            note: committed_before.then(|| {
+                "its output transaction had committed before the restart: recorded as done without running it again".to_string()
+            }),
         };
         let fenced = p.cp.commit(&batch, &commit)?;
         // A partition another member took meanwhile keeps its planned
@@ -404,7 +419,11 @@ fn run_batches(
             .into_iter()
             .filter(|(tp, _)| p.holdings.holds(tp))
             .collect();
-        p.source.commit_group(&applied);
+        if !p.output.as_ref().is_some_and(|o| o.exactly_once()) {
+            // (Exactly once committed them in the transaction, with the
+            // batch's marker.)
+            p.source.commit_group(&applied);
+        }
 
         // Report.
         summary.batches += 1;

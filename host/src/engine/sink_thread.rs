@@ -206,9 +206,14 @@ fn apply_parts(
             // Without one, the batch's commit waits for them
             // (`engine::run_batches`).
             report.counts.produced += out
-                .send(&job.part.topic, job.part.partition, &job.outputs)
+                .send(
+                    job.part.batch.batch_id,
+                    &job.part.topic,
+                    job.part.partition,
+                    &job.outputs,
+                )
                 .map_err(EngineError::Output)?;
-            if driver.grant().is_some() {
+            if driver.grant().is_some() && !out.exactly_once() {
                 out.flush().map_err(EngineError::Output)?;
             }
         }

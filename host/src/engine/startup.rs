@@ -101,22 +101,23 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
     }
     if let Some(o) = &cfg.output
         && o.guarantee == OutputGuarantee::ExactlyOnce
+        && cfg.group.is_some()
     {
         return Err(EngineError::Config(format!(
-            "--output-topic {}: exactly once through Kafka transactions is not built yet; pass --output-guarantee at-least-once (an idempotent producer; each output carries its idempotency key in the `{}` header so consumers can drop duplicates)",
+            "--output-topic {} in a pipeline group: exactly once (per-member transactions) is not built yet for groups; pass --output-guarantee at-least-once (an idempotent producer; each output carries its idempotency key in the `{}` header so consumers can drop duplicates), or run a single host",
             o.topic,
             crate::output::IDEMPOTENCY_KEY_HEADER
         )));
     }
     // The output topic and the producer's settings are checked before
     // the checkpoint is opened, a takeover asked or a group joined.
-    let output = match &cfg.output {
-        Some(o) => Some(Arc::new(KafkaOutput::connect(
+    let mut output = match &cfg.output {
+        Some(o) => Some(KafkaOutput::connect(
             o,
             &cfg.brokers,
             &cfg.kafka,
             cfg.kafka_timeout,
-        )?)),
+        )?),
         None => None,
     };
     let runtime = Arc::new(Runtime::new(cfg.limits).map_err(EngineError::Config)?);
@@ -133,12 +134,19 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
         group,
     } = opened;
     let guard = DiscardIfNew(Some(cp.as_ref()));
-    if let (Some(out), Some(o)) = (&output, &cfg.output) {
+    if let (Some(out), Some(o)) = (&mut output, &cfg.output) {
         if !stages.sinks.is_empty() {
             return Err(EngineError::Config(format!(
                 "--output-topic {} is for a map-only pipeline: this one has a sink stage, which receives the outputs; run the map plugin alone to write a topic",
                 o.topic
             )));
+        }
+        if out.exactly_once() {
+            // Fences the producers of earlier runs of this pipeline and
+            // ends their open transaction, before anything is read.
+            let id = crate::output::transactional_id(cp.query_id());
+            out.init_transactions(&id)?;
+            tracing::info!(transactional_id = id, "output transactions initialized");
         }
         tracing::info!(
             topic = out.topic(),
@@ -300,7 +308,7 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
         control,
         last_commit_ms: None,
         group,
-        output,
+        output: output.map(Arc::new),
     })
 }
 

@@ -14,23 +14,32 @@
 //! (its progress row, the batch's commit entry), so a crash loses nothing
 //! and may write an output again; every output carries its idempotency key
 //! in the header [`IDEMPOTENCY_KEY_HEADER`] so a consumer can drop the
-//! duplicates. **Exactly once** through Kafka transactions is the default
-//! of the CLI and comes in a later step; until then it is refused at start
-//! with the flag that chooses at-least-once.
+//! duplicates.
+//!
+//! **Exactly once** (the default; KIP-98 transactions, KIP-447 offsets in
+//! the transaction): a transactional producer whose `transactional.id` is
+//! `sluice-<query id>` ([`transactional_id`]), so a restart or a takeover
+//! of the same pipeline fences the producer before it
+//! (`init_transactions`). A batch's outputs and its input positions (the
+//! ends of its ranges, each with the metadata [`batch_marker`]) commit in
+//! one transaction, before the checkpoint's commit entry is written. A
+//! batch the checkpoint shows uncommitted at start is decided by the
+//! consumer group's committed offsets, read after `init_transactions`
+//! finished or aborted the last producer's transaction: when they carry
+//! the batch's marker its transaction committed, and the batch is
+//! recorded as done without running it again; otherwise it is run again,
+//! its earlier outputs being in an aborted transaction (or never sent).
+//!
+//! Files: this one holds the vocabulary (guarantee, configuration, the
+//! transaction's ids and markers, errors); `producer` the producer.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
 
-use rdkafka::ClientContext;
-use rdkafka::config::ClientConfig;
-use rdkafka::error::KafkaError;
-use rdkafka::message::{Header, Message, OwnedHeaders};
-use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
-use rdkafka::types::RDKafkaErrorCode;
 use serde::{Deserialize, Serialize};
 
-use crate::plugin::chain::ChainOutput;
+mod producer;
+
+pub use producer::KafkaOutput;
 
 /// Name of the header that carries each output's idempotency key
 /// (`{topic}/{partition}/{offset}[#n]` of the input it came from,
@@ -89,43 +98,91 @@ impl OutputConfig {
     }
 }
 
-/// Properties of the input's `kafka.*` settings that do not carry over
-/// to the producer: they are a consumer's.
-const CONSUMER_ONLY: &[&str] = &[
-    "group.id",
-    "group.instance.id",
-    "isolation.level",
-    "auto.offset.reset",
-    "enable.auto.commit",
-    "enable.auto.offset.store",
-    "enable.partition.eof",
-    "partition.assignment.strategy",
-    "session.timeout.ms",
-    "heartbeat.interval.ms",
-    "max.poll.interval.ms",
-    "fetch.wait.max.ms",
-    "fetch.min.bytes",
-    "fetch.max.bytes",
-    "max.partition.fetch.bytes",
-    "fetch.message.max.bytes",
-    "queued.min.messages",
-    "queued.max.messages.kbytes",
-    "fetch.queue.backoff.ms",
-    "check.crcs",
-];
+/// The `transactional.id` of the pipeline whose query id is `query_id`:
+/// `sluice-<query id>`, the same across restarts and takeovers, so that
+/// each new producer fences the one before it. (A cluster with ACLs must
+/// let the host's principal write transactional ids with the prefix
+/// `sluice-`.)
+pub fn transactional_id(query_id: &str) -> String {
+    format!("sluice-{query_id}")
+}
 
-/// Properties the guarantees rest on: set last, over any the user gave
-/// (a missing output topic is an error at start, not one the broker
-/// creates with its defaults on the first metadata read).
-const FIXED: &[(&str, &str)] = &[
-    ("enable.idempotence", "true"),
-    ("acks", "all"),
-    ("allow.auto.create.topics", "false"),
-];
+/// The offset metadata a batch's transaction commits with each input
+/// position: `sluice:<query id>:batch:<batch id>` (Kafka keeps it with
+/// the committed offset; at most `offset.metadata.max.bytes`, 4096 by
+/// default).
+pub fn batch_marker(query_id: &str, batch_id: u64) -> String {
+    format!("sluice:{query_id}:batch:{batch_id}")
+}
 
-/// Properties a user may not set for the output producer: the host's
-/// own (transactions are the host's, per pipeline).
-const REFUSED: &[&str] = &["transactional.id"];
+/// The batch id in committed offset metadata written by [`batch_marker`]
+/// for `query_id`; `None` for anything else (no metadata, another
+/// pipeline's, a tool's).
+pub fn marked_batch(metadata: &str, query_id: &str) -> Option<u64> {
+    metadata
+        .strip_prefix("sluice:")?
+        .strip_prefix(query_id)?
+        .strip_prefix(":batch:")?
+        .parse()
+        .ok()
+}
+
+/// Whether batch `batch`'s transaction committed, from what the consumer
+/// group holds: `committed` maps a partition to its committed offset and
+/// metadata (read with stable offsets after `init_transactions`), `ends`
+/// the batch's planned end of each of its partitions. `Ok(true)` when
+/// every partition holds the batch's end with the batch's
+/// [`batch_marker`] (or with no metadata: a broker that does not keep
+/// the metadata of offsets committed in a transaction, nisshi 0.7.0),
+/// `Ok(false)` when none does (the transaction was aborted or never
+/// committed: the batch runs again).
+///
+/// Without metadata the answer rests on the offsets alone: the group
+/// holds a batch's start until its transaction commits its end (ranges
+/// are never empty). That fails only after a reset moved the checkpoint
+/// back below offsets the group still holds from before it, where a
+/// batch's end can equal such an offset.
+///
+/// # Errors
+/// A description when only some partitions hold the batch's position, or
+/// one holds the marker of this batch at another offset or of a later
+/// batch: a transaction commits all of its offsets or none, so the group
+/// was written by something else.
+pub fn transaction_committed(
+    query_id: &str,
+    batch: u64,
+    ends: &BTreeMap<(String, i32), i64>,
+    committed: &BTreeMap<(String, i32), (i64, String)>,
+) -> Result<bool, String> {
+    let mut done = Vec::new();
+    let mut not_done = Vec::new();
+    for (tp, end) in ends {
+        let name = format!("{}/{}", tp.0, tp.1);
+        let Some((offset, metadata)) = committed.get(tp) else {
+            not_done.push(name);
+            continue;
+        };
+        let marked = marked_batch(metadata, query_id);
+        if offset == end && (metadata.is_empty() || marked == Some(batch)) {
+            done.push(name);
+        } else if let Some(b) = marked.filter(|b| *b >= batch) {
+            return Err(format!(
+                "{name} holds offset {offset} with the metadata of batch {b}, but batch {batch} planned it up to {end}"
+            ));
+        } else {
+            not_done.push(name);
+        }
+    }
+    match (done.is_empty(), not_done.is_empty()) {
+        (false, true) => Ok(true),
+        (true, _) => Ok(false),
+        (false, false) => Err(format!(
+            "{} hold batch {batch}'s committed position but {} do not",
+            done.join(", "),
+            not_done.join(", ")
+        )),
+    }
+}
 
 /// Errors of the Kafka output.
 #[derive(Debug, thiserror::Error)]
@@ -150,6 +207,35 @@ pub enum OutputError {
         /// The output cluster.
         brokers: String,
     },
+    /// The output cluster does not let this producer use transactions.
+    #[error(
+        "exactly once to {topic} on {brokers} needs Kafka transactions, which the brokers refuse ({message}). Let this client's principal write transactional ids with the prefix `sluice-` (an ACL on TransactionalId, and IdempotentWrite on the cluster), use a broker that supports transactions (Kafka 2.5 or later for the offsets in the transaction), or pass --output-guarantee at-least-once (an idempotent producer; each output carries its idempotency key in the `{header}` header so consumers can drop duplicates)",
+        header = IDEMPOTENCY_KEY_HEADER
+    )]
+    NoTransactions {
+        /// The output topic.
+        topic: String,
+        /// The output cluster.
+        brokers: String,
+        /// librdkafka's message.
+        message: String,
+    },
+    /// A batch's transaction could not be committed: it is aborted (or
+    /// left to the next producer of the pipeline to abort), and the
+    /// checkpoint does not record the batch as done.
+    #[error(
+        "the transaction of batch {batch} to {topic} on {brokers} did not commit: {message}. The checkpoint does not record the batch as done; the next start asks the brokers whether the transaction committed and runs the batch again if it did not, so each output is visible once to read_committed consumers"
+    )]
+    Transaction {
+        /// The batch.
+        batch: u64,
+        /// The output topic.
+        topic: String,
+        /// The output cluster.
+        brokers: String,
+        /// What failed.
+        message: String,
+    },
     /// The brokers refused or never acknowledged an output; nothing after
     /// it is recorded as done, so a re-run produces it again.
     #[error(
@@ -165,265 +251,65 @@ pub enum OutputError {
     },
 }
 
-/// The producer's callbacks: keep the first failure.
-#[derive(Default)]
-struct Deliveries {
-    first_error: Mutex<Option<String>>,
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-impl ClientContext for Deliveries {}
-
-impl ProducerContext for Deliveries {
-    type DeliveryOpaque = ();
-
-    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
-        if let Err((e, m)) = result {
-            let key = m
-                .headers()
-                .and_then(|h| {
-                    use rdkafka::message::Headers as _;
-                    h.iter()
-                        .find(|h| h.key == IDEMPOTENCY_KEY_HEADER)
-                        .and_then(|h| h.value)
-                        .map(|v| String::from_utf8_lossy(v).into_owned())
-                })
-                .map(|k| format!(" (the output of {k})"))
-                .unwrap_or_default();
-            if let Ok(mut first) = self.first_error.lock()
-                && first.is_none()
-            {
-                *first = Some(format!("{e}{key}"));
-            }
-        }
-    }
-}
-
-/// The producer of a pipeline's outputs.
-pub struct KafkaOutput {
-    producer: ThreadedProducer<Deliveries>,
-    topic: String,
-    brokers: String,
-    guarantee: OutputGuarantee,
-    /// Bound on waiting for the brokers (metadata, acknowledgements, a
-    /// full local queue).
-    timeout: Duration,
-}
-
-impl KafkaOutput {
-    /// A producer for `cfg` whose topic was found on the output cluster
-    /// (`cfg.brokers`, else `input_brokers` with the input's
-    /// `input_kafka` settings under `cfg.kafka`). `timeout` bounds each
-    /// wait on the brokers.
-    ///
-    /// # Errors
-    /// [`OutputError::Client`] for a property librdkafka refuses or an
-    /// unreachable cluster, [`OutputError::NoTopic`] when the topic is not
-    /// there.
-    pub fn connect(
-        cfg: &OutputConfig,
-        input_brokers: &str,
-        input_kafka: &BTreeMap<String, String>,
-        timeout: Duration,
-    ) -> Result<Self, OutputError> {
-        let brokers = cfg
-            .brokers
-            .clone()
-            .unwrap_or_else(|| input_brokers.to_string());
-        let client = |message: String| OutputError::Client {
-            topic: cfg.topic.clone(),
-            brokers: brokers.clone(),
-            message,
-        };
-        let mut props = ClientConfig::new();
-        props
-            .set("bootstrap.servers", &brokers)
-            .set("client.id", "sluice-output")
-            .set("partitioner", "murmur2_random")
-            .set("linger.ms", "5")
-            .set("reconnect.backoff.ms", "10")
-            // librdkafka retries an output for 5 minutes by default; the
-            // host waits as long as each Kafka operation may take.
-            .set("message.timeout.ms", timeout.as_millis().to_string());
-        if cfg.brokers.is_none() {
-            for (k, v) in input_kafka {
-                if !CONSUMER_ONLY.contains(&k.as_str()) {
-                    props.set(k, v);
-                }
-            }
-        }
-        for (k, v) in &cfg.kafka {
-            if REFUSED.contains(&k.as_str()) {
-                return Err(client(format!(
-                    "output.kafka.{k} is the host's to set, not a setting"
-                )));
-            }
-            props.set(k, v);
-        }
-        for (k, v) in FIXED {
-            props.set(*k, *v);
-        }
-        // A flush waits until each output was acknowledged or failed
-        // (`message.timeout.ms`), with some slack for the callbacks.
-        let message_timeout = props
-            .get("message.timeout.ms")
-            .and_then(|v| v.parse::<u64>().ok())
-            .map_or(timeout, Duration::from_millis);
-        let producer: ThreadedProducer<Deliveries> = props
-            .create_with_context(Deliveries::default())
-            .map_err(|e| client(e.to_string()))?;
-        let meta = producer
-            .client()
-            .fetch_metadata(Some(&cfg.topic), timeout)
-            .map_err(|e| client(format!("reading the topic's metadata: {e}")))?;
-        let found = meta.topics().iter().find(|t| t.name() == cfg.topic);
-        match found.map(|t| (t.error(), t.partitions().len())) {
-            None
-            | Some((
-                Some(rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART),
-                _,
-            )) => {
-                return Err(OutputError::NoTopic {
-                    topic: cfg.topic.clone(),
-                    brokers,
-                });
-            }
-            Some((Some(e), _)) => {
-                return Err(client(format!(
-                    "the brokers answer {} for the topic (an ACL that does not let this client describe or write it? a leader not elected yet?)",
-                    RDKafkaErrorCode::from(e)
-                )));
-            }
-            Some((None, 0)) => {
-                return Err(client("the topic has no partitions".to_string()));
-            }
-            Some((None, _)) => {}
-        }
-        Ok(KafkaOutput {
-            producer,
-            topic: cfg.topic.clone(),
-            brokers,
-            guarantee: cfg.guarantee,
-            timeout: message_timeout + Duration::from_secs(5),
-        })
+    fn ends(v: &[(&str, i32, i64)]) -> BTreeMap<(String, i32), i64> {
+        v.iter()
+            .map(|(t, p, e)| ((t.to_string(), *p), *e))
+            .collect()
     }
 
-    /// The output topic.
-    pub fn topic(&self) -> &str {
-        &self.topic
+    fn held(v: &[(&str, i32, i64, &str)]) -> BTreeMap<(String, i32), (i64, String)> {
+        v.iter()
+            .map(|(t, p, o, m)| ((t.to_string(), *p), (*o, m.to_string())))
+            .collect()
     }
 
-    /// Hand the outputs of a part of `input_topic`/`input_partition` to
-    /// the producer, in order. Returns how many, once they are queued,
-    /// not acknowledged ([`KafkaOutput::flush`] waits). Under
-    /// at-least-once a header [`IDEMPOTENCY_KEY_HEADER`] the map emitted
-    /// (one an upstream pipeline wrote, kept by a passthrough) is
-    /// replaced by this output's own.
-    ///
-    /// # Errors
-    /// [`OutputError::Delivery`] when an earlier output failed, or the
-    /// local queue stayed full for the timeout.
-    pub fn send(
-        &self,
-        input_topic: &str,
-        input_partition: i32,
-        outputs: &[ChainOutput],
-    ) -> Result<u64, OutputError> {
-        self.check()?;
-        let keyed = self.guarantee == OutputGuarantee::AtLeastOnce;
-        let mut sent = 0;
-        for o in outputs {
-            let mut headers = OwnedHeaders::new_with_capacity(o.headers.len() + 1);
-            for (k, v) in o
-                .headers
-                .iter()
-                .filter(|(k, _)| !(keyed && k == IDEMPOTENCY_KEY_HEADER))
-            {
-                headers = headers.insert(Header {
-                    key: k,
-                    value: v.as_deref(),
-                });
-            }
-            let key = keyed.then(|| o.idempotency_key(input_topic, input_partition));
-            if let Some(k) = &key {
-                headers = headers.insert(Header {
-                    key: IDEMPOTENCY_KEY_HEADER,
-                    value: Some(k.as_bytes()),
-                });
-            }
-            let mut record: BaseRecord<'_, [u8], [u8], ()> =
-                BaseRecord::to(&self.topic).headers(headers);
-            if let Some(k) = &o.key {
-                record = record.key(k.as_slice());
-            }
-            if let Some(v) = &o.value {
-                record = record.payload(v.as_slice());
-            }
-            let started = Instant::now();
-            loop {
-                match self.producer.send(record) {
-                    Ok(()) => break,
-                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r))
-                        if started.elapsed() < self.timeout =>
-                    {
-                        // The local queue is full: wait for acknowledgements.
-                        record = r;
-                        self.producer.poll(Duration::from_millis(10));
-                    }
-                    Err((e, _)) => {
-                        let full = matches!(
-                            e,
-                            KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull)
-                        );
-                        return Err(self.delivery(format!(
-                            "{e} (the output of {}){}",
-                            o.idempotency_key(input_topic, input_partition),
-                            if full {
-                                "; the producer's local queue stayed full for the timeout: are the brokers reachable? (output.kafka.queue.buffering.max.messages and .kbytes bound the queue)"
-                            } else {
-                                ""
-                            }
-                        )));
-                    }
-                }
-            }
-            sent += 1;
-        }
-        Ok(sent)
+    #[test]
+    fn a_marker_names_its_pipeline_and_batch() {
+        let m = batch_marker("q-1", 42);
+        assert_eq!(marked_batch(&m, "q-1"), Some(42));
+        assert_eq!(marked_batch(&m, "q"), None, "another pipeline's");
+        assert_eq!(marked_batch(&m, "q-12"), None);
+        assert_eq!(marked_batch("", "q-1"), None);
+        assert_eq!(marked_batch("sluice:q-1:batch:x", "q-1"), None);
+        assert_eq!(transactional_id("q-1"), "sluice-q-1");
     }
 
-    /// Wait until every output handed over so far is acknowledged by the
-    /// brokers (at most the timeout).
-    ///
-    /// # Errors
-    /// [`OutputError::Delivery`] naming the first output that failed, or
-    /// the timeout.
-    pub fn flush(&self) -> Result<(), OutputError> {
-        self.producer
-            .flush(self.timeout)
-            .map_err(|e| self.delivery(format!("waiting for acknowledgements: {e}")))?;
-        self.check()
-    }
-
-    /// The first failed delivery, as an error.
-    fn check(&self) -> Result<(), OutputError> {
-        let first = self
-            .producer
-            .context()
-            .first_error
-            .lock()
-            .ok()
-            .and_then(|f| f.clone());
-        match first {
-            Some(m) => Err(self.delivery(m)),
-            None => Ok(()),
-        }
-    }
-
-    fn delivery(&self, message: String) -> OutputError {
-        OutputError::Delivery {
-            topic: self.topic.clone(),
-            brokers: self.brokers.clone(),
-            message,
-        }
+    #[test]
+    fn a_batch_committed_when_every_partition_holds_its_end_and_marker() {
+        let planned = ends(&[("in", 0, 200), ("in", 1, 150)]);
+        let m7 = batch_marker("q", 7);
+        let m6 = batch_marker("q", 6);
+        // Committed: both partitions hold batch 7's ends and marker.
+        let both = held(&[("in", 0, 200, &m7), ("in", 1, 150, &m7)]);
+        assert_eq!(transaction_committed("q", 7, &planned, &both), Ok(true));
+        // Not committed: the previous batch's positions, or none at all.
+        let before = held(&[("in", 0, 100, &m6), ("in", 1, 90, &m6)]);
+        assert_eq!(transaction_committed("q", 7, &planned, &before), Ok(false));
+        assert_eq!(
+            transaction_committed("q", 7, &planned, &BTreeMap::new()),
+            Ok(false)
+        );
+        // A broker that drops the metadata: the offsets decide.
+        let plain = held(&[("in", 0, 200, ""), ("in", 1, 150, "")]);
+        assert_eq!(transaction_committed("q", 7, &planned, &plain), Ok(true));
+        let plain = held(&[("in", 0, 100, ""), ("in", 1, 90, "")]);
+        assert_eq!(transaction_committed("q", 7, &planned, &plain), Ok(false));
+        // An earlier batch's marker at the end offset (a reset moved the
+        // checkpoint back) is not this batch's.
+        let earlier = held(&[("in", 0, 200, &m6), ("in", 1, 150, &m6)]);
+        assert_eq!(transaction_committed("q", 7, &planned, &earlier), Ok(false));
+        // Half of a transaction cannot be: refused, naming both sides.
+        let half = held(&[("in", 0, 200, &m7), ("in", 1, 90, &m6)]);
+        let e = transaction_committed("q", 7, &planned, &half).unwrap_err();
+        assert!(e.contains("in/0") && e.contains("in/1"), "{e}");
+        // The marker at another offset, or a later batch's, is refused.
+        let moved = held(&[("in", 0, 201, &m7), ("in", 1, 150, &m7)]);
+        assert!(transaction_committed("q", 7, &planned, &moved).is_err());
+        let later = held(&[("in", 0, 300, &batch_marker("q", 8)), ("in", 1, 150, &m7)]);
+        assert!(transaction_committed("q", 7, &planned, &later).is_err());
     }
 }

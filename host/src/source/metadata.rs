@@ -239,6 +239,73 @@ impl KafkaSource {
         self.commit_group_with(positions, CommitMode::Sync)
     }
 
+    /// The consumer group's metadata for offsets committed in a producer's
+    /// transaction (KIP-447): the group id given at creation; a group
+    /// member's also carries its generation and member id, so that the
+    /// coordinator refuses a zombie's offsets. `None` without a group.
+    pub fn group_metadata(&self) -> Option<rdkafka::consumer::ConsumerGroupMetadata> {
+        self.consumer.group_metadata()
+    }
+
+    /// The offsets the consumer group given at creation has committed for
+    /// `partitions`, each with its metadata: `(offset, metadata)`, absent
+    /// for a partition with none. Asks for stable offsets (KIP-447,
+    /// `isolation.level=read_committed`): offsets in a transaction still
+    /// open are not answered as committed; the brokers' "unstable offset"
+    /// answer is retried for the timeout.
+    ///
+    /// # Errors
+    /// [`SourceError::Unavailable`] when the group coordinator does not
+    /// answer within the timeout.
+    pub fn committed_with_metadata(
+        &self,
+        partitions: &[TopicPartition],
+    ) -> Result<BTreeMap<TopicPartition, (i64, String)>, SourceError> {
+        let mut tpl = TopicPartitionList::new();
+        for (t, p) in partitions {
+            tpl.add_partition(t, *p);
+        }
+        let started = Instant::now();
+        let answered = loop {
+            let asked = self
+                .consumer
+                .committed_offsets(tpl.clone(), self.timeout)
+                .and_then(|answered| {
+                    // A partition's own error (an offset still in an open
+                    // transaction: UNSTABLE_OFFSET_COMMIT).
+                    match answered.elements().iter().find_map(|e| e.error().err()) {
+                        Some(e) => Err(e),
+                        None => Ok(answered),
+                    }
+                });
+            match asked {
+                Ok(answered) => break answered,
+                Err(e) if started.elapsed() < self.timeout => {
+                    tracing::debug!("reading the group's committed offsets: {e}");
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) => {
+                    return Err(self.unavailable(
+                        "reading the consumer group's committed offsets".into(),
+                        started.elapsed(),
+                        e.to_string(),
+                    ));
+                }
+            }
+        };
+        Ok(answered
+            .elements()
+            .iter()
+            .filter_map(|e| match e.offset() {
+                Offset::Offset(o) => Some((
+                    (e.topic().to_string(), e.partition()),
+                    (o, e.metadata().to_string()),
+                )),
+                _ => None,
+            })
+            .collect())
+    }
+
     fn commit_group_with(
         &self,
         positions: &BTreeMap<TopicPartition, i64>,

@@ -1,0 +1,93 @@
+//! What the engine asks of the Kafka output (`--output-topic`,
+//! [`crate::output`]) at a batch's end, and when an earlier run's batch is
+//! run again: commit the batch's transaction with its input positions
+//! (exactly once) or wait for every acknowledgement (at-least-once), and
+//! decide whether an interrupted batch's transaction committed.
+
+use crate::checkpoint::OffsetsEntry;
+use crate::source::TopicPartition;
+
+use super::progress::ms;
+use super::{EngineError, ends, startup};
+
+/// Before batch `entry` is recorded as done: under exactly once, commit
+/// its transaction with its input positions (each with the batch's
+/// marker) in the pipeline's consumer group; under at-least-once, wait
+/// until every output is acknowledged. Returns the transaction's time in
+/// ms (0 without one).
+///
+/// # Errors
+/// [`EngineError::Output`]: the batch must not be recorded as done.
+pub(super) fn finish(p: &startup::Pipeline, entry: &OffsetsEntry) -> Result<f64, EngineError> {
+    let Some(out) = &p.output else {
+        return Ok(0.0);
+    };
+    if !out.exactly_once() {
+        out.flush()?;
+        return Ok(0.0);
+    }
+    let group = p.source.group_metadata().ok_or_else(|| {
+        EngineError::Config(
+            "the Kafka reader has no consumer group for the transaction's offsets".into(),
+        )
+    })?;
+    let took = out.commit_transaction(
+        entry.batch_id,
+        &ends(&entry.ranges),
+        &crate::output::batch_marker(p.cp.query_id(), entry.batch_id),
+        &group,
+    )?;
+    Ok(ms(took))
+}
+
+/// Exactly once to a topic: whether the transaction of `entry`, a batch
+/// an earlier run planned and did not record as done, committed. The
+/// producer's `init_transactions` at start finished or aborted that run's
+/// transaction; the consumer group's committed offsets then tell which
+/// ([`crate::output::transaction_committed`]). `false` without exactly
+/// once.
+///
+/// # Errors
+/// [`EngineError::Source`] when the group coordinator does not answer;
+/// [`EngineError::Output`] when the group's offsets contradict the
+/// checkpoint (something else committed to the pipeline's group).
+pub(super) fn committed_before(
+    p: &startup::Pipeline,
+    entry: &OffsetsEntry,
+) -> Result<bool, EngineError> {
+    let Some(out) = p.output.as_ref().filter(|o| o.exactly_once()) else {
+        return Ok(false);
+    };
+    let ends = ends(&entry.ranges);
+    let partitions: Vec<TopicPartition> = ends.keys().cloned().collect();
+    let committed = p.source.committed_with_metadata(&partitions)?;
+    tracing::debug!(
+        batch = entry.batch_id,
+        "the consumer group holds {committed:?}, the batch planned {ends:?}"
+    );
+    let yes = crate::output::transaction_committed(
+        p.cp.query_id(),
+        entry.batch_id,
+        &ends,
+        &committed,
+    )
+    .map_err(|message| {
+        EngineError::Output(out.transaction_error(
+            entry.batch_id,
+            format!(
+                "deciding whether it committed before the restart: {message}. Did another tool commit offsets to this pipeline's consumer group (--commit-offsets-to)?"
+            ),
+        ))
+    })?;
+    tracing::info!(
+        batch = entry.batch_id,
+        "batch {} was planned by an earlier run: its output transaction {}",
+        entry.batch_id,
+        if yes {
+            "committed, so it is recorded as done without running it again"
+        } else {
+            "did not commit (aborted, or never begun), so it runs again"
+        }
+    );
+    Ok(yes)
+}

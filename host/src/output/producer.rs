@@ -1,0 +1,511 @@
+//! The producer of a pipeline's outputs ([`KafkaOutput`]): its settings,
+//! the topic check at start, sending a part's outputs, and the batch's
+//! transaction (exactly once) or acknowledgements (at-least-once).
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::ConsumerGroupMetadata;
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Header, Message, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+
+use crate::plugin::chain::ChainOutput;
+
+use super::{IDEMPOTENCY_KEY_HEADER, OutputConfig, OutputError, OutputGuarantee};
+
+/// Properties of the input's `kafka.*` settings that do not carry over
+/// to the producer: they are a consumer's.
+const CONSUMER_ONLY: &[&str] = &[
+    "group.id",
+    "group.instance.id",
+    "isolation.level",
+    "auto.offset.reset",
+    "enable.auto.commit",
+    "enable.auto.offset.store",
+    "enable.partition.eof",
+    "partition.assignment.strategy",
+    "session.timeout.ms",
+    "heartbeat.interval.ms",
+    "max.poll.interval.ms",
+    "fetch.wait.max.ms",
+    "fetch.min.bytes",
+    "fetch.max.bytes",
+    "max.partition.fetch.bytes",
+    "fetch.message.max.bytes",
+    "queued.min.messages",
+    "queued.max.messages.kbytes",
+    "fetch.queue.backoff.ms",
+    "check.crcs",
+];
+
+/// Properties the guarantees rest on: set last, over any the user gave
+/// (a missing output topic is an error at start, not one the broker
+/// creates with its defaults on the first metadata read).
+const FIXED: &[(&str, &str)] = &[
+    ("enable.idempotence", "true"),
+    ("acks", "all"),
+    ("allow.auto.create.topics", "false"),
+];
+
+/// Properties a user may not set for the output producer: the host's
+/// own (transactions are the host's, per pipeline).
+const REFUSED: &[&str] = &["transactional.id"];
+
+/// The producer's callbacks: keep the first failure.
+#[derive(Default)]
+struct Deliveries {
+    first_error: Mutex<Option<String>>,
+}
+
+impl ClientContext for Deliveries {}
+
+impl ProducerContext for Deliveries {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        if let Err((e, m)) = result {
+            let key = m
+                .headers()
+                .and_then(|h| {
+                    use rdkafka::message::Headers as _;
+                    h.iter()
+                        .find(|h| h.key == IDEMPOTENCY_KEY_HEADER)
+                        .and_then(|h| h.value)
+                        .map(|v| String::from_utf8_lossy(v).into_owned())
+                })
+                .map(|k| format!(" (the output of {k})"))
+                .unwrap_or_default();
+            if let Ok(mut first) = self.first_error.lock()
+                && first.is_none()
+            {
+                *first = Some(format!("{e}{key}"));
+            }
+        }
+    }
+}
+
+/// The producer of a pipeline's outputs.
+pub struct KafkaOutput {
+    producer: ThreadedProducer<Deliveries>,
+    /// The producer's properties (a transactional producer is made from
+    /// them with its `transactional.id`).
+    props: ClientConfig,
+    /// Exactly once: the producer is transactional (see
+    /// [`KafkaOutput::init_transactions`]).
+    transactional: bool,
+    /// Exactly once: a transaction is open (begun by the first output of
+    /// a batch, or by its commit when it had none).
+    in_transaction: Mutex<bool>,
+    topic: String,
+    brokers: String,
+    guarantee: OutputGuarantee,
+    /// Bound on waiting for the brokers (metadata, acknowledgements, a
+    /// full local queue).
+    timeout: Duration,
+}
+
+impl KafkaOutput {
+    /// A producer for `cfg` whose topic was found on the output cluster
+    /// (`cfg.brokers`, else `input_brokers` with the input's
+    /// `input_kafka` settings under `cfg.kafka`). `timeout` bounds each
+    /// wait on the brokers.
+    ///
+    /// # Errors
+    /// [`OutputError::Client`] for a property librdkafka refuses or an
+    /// unreachable cluster, [`OutputError::NoTopic`] when the topic is not
+    /// there.
+    pub fn connect(
+        cfg: &OutputConfig,
+        input_brokers: &str,
+        input_kafka: &BTreeMap<String, String>,
+        timeout: Duration,
+    ) -> Result<Self, OutputError> {
+        let brokers = cfg
+            .brokers
+            .clone()
+            .unwrap_or_else(|| input_brokers.to_string());
+        let client = |message: String| OutputError::Client {
+            topic: cfg.topic.clone(),
+            brokers: brokers.clone(),
+            message,
+        };
+        let mut props = ClientConfig::new();
+        props
+            .set("bootstrap.servers", &brokers)
+            .set("client.id", "sluice-output")
+            .set("partitioner", "murmur2_random")
+            .set("linger.ms", "5")
+            .set("reconnect.backoff.ms", "10")
+            // librdkafka retries an output for 5 minutes by default; the
+            // host waits as long as each Kafka operation may take.
+            .set("message.timeout.ms", timeout.as_millis().to_string());
+        if cfg.brokers.is_none() {
+            for (k, v) in input_kafka {
+                if !CONSUMER_ONLY.contains(&k.as_str()) {
+                    props.set(k, v);
+                }
+            }
+        }
+        for (k, v) in &cfg.kafka {
+            if REFUSED.contains(&k.as_str()) {
+                return Err(client(format!(
+                    "output.kafka.{k} is the host's to set, not a setting"
+                )));
+            }
+            props.set(k, v);
+        }
+        for (k, v) in FIXED {
+            props.set(*k, *v);
+        }
+        // A flush waits until each output was acknowledged or failed
+        // (`message.timeout.ms`), with some slack for the callbacks.
+        let message_timeout = props
+            .get("message.timeout.ms")
+            .and_then(|v| v.parse::<u64>().ok())
+            .map_or(timeout, Duration::from_millis);
+        let producer: ThreadedProducer<Deliveries> = props
+            .create_with_context(Deliveries::default())
+            .map_err(|e| client(e.to_string()))?;
+        let meta = producer
+            .client()
+            .fetch_metadata(Some(&cfg.topic), timeout)
+            .map_err(|e| client(format!("reading the topic's metadata: {e}")))?;
+        let found = meta.topics().iter().find(|t| t.name() == cfg.topic);
+        match found.map(|t| (t.error(), t.partitions().len())) {
+            None
+            | Some((
+                Some(rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART),
+                _,
+            )) => {
+                return Err(OutputError::NoTopic {
+                    topic: cfg.topic.clone(),
+                    brokers,
+                });
+            }
+            Some((Some(e), _)) => {
+                return Err(client(format!(
+                    "the brokers answer {} for the topic (an ACL that does not let this client describe or write it? a leader not elected yet?)",
+                    RDKafkaErrorCode::from(e)
+                )));
+            }
+            Some((None, 0)) => {
+                return Err(client("the topic has no partitions".to_string()));
+            }
+            Some((None, _)) => {}
+        }
+        Ok(KafkaOutput {
+            producer,
+            props,
+            transactional: false,
+            in_transaction: Mutex::new(false),
+            topic: cfg.topic.clone(),
+            brokers,
+            guarantee: cfg.guarantee,
+            timeout: message_timeout + Duration::from_secs(5),
+        })
+    }
+
+    /// The output topic.
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    /// Whether outputs go in transactions (exactly once).
+    pub fn exactly_once(&self) -> bool {
+        self.guarantee == OutputGuarantee::ExactlyOnce
+    }
+
+    /// Exactly once: replace the producer with a transactional one whose
+    /// `transactional.id` is `id` ([`super::transactional_id`]) and register it
+    /// with the transaction coordinator (`init_transactions`). That fences
+    /// every earlier producer of the id (a crashed run, the owner before a
+    /// takeover: their later commits fail) and finishes their open
+    /// transaction: one being committed completes, any other is aborted.
+    /// Waits at most the timeout.
+    ///
+    /// # Errors
+    /// [`OutputError::NoTransactions`] when the brokers refuse
+    /// transactions to this client, [`OutputError::Client`] otherwise.
+    pub fn init_transactions(&mut self, id: &str) -> Result<(), OutputError> {
+        let mut props = self.props.clone();
+        props.set("transactional.id", id);
+        let producer: ThreadedProducer<Deliveries> = props
+            .create_with_context(Deliveries::default())
+            .map_err(|e| OutputError::Client {
+                topic: self.topic.clone(),
+                brokers: self.brokers.clone(),
+                message: e.to_string(),
+            })?;
+        producer.init_transactions(self.timeout).map_err(|e| {
+            let refused = matches!(
+                e.rdkafka_error_code(),
+                Some(
+                    RDKafkaErrorCode::TransactionalIdAuthorizationFailed
+                        | RDKafkaErrorCode::ClusterAuthorizationFailed
+                        | RDKafkaErrorCode::UnsupportedVersion
+                        | RDKafkaErrorCode::UnsupportedFeature
+                )
+            );
+            let message = format!("initializing transactional id {id}: {e}");
+            if refused {
+                OutputError::NoTransactions {
+                    topic: self.topic.clone(),
+                    brokers: self.brokers.clone(),
+                    message,
+                }
+            } else {
+                OutputError::Client {
+                    topic: self.topic.clone(),
+                    brokers: self.brokers.clone(),
+                    message,
+                }
+            }
+        })?;
+        self.producer = producer;
+        self.transactional = true;
+        Ok(())
+    }
+
+    /// Exactly once: open the batch's transaction unless it is open.
+    fn begin(&self, batch: u64) -> Result<(), OutputError> {
+        let mut open = self
+            .in_transaction
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if *open {
+            return Ok(());
+        }
+        if !self.transactional {
+            return Err(self.transaction_error(
+                batch,
+                "the producer is not transactional (init_transactions was not called)".into(),
+            ));
+        }
+        self.producer
+            .begin_transaction()
+            .map_err(|e| self.transaction_error(batch, format!("beginning it: {e}")))?;
+        *open = true;
+        Ok(())
+    }
+
+    /// Exactly once: commit batch `batch`'s transaction (opening it first
+    /// when the batch had no output) with the input `positions` (the next
+    /// offset to read of each partition) committed to the consumer group
+    /// `group` in it, each with the metadata `marker` ([`super::batch_marker`]).
+    /// `commit_transaction` first waits until every output is
+    /// acknowledged. Returns how long the offsets and the commit took.
+    ///
+    /// # Errors
+    /// [`OutputError::Transaction`]: the transaction is aborted when
+    /// librdkafka says it can be; a fenced producer (another run of the
+    /// pipeline started) or a fatal error leaves it to the next producer
+    /// of the id. Either way the batch must not be recorded as done.
+    pub fn commit_transaction(
+        &self,
+        batch: u64,
+        positions: &BTreeMap<(String, i32), i64>,
+        marker: &str,
+        group: &ConsumerGroupMetadata,
+    ) -> Result<Duration, OutputError> {
+        let started = Instant::now();
+        self.begin(batch)?;
+        let mut offsets = TopicPartitionList::with_capacity(positions.len());
+        for ((topic, partition), end) in positions {
+            offsets
+                .add_partition_offset(topic, *partition, Offset::Offset(*end))
+                .map_err(|e| self.transaction_error(batch, e.to_string()))?;
+            if let Some(mut e) = offsets.find_partition(topic, *partition) {
+                e.set_metadata(marker);
+            }
+        }
+        // Every output acknowledged first (the commit would wait for them
+        // anyway): a failure names the output, and the transaction holds
+        // all of the batch's outputs from here on.
+        if let Err(e) = self.flush() {
+            *self
+                .in_transaction
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = false;
+            let aborted = match self.producer.abort_transaction(self.timeout) {
+                Ok(()) => "; the transaction was aborted".to_string(),
+                Err(a) => format!("; aborting it failed too: {a}"),
+            };
+            return Err(self.transaction_error(batch, format!("{e}{aborted}")));
+        }
+        let done = self
+            .producer
+            .send_offsets_to_transaction(&offsets, group, self.timeout)
+            .map_err(|e| ("adding the input positions to it", e))
+            .and_then(|()| {
+                crate::util::failpoint("output:before-commit-transaction");
+                self.producer
+                    .commit_transaction(self.timeout)
+                    .map_err(|e| ("committing it", e))
+            });
+        let mut open = self
+            .in_transaction
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        *open = false;
+        match done {
+            Ok(()) => Ok(started.elapsed()),
+            Err((what, e)) => {
+                let abortable = matches!(&e, KafkaError::Transaction(t) if t.txn_requires_abort());
+                let fenced = matches!(
+                    e.rdkafka_error_code(),
+                    Some(
+                        RDKafkaErrorCode::ProducerFenced
+                            | RDKafkaErrorCode::InvalidProducerEpoch
+                            | RDKafkaErrorCode::Fenced
+                    )
+                );
+                let mut message = format!("{what}: {e}");
+                if fenced {
+                    message.push_str(" (another run of this pipeline initialized its transactional id since: a restart or a takeover elsewhere; this one must stop)");
+                } else if abortable {
+                    match self.producer.abort_transaction(self.timeout) {
+                        Ok(()) => message.push_str("; the transaction was aborted"),
+                        Err(a) => message.push_str(&format!("; aborting it failed too: {a}")),
+                    }
+                }
+                Err(self.transaction_error(batch, message))
+            }
+        }
+    }
+
+    /// [`OutputError::Transaction`] of batch `batch` on this output.
+    pub fn transaction_error(&self, batch: u64, message: String) -> OutputError {
+        OutputError::Transaction {
+            batch,
+            topic: self.topic.clone(),
+            brokers: self.brokers.clone(),
+            message,
+        }
+    }
+
+    /// Hand the outputs of a part of batch `batch` from
+    /// `input_topic`/`input_partition` to the producer, in order (exactly
+    /// once: in the batch's transaction, opened by the first). Returns how many, once they are queued,
+    /// not acknowledged ([`KafkaOutput::flush`] waits). Under
+    /// at-least-once a header [`IDEMPOTENCY_KEY_HEADER`] the map emitted
+    /// (one an upstream pipeline wrote, kept by a passthrough) is
+    /// replaced by this output's own.
+    ///
+    /// # Errors
+    /// [`OutputError::Delivery`] when an earlier output failed, or the
+    /// local queue stayed full for the timeout; [`OutputError::Transaction`]
+    /// when the transaction cannot be opened.
+    pub fn send(
+        &self,
+        batch: u64,
+        input_topic: &str,
+        input_partition: i32,
+        outputs: &[ChainOutput],
+    ) -> Result<u64, OutputError> {
+        self.check()?;
+        if self.exactly_once() && !outputs.is_empty() {
+            self.begin(batch)?;
+        }
+        let keyed = self.guarantee == OutputGuarantee::AtLeastOnce;
+        let mut sent = 0;
+        for o in outputs {
+            let mut headers = OwnedHeaders::new_with_capacity(o.headers.len() + 1);
+            for (k, v) in o
+                .headers
+                .iter()
+                .filter(|(k, _)| !(keyed && k == IDEMPOTENCY_KEY_HEADER))
+            {
+                headers = headers.insert(Header {
+                    key: k,
+                    value: v.as_deref(),
+                });
+            }
+            let key = keyed.then(|| o.idempotency_key(input_topic, input_partition));
+            if let Some(k) = &key {
+                headers = headers.insert(Header {
+                    key: IDEMPOTENCY_KEY_HEADER,
+                    value: Some(k.as_bytes()),
+                });
+            }
+            let mut record: BaseRecord<'_, [u8], [u8], ()> =
+                BaseRecord::to(&self.topic).headers(headers);
+            if let Some(k) = &o.key {
+                record = record.key(k.as_slice());
+            }
+            if let Some(v) = &o.value {
+                record = record.payload(v.as_slice());
+            }
+            let started = Instant::now();
+            loop {
+                match self.producer.send(record) {
+                    Ok(()) => break,
+                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r))
+                        if started.elapsed() < self.timeout =>
+                    {
+                        // The local queue is full: wait for acknowledgements.
+                        record = r;
+                        self.producer.poll(Duration::from_millis(10));
+                    }
+                    Err((e, _)) => {
+                        let full = matches!(
+                            e,
+                            KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull)
+                        );
+                        return Err(self.delivery(format!(
+                            "{e} (the output of {}){}",
+                            o.idempotency_key(input_topic, input_partition),
+                            if full {
+                                "; the producer's local queue stayed full for the timeout: are the brokers reachable? (output.kafka.queue.buffering.max.messages and .kbytes bound the queue)"
+                            } else {
+                                ""
+                            }
+                        )));
+                    }
+                }
+            }
+            sent += 1;
+        }
+        Ok(sent)
+    }
+
+    /// Wait until every output handed over so far is acknowledged by the
+    /// brokers (at most the timeout).
+    ///
+    /// # Errors
+    /// [`OutputError::Delivery`] naming the first output that failed, or
+    /// the timeout.
+    pub fn flush(&self) -> Result<(), OutputError> {
+        self.producer
+            .flush(self.timeout)
+            .map_err(|e| self.delivery(format!("waiting for acknowledgements: {e}")))?;
+        self.check()
+    }
+
+    /// The first failed delivery, as an error.
+    fn check(&self) -> Result<(), OutputError> {
+        let first = self
+            .producer
+            .context()
+            .first_error
+            .lock()
+            .ok()
+            .and_then(|f| f.clone());
+        match first {
+            Some(m) => Err(self.delivery(m)),
+            None => Ok(()),
+        }
+    }
+
+    fn delivery(&self, message: String) -> OutputError {
+        OutputError::Delivery {
+            topic: self.topic.clone(),
+            brokers: self.brokers.clone(),
+            message,
+        }
+    }
+}

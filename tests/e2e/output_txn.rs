@@ -1,0 +1,278 @@
+//! Exactly once to a Kafka topic (`host run --output-topic`, the default
+//! guarantee) on a broker that runs transactions (nisshi 0.7.0). What a
+//! `read_committed` consumer of a real Kafka cluster would see is computed
+//! from the output partitions' raw record batches ([`crate::txn_view`]):
+//! each input's outputs must be there once after a kill -9 before the
+//! transaction, inside it, and after its commit but before the
+//! checkpoint's commit entry, and after a second run of the same pipeline
+//! (a copy of its checkpoint) fenced the first one mid-transaction.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+use crate::kafka::{Broker, BrokerProcess};
+use crate::output::{fill_input, host_run};
+use crate::support::{HostProcess, RunArgs, host, json_lines, stderr};
+use crate::txn_view::{CommittedView, committed_view};
+
+const WAIT: Duration = Duration::from_secs(60);
+const N: usize = 600;
+
+fn broker_with_input() -> BrokerProcess {
+    let broker = BrokerProcess::transactional();
+    fill_input(&broker, N);
+    broker
+}
+
+/// `host run` of the passthrough map into `out`, exactly once, 100
+/// records per partition per batch (two batches of 300 for [`N`]).
+fn run_args(broker: &BrokerProcess, ckpt: &Path) -> Vec<String> {
+    RunArgs::new(&broker.bootstrap(), &["in"], ckpt)
+        .plugin("passthrough")
+        .args([
+            "--output-topic",
+            "out",
+            "--until-caught-up",
+            "--progress",
+            "json",
+            "--max-records-per-partition",
+            "100",
+        ])
+        .build()
+}
+
+/// Both output partitions as a `read_committed` reader sees them.
+fn views(broker: &BrokerProcess) -> Vec<CommittedView> {
+    (0..2)
+        .map(|p| committed_view(&broker.bootstrap(), "out", p))
+        .collect()
+}
+
+/// Check that each input of [`fill_input`] is visible exactly once, as
+/// the passthrough emitted it: value or tombstone, key, the header `h`
+/// naming the input, no idempotency key added.
+fn assert_each_input_once(views: &[CommittedView]) {
+    let mut seen: BTreeMap<usize, usize> = BTreeMap::new();
+    for (p, v) in views.iter().enumerate() {
+        assert_eq!(v.open, 0, "partition {p}: a transaction left open");
+        for r in &v.visible {
+            let h = r
+                .headers
+                .iter()
+                .find(|(k, _)| k.as_str() == "h")
+                .and_then(|(_, v)| v.as_ref())
+                .unwrap_or_else(|| panic!("no header h on {r:?}"));
+            let i: usize = String::from_utf8_lossy(h).parse().unwrap();
+            *seen.entry(i).or_default() += 1;
+            let value = format!("v{i}");
+            assert_eq!(
+                r.value.as_deref(),
+                (i % 50 != 49).then_some(value.as_bytes()),
+                "input {i}"
+            );
+            assert_eq!(
+                r.key.as_deref(),
+                Some(format!("k{}", i % 7).as_bytes()),
+                "input {i}"
+            );
+            let upstream = r
+                .headers
+                .iter()
+                .find(|(k, _)| k.as_str() == "sluice-idempotency-key");
+            assert_eq!(upstream.is_some(), i.is_multiple_of(10), "input {i}: {r:?}");
+        }
+    }
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "visible more than once: {twice:?}");
+    let missing: Vec<usize> = (0..N).filter(|i| !seen.contains_key(i)).collect();
+    assert!(missing.is_empty(), "never visible: {missing:?}");
+}
+
+/// The checkpoint's query id.
+fn query_id(ckpt: &Path) -> String {
+    let out = host(&["checkpoint", "show", "--json", ckpt.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    shown["metadata"]["query_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no query_id in {shown}"))
+        .to_string()
+}
+
+/// The offsets (with metadata) the pipeline's consumer group holds for
+/// `in`'s 3 partitions.
+fn group_offsets(broker: &BrokerProcess, group: &str) -> Vec<(i64, String)> {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", broker.bootstrap())
+        .set("group.id", group)
+        .set("isolation.level", "read_committed")
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..3 {
+        tpl.add_partition("in", p);
+    }
+    c.committed_offsets(tpl, Duration::from_secs(20))
+        .unwrap()
+        .elements()
+        .iter()
+        .map(|e| match e.offset() {
+            Offset::Offset(o) => (o, e.metadata().to_string()),
+            other => panic!("{}: {other:?}", e.partition()),
+        })
+        .collect()
+}
+
+#[test]
+fn each_output_is_visible_once_with_the_input_positions_in_the_transaction() {
+    let broker = broker_with_input();
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ck");
+    let out = host_run(&run_args(&broker, &ckpt));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let events = json_lines(&out);
+    assert_eq!(events.len(), 2, "{events:?}");
+    for e in &events {
+        assert_eq!(e["counts"]["produced"], 300, "{e}");
+        assert!(
+            e["durations_ms"]["transaction"].as_f64().unwrap_or(0.0) > 0.0,
+            "{e}"
+        );
+    }
+    let views = views(&broker);
+    assert_each_input_once(&views);
+    assert_eq!(views.iter().map(|v| v.aborted).sum::<usize>(), 0);
+    // One transaction per batch, its marker on each partition that had
+    // outputs.
+    assert!(views.iter().all(|v| v.commits == 2), "{views:?}");
+    // The input positions went in the last transaction (with its marker
+    // as metadata, which nisshi 0.7.0 does not keep).
+    let q = query_id(&ckpt);
+    let marker = format!("sluice:{q}:batch:1");
+    for (offset, metadata) in group_offsets(&broker, &format!("sluice-{q}")) {
+        assert_eq!(offset, 200);
+        assert!(metadata.is_empty() || metadata == marker, "{metadata}");
+    }
+}
+
+/// Kill the host at `failpoint`, start it again: each input once.
+/// Returns the restart's progress events and what the restart logged.
+fn killed_at_then_restarted(
+    broker: &BrokerProcess,
+    failpoint: &str,
+) -> (Vec<serde_json::Value>, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ck");
+    let args = run_args(broker, &ckpt);
+    let mut paused = HostProcess::spawn(&args, &[("SLUICE_FAILPOINT", failpoint)]);
+    paused.wait_for("FAILPOINT", WAIT);
+    paused.kill();
+    let out = std::process::Command::new(crate::support::host_bin())
+        .args(&args)
+        .env("RUST_LOG", "info,sluice_host::engine::outputs=debug")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{failpoint}: {}", stderr(&out));
+    eprintln!("{failpoint}: {}", stderr(&out));
+    let views = views(broker);
+    assert_each_input_once(&views);
+    let shown = host(&["checkpoint", "show", "--json", ckpt.to_str().unwrap()]);
+    (
+        json_lines(&out),
+        format!(
+            "{}\n{}",
+            stderr(&out),
+            String::from_utf8_lossy(&shown.stdout)
+        ),
+    )
+}
+
+#[test]
+fn a_kill_before_during_or_after_the_transaction_leaves_each_output_once() {
+    // Before any output of batch 1: it is planned, not produced.
+    let broker = broker_with_input();
+    let (events, _) = killed_at_then_restarted(&broker, "engine:after-write-ahead@2");
+    assert_eq!(events[0]["rerun"], true, "{events:?}");
+    assert_eq!(events[0]["counts"]["produced"], 300, "{events:?}");
+
+    // Inside the transaction: outputs sent, positions added, no commit.
+    // The restart's init_transactions aborts it and the batch runs again.
+    let broker = broker_with_input();
+    let (events, _) = killed_at_then_restarted(&broker, "output:before-commit-transaction@2");
+    assert_eq!(events[0]["rerun"], true, "{events:?}");
+    assert_eq!(events[0]["counts"]["produced"], 300, "{events:?}");
+
+    // After the commit, before the checkpoint's commit entry: the
+    // restart finds the batch's marker and does not run it again.
+    let broker = broker_with_input();
+    let (events, log) = killed_at_then_restarted(&broker, "engine:before-commit@2");
+    assert_eq!(events[0]["batch_id"], 1, "{events:?}");
+    assert_eq!(events[0]["rerun"], true, "{events:?}");
+    assert!(
+        events[0]["counts"]["produced"].as_u64().unwrap_or(0) == 0,
+        "{events:?}"
+    );
+    assert!(
+        log.contains("its output transaction had committed before the restart"),
+        "{log}"
+    );
+    let views = views(&broker);
+    assert_eq!(views.iter().map(|v| v.aborted).sum::<usize>(), 0);
+    assert_eq!(
+        views.iter().map(|v| v.visible.len()).sum::<usize>(),
+        N,
+        "nothing produced twice, even aborted"
+    );
+}
+
+#[test]
+fn a_second_run_of_the_pipeline_fences_the_first_mid_transaction() {
+    // The first run stops inside batch 1's transaction and stays alive (a
+    // zombie: paused, partitioned away). A second run of the same
+    // pipeline (its checkpoint copied, as a restore from a backup would)
+    // initializes the transactional id, which aborts the zombie's open
+    // transaction and fences its producer; it runs the batch again. The
+    // zombie, resumed, must not make its outputs visible. (Kafka answers
+    // its commit with PRODUCER_FENCED and the host stops; nisshi 0.7.0
+    // answers a stale epoch's EndTxn with success and changes nothing, so
+    // only what readers see is asserted.)
+    let broker = broker_with_input();
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ck");
+    let args = run_args(&broker, &ckpt);
+    let resume = dir.path().join("resume");
+    let mut zombie = HostProcess::spawn(
+        &args,
+        &[
+            ("SLUICE_FAILPOINT", "output:before-commit-transaction@2"),
+            ("SLUICE_FAILPOINT_RESUME_FILE", resume.to_str().unwrap()),
+        ],
+    );
+    zombie.wait_for("FAILPOINT", WAIT);
+    let copy = dir.path().join("copy");
+    let cp = std::process::Command::new("cp")
+        .args(["-a", ckpt.to_str().unwrap(), copy.to_str().unwrap()])
+        .status()
+        .unwrap();
+    assert!(cp.success());
+    // The copy's lock file is not the zombie's flock: the copy opens.
+    let out = host_run(&run_args(&broker, &copy));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let events = json_lines(&out);
+    assert_eq!(events[0]["rerun"], true, "{events:?}");
+    assert_eq!(events[0]["counts"]["produced"], 300, "{events:?}");
+    std::fs::write(&resume, b"").unwrap();
+    let (code, log) = zombie.finish();
+    assert!(code.is_some(), "{log}");
+    let views = views(&broker);
+    assert_each_input_once(&views);
+    assert_eq!(
+        views.iter().map(|v| v.aborted).sum::<usize>(),
+        300,
+        "the zombie's outputs are in an aborted transaction"
+    );
+}
