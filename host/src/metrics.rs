@@ -60,6 +60,7 @@ pub struct Metrics {
     bad_records: Counter,
     dead_lettered: Counter,
     skipped: Counter,
+    produced: Counter,
     swaps: Counter,
     traps: Counter,
     epoch: Gauge,
@@ -86,6 +87,7 @@ impl Metrics {
             bad_records: Counter::default(),
             dead_lettered: Counter::default(),
             skipped: Counter::default(),
+            produced: Counter::default(),
             swaps: Counter::default(),
             traps: Counter::default(),
             epoch: Gauge::default(),
@@ -128,6 +130,11 @@ impl Metrics {
             "records_skipped",
             "Bad records set aside by --on-error skip",
             m.skipped.clone(),
+        );
+        registry.register(
+            "records_produced",
+            "Outputs produced to the output topic (--output-topic) by committed batches",
+            m.produced.clone(),
         );
         registry.register(
             "plugin_swaps",
@@ -198,13 +205,19 @@ impl Metrics {
         self.bad_records.inc_by(counts.bad_records);
         self.dead_lettered.inc_by(counts.dead_lettered);
         self.skipped.inc_by(counts.skipped);
+        self.produced.inc_by(counts.produced);
+        let transaction =
+            (timings.transaction > 0.0).then_some(("transaction", timings.transaction));
         for (phase, ms) in [
             ("plan", timings.plan),
             ("fetch", timings.fetch),
             ("map", timings.map),
             ("sink", timings.sink),
             ("commit", timings.commit),
-        ] {
+        ]
+        .into_iter()
+        .chain(transaction)
+        {
             self.phase
                 .get_or_create(&PhaseLabel { phase })
                 .observe(ms / 1000.0);
@@ -307,5 +320,34 @@ impl Drop for MetricsServer {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn produced_outputs_and_the_transaction_phase_are_exported_when_there() {
+        let m = Metrics::new();
+        let counts = Counts {
+            produced: 5,
+            ..Counts::default()
+        };
+        m.batch(&counts, &Timings::default(), false, &Default::default());
+        let text = m.encode();
+        assert!(text.contains("sluice_records_produced_total 5"), "{text}");
+        assert!(!text.contains("phase=\"transaction\""), "{text}");
+        let timings = Timings {
+            transaction: 12.0,
+            ..Timings::default()
+        };
+        m.batch(&counts, &timings, false, &Default::default());
+        let text = m.encode();
+        assert!(text.contains("sluice_records_produced_total 10"), "{text}");
+        assert!(
+            text.contains("sluice_phase_duration_seconds_count{phase=\"transaction\"} 1"),
+            "{text}"
+        );
     }
 }

@@ -178,6 +178,11 @@ fn assert_every_input_once_or_more(read: &[Produced], n: usize) {
             .entry(first.key.clone().unwrap_or_default())
             .or_insert(first.partition);
         assert_eq!(p, first.partition, "key of {id} on two partitions");
+        assert_eq!(
+            sluice_host::output::partition_of_key(first.key.as_deref(), 2),
+            Some(first.partition),
+            "{id}: not where a Java client (and host test) puts its key"
+        );
     }
     assert!(
         partition_of_key.values().collect::<BTreeSet<_>>().len() > 1,

@@ -276,3 +276,36 @@ fn a_second_run_of_the_pipeline_fences_the_first_mid_transaction() {
         "the zombie's outputs are in an aborted transaction"
     );
 }
+
+#[test]
+fn host_status_shows_where_the_outputs_go() {
+    let broker = broker_with_input();
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ck");
+    let args: Vec<String> = run_args(&broker, &ckpt)
+        .into_iter()
+        .filter(|a| a != "--until-caught-up")
+        .collect();
+    let mut running = HostProcess::start(&args);
+    running.wait_for("batch committed", WAIT);
+    let out = host(&["status", "--checkpoint", ckpt.to_str().unwrap()]);
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    let q = query_id(&ckpt);
+    assert!(
+        said.contains(&format!(
+            "output      out on {} (exactly-once), transactional id sluice-{q}",
+            broker.bootstrap()
+        )),
+        "{said}"
+    );
+    assert_eq!(running.term(), Some(0), "{}", running.log());
+    let out = host(&["status", "--checkpoint", ckpt.to_str().unwrap()]);
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        said.contains(&format!(
+            "output      out on {} (exactly-once) (the last planned batch's)",
+            broker.bootstrap()
+        )),
+        "{said}"
+    );
+}

@@ -154,6 +154,49 @@ fn lines_format_and_chained_stages() {
 }
 
 #[test]
+fn host_test_shows_the_output_partition_a_java_client_would_pick() {
+    // Keys with Java murmur2 hashes from Kafka's UtilsTest.testMurmur2:
+    // "21" -973932308, "foobar" -790332482 (& 0x7fffffff, then % 64).
+    let input = write_input(&[
+        record(0, Some("21"), json!("a")),
+        record(1, Some("foobar"), json!("b")),
+        record(2, None, json!("c")),
+    ]);
+    let out = host(&[
+        "test",
+        "--plugin",
+        plugin("passthrough").to_str().unwrap(),
+        "--input",
+        input.path().to_str().unwrap(),
+        "--format",
+        "records",
+        "--output-topic",
+        "out",
+        "--output-partitions",
+        "64",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let got = json_lines(&out);
+    let to: Vec<&Value> = got.iter().map(|l| &l["produced_to"]).collect();
+    let p = |h: i64| (h & 0x7fff_ffff) % 64;
+    assert_eq!(
+        to,
+        [
+            &json!({"topic": "out", "partition": p(-973_932_308)}),
+            &json!({"topic": "out", "partition": p(-790_332_482)}),
+            &json!({"topic": "out", "partition": null}),
+        ]
+    );
+    // Without --output-topic, nothing about producing.
+    let out = host_test("passthrough", input.path());
+    assert!(
+        json_lines(&out)
+            .iter()
+            .all(|l| l.get("produced_to").is_none())
+    );
+}
+
+#[test]
 fn config_reaches_the_plugin() {
     let input = write_input(&[
         r#"{"database":"shop","table":"orders","type":"insert","data":{"id":1}}"#.to_string(),

@@ -114,6 +114,9 @@ pub fn status(args: StatusArgs) -> Result<(), CliError> {
                 };
                 outln!("plugin      {stage} sha256:{}", p.digest)?;
             }
+            if let Some(o) = &s.output {
+                outln!("output      {o}")?;
+            }
             if let Some(p) = s.last_progress.as_ref().and_then(|p| p.as_object()) {
                 outln!(
                     "last batch  {} at {}: {} in, {} out, {} rows/s, {} ms",
@@ -141,6 +144,14 @@ pub fn status(args: StatusArgs) -> Result<(), CliError> {
             )?,
             None => outln!("owner       none (not running)")?,
         },
+    }
+    if live.is_none()
+        && let Some(o) = on_disk
+            .last_planned
+            .as_ref()
+            .and_then(|e| e.output.as_ref())
+    {
+        outln!("output      {o} (the last planned batch's)")?;
     }
     outln!("epoch       {} (last issued)", on_disk.epoch)?;
     if let Some(c) = &on_disk.last_committed {

@@ -58,6 +58,10 @@ pub struct LiveStatus {
     pub last_progress: Option<Value>,
     /// Swaps applied by this process.
     pub swaps: u64,
+    /// Where the outputs go (`--output-topic`): `topic on brokers
+    /// (guarantee)`, and under exactly once the transactional id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
 }
 
 /// A validated plugin waiting to be installed.

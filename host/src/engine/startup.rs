@@ -197,6 +197,16 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
         query_id: cp.query_id().to_string(),
         last_committed: cp.last_committed(),
         plugins: stages.refs.clone(),
+        output: cfg.output.as_ref().map(|o| {
+            let mut shown = o.identity(&cfg.brokers);
+            if o.guarantee == OutputGuarantee::ExactlyOnce {
+                shown.push_str(&format!(
+                    ", transactional id {}",
+                    crate::output::transactional_id(cp.query_id())
+                ));
+            }
+            shown
+        }),
         ..LiveStatus::default()
     }));
     let (source, metrics, group) = match group {

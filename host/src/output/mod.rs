@@ -31,14 +31,17 @@
 //! its earlier outputs being in an aborted transaction (or never sent).
 //!
 //! Files: this one holds the vocabulary (guarantee, configuration, the
-//! transaction's ids and markers, errors); `producer` the producer.
+//! transaction's ids and markers, errors); `producer` the producer;
+//! `partitioner` the partition of a keyed output.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+mod partitioner;
 mod producer;
 
+pub use partitioner::partition_of_key;
 pub use producer::KafkaOutput;
 
 /// Name of the header that carries each output's idempotency key

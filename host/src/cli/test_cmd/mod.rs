@@ -92,6 +92,18 @@ pub struct TestArgs {
     #[arg(long)]
     pub no_sink: bool,
 
+    /// Show where `host run --output-topic NAME` would produce each output:
+    /// every output line gains `"produced_to": {"topic", "partition"}`, the
+    /// partition picked from the key as the producer does (Java's murmur2
+    /// hash modulo --output-partitions; `null` without a key: any
+    /// partition). Nothing is produced.
+    #[arg(long, value_name = "NAME")]
+    pub output_topic: Option<String>,
+
+    /// Partitions of the --output-topic (as the brokers would report it).
+    #[arg(long, value_name = "N", default_value_t = 1, requires = "output_topic", value_parser = clap::value_parser!(i32).range(1..))]
+    pub output_partitions: i32,
+
     /// Sandbox limits.
     #[command(flatten)]
     pub limits: LimitArgs,
@@ -319,6 +331,18 @@ pub fn run(args: TestArgs) -> Result<(), CliError> {
                 })
                 .collect();
             obj.insert("headers".into(), headers.into());
+            if let Some(topic) = &args.output_topic {
+                obj.insert(
+                    "produced_to".into(),
+                    serde_json::json!({
+                        "topic": topic,
+                        "partition": crate::output::partition_of_key(
+                            o.key.as_deref(),
+                            args.output_partitions
+                        ),
+                    }),
+                );
+            }
             writeln!(out, "{}", serde_json::Value::Object(obj)).map_err(super::stdout_error)?;
         }
         while let Some(b) = rejected.next_if(|b| b.source_index == i) {
