@@ -165,9 +165,21 @@ fn killed_at_then_restarted(
     broker: &BrokerProcess,
     failpoint: &str,
 ) -> (Vec<serde_json::Value>, String) {
+    killed_at_then_restarted_with(broker, broker, &[], failpoint)
+}
+
+/// [`killed_at_then_restarted`] reading `input`'s topic `in` and
+/// producing to `output`'s topic `out`, with `extra` flags.
+fn killed_at_then_restarted_with(
+    input: &BrokerProcess,
+    output: &BrokerProcess,
+    extra: &[&str],
+    failpoint: &str,
+) -> (Vec<serde_json::Value>, String) {
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("ck");
-    let args = run_args(broker, &ckpt);
+    let mut args = run_args(input, &ckpt);
+    args.extend(extra.iter().map(|a| a.to_string()));
     let mut paused = HostProcess::spawn(&args, &[("SLUICE_FAILPOINT", failpoint)]);
     paused.wait_for("FAILPOINT", WAIT);
     paused.kill();
@@ -178,7 +190,7 @@ fn killed_at_then_restarted(
         .unwrap();
     assert!(out.status.success(), "{failpoint}: {}", stderr(&out));
     eprintln!("{failpoint}: {}", stderr(&out));
-    let views = views(broker);
+    let views = views(output);
     assert_each_input_once(&views);
     let shown = host(&["checkpoint", "show", "--json", ckpt.to_str().unwrap()]);
     (
@@ -227,6 +239,45 @@ fn a_kill_before_during_or_after_the_transaction_leaves_each_output_once() {
         N,
         "nothing produced twice, even aborted"
     );
+}
+
+#[test]
+fn exactly_once_stays_on_the_input_cluster_and_keeps_dashboard_commits_apart() {
+    // Another cluster cannot take the input positions in its transaction
+    // (Kafka accepts offsets only for its own topics): refused, naming
+    // at-least-once.
+    let input = broker_with_input();
+    let other = BrokerProcess::transactional();
+    other.create_topic("out", 2);
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = run_args(&input, &dir.path().join("ck"));
+    args.extend(["--output-brokers".to_string(), other.bootstrap()]);
+    let out = host_run(&args);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("must be on the input's cluster")
+            && stderr(&out).contains("--output-guarantee at-least-once"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!dir.path().join("ck").exists());
+
+    // --commit-offsets-to names a dashboard group: the transactions keep
+    // their own group, so a kill after a commit is still decided right,
+    // and the dashboard group gets its ordinary commits.
+    let (events, log) = killed_at_then_restarted_with(
+        &input,
+        &input,
+        &["--commit-offsets-to", "dash"],
+        "engine:before-commit@2",
+    );
+    assert_eq!(events[0]["rerun"], true, "{events:?}");
+    assert!(
+        log.contains("its output transaction had committed before the restart"),
+        "{log}"
+    );
+    let dash = group_offsets(&input, "dash");
+    assert!(dash.iter().all(|(o, _)| *o == 200), "{dash:?}");
 }
 
 #[test]

@@ -140,6 +140,11 @@ pub fn run_with(
 ) -> Result<RunSummary, EngineError> {
     let mut p = startup::start(cfg, acquire)?;
     let r = run_batches(&mut p, cfg, &stop);
+    if r.is_err()
+        && let Some(out) = &p.output
+    {
+        out.abort_open_transaction();
+    }
     if r.is_err() {
         // A new checkpoint whose first batch could not even be planned
         // (the brokers did not answer, say) is not left behind.
@@ -419,11 +424,7 @@ fn run_batches(
             .into_iter()
             .filter(|(tp, _)| p.holdings.holds(tp))
             .collect();
-        if !p.output.as_ref().is_some_and(|o| o.exactly_once()) {
-            // (Exactly once committed them in the transaction, with the
-            // batch's marker.)
-            p.source.commit_group(&applied);
-        }
+        p.source.commit_group(&applied);
 
         // Report.
         summary.batches += 1;

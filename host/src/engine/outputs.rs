@@ -26,16 +26,10 @@ pub(super) fn finish(p: &startup::Pipeline, entry: &OffsetsEntry) -> Result<f64,
         out.flush()?;
         return Ok(0.0);
     }
-    let group = p.source.group_metadata().ok_or_else(|| {
-        EngineError::Config(
-            "the Kafka reader has no consumer group for the transaction's offsets".into(),
-        )
-    })?;
     let took = out.commit_transaction(
         entry.batch_id,
         &ends(&entry.ranges),
         &crate::output::batch_marker(p.cp.query_id(), entry.batch_id),
-        &group,
     )?;
     Ok(ms(took))
 }
@@ -44,13 +38,14 @@ pub(super) fn finish(p: &startup::Pipeline, entry: &OffsetsEntry) -> Result<f64,
 /// an earlier run planned and did not record as done, committed. The
 /// producer's `init_transactions` at start finished or aborted that run's
 /// transaction; the consumer group's committed offsets then tell which
-/// ([`crate::output::transaction_committed`]). `false` without exactly
+/// ([`crate::output::transaction_committed`]), read on the output
+/// cluster, whose coordinator keeps them. `false` without exactly
 /// once.
 ///
 /// # Errors
-/// [`EngineError::Source`] when the group coordinator does not answer;
-/// [`EngineError::Output`] when the group's offsets contradict the
-/// checkpoint (something else committed to the pipeline's group).
+/// [`EngineError::Output`] when the group coordinator does not answer or
+/// the group's offsets contradict the checkpoint (something else
+/// committed to the pipeline's group).
 pub(super) fn committed_before(
     p: &startup::Pipeline,
     entry: &OffsetsEntry,
@@ -60,7 +55,7 @@ pub(super) fn committed_before(
     };
     let ends = ends(&entry.ranges);
     let partitions: Vec<TopicPartition> = ends.keys().cloned().collect();
-    let committed = p.source.committed_with_metadata(&partitions)?;
+    let committed = out.committed(&partitions)?;
     tracing::debug!(
         batch = entry.batch_id,
         "the consumer group holds {committed:?}, the batch planned {ends:?}"
@@ -75,7 +70,8 @@ pub(super) fn committed_before(
         EngineError::Output(out.transaction_error(
             entry.batch_id,
             format!(
-                "deciding whether it committed before the restart: {message}. Did another tool commit offsets to this pipeline's consumer group (--commit-offsets-to)?"
+                "deciding whether it committed before the restart: {message}. Did another tool commit offsets to this pipeline's consumer group {} on the output cluster?",
+                crate::output::transactional_id(p.cp.query_id())
             ),
         ))
     })?;

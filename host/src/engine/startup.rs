@@ -109,6 +109,16 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
             crate::output::IDEMPOTENCY_KEY_HEADER
         )));
     }
+    if let Some(o) = &cfg.output
+        && o.guarantee == OutputGuarantee::ExactlyOnce
+        && let Some(other) = o.brokers.as_deref().filter(|b| *b != cfg.brokers)
+    {
+        return Err(EngineError::Config(format!(
+            "--output-topic {} on --output-brokers {other}: exactly once commits the input positions in the output's transaction (KIP-447), and a Kafka cluster takes offsets only for its own topics, so the output topic must be on the input's cluster (--brokers). For another cluster pass --output-guarantee at-least-once (each output carries its idempotency key in the `{}` header)",
+            o.topic,
+            crate::output::IDEMPOTENCY_KEY_HEADER
+        )));
+    }
     // The output topic and the producer's settings are checked before
     // the checkpoint is opened, a takeover asked or a group joined.
     let mut output = match &cfg.output {
@@ -144,8 +154,12 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
         if out.exactly_once() {
             // Fences the producers of earlier runs of this pipeline and
             // ends their open transaction, before anything is read.
+            // Its consumer group on the output cluster takes the input
+            // positions: the pipeline's own name, whatever
+            // --commit-offsets-to says (that group, on the input cluster,
+            // still gets informational commits).
             let id = crate::output::transactional_id(cp.query_id());
-            out.init_transactions(&id)?;
+            out.init_transactions(&id, &id)?;
             tracing::info!(transactional_id = id, "output transactions initialized");
         }
         tracing::info!(

@@ -130,6 +130,10 @@ pub fn marked_batch(metadata: &str, query_id: &str) -> Option<u64> {
         .ok()
 }
 
+/// What a consumer group holds per partition: `(topic, partition)` to
+/// `(committed offset, its metadata)`.
+pub type GroupOffsets = BTreeMap<(String, i32), (i64, String)>;
+
 /// Whether batch `batch`'s transaction committed, from what the consumer
 /// group holds: `committed` maps a partition to its committed offset and
 /// metadata (read with stable offsets after `init_transactions`), `ends`
@@ -155,7 +159,7 @@ pub fn transaction_committed(
     query_id: &str,
     batch: u64,
     ends: &BTreeMap<(String, i32), i64>,
-    committed: &BTreeMap<(String, i32), (i64, String)>,
+    committed: &GroupOffsets,
 ) -> Result<bool, String> {
     let mut done = Vec::new();
     let mut not_done = Vec::new();

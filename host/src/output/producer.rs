@@ -7,16 +7,18 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::ConsumerGroupMetadata;
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, Message, OwnedHeaders};
-use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::producer::{
+    BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer,
+};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use crate::plugin::chain::ChainOutput;
 
-use super::{IDEMPOTENCY_KEY_HEADER, OutputConfig, OutputError, OutputGuarantee};
+use super::{GroupOffsets, IDEMPOTENCY_KEY_HEADER, OutputConfig, OutputError, OutputGuarantee};
 
 /// Properties of the input's `kafka.*` settings that do not carry over
 /// to the producer: they are a consumer's.
@@ -55,6 +57,26 @@ const FIXED: &[(&str, &str)] = &[
 /// Properties a user may not set for the output producer: the host's
 /// own (transactions are the host's, per pipeline).
 const REFUSED: &[&str] = &["transactional.id"];
+
+/// `transaction.timeout.ms` under exactly once unless set: a batch's
+/// transaction may stay open this long (10 minutes: below Kafka's default
+/// `transaction.max.timeout.ms` of 15 minutes, far above librdkafka's
+/// 60 s default, which a slow batch outlives; and never below
+/// `message.timeout.ms`, which librdkafka requires).
+const TRANSACTION_TIMEOUT_MS: u64 = 600_000;
+
+/// Prefixes of the producer's properties that also reach the reader of
+/// the pipeline's committed offsets (how to reach and authenticate to the
+/// output cluster).
+const CONNECTION_PREFIXES: &[&str] = &[
+    "security.",
+    "sasl.",
+    "ssl.",
+    "socket.",
+    "broker.address.",
+    "client.dns.",
+    "reconnect.",
+];
 
 /// The producer's callbacks: keep the first failure.
 #[derive(Default)]
@@ -101,6 +123,11 @@ pub struct KafkaOutput {
     /// Exactly once: a transaction is open (begun by the first output of
     /// a batch, or by its commit when it had none).
     in_transaction: Mutex<bool>,
+    /// Exactly once: a consumer of the pipeline's consumer group on the
+    /// output cluster (whose coordinator keeps the offsets committed in
+    /// the transactions), for the group's metadata and for reading them
+    /// back.
+    group: Option<BaseConsumer>,
     topic: String,
     brokers: String,
     guarantee: OutputGuarantee,
@@ -162,6 +189,31 @@ impl KafkaOutput {
         for (k, v) in FIXED {
             props.set(*k, *v);
         }
+        if cfg.guarantee == OutputGuarantee::ExactlyOnce {
+            let ms = |k: &str| props.get(k).and_then(|v| v.parse::<u64>().ok());
+            let message = ms("message.timeout.ms").unwrap_or(30_000);
+            match ms("transaction.timeout.ms") {
+                None => {
+                    props.set(
+                        "transaction.timeout.ms",
+                        TRANSACTION_TIMEOUT_MS.max(message).to_string(),
+                    );
+                }
+                // librdkafka refuses message.timeout.ms above it.
+                Some(t) if t < message => {
+                    props.set("message.timeout.ms", t.to_string());
+                }
+                Some(_) => {}
+            }
+            // What a transactional producer refuses is refused here,
+            // before the checkpoint is opened (no request is sent until
+            // init_transactions).
+            let mut check = props.clone();
+            check.set("transactional.id", "sluice-settings-check");
+            check
+                .create::<BaseProducer>()
+                .map_err(|e| client(e.to_string()))?;
+        }
         // A flush waits until each output was acknowledged or failed
         // (`message.timeout.ms`), with some slack for the callbacks.
         let message_timeout = props
@@ -203,6 +255,7 @@ impl KafkaOutput {
             props,
             transactional: false,
             in_transaction: Mutex::new(false),
+            group: None,
             topic: cfg.topic.clone(),
             brokers,
             guarantee: cfg.guarantee,
@@ -226,12 +279,32 @@ impl KafkaOutput {
     /// every earlier producer of the id (a crashed run, the owner before a
     /// takeover: their later commits fail) and finishes their open
     /// transaction: one being committed completes, any other is aborted.
-    /// Waits at most the timeout.
+    /// The input positions go to consumer group `group` on the output
+    /// cluster. Waits at most the timeout.
     ///
     /// # Errors
     /// [`OutputError::NoTransactions`] when the brokers refuse
     /// transactions to this client, [`OutputError::Client`] otherwise.
-    pub fn init_transactions(&mut self, id: &str) -> Result<(), OutputError> {
+    pub fn init_transactions(&mut self, id: &str, group: &str) -> Result<(), OutputError> {
+        let mut reader = ClientConfig::new();
+        reader
+            .set("bootstrap.servers", &self.brokers)
+            .set("client.id", "sluice-output-offsets")
+            .set("group.id", group)
+            .set("enable.auto.commit", "false")
+            // Stable offsets only (KIP-447): none still in a transaction.
+            .set("isolation.level", "read_committed");
+        for (k, v) in self.props.config_map().iter() {
+            if CONNECTION_PREFIXES.iter().any(|p| k.starts_with(p)) {
+                reader.set(*k, *v);
+            }
+        }
+        let reader: BaseConsumer = reader.create().map_err(|e| OutputError::Client {
+            topic: self.topic.clone(),
+            brokers: self.brokers.clone(),
+            message: format!("reader of consumer group {group}: {e}"),
+        })?;
+        self.group = Some(reader);
         let mut props = self.props.clone();
         props.set("transactional.id", id);
         let producer: ThreadedProducer<Deliveries> = props
@@ -295,8 +368,9 @@ impl KafkaOutput {
 
     /// Exactly once: commit batch `batch`'s transaction (opening it first
     /// when the batch had no output) with the input `positions` (the next
-    /// offset to read of each partition) committed to the consumer group
-    /// `group` in it, each with the metadata `marker` ([`super::batch_marker`]).
+    /// offset to read of each partition) committed in it to the consumer
+    /// group given to [`KafkaOutput::init_transactions`], each with the
+    /// metadata `marker` ([`super::batch_marker`]).
     /// `commit_transaction` first waits until every output is
     /// acknowledged. Returns how long the offsets and the commit took.
     ///
@@ -310,19 +384,22 @@ impl KafkaOutput {
         batch: u64,
         positions: &BTreeMap<(String, i32), i64>,
         marker: &str,
-        group: &ConsumerGroupMetadata,
     ) -> Result<Duration, OutputError> {
         let started = Instant::now();
+        let group = self
+            .group
+            .as_ref()
+            .and_then(|g| g.group_metadata())
+            .ok_or_else(|| {
+                self.transaction_error(
+                    batch,
+                    "no consumer group for the input positions (init_transactions was not called)"
+                        .into(),
+                )
+            })?;
         self.begin(batch)?;
-        let mut offsets = TopicPartitionList::with_capacity(positions.len());
-        for ((topic, partition), end) in positions {
-            offsets
-                .add_partition_offset(topic, *partition, Offset::Offset(*end))
-                .map_err(|e| self.transaction_error(batch, e.to_string()))?;
-            if let Some(mut e) = offsets.find_partition(topic, *partition) {
-                e.set_metadata(marker);
-            }
-        }
+        let offsets = positions_with_marker(positions, marker)
+            .map_err(|e| self.transaction_error(batch, e.to_string()))?;
         // Every output acknowledged first (the commit would wait for them
         // anyway): a failure names the output, and the transaction holds
         // all of the batch's outputs from here on.
@@ -339,7 +416,7 @@ impl KafkaOutput {
         }
         let done = self
             .producer
-            .send_offsets_to_transaction(&offsets, group, self.timeout)
+            .send_offsets_to_transaction(&offsets, &group, self.timeout)
             .map_err(|e| ("adding the input positions to it", e))
             .and_then(|()| {
                 crate::util::failpoint("output:before-commit-transaction");
@@ -366,7 +443,7 @@ impl KafkaOutput {
                 );
                 let mut message = format!("{what}: {e}");
                 if fenced {
-                    message.push_str(" (another run of this pipeline initialized its transactional id since: a restart or a takeover elsewhere; this one must stop)");
+                    message.push_str(" (another run of this pipeline initialized its transactional id since, a restart or a takeover elsewhere; or the batch outlived transaction.timeout.ms and the coordinator aborted its transaction: raise --config output.kafka.transaction.timeout.ms, up to the brokers' transaction.max.timeout.ms)");
                 } else if abortable {
                     match self.producer.abort_transaction(self.timeout) {
                         Ok(()) => message.push_str("; the transaction was aborted"),
@@ -375,6 +452,90 @@ impl KafkaOutput {
                 }
                 Err(self.transaction_error(batch, message))
             }
+        }
+    }
+
+    /// Exactly once: the offsets the pipeline's consumer group holds on
+    /// the output cluster for `partitions`, each with its metadata:
+    /// `(offset, metadata)`, absent for a partition with none. Only stable
+    /// offsets are answered (none in an open transaction: the brokers'
+    /// "unstable offset" answer is retried for the timeout).
+    ///
+    /// # Errors
+    /// [`OutputError::Client`] when the group coordinator does not answer
+    /// within the timeout.
+    pub fn committed(&self, partitions: &[(String, i32)]) -> Result<GroupOffsets, OutputError> {
+        let client = |message: String| OutputError::Client {
+            topic: self.topic.clone(),
+            brokers: self.brokers.clone(),
+            message,
+        };
+        let reader = self
+            .group
+            .as_ref()
+            .ok_or_else(|| client("no consumer group (init_transactions was not called)".into()))?;
+        let mut tpl = TopicPartitionList::new();
+        for (t, p) in partitions {
+            tpl.add_partition(t, *p);
+        }
+        let started = Instant::now();
+        let answered = loop {
+            let asked = reader
+                .committed_offsets(tpl.clone(), self.timeout)
+                .and_then(|answered| {
+                    // A partition's own error (an offset still in an
+                    // open transaction: UNSTABLE_OFFSET_COMMIT).
+                    match answered.elements().iter().find_map(|e| e.error().err()) {
+                        Some(e) => Err(e),
+                        None => Ok(answered),
+                    }
+                });
+            match asked {
+                Ok(answered) => break answered,
+                Err(e) if started.elapsed() < self.timeout => {
+                    tracing::debug!("reading the group's committed offsets: {e}");
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) => {
+                    return Err(client(format!(
+                        "reading the consumer group's committed offsets for {} s: {e}",
+                        started.elapsed().as_secs()
+                    )));
+                }
+            }
+        };
+        Ok(answered
+            .elements()
+            .iter()
+            .filter_map(|e| match e.offset() {
+                Offset::Offset(o) => Some((
+                    (e.topic().to_string(), e.partition()),
+                    (o, e.metadata().to_string()),
+                )),
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// Exactly once: abort the open transaction, if any, of a batch that
+    /// failed, so that `read_committed` readers of the output topic are
+    /// not held at its first output until the transaction times out.
+    /// Best effort (the next start's `init_transactions` aborts it
+    /// otherwise).
+    pub fn abort_open_transaction(&self) {
+        let mut open = self
+            .in_transaction
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if !*open {
+            return;
+        }
+        *open = false;
+        match self.producer.abort_transaction(self.timeout) {
+            Ok(()) => tracing::info!("the failed batch's output transaction was aborted"),
+            Err(e) => tracing::warn!(
+                "aborting the failed batch's output transaction: {e} (the next start aborts it)"
+            ),
         }
     }
 
@@ -507,5 +668,61 @@ impl KafkaOutput {
             brokers: self.brokers.clone(),
             message,
         }
+    }
+}
+
+/// The input `positions` as the list a transaction commits, each
+/// partition's offset carrying `marker` as its metadata.
+///
+/// # Errors
+/// librdkafka's, for a partition it cannot add.
+fn positions_with_marker(
+    positions: &BTreeMap<(String, i32), i64>,
+    marker: &str,
+) -> Result<TopicPartitionList, KafkaError> {
+    let mut offsets = TopicPartitionList::with_capacity(positions.len());
+    for ((topic, partition), end) in positions {
+        offsets.add_partition_offset(topic, *partition, Offset::Offset(*end))?;
+        if let Some(mut e) = offsets.find_partition(topic, *partition) {
+            e.set_metadata(marker);
+        }
+    }
+    Ok(offsets)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_position_carries_the_batch_marker() {
+        let positions: BTreeMap<(String, i32), i64> = [
+            (("in".to_string(), 0), 200),
+            (("in".to_string(), 2), 7),
+            (("other".to_string(), 1), 0),
+        ]
+        .into();
+        let marker = super::super::batch_marker("q", 3);
+        let list = positions_with_marker(&positions, &marker).unwrap();
+        let got: Vec<(String, i32, Offset, String)> = list
+            .elements()
+            .iter()
+            .map(|e| {
+                (
+                    e.topic().to_string(),
+                    e.partition(),
+                    e.offset(),
+                    e.metadata().to_string(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("in".into(), 0, Offset::Offset(200), marker.clone()),
+                ("in".into(), 2, Offset::Offset(7), marker.clone()),
+                ("other".into(), 1, Offset::Offset(0), marker),
+            ]
+        );
     }
 }
