@@ -349,6 +349,22 @@ fn host_status_shows_where_the_outputs_go() {
         )),
         "{said}"
     );
+    // A swap cannot give the pipeline a sink stage (it would receive the
+    // outputs the topic gets): the company plugin maps and sinks.
+    let company = crate::support::plugin("company");
+    let out = host(&[
+        "swap",
+        "--checkpoint",
+        ckpt.to_str().unwrap(),
+        "--plugin",
+        company.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("the pipeline has no sink stage to replace"),
+        "{}",
+        stderr(&out)
+    );
     assert_eq!(running.term(), Some(0), "{}", running.log());
     let out = host(&["status", "--checkpoint", ckpt.to_str().unwrap()]);
     let said = String::from_utf8_lossy(&out.stdout).to_string();
@@ -359,4 +375,41 @@ fn host_status_shows_where_the_outputs_go() {
         )),
         "{said}"
     );
+}
+
+#[test]
+fn a_broker_down_at_the_commit_stops_the_host_and_loses_nothing() {
+    // Batch 1's outputs and positions are in its transaction when the
+    // broker goes away: the commit fails, the host stops with exit 1
+    // naming the batch and recording nothing; with the broker back, the
+    // restart aborts that transaction and runs the batch again.
+    let mut broker = broker_with_input();
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ck");
+    let mut args = run_args(&broker, &ckpt);
+    args.extend(["--kafka-timeout".to_string(), "5s".to_string()]);
+    let resume = dir.path().join("resume");
+    let mut host_at = HostProcess::spawn(
+        &args,
+        &[
+            ("SLUICE_FAILPOINT", "output:before-commit-transaction@2"),
+            ("SLUICE_FAILPOINT_RESUME_FILE", resume.to_str().unwrap()),
+        ],
+    );
+    host_at.wait_for("FAILPOINT", WAIT);
+    broker.kill();
+    std::fs::write(&resume, b"").unwrap();
+    let (code, log) = host_at.finish();
+    assert_eq!(code, Some(1), "{log}");
+    assert!(
+        log.contains("the transaction of batch 1 to out on") && log.contains("did not commit"),
+        "{log}"
+    );
+    broker.restart();
+    let out = host_run(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let events = json_lines(&out);
+    assert_eq!(events[0]["batch_id"], 1, "{events:?}");
+    assert_eq!(events[0]["rerun"], true, "{events:?}");
+    assert_each_input_once(&views(&broker));
 }
