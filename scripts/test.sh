@@ -34,7 +34,8 @@ export SLUICE_NISSHI="$TOOLS/bin/nisshi"
 step "nisshi 0.7.0 (the broker of the exactly-once output tests)"
 # The last nisshi release that runs Kafka transactions (0.8.x refuses a
 # transactional id); its SQLite storage keeps the COMMIT/ABORT markers and
-# the offsets committed in transactions. Installed beside 0.8.1.
+# the offsets committed in transactions. Installed beside 0.8.1. A cold
+# install took about 40 minutes here, next to another build on 2 cores.
 if [ ! -x "$TOOLS/nisshi-0.7.0/bin/nisshi" ] || ! grep -qs '^0.7.0$' "$TOOLS/nisshi-0.7.0/version"; then
   cargo install nisshi --locked --ignore-rust-version --version 0.7.0 \
     --no-default-features --features libsql --root "$TOOLS/nisshi-0.7.0"

@@ -324,7 +324,9 @@ pub struct Settings {
     /// What the output topic's consumers may rely on: `exactly-once`
     /// (each output visible once to read_committed consumers: a batch's
     /// outputs and input positions commit in one Kafka transaction, with
-    /// transactional.id sluice-<query id>; single host only) or
+    /// transactional.id sluice-<query id>; consumers must read with
+    /// isolation.level=read_committed; a single host, the topic on the
+    /// input's cluster) or
     /// `at-least-once` (an idempotent producer, for brokers or ACLs
     /// without transactions; each output carries its idempotency key in
     /// the `sluice-idempotency-key` header) [default: exactly-once].

@@ -95,14 +95,15 @@ pub struct TestArgs {
     /// Show where `host run --output-topic NAME` would produce each output:
     /// every output line gains `"produced_to": {"topic", "partition"}`, the
     /// partition picked from the key as the producer does (Java's murmur2
-    /// hash modulo --output-partitions; `null` without a key: any
-    /// partition). Nothing is produced.
-    #[arg(long, value_name = "NAME")]
+    /// hash modulo --output-partitions, which it needs; `null` without a
+    /// key: any partition). Nothing is produced.
+    #[arg(long, value_name = "NAME", requires = "output_partitions")]
     pub output_topic: Option<String>,
 
-    /// Partitions of the --output-topic (as the brokers would report it).
-    #[arg(long, value_name = "N", default_value_t = 1, requires = "output_topic", value_parser = clap::value_parser!(i32).range(1..))]
-    pub output_partitions: i32,
+    /// Partitions of the --output-topic (as the brokers report it);
+    /// required with --output-topic.
+    #[arg(long, value_name = "N", requires = "output_topic", value_parser = clap::value_parser!(i32).range(1..))]
+    pub output_partitions: Option<i32>,
 
     /// Sandbox limits.
     #[command(flatten)]
@@ -331,14 +332,14 @@ pub fn run(args: TestArgs) -> Result<(), CliError> {
                 })
                 .collect();
             obj.insert("headers".into(), headers.into());
-            if let Some(topic) = &args.output_topic {
+            if let (Some(topic), Some(partitions)) = (&args.output_topic, args.output_partitions) {
                 obj.insert(
                     "produced_to".into(),
                     serde_json::json!({
                         "topic": topic,
                         "partition": crate::output::partition_of_key(
                             o.key.as_deref(),
-                            args.output_partitions
+                            partitions
                         ),
                     }),
                 );
