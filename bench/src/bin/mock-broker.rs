@@ -1,7 +1,7 @@
-//! Start librdkafka's mock cluster with one topic, print its bootstrap
-//! servers, and keep it up until stdin closes.
+//! Start librdkafka's mock cluster with one topic (or more), print its
+//! bootstrap servers, and keep it up until stdin closes.
 //!
-//! Usage: mock-broker TOPIC PARTITIONS
+//! Usage: mock-broker TOPIC PARTITIONS [TOPIC PARTITIONS]...
 
 use std::io::Read;
 
@@ -9,11 +9,17 @@ use rdkafka::mocking::MockCluster;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let (Some(topic), Some(parts)) = (args.get(1), args.get(2).and_then(|p| p.parse::<i32>().ok()))
-    else {
-        eprintln!("usage: mock-broker TOPIC PARTITIONS");
+    let pairs: Vec<(String, i32)> = args[1..]
+        .chunks(2)
+        .filter_map(|c| match c {
+            [t, p] => p.parse::<i32>().ok().map(|p| (t.clone(), p)),
+            _ => None,
+        })
+        .collect();
+    if pairs.is_empty() || pairs.len() * 2 != args.len() - 1 {
+        eprintln!("usage: mock-broker TOPIC PARTITIONS [TOPIC PARTITIONS]...");
         std::process::exit(2);
-    };
+    }
     let cluster = match MockCluster::new(1) {
         Ok(c) => c,
         Err(e) => {
@@ -21,9 +27,11 @@ fn main() {
             std::process::exit(1);
         }
     };
-    if let Err(e) = cluster.create_topic(topic, parts, 1) {
-        eprintln!("create topic: {e}");
-        std::process::exit(1);
+    for (topic, parts) in &pairs {
+        if let Err(e) = cluster.create_topic(topic, *parts, 1) {
+            eprintln!("create topic {topic}: {e}");
+            std::process::exit(1);
+        }
     }
     println!("{}", cluster.bootstrap_servers());
     let mut sink = Vec::new();
