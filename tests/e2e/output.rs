@@ -347,6 +347,21 @@ fn what_the_output_flags_refuse_and_why() {
         stderr(&out)
     );
 
+    // Exactly once with a sink database (dead letters, progress rows):
+    // the database would commit a part before the Kafka transaction.
+    let out = host_run(
+        &base
+            .clone()
+            .args(["--output-topic", "out", "--sink-db", &db.url])
+            .build(),
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("exactly once cannot cover both yet"),
+        "{}",
+        stderr(&out)
+    );
+
     // A topic that is not there.
     let out = host_run(
         &base

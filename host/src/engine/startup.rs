@@ -111,6 +111,15 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
     }
     if let Some(o) = &cfg.output
         && o.guarantee == OutputGuarantee::ExactlyOnce
+        && cfg.sink_db.is_some()
+    {
+        return Err(EngineError::Config(format!(
+            "--output-topic {} with --sink-db: exactly once cannot cover both yet (a part's progress row and dead letters would commit in the database before the batch's Kafka transaction, so a crash between the two would lose that part's outputs). Drop --sink-db (and --on-error dlq), or pass --output-guarantee at-least-once (outputs acknowledged before each progress row)",
+            o.topic
+        )));
+    }
+    if let Some(o) = &cfg.output
+        && o.guarantee == OutputGuarantee::ExactlyOnce
         && let Some(other) = o.brokers.as_deref().filter(|b| *b != cfg.brokers)
     {
         return Err(EngineError::Config(format!(
