@@ -220,6 +220,29 @@ fn a_map_only_pipeline_produces_each_output_with_its_idempotency_key() {
     assert_eq!(produced, n as u64, "{}", stderr(&out));
     let read = read_all(&broker.bootstrap(), "out", 2);
     assert_eq!(read.len(), n, "no crash, no duplicate");
+    // Started again without --output-topic, the outputs would be
+    // discarded from here on: refused, naming the topic.
+    let again: Vec<String> = run_args(&broker, &dir.path().join("ck"))
+        .build()
+        .into_iter()
+        .filter(|a| {
+            ![
+                "--output-topic",
+                "out",
+                "--output-guarantee",
+                "at-least-once",
+            ]
+            .contains(&a.as_str())
+        })
+        .collect();
+    let out = host_run(&again);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("produced its outputs to out on")
+            && stderr(&out).contains("would be counted and discarded"),
+        "{}",
+        stderr(&out)
+    );
     assert_every_input_once_or_more(&read, n);
     // Order within an output partition follows the inputs' order per
     // input partition.
