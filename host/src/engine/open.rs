@@ -168,6 +168,10 @@ pub(super) fn open_dir(
         sql::sink_identity_in(url, cfg.sink_schema.as_deref())
             .map_err(|e| EngineError::Config(format!("--sink-db {}: {e}", sql::redact(url))))?;
     }
+    if let (Acquire::Takeover(_), Some(loaded)) = (acquire, &preloaded) {
+        // Before the owner is asked to stop.
+        refuse_discarding_outputs(cfg, loaded.iter().any(|(p, _)| p.stages().sink))?;
+    }
     let mut takeover = None;
     let mut wait = cfg.wait;
     if let Acquire::Takeover(timeout) = acquire {
@@ -287,6 +291,33 @@ pub(super) fn open_dir(
         takeover,
         group: None,
     })
+}
+
+/// Refuse to start a pipeline of checkpoint directory `cfg.checkpoint`
+/// whose last batch produced its outputs to a topic when this run has no
+/// `--output-topic` and (`has_sink`) no sink stage: from here on its
+/// outputs would be counted and discarded, a forgotten flag rather than a
+/// choice.
+///
+/// # Errors
+/// [`EngineError::Config`] naming where the outputs went.
+pub(super) fn refuse_discarding_outputs(
+    cfg: &PipelineConfig,
+    has_sink: bool,
+) -> Result<(), EngineError> {
+    if cfg.output.is_some() || has_sink {
+        return Ok(());
+    }
+    let last = checkpoint::status(&cfg.checkpoint)
+        .ok()
+        .and_then(|s| s.last_planned)
+        .and_then(|e| e.output.map(|o| (e.batch_id, o)));
+    match last {
+        Some((batch, to)) => Err(EngineError::Config(format!(
+            "batch {batch} of this pipeline produced its outputs to {to}, but this run has no --output-topic and no sink stage: its outputs would be counted and discarded. Start it with the same --output-topic (and --output-brokers, --output-guarantee); to skip records on purpose, use `host checkpoint reset`"
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// Refuse to start when the sink database holds another pipeline's

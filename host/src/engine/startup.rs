@@ -200,21 +200,8 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
     if !cfg.allow_shared_sink && group.is_none() {
         refuse_shared_sink(cfg, &driver, cp.query_id())?;
     }
-    // A pipeline that produced to a topic, started again without
-    // --output-topic and without a sink stage, would count and discard
-    // every output from here on: a forgotten flag, not a choice.
-    if cfg.output.is_none()
-        && stages.sinks.is_empty()
-        && group.is_none()
-        && let Some(was) = crate::checkpoint::status(&cfg.checkpoint)
-            .ok()
-            .and_then(|s| s.last_planned)
-            .and_then(|e| e.output.map(|o| (e.batch_id, o)))
-    {
-        return Err(EngineError::Config(format!(
-            "batch {} of this pipeline produced its outputs to {}, but this run has no --output-topic and no sink stage: its outputs would be counted and discarded. Start it with the same --output-topic (and --output-brokers, --output-guarantee); to skip records on purpose, use `host checkpoint reset`",
-            was.0, was.1
-        )));
+    if group.is_none() {
+        super::open::refuse_discarding_outputs(cfg, !stages.sinks.is_empty())?;
     }
     if let Some(g) = grants.first()
         && let Some(user) = g
