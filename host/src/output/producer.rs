@@ -117,16 +117,14 @@ pub struct KafkaOutput {
     /// The producer's properties (a transactional producer is made from
     /// them with its `transactional.id`).
     props: ClientConfig,
-    /// Exactly once: the producer is transactional (see
-    /// [`KafkaOutput::init_transactions`]).
-    transactional: bool,
     /// Exactly once: a transaction is open (begun by the first output of
     /// a batch, or by its commit when it had none).
     in_transaction: Mutex<bool>,
     /// Exactly once: a consumer of the pipeline's consumer group on the
     /// output cluster (whose coordinator keeps the offsets committed in
     /// the transactions), for the group's metadata and for reading them
-    /// back.
+    /// back. Set with the transactional producer by
+    /// [`KafkaOutput::init_transactions`]: `None` until then.
     group: Option<BaseConsumer>,
     topic: String,
     brokers: String,
@@ -253,7 +251,6 @@ impl KafkaOutput {
         Ok(KafkaOutput {
             producer,
             props,
-            transactional: false,
             in_transaction: Mutex::new(false),
             group: None,
             topic: cfg.topic.clone(),
@@ -299,21 +296,14 @@ impl KafkaOutput {
                 reader.set(*k, *v);
             }
         }
-        let reader: BaseConsumer = reader.create().map_err(|e| OutputError::Client {
-            topic: self.topic.clone(),
-            brokers: self.brokers.clone(),
-            message: format!("reader of consumer group {group}: {e}"),
-        })?;
-        self.group = Some(reader);
+        let reader: BaseConsumer = reader
+            .create()
+            .map_err(|e| self.client_error(format!("reader of consumer group {group}: {e}")))?;
         let mut props = self.props.clone();
         props.set("transactional.id", id);
         let producer: ThreadedProducer<Deliveries> = props
             .create_with_context(Deliveries::default())
-            .map_err(|e| OutputError::Client {
-                topic: self.topic.clone(),
-                brokers: self.brokers.clone(),
-                message: e.to_string(),
-            })?;
+            .map_err(|e| self.client_error(e.to_string()))?;
         producer.init_transactions(self.timeout).map_err(|e| {
             let refused = matches!(
                 e.rdkafka_error_code(),
@@ -332,28 +322,21 @@ impl KafkaOutput {
                     message,
                 }
             } else {
-                OutputError::Client {
-                    topic: self.topic.clone(),
-                    brokers: self.brokers.clone(),
-                    message,
-                }
+                self.client_error(message)
             }
         })?;
         self.producer = producer;
-        self.transactional = true;
+        self.group = Some(reader);
         Ok(())
     }
 
     /// Exactly once: open the batch's transaction unless it is open.
     fn begin(&self, batch: u64) -> Result<(), OutputError> {
-        let mut open = self
-            .in_transaction
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut open = self.open();
         if *open {
             return Ok(());
         }
-        if !self.transactional {
+        if self.group.is_none() {
             return Err(self.transaction_error(
                 batch,
                 "the producer is not transactional (init_transactions was not called)".into(),
@@ -404,14 +387,7 @@ impl KafkaOutput {
         // anyway): a failure names the output, and the transaction holds
         // all of the batch's outputs from here on.
         if let Err(e) = self.flush() {
-            *self
-                .in_transaction
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()) = false;
-            let aborted = match self.producer.abort_transaction(self.timeout) {
-                Ok(()) => "; the transaction was aborted".to_string(),
-                Err(a) => format!("; aborting it failed too: {a}"),
-            };
+            let aborted = self.abort();
             return Err(self.transaction_error(batch, format!("{e}{aborted}")));
         }
         let done = self
@@ -424,13 +400,11 @@ impl KafkaOutput {
                     .commit_transaction(self.timeout)
                     .map_err(|e| ("committing it", e))
             });
-        let mut open = self
-            .in_transaction
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        *open = false;
         match done {
-            Ok(()) => Ok(started.elapsed()),
+            Ok(()) => {
+                *self.open() = false;
+                Ok(started.elapsed())
+            }
             Err((what, e)) => {
                 let abortable = matches!(&e, KafkaError::Transaction(t) if t.txn_requires_abort());
                 let fenced = matches!(
@@ -445,11 +419,9 @@ impl KafkaOutput {
                 if fenced {
                     message.push_str(" (another run of this pipeline initialized its transactional id since, a restart or a takeover elsewhere; or the batch outlived transaction.timeout.ms and the coordinator aborted its transaction: raise --config output.kafka.transaction.timeout.ms, up to the brokers' transaction.max.timeout.ms)");
                 } else if abortable {
-                    match self.producer.abort_transaction(self.timeout) {
-                        Ok(()) => message.push_str("; the transaction was aborted"),
-                        Err(a) => message.push_str(&format!("; aborting it failed too: {a}")),
-                    }
+                    message.push_str(&self.abort());
                 }
+                *self.open() = false;
                 Err(self.transaction_error(batch, message))
             }
         }
@@ -465,15 +437,9 @@ impl KafkaOutput {
     /// [`OutputError::Client`] when the group coordinator does not answer
     /// within the timeout.
     pub fn committed(&self, partitions: &[(String, i32)]) -> Result<GroupOffsets, OutputError> {
-        let client = |message: String| OutputError::Client {
-            topic: self.topic.clone(),
-            brokers: self.brokers.clone(),
-            message,
-        };
-        let reader = self
-            .group
-            .as_ref()
-            .ok_or_else(|| client("no consumer group (init_transactions was not called)".into()))?;
+        let reader = self.group.as_ref().ok_or_else(|| {
+            self.client_error("no consumer group (init_transactions was not called)".into())
+        })?;
         let mut tpl = TopicPartitionList::new();
         for (t, p) in partitions {
             tpl.add_partition(t, *p);
@@ -497,7 +463,7 @@ impl KafkaOutput {
                     std::thread::sleep(Duration::from_millis(200));
                 }
                 Err(e) => {
-                    return Err(client(format!(
+                    return Err(self.client_error(format!(
                         "reading the consumer group's committed offsets for {} s: {e}",
                         started.elapsed().as_secs()
                     )));
@@ -523,19 +489,45 @@ impl KafkaOutput {
     /// Best effort (the next start's `init_transactions` aborts it
     /// otherwise).
     pub fn abort_open_transaction(&self) {
-        let mut open = self
-            .in_transaction
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if !*open {
+        if !*self.open() {
             return;
         }
-        *open = false;
-        match self.producer.abort_transaction(self.timeout) {
+        match self.abort_transaction() {
             Ok(()) => tracing::info!("the failed batch's output transaction was aborted"),
             Err(e) => tracing::warn!(
                 "aborting the failed batch's output transaction: {e} (the next start aborts it)"
             ),
+        }
+    }
+
+    /// Whether a transaction is open, locked.
+    fn open(&self) -> std::sync::MutexGuard<'_, bool> {
+        self.in_transaction
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Abort the open transaction; it is closed either way.
+    fn abort_transaction(&self) -> Result<(), KafkaError> {
+        *self.open() = false;
+        self.producer.abort_transaction(self.timeout)
+    }
+
+    /// [`KafkaOutput::abort_transaction`], said as the end of an error
+    /// message.
+    fn abort(&self) -> String {
+        match self.abort_transaction() {
+            Ok(()) => "; the transaction was aborted".to_string(),
+            Err(e) => format!("; aborting it failed too: {e}"),
+        }
+    }
+
+    /// [`OutputError::Client`] on this output.
+    fn client_error(&self, message: String) -> OutputError {
+        OutputError::Client {
+            topic: self.topic.clone(),
+            brokers: self.brokers.clone(),
+            message,
         }
     }
 
