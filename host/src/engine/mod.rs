@@ -140,12 +140,10 @@ pub fn run_with(
 ) -> Result<RunSummary, EngineError> {
     let mut p = startup::start(cfg, acquire)?;
     let r = run_batches(&mut p, cfg, &stop);
-    if r.is_err()
-        && let Some(out) = &p.output
-    {
-        out.abort_open_transaction();
-    }
     if r.is_err() {
+        if let Some(out) = &p.output {
+            out.abort_open_transaction();
+        }
         // A new checkpoint whose first batch could not even be planned
         // (the brokers did not answer, say) is not left behind.
         p.cp.discard_if_unused();

@@ -5,10 +5,51 @@
 //! decide whether an interrupted batch's transaction committed.
 
 use crate::checkpoint::OffsetsEntry;
+use crate::output::OutputGuarantee;
 use crate::source::TopicPartition;
 
 use super::progress::ms;
-use super::{EngineError, ends, startup};
+use super::{EngineError, PipelineConfig, ends, startup};
+
+/// Refuse what exactly once to a topic cannot hold yet (exit 2, each
+/// naming `--output-guarantee at-least-once`): a pipeline group (it needs
+/// a producer per member), a `--sink-db` (a part's progress row and dead
+/// letters would commit before the batch's Kafka transaction) and
+/// `--output-brokers` naming another cluster (a cluster takes offsets
+/// only for its own topics, KIP-447). Nothing without exactly once.
+///
+/// # Errors
+/// [`EngineError::Config`] saying which and why.
+pub(super) fn refuse_unfit_exactly_once(cfg: &PipelineConfig) -> Result<(), EngineError> {
+    let Some(o) = cfg
+        .output
+        .as_ref()
+        .filter(|o| o.guarantee == OutputGuarantee::ExactlyOnce)
+    else {
+        return Ok(());
+    };
+    if cfg.group.is_some() {
+        return Err(EngineError::Config(format!(
+            "--output-topic {} in a pipeline group: exactly once (per-member transactions) is not built yet for groups; pass --output-guarantee at-least-once (an idempotent producer; each output carries its idempotency key in the `{}` header so consumers can drop duplicates), or run a single host",
+            o.topic,
+            crate::output::IDEMPOTENCY_KEY_HEADER
+        )));
+    }
+    if cfg.sink_db.is_some() {
+        return Err(EngineError::Config(format!(
+            "--output-topic {} with --sink-db: exactly once cannot cover both yet (a part's progress row and dead letters would commit in the database before the batch's Kafka transaction, so a crash between the two would lose that part's outputs). Drop --sink-db (and --on-error dlq), or pass --output-guarantee at-least-once (outputs acknowledged before each progress row)",
+            o.topic
+        )));
+    }
+    if let Some(other) = o.brokers.as_deref().filter(|b| *b != cfg.brokers) {
+        return Err(EngineError::Config(format!(
+            "--output-topic {} on --output-brokers {other}: exactly once commits the input positions in the output's transaction (KIP-447), and a Kafka cluster takes offsets only for its own topics, so the output topic must be on the input's cluster (--brokers). For another cluster pass --output-guarantee at-least-once (each output carries its idempotency key in the `{}` header)",
+            o.topic,
+            crate::output::IDEMPOTENCY_KEY_HEADER
+        )));
+    }
+    Ok(())
+}
 
 /// Before batch `entry` is recorded as done: under exactly once, commit
 /// its transaction with its input positions (each with the batch's

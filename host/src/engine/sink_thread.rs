@@ -213,7 +213,7 @@ fn apply_parts(
                     &job.outputs,
                 )
                 .map_err(EngineError::Output)?;
-            if driver.grant().is_some() && !out.exactly_once() {
+            if driver.grant().is_some() {
                 out.flush().map_err(EngineError::Output)?;
             }
         }
