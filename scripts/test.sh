@@ -13,6 +13,17 @@ cd "$(dirname "$0")/.."
 
 step() { printf '\n== %s\n' "$*"; }
 
+# install_once BIN STAMP VERSION CARGO-INSTALL-ARGS...: run `cargo install
+# ARGS` unless BIN exists and the file STAMP says VERSION, then write it.
+install_once() {
+  local bin=$1 stamp=$2 version=$3
+  shift 3
+  if [ ! -x "$bin" ] || ! grep -qs "^$version\$" "$stamp"; then
+    cargo install "$@"
+    echo "$version" > "$stamp"
+  fi
+}
+
 step "wasm32-wasip2 target"
 rustup target add wasm32-wasip2
 
@@ -24,11 +35,9 @@ step "nisshi 0.8.1 (the suite's broker)"
 # Its lockfile pins crates that declare rust-version 1.96 (rama 0.4.0);
 # they build with this machine's 1.95, hence --ignore-rust-version. SQLite
 # storage only. A cold install took about 12 minutes here on 2 cores.
-if [ ! -x "$TOOLS/bin/nisshi" ] || ! grep -qs '^0.8.1$' "$TOOLS/nisshi.version"; then
-  cargo install nisshi --locked --ignore-rust-version --version 0.8.1 \
-    --no-default-features --features libsql --root "$TOOLS"
-  echo 0.8.1 > "$TOOLS/nisshi.version"
-fi
+install_once "$TOOLS/bin/nisshi" "$TOOLS/nisshi.version" 0.8.1 \
+  nisshi --locked --ignore-rust-version --version 0.8.1 \
+  --no-default-features --features libsql --root "$TOOLS"
 export SLUICE_NISSHI="$TOOLS/bin/nisshi"
 
 step "nisshi 0.7.0 (the broker of the exactly-once output tests)"
@@ -36,19 +45,15 @@ step "nisshi 0.7.0 (the broker of the exactly-once output tests)"
 # transactional id); its SQLite storage keeps the COMMIT/ABORT markers and
 # the offsets committed in transactions. Installed beside 0.8.1. A cold
 # install took about 40 minutes here, next to another build on 2 cores.
-if [ ! -x "$TOOLS/nisshi-0.7.0/bin/nisshi" ] || ! grep -qs '^0.7.0$' "$TOOLS/nisshi-0.7.0/version"; then
-  cargo install nisshi --locked --ignore-rust-version --version 0.7.0 \
-    --no-default-features --features libsql --root "$TOOLS/nisshi-0.7.0"
-  echo 0.7.0 > "$TOOLS/nisshi-0.7.0/version"
-fi
+install_once "$TOOLS/nisshi-0.7.0/bin/nisshi" "$TOOLS/nisshi-0.7.0/version" 0.7.0 \
+  nisshi --locked --ignore-rust-version --version 0.7.0 \
+  --no-default-features --features libsql --root "$TOOLS/nisshi-0.7.0"
 export SLUICE_NISSHI_TXN="$TOOLS/nisshi-0.7.0/bin/nisshi"
 
 step "Tansu 0.6.0 (for the tests of its faults)"
 # A cold install took about 20 minutes here on 2 cores.
-if [ ! -x "$TOOLS/bin/tansu" ] || ! grep -qs '^0.6.0$' "$TOOLS/tansu.version"; then
-  cargo install tansu --locked --version 0.6.0 --features dynostore,libsql --root "$TOOLS"
-  echo 0.6.0 > "$TOOLS/tansu.version"
-fi
+install_once "$TOOLS/bin/tansu" "$TOOLS/tansu.version" 0.6.0 \
+  tansu --locked --version 0.6.0 --features dynostore,libsql --root "$TOOLS"
 export SLUICE_TANSU="$TOOLS/bin/tansu"
 
 step "PostgreSQL (throwaway cluster on 127.0.0.1)"
