@@ -66,7 +66,7 @@ step "build plugins and fixtures (wasm32-wasip2, debug)"
 cargo build --target wasm32-wasip2 \
   -p company -p passthrough -p cdc \
   -p misbehave -p wrong-world -p future-version -p sql-counter \
-  -p tag-v1 -p tag-v2 -p fat-start -p old-contract
+  -p tag-v1 -p tag-v2 -p fat-start -p old-contract -p router -p sender
 
 step "componentize-py 0.25.1, the Python SDK and the Python plugins"
 # A virtualenv in the tools dir holds componentize-py (PyPI, a prebuilt
@@ -81,7 +81,7 @@ fi
 "$PY/bin/pip" install -q ./guest-sdk-python
 PYOUT="${CARGO_TARGET_DIR:-target}/python"
 mkdir -p "$PYOUT"
-for app in plugins/python/company plugins/python/passthrough tests/fixtures/python/misbehave tests/fixtures/python/tag; do
+for app in plugins/python/company plugins/python/passthrough tests/fixtures/python/misbehave tests/fixtures/python/tag tests/fixtures/python/sender; do
   "$PY/bin/python" -m sluice_guest.build "$app/app.py" -o "$PYOUT/$(basename "$app").wasm"
 done
 (cd guest-sdk-python && "$PY/bin/python" -m unittest discover -s tests -t . -q)
@@ -96,7 +96,7 @@ step "ComponentizeJS 0.23.0, the JavaScript SDK and the JavaScript plugins"
 JSOUT="${CARGO_TARGET_DIR:-target}/js"
 mkdir -p "$JSOUT"
 cp plugins/js/company.wasm plugins/js/passthrough.wasm "$JSOUT/"
-for app in tests/fixtures/js/misbehave tests/fixtures/js/tag; do
+for app in tests/fixtures/js/misbehave tests/fixtures/js/tag tests/fixtures/js/sender; do
   node guest-sdk-js/src/build.js "$app/app.js" -o "$JSOUT/$(basename "$app").wasm"
 done
 node tests/fixtures/js/http/build.mjs "$JSOUT/http.wasm"   # imports wasi:http: refused at load

@@ -1,4 +1,4 @@
-//! The host imports (`log`, `config`) behind a trait, so the same plugin
+//! The host imports (`log`, `config`, `sql`, `kafka`) behind a trait, so the same plugin
 //! code runs inside a component (where the generated bindings implement it)
 //! and natively (where a stderr logger and an empty config stand in).
 
@@ -70,6 +70,11 @@ pub trait HostApi: Send + Sync {
     fn sql_query(&self, statement: &str, params: &[Value]) -> Result<Rows, SqlError> {
         let _ = (statement, params);
         Err(not_granted())
+    }
+    /// Queue records for production (`kafka.send`).
+    fn kafka_send(&self, records: Vec<crate::kafka::OutputRecord>) -> Result<(), String> {
+        let _ = records;
+        Err("no kafka capability granted (outside a sink stage in the host)".into())
     }
 }
 

@@ -2,7 +2,7 @@
 //!
 //! A plugin is a WebAssembly component that exports a map stage, a sink
 //! stage or both (the contract is `wit/plugin.wit`, package
-//! `sluice:plugin@0.2.3`). With this SDK an author implements [`Mapper`]
+//! `sluice:plugin@0.2.4`). With this SDK an author implements [`Mapper`]
 //! and/or [`Sink`] on an ordinary type and adds one [`export!`] line; the
 //! SDK generates the bindings, decodes the packed batches, and turns
 //! [`Error`]s into the contract's `stage-error`. [`Config::parse`] reads
@@ -86,9 +86,11 @@
 //! Layout: [`wire`] is the packed batch encoding (shared with the host),
 //! [`json`] reads JSON without number round-trips, [`log`] and [`Config`]
 //! reach the host imports, [`sql`] is the host's SQL capability for sinks,
-//! [`testing`] runs stages natively.
+//! [`kafka`] produces records to Kafka topics from a sink, [`testing`]
+//! runs stages natively.
 
 pub mod json;
+pub mod kafka;
 pub mod log;
 pub mod sql;
 pub mod testing;
@@ -107,7 +109,7 @@ pub use wire::{Header, Record, SinkRecord, TimestampType};
 pub use sluice_guest_macro::export;
 
 /// The contract version this SDK implements (`sluice:plugin@<this>`).
-pub const CONTRACT_VERSION: &str = "0.2.3";
+pub const CONTRACT_VERSION: &str = "0.2.4";
 
 /// The pipeline's `--config k=v` pairs, as the plugin sees them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -342,7 +342,7 @@ fn inspect_reports_stages_version_and_imports() {
     assert!(out.status.success(), "{}", stderr(&out));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["stages"], json!(["map", "sink"]));
-    assert_eq!(v["contract_version"], "0.2.3");
+    assert_eq!(v["contract_version"], "0.2.4");
     let digest = v["digest"].as_str().unwrap();
     assert!(digest.starts_with("sha256:") && digest.len() == 7 + 64);
     let imports: Vec<&str> = v["imports"]
@@ -351,11 +351,12 @@ fn inspect_reports_stages_version_and_imports() {
         .iter()
         .map(|i| i.as_str().unwrap())
         .collect();
-    assert!(imports.contains(&"sluice:plugin/config@0.2.3"));
-    assert!(imports.contains(&"sluice:plugin/log@0.2.3"));
+    assert!(imports.contains(&"sluice:plugin/config@0.2.4"));
+    assert!(imports.contains(&"sluice:plugin/log@0.2.4"));
     assert!(
-        imports.contains(&"sluice:plugin/sql@0.2.3"),
-        "the sink stage asks for sql"
+        imports.contains(&"sluice:plugin/sql@0.2.4")
+            && imports.contains(&"sluice:plugin/kafka@0.2.4"),
+        "the sink stage asks for sql and kafka"
     );
     let out = host(&[
         "plugin",
@@ -367,8 +368,10 @@ fn inspect_reports_stages_version_and_imports() {
     assert_eq!(v["stages"], json!(["map"]));
     let imports = v["imports"].as_array().unwrap();
     assert!(
-        !imports.iter().any(|i| i == "sluice:plugin/sql@0.2.3"),
-        "map-only plugins get no sql"
+        !imports
+            .iter()
+            .any(|i| i == "sluice:plugin/sql@0.2.4" || i == "sluice:plugin/kafka@0.2.4"),
+        "map-only plugins get no sql, no kafka"
     );
 }
 

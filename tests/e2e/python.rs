@@ -299,3 +299,9 @@ pub(crate) fn killed_between_parts_then_exact(plugin: &std::path::Path) {
 fn a_python_map_killed_between_parts_resumes_and_applies_each_record_once() {
     killed_between_parts_then_exact(&python_plugin("passthrough"));
 }
+
+#[test]
+fn a_python_sink_sends_each_good_record_once_through_the_kafka_capability() {
+    let broker = crate::kafka::BrokerProcess::transactional();
+    crate::output_send::a_sender_produces_each_good_input_once(&broker, &python_plugin("sender"));
+}

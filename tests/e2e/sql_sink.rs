@@ -133,6 +133,7 @@ fn apply_counter_in(
         0,
         Some(&mut inst),
         &PartitionBatch {
+            deliver: None,
             epoch: sluice_host::checkpoint::Epoch::new(epoch),
             range: range("q1", batch, epoch, "t", 0, start, end),
             records: &v,
@@ -376,6 +377,7 @@ fn a_resumed_range_stores_only_the_dead_letters_past_the_applied_part() {
                 0,
                 Some(&mut inst),
                 &PartitionBatch {
+                    deliver: None,
                     epoch: sluice_host::checkpoint::Epoch::new(1),
                     range: range("q1", 3, 1, "t", 0, 0, 3),
                     records: &views("t", 0, &first),
@@ -392,6 +394,7 @@ fn a_resumed_range_stores_only_the_dead_letters_past_the_applied_part() {
                 0,
                 Some(&mut inst),
                 &PartitionBatch {
+                    deliver: None,
                     epoch: sluice_host::checkpoint::Epoch::new(2),
                     range: range("q1", 3, 2, "t", 0, 0, 6),
                     records: &views("t", 0, &all),
@@ -516,6 +519,7 @@ fn a_part_waiting_on_another_sessions_lock_is_applied_again_until_it_is_free() {
         0,
         Some(&mut inst),
         &PartitionBatch {
+            deliver: None,
             epoch: sluice_host::checkpoint::Epoch::new(1),
             range: range("q1", 1, 1, "t", 0, 100, 130),
             records: &v,
@@ -719,6 +723,7 @@ fn dead_letters_are_stored_with_original_bytes_once() {
             stage: 0,
         }];
         let batch = PartitionBatch {
+            deliver: None,
             epoch: sluice_host::checkpoint::Epoch::new(1),
             range: range("q1", 0, 1, "t", 0, 0, 4),
             records: &v,
@@ -918,6 +923,7 @@ fn map_and_sink(
         0,
         Some(&mut sink),
         &PartitionBatch {
+            deliver: None,
             epoch: sluice_host::checkpoint::Epoch::new(1),
             range: range("q", 0, 1, topic, partition, start, end),
             records: &recs,
@@ -1018,6 +1024,7 @@ fn the_guest_reaches_the_database_only_through_the_capability() {
             0,
             Some(&mut inst),
             &PartitionBatch {
+                deliver: None,
                 epoch: sluice_host::checkpoint::Epoch::new(1),
                 range: range("q1", 0, 1, "t", 0, 1, 2),
                 records: &v,
@@ -1033,6 +1040,7 @@ fn the_guest_reaches_the_database_only_through_the_capability() {
             0,
             Some(&mut ungranted),
             &PartitionBatch {
+                deliver: None,
                 epoch: sluice_host::checkpoint::Epoch::new(1),
                 range: range("q1", 0, 1, "t", 0, 2, 3),
                 records: &v,

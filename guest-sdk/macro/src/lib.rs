@@ -94,7 +94,7 @@ fn expand(args: Args) -> syn::Result<proc_macro2::TokenStream> {
         }
     };
 
-    // Sink worlds import `sql`: route the SDK's SQL calls to it.
+    // Sink worlds import `sql` and `kafka`: route the SDK's calls to them.
     let sql_impl = sink.is_some().then(|| {
         quote! {
             fn sql_dialect(&self) -> ::std::option::Option<::std::string::String> {
@@ -160,6 +160,27 @@ fn expand(args: Args) -> syn::Result<proc_macro2::TokenStream> {
                         error: from_wit_error(e.error),
                     }
                 })
+            }
+            fn kafka_send(
+                &self,
+                records: ::std::vec::Vec<::sluice_guest::kafka::OutputRecord>,
+            ) -> ::std::result::Result<(), ::std::string::String> {
+                let records: ::std::vec::Vec<sluice::plugin::kafka::OutputRecord> = records
+                    .into_iter()
+                    .map(|r| sluice::plugin::kafka::OutputRecord {
+                        topic: r.topic,
+                        partition: r.partition,
+                        key: r.key,
+                        value: r.value,
+                        headers: r
+                            .headers
+                            .into_iter()
+                            .map(|(key, value)| t::Header { key, value })
+                            .collect(),
+                        idempotency_key: r.idempotency_key,
+                    })
+                    .collect();
+                sluice::plugin::kafka::send(&records)
             }
             fn sql_query(
                 &self,

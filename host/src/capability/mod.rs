@@ -4,9 +4,11 @@
 //!
 //! - [`sql`]: one database connection (SQLite or PostgreSQL) shared by
 //!   the sink driver and the plugin's `sql` imports.
+//! - [`kafka`]: the topics a sink may produce to, and what a range sent.
 //!
 //! The WIT `Host` impls stay in `plugin/imports.rs`, next to the
 //! `bindgen!` output they implement (the bindings are private to
 //! `plugin`); they only convert WIT values to this module's types.
 
+pub mod kafka;
 pub mod sql;

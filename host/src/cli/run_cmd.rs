@@ -270,7 +270,7 @@ plugins = ["p.wasm"]
         assert_eq!(
             cfg.output,
             Some(OutputConfig {
-                topic: "out.v1".into(),
+                topics: vec!["out.v1".into()],
                 brokers: None,
                 kafka: [("linger.ms".to_string(), "20".to_string())].into(),
                 guarantee: OutputGuarantee::AtLeastOnce,
@@ -287,7 +287,7 @@ plugins = ["p.wasm"]
         );
         let cfg = merged(&[], &file).unwrap();
         let o = cfg.output.unwrap();
-        assert_eq!(o.topic, "o");
+        assert_eq!(o.topics, ["o"]);
         assert_eq!(o.brokers.as_deref(), Some("x:1"));
         assert_eq!(o.guarantee, OutputGuarantee::ExactlyOnce);
         assert_eq!(
@@ -298,7 +298,27 @@ plugins = ["p.wasm"]
             .unwrap()
             .output
             .unwrap();
-        assert_eq!(o.topic, "p");
+        assert_eq!(o.topics, ["p"]);
+        // Several topics (a sink stage sends to them): repeated, or
+        // separated by commas, or a list in the file; each kept once.
+        let o = merged(
+            &[
+                "--output-topic",
+                "a,b",
+                "--output-topic",
+                "c",
+                "--output-topic",
+                "a",
+            ],
+            BASE,
+        )
+        .unwrap()
+        .output
+        .unwrap();
+        assert_eq!(o.topics, ["a", "b", "c"]);
+        let listed = format!("{BASE}output_topic = [\"x\", \"y\"]\n");
+        let o = merged(&[], &listed).unwrap().output.unwrap();
+        assert_eq!(o.topics, ["x", "y"]);
         // Refused: the other output settings without a topic; names Kafka
         // would refuse.
         for flags in [

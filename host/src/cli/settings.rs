@@ -298,17 +298,21 @@ pub struct Settings {
     /// (status line on stderr), `none` [default: auto].
     #[arg(long, value_name = "MODE", env = "SLUICE_PROGRESS", hide_env_values = true, value_parser = serde_enum::<ProgressMode>(&["auto", "json", "line", "none"]))]
     pub progress: Option<ProgressMode>,
-    /// Produce the outputs of a map-only pipeline to topic NAME (it must
-    /// exist): key, value and headers as the map emitted them, the
-    /// partition from the key (Java's murmur2 hash). Without it the
-    /// outputs are counted and discarded.
+    /// Produce to topic NAME (it must exist). A map-only pipeline's
+    /// outputs go there: key, value and headers as the map emitted them,
+    /// the partition from the key (Java's murmur2 hash); without it they
+    /// are counted and discarded. A sink stage may send records to it
+    /// with the `kafka` capability: repeat the flag (or separate names by
+    /// commas) for each topic the sink may name.
     #[arg(
-        long,
+        long = "output-topic",
         value_name = "NAME",
         env = "SLUICE_OUTPUT_TOPIC",
-        hide_env_values = true
+        hide_env_values = true,
+        value_delimiter = ','
     )]
-    pub output_topic: Option<String>,
+    #[serde(default, rename = "output_topic", deserialize_with = "one_or_many")]
+    pub output_topics: Vec<String>,
     /// Bootstrap servers of the output topic's cluster, when it is not the
     /// input's; its librdkafka properties are `--config
     /// output.kafka.<property>=VALUE` (the file's `[output_kafka]` table)
@@ -647,7 +651,7 @@ pub fn resolve(s: Settings, config: &[(String, String)]) -> Result<PipelineConfi
     cfg.progress = s.progress.unwrap_or(ProgressMode::Auto);
     cfg.metrics_addr = s.metrics_addr;
     cfg.output = output(
-        s.output_topic,
+        s.output_topics,
         s.output_brokers,
         output_kafka,
         s.output_guarantee,
@@ -673,41 +677,60 @@ fn brokers_fit(
     .map_err(|e| usage(format!("{flag} {e}")))
 }
 
+/// A config file's `output_topic`: one name, or a list of them.
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(match OneOrMany::deserialize(d)? {
+        OneOrMany::One(t) => vec![t],
+        OneOrMany::Many(v) => v,
+    })
+}
+
 /// The output settings, checked: the other output flags need
-/// `--output-topic`.
+/// `--output-topic`; a topic named twice is kept once, in the order first
+/// given.
 fn output(
-    topic: Option<String>,
+    mut topics: Vec<String>,
     brokers: Option<String>,
     kafka: BTreeMap<String, String>,
     guarantee: Option<OutputGuarantee>,
 ) -> Result<Option<OutputConfig>, CliError> {
-    let Some(topic) = topic else {
+    if topics.is_empty() {
         if brokers.is_some() || guarantee.is_some() || !kafka.is_empty() {
             return Err(usage(
                 "--output-brokers, --output-guarantee and output.kafka.* settings are for the output topic: give --output-topic NAME too",
             ));
         }
         return Ok(None);
-    };
+    }
     // Kafka's rule for topic names (Topic.java): 1 to 249 characters of
     // ASCII letters, digits, '.', '_' and '-', not "." or "..".
-    if topic.is_empty()
-        || topic.len() > 249
-        || topic == "."
-        || topic == ".."
-        || !topic
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
-    {
-        return Err(usage(format!(
-            "--output-topic {topic:?} is not a Kafka topic name (1 to 249 of a-z, A-Z, 0-9, '.', '_', '-')"
-        )));
+    for topic in &topics {
+        if topic.is_empty()
+            || topic.len() > 249
+            || topic == "."
+            || topic == ".."
+            || !topic
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        {
+            return Err(usage(format!(
+                "--output-topic {topic:?} is not a Kafka topic name (1 to 249 of a-z, A-Z, 0-9, '.', '_', '-')"
+            )));
+        }
     }
+    let mut seen = std::collections::BTreeSet::new();
+    topics.retain(|t| seen.insert(t.clone()));
     if let Some(b) = &brokers {
         brokers_fit("--output-brokers", b, &kafka)?;
     }
     Ok(Some(OutputConfig {
-        topic,
+        topics,
         brokers,
         kafka,
         guarantee: guarantee.unwrap_or(OutputGuarantee::ExactlyOnce),

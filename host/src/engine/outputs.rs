@@ -31,20 +31,20 @@ pub(super) fn refuse_unfit_exactly_once(cfg: &PipelineConfig) -> Result<(), Engi
     if cfg.group.is_some() {
         return Err(EngineError::Config(format!(
             "--output-topic {} in a pipeline group: exactly once (per-member transactions) is not built yet for groups; pass --output-guarantee at-least-once (an idempotent producer; each output carries its idempotency key in the `{}` header so consumers can drop duplicates), or run a single host",
-            o.topic,
+            o.topics.join(", "),
             crate::output::IDEMPOTENCY_KEY_HEADER
         )));
     }
     if cfg.sink_db.is_some() {
         return Err(EngineError::Config(format!(
             "--output-topic {} with --sink-db: exactly once cannot cover both yet (a part's progress row and dead letters would commit in the database before the batch's Kafka transaction, so a crash between the two would lose that part's outputs). Drop --sink-db (and --on-error dlq), or pass --output-guarantee at-least-once (outputs acknowledged before each progress row)",
-            o.topic
+            o.topics.join(", ")
         )));
     }
     if let Some(other) = o.brokers.as_deref().filter(|b| *b != cfg.brokers) {
         return Err(EngineError::Config(format!(
             "--output-topic {} on --output-brokers {other}: exactly once commits the input positions in the output's transaction (KIP-447), and a Kafka cluster takes offsets only for its own topics, so the output topic must be on the input's cluster (--brokers). For another cluster pass --output-guarantee at-least-once (each output carries its idempotency key in the `{}` header)",
-            o.topic,
+            o.topics.join(", "),
             crate::output::IDEMPOTENCY_KEY_HEADER
         )));
     }

@@ -13,7 +13,9 @@ use sluice_guest::wire::SinkRecord;
 
 use crate::metrics::Metrics;
 use crate::plugin::{Instance, PluginError};
-use crate::sink::{Applied, AppliedBefore, DeadLetter, PartitionBatch, SinkDriver, SinkError};
+use crate::sink::{
+    Applied, AppliedBefore, DeadLetter, Deliver, PartitionBatch, SinkDriver, SinkError,
+};
 use crate::source::SourceRecord;
 
 use super::member::revoke::Revocations;
@@ -130,8 +132,10 @@ pub(super) struct SinkEnv<'a> {
     /// so the other threads start no further part and the map side hands
     /// out no more.
     pub(super) failed: &'a std::sync::atomic::AtomicBool,
-    /// The producer of the outputs (`--output-topic`, a map-only
-    /// pipeline): a part's outputs are produced before it is applied.
+    /// The producer of the outputs (`--output-topic`): a map-only
+    /// pipeline's part's outputs are produced before it is applied; a
+    /// sink stage's `kafka.send` records after its `close`, before the
+    /// part is recorded applied.
     pub(super) output: Option<&'a crate::output::KafkaOutput>,
 }
 
@@ -175,6 +179,25 @@ fn apply_parts(
         output,
     } = *env;
     let mut report = SinkReport::empty(ranges);
+    // What the sink sends goes to the producer; with a sink database
+    // (at-least-once) acknowledged before the part's progress row commits.
+    let sent = std::sync::atomic::AtomicU64::new(0);
+    let deliver_to = |ctx: &crate::plugin::PartitionContext,
+                      records: Vec<crate::capability::kafka::Sent>|
+     -> Result<u64, String> {
+        let Some(out) = output else {
+            return Err("no --output-topic".into());
+        };
+        let n = out
+            .send_sent(ctx.batch.batch_id, &records)
+            .map_err(|e| e.to_string())?;
+        if driver.grant().is_some() {
+            out.flush().map_err(|e| e.to_string())?;
+        }
+        sent.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        Ok(n)
+    };
+    let deliver = output.map(|_| Deliver(&deliver_to));
     for job in jobs {
         if failed.load(std::sync::atomic::Ordering::Relaxed) {
             // Another connection's part failed: this batch is not
@@ -199,8 +222,8 @@ fn apply_parts(
         let mut rejected: Vec<usize> = Vec::new();
         let mut dead_letters = job.dead_letters.clone();
         let t = Instant::now();
-        if let Some(out) = output {
-            // Produced before the part is applied: where that writes a
+        if let Some(out) = output.filter(|_| sink.is_none()) {
+            // A map-only pipeline's outputs: produced before the part is applied: where that writes a
             // progress row (a sink database), the outputs are acknowledged
             // first, so a part recorded as done never lacks its outputs.
             // Without one, the batch's commit waits for them
@@ -252,6 +275,7 @@ fn apply_parts(
                 range: job.part.clone(),
                 records: &sink_records,
                 dead_letters: &dead_letters,
+                deliver,
             };
             let r = with_retries(policy.attempts, "sink", SinkError::is_retryable, || {
                 let r = driver.apply(lane, sink.as_deref_mut(), &batch);
@@ -343,6 +367,7 @@ fn apply_parts(
             a.by_other_batch |= before.by_other_batch;
         }
     }
+    report.counts.produced += sent.into_inner();
     Ok(report)
 }
 

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
+use crate::capability::kafka::KafkaGrant;
 use crate::capability::sql::SqlGrant;
 use crate::checkpoint::{Checkpoint, CheckpointError, PluginRef, StageKind};
 use crate::plugin::{Instance, Plugin, PluginError, Runtime};
@@ -22,6 +23,9 @@ pub(super) struct Stages {
     /// The sink stage, once per sink connection (`--sink-connections`):
     /// instance `n` is granted connection `n`. Empty without a sink stage.
     pub(super) sinks: Vec<Instance>,
+    /// The topics the sink stage may send to (`--output-topic`), granted
+    /// to each sink instance, a swapped-in one included.
+    pub(super) kafka: Option<Arc<KafkaGrant>>,
     pub(super) refs: Vec<PluginRef>,
     /// Digest → file, for messages.
     pub(super) files: BTreeMap<String, String>,
@@ -124,7 +128,7 @@ pub(super) fn assemble(
                 )));
             }
             sink_ref = Some(p.digest().to_string());
-            sinks = sink_instances(p, grants);
+            sinks = sink_instances(p, grants, None);
         }
     }
     if let Some(d) = sink_ref {
@@ -148,21 +152,43 @@ pub(super) fn assemble(
     Ok(Stages {
         maps,
         sinks,
+        kafka: None,
         refs,
         files,
     })
 }
 
 /// `plugin`'s sink stage once per connection in `grants`, each granted
-/// its own (once, without SQL, when there is no sink database).
-fn sink_instances(plugin: &Plugin, grants: &[SqlGrant]) -> Vec<Instance> {
-    if grants.is_empty() {
-        return vec![plugin.instance_with_sql(None)];
-    }
-    grants
-        .iter()
-        .map(|g| plugin.instance_with_sql(Some(g.clone())))
+/// its own (once, without SQL, when there is no sink database), and all
+/// granted the output topics `kafka`.
+fn sink_instances(
+    plugin: &Plugin,
+    grants: &[SqlGrant],
+    kafka: Option<&Arc<KafkaGrant>>,
+) -> Vec<Instance> {
+    let sql: Vec<Option<SqlGrant>> = if grants.is_empty() {
+        vec![None]
+    } else {
+        grants.iter().cloned().map(Some).collect()
+    };
+    sql.into_iter()
+        .map(|g| {
+            let mut i = plugin.instance_with_sql(g);
+            i.grant_kafka(kafka.cloned());
+            i
+        })
         .collect()
+}
+
+impl Stages {
+    /// Grant the sink stage (now and after a swap) the output topics.
+    pub(super) fn grant_kafka(&mut self, grant: KafkaGrant) {
+        let grant = Arc::new(grant);
+        for s in &mut self.sinks {
+            s.grant_kafka(Some(grant.clone()));
+        }
+        self.kafka = Some(grant);
+    }
 }
 
 pub(super) fn show_refs(v: &[PluginRef]) -> String {
@@ -293,7 +319,7 @@ pub(super) fn install_swap(
         }
     }
     if want_sink {
-        stages.sinks = sink_instances(&plugin, grants);
+        stages.sinks = sink_instances(&plugin, grants, stages.kafka.as_ref());
     }
     Ok(())
 }

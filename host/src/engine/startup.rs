@@ -119,18 +119,33 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
     };
     let Opened {
         cp,
-        stages,
+        mut stages,
         driver,
         takeover,
         group,
     } = opened;
     let guard = DiscardIfNew(Some(cp.as_ref()));
     if let (Some(out), Some(o)) = (&mut output, &cfg.output) {
-        if !stages.sinks.is_empty() {
-            return Err(EngineError::Config(format!(
-                "--output-topic {} is for a map-only pipeline: this one has a sink stage, which receives the outputs; run the map plugin alone to write a topic",
-                o.topic
-            )));
+        match stages.sinks.first() {
+            Some(sink) => {
+                if !sink.sends_records() {
+                    return Err(EngineError::Config(format!(
+                        "--output-topic {} needs a sink stage that sends records (the kafka capability of contract 0.2.4), and {} (sha256 {}) does not import sluice:plugin/kafka; run a map-only pipeline to write the map's outputs to one topic, or rebuild the sink with sluice-guest 0.2.4 and kafka::send",
+                        o.topics.join(", "),
+                        sink.path().display(),
+                        sink.digest()
+                    )));
+                }
+                stages.grant_kafka(out.grant());
+            }
+            None if o.topics.len() > 1 => {
+                return Err(EngineError::Config(format!(
+                    "--output-topic names {} topics ({}), but a map-only pipeline writes its outputs to one; several are for a sink stage that sends records with the kafka capability",
+                    o.topics.len(),
+                    o.topics.join(", ")
+                )));
+            }
+            None => {}
         }
         if out.exactly_once() {
             // Fences the producers of earlier runs of this pipeline and

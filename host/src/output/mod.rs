@@ -1,5 +1,7 @@
 //! Output to Kafka (DESIGN.md, "Output to Kafka"): a pipeline's map
-//! outputs written to a topic (`host run --output-topic NAME`).
+//! outputs written to a topic (`host run --output-topic NAME`), or the
+//! records a sink stage sends to the topics the pipeline names (the
+//! `kafka` capability, [`crate::capability::kafka`]).
 //!
 //! Each output is produced as the map emitted it: its key (or none), its
 //! value (or none: a tombstone) and its headers, in the order of the
@@ -74,8 +76,10 @@ impl OutputGuarantee {
 /// Where and how a pipeline's outputs are produced.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutputConfig {
-    /// The topic every output goes to (it must exist).
-    pub topic: String,
+    /// The topics produced to (each must exist): a map-only pipeline's
+    /// outputs go to the one topic; a sink stage may send to any of them
+    /// (the `kafka` capability).
+    pub topics: Vec<String>,
     /// The output cluster's bootstrap servers (`None`: the input's).
     pub brokers: Option<String>,
     /// librdkafka properties of the producer (`--config
@@ -94,7 +98,7 @@ impl OutputConfig {
     pub fn identity(&self, input_brokers: &str) -> String {
         format!(
             "{} on {} ({})",
-            self.topic,
+            self.topics.join(", "),
             self.brokers.as_deref().unwrap_or(input_brokers),
             self.guarantee.as_str()
         )

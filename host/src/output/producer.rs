@@ -16,6 +16,7 @@ use rdkafka::producer::{
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
+use crate::capability::kafka::Sent;
 use crate::plugin::chain::ChainOutput;
 
 use super::{GroupOffsets, IDEMPOTENCY_KEY_HEADER, OutputConfig, OutputError, OutputGuarantee};
@@ -126,7 +127,9 @@ pub struct KafkaOutput {
     /// back. Set with the transactional producer by
     /// [`KafkaOutput::init_transactions`]: `None` until then.
     group: Option<BaseConsumer>,
-    topic: String,
+    /// The output topics with their partition counts, in the order
+    /// given (a map-only pipeline's outputs go to the first).
+    topics: Vec<(String, i32)>,
     brokers: String,
     guarantee: OutputGuarantee,
     /// Bound on waiting for the brokers (metadata, acknowledgements, a
@@ -135,14 +138,14 @@ pub struct KafkaOutput {
 }
 
 impl KafkaOutput {
-    /// A producer for `cfg` whose topic was found on the output cluster
+    /// A producer for `cfg` whose topics were found on the output cluster
     /// (`cfg.brokers`, else `input_brokers` with the input's
     /// `input_kafka` settings under `cfg.kafka`). `timeout` bounds each
     /// wait on the brokers.
     ///
     /// # Errors
     /// [`OutputError::Client`] for a property librdkafka refuses or an
-    /// unreachable cluster, [`OutputError::NoTopic`] when the topic is not
+    /// unreachable cluster, [`OutputError::NoTopic`] when a topic is not
     /// there.
     pub fn connect(
         cfg: &OutputConfig,
@@ -155,7 +158,7 @@ impl KafkaOutput {
             .clone()
             .unwrap_or_else(|| input_brokers.to_string());
         let client = |message: String| OutputError::Client {
-            topic: cfg.topic.clone(),
+            topic: cfg.topics.join(", "),
             brokers: brokers.clone(),
             message,
         };
@@ -221,48 +224,46 @@ impl KafkaOutput {
         let producer: ThreadedProducer<Deliveries> = props
             .create_with_context(Deliveries::default())
             .map_err(|e| client(e.to_string()))?;
-        let meta = producer
-            .client()
-            .fetch_metadata(Some(&cfg.topic), timeout)
-            .map_err(|e| client(format!("reading the topic's metadata: {e}")))?;
-        let found = meta.topics().iter().find(|t| t.name() == cfg.topic);
-        match found.map(|t| (t.error(), t.partitions().len())) {
-            None
-            | Some((
-                Some(rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART),
-                _,
-            )) => {
-                return Err(OutputError::NoTopic {
-                    topic: cfg.topic.clone(),
-                    brokers,
-                });
-            }
-            Some((Some(e), _)) => {
-                return Err(client(format!(
-                    "the brokers answer {} for the topic (an ACL that does not let this client describe or write it? a leader not elected yet?)",
-                    RDKafkaErrorCode::from(e)
-                )));
-            }
-            Some((None, 0)) => {
-                return Err(client("the topic has no partitions".to_string()));
-            }
-            Some((None, _)) => {}
+        let mut topics = Vec::with_capacity(cfg.topics.len());
+        for topic in &cfg.topics {
+            let partitions =
+                partitions_of(&producer, topic, &brokers, timeout).map_err(|e| match e {
+                    OutputError::Client { message, .. } => OutputError::Client {
+                        topic: topic.clone(),
+                        brokers: brokers.clone(),
+                        message,
+                    },
+                    other => other,
+                })?;
+            topics.push((topic.clone(), partitions));
         }
         Ok(KafkaOutput {
             producer,
             props,
             in_transaction: Mutex::new(false),
             group: None,
-            topic: cfg.topic.clone(),
+            topics,
             brokers,
             guarantee: cfg.guarantee,
             timeout: message_timeout + Duration::from_secs(5),
         })
     }
 
-    /// The output topic.
+    /// The output topic of a map-only pipeline: the first one named.
     pub fn topic(&self) -> &str {
-        &self.topic
+        self.topics.first().map_or("", |(t, _)| t.as_str())
+    }
+
+    /// The output topics, each with its partition count, as the `kafka`
+    /// capability grants them to a sink stage.
+    pub fn grant(&self) -> crate::capability::kafka::KafkaGrant {
+        crate::capability::kafka::KafkaGrant::new(self.topics.iter().cloned().collect())
+    }
+
+    /// The output topics, for messages: `a, b`.
+    fn topic_list(&self) -> String {
+        let names: Vec<&str> = self.topics.iter().map(|(t, _)| t.as_str()).collect();
+        names.join(", ")
     }
 
     /// Whether outputs go in transactions (exactly once).
@@ -317,7 +318,7 @@ impl KafkaOutput {
             let message = format!("initializing transactional id {id}: {e}");
             if refused {
                 OutputError::NoTransactions {
-                    topic: self.topic.clone(),
+                    topic: self.topic_list(),
                     brokers: self.brokers.clone(),
                     message,
                 }
@@ -525,7 +526,7 @@ impl KafkaOutput {
     /// [`OutputError::Client`] on this output.
     fn client_error(&self, message: String) -> OutputError {
         OutputError::Client {
-            topic: self.topic.clone(),
+            topic: self.topic_list(),
             brokers: self.brokers.clone(),
             message,
         }
@@ -535,19 +536,20 @@ impl KafkaOutput {
     pub fn transaction_error(&self, batch: u64, message: String) -> OutputError {
         OutputError::Transaction {
             batch,
-            topic: self.topic.clone(),
+            topic: self.topic_list(),
             brokers: self.brokers.clone(),
             message,
         }
     }
 
     /// Hand the outputs of a part of batch `batch` from
-    /// `input_topic`/`input_partition` to the producer, in order (exactly
-    /// once: in the batch's transaction, opened by the first). Returns how many, once they are queued,
-    /// not acknowledged ([`KafkaOutput::flush`] waits). Under
-    /// at-least-once a header [`IDEMPOTENCY_KEY_HEADER`] the map emitted
-    /// (one an upstream pipeline wrote, kept by a passthrough) is
-    /// replaced by this output's own.
+    /// `input_topic`/`input_partition` to the producer, in order, to the
+    /// output topic (exactly once: in the batch's transaction, opened by
+    /// the first). Returns how many, once they are queued, not
+    /// acknowledged ([`KafkaOutput::flush`] waits). Under at-least-once a
+    /// header [`IDEMPOTENCY_KEY_HEADER`] the map emitted (one an upstream
+    /// pipeline wrote, kept by a passthrough) is replaced by this
+    /// output's own.
     ///
     /// # Errors
     /// [`OutputError::Delivery`] when an earlier output failed, or the
@@ -564,66 +566,105 @@ impl KafkaOutput {
         if self.exactly_once() && !outputs.is_empty() {
             self.begin(batch)?;
         }
-        let keyed = self.guarantee == OutputGuarantee::AtLeastOnce;
-        let mut sent = 0;
         for o in outputs {
-            let mut headers = OwnedHeaders::new_with_capacity(o.headers.len() + 1);
-            for (k, v) in o
-                .headers
-                .iter()
-                .filter(|(k, _)| !(keyed && k == IDEMPOTENCY_KEY_HEADER))
-            {
-                headers = headers.insert(Header {
-                    key: k,
-                    value: v.as_deref(),
-                });
-            }
-            let key = keyed.then(|| o.idempotency_key(input_topic, input_partition));
-            if let Some(k) = &key {
-                headers = headers.insert(Header {
-                    key: IDEMPOTENCY_KEY_HEADER,
-                    value: Some(k.as_bytes()),
-                });
-            }
-            let mut record: BaseRecord<'_, [u8], [u8], ()> =
-                BaseRecord::to(&self.topic).headers(headers);
-            if let Some(k) = &o.key {
-                record = record.key(k.as_slice());
-            }
-            if let Some(v) = &o.value {
-                record = record.payload(v.as_slice());
-            }
-            let started = Instant::now();
-            loop {
-                match self.producer.send(record) {
-                    Ok(()) => break,
-                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r))
-                        if started.elapsed() < self.timeout =>
-                    {
-                        // The local queue is full: wait for acknowledgements.
-                        record = r;
-                        self.producer.poll(Duration::from_millis(10));
-                    }
-                    Err((e, _)) => {
-                        let full = matches!(
-                            e,
-                            KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull)
-                        );
-                        return Err(self.delivery(format!(
-                            "{e} (the output of {}){}",
-                            o.idempotency_key(input_topic, input_partition),
-                            if full {
-                                "; the producer's local queue stayed full for the timeout: are the brokers reachable? (output.kafka.queue.buffering.max.messages and .kbytes bound the queue)"
-                            } else {
-                                ""
-                            }
-                        )));
-                    }
+            self.produce(Produce {
+                topic: self.topic(),
+                partition: None,
+                key: o.key.as_deref(),
+                value: o.value.as_deref(),
+                headers: &o.headers,
+                idempotency_key: &o.idempotency_key(input_topic, input_partition),
+            })?;
+        }
+        Ok(outputs.len() as u64)
+    }
+
+    /// Hand what a sink stage sent with `kafka.send` in a part of batch
+    /// `batch` to the producer, in order, as [`KafkaOutput::send`] does
+    /// with a map's outputs; each record carries the idempotency key the
+    /// sink gave it. The records were checked against [`KafkaOutput::grant`].
+    ///
+    /// # Errors
+    /// As [`KafkaOutput::send`].
+    pub fn send_sent(&self, batch: u64, records: &[Sent]) -> Result<u64, OutputError> {
+        self.check()?;
+        if self.exactly_once() && !records.is_empty() {
+            self.begin(batch)?;
+        }
+        for r in records {
+            self.produce(Produce {
+                topic: &r.topic,
+                partition: r.partition,
+                key: r.key.as_deref(),
+                value: r.value.as_deref(),
+                headers: &r.headers,
+                idempotency_key: &r.idempotency_key,
+            })?;
+        }
+        Ok(records.len() as u64)
+    }
+
+    /// Queue one record, waiting while the local queue is full (at most
+    /// the timeout). Under at-least-once its idempotency key replaces any
+    /// [`IDEMPOTENCY_KEY_HEADER`] it had.
+    fn produce(&self, r: Produce<'_>) -> Result<(), OutputError> {
+        let keyed = self.guarantee == OutputGuarantee::AtLeastOnce;
+        let mut headers = OwnedHeaders::new_with_capacity(r.headers.len() + 1);
+        for (k, v) in r
+            .headers
+            .iter()
+            .filter(|(k, _)| !(keyed && k == IDEMPOTENCY_KEY_HEADER))
+        {
+            headers = headers.insert(Header {
+                key: k,
+                value: v.as_deref(),
+            });
+        }
+        if keyed {
+            headers = headers.insert(Header {
+                key: IDEMPOTENCY_KEY_HEADER,
+                value: Some(r.idempotency_key.as_bytes()),
+            });
+        }
+        let mut record: BaseRecord<'_, [u8], [u8], ()> = BaseRecord::to(r.topic).headers(headers);
+        if let Some(p) = r.partition {
+            record = record.partition(p);
+        }
+        if let Some(k) = r.key {
+            record = record.key(k);
+        }
+        if let Some(v) = r.value {
+            record = record.payload(v);
+        }
+        let started = Instant::now();
+        loop {
+            match self.producer.send(record) {
+                Ok(()) => return Ok(()),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
+                    if started.elapsed() < self.timeout =>
+                {
+                    // The local queue is full: wait for acknowledgements.
+                    record = back;
+                    self.producer.poll(Duration::from_millis(10));
+                }
+                Err((e, _)) => {
+                    let full = matches!(
+                        e,
+                        KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull)
+                    );
+                    return Err(self.delivery(format!(
+                        "{e} (the output of {} to {}){}",
+                        r.idempotency_key,
+                        r.topic,
+                        if full {
+                            "; the producer's local queue stayed full for the timeout: are the brokers reachable? (output.kafka.queue.buffering.max.messages and .kbytes bound the queue)"
+                        } else {
+                            ""
+                        }
+                    )));
                 }
             }
-            sent += 1;
         }
-        Ok(sent)
     }
 
     /// Wait until every output handed over so far is acknowledged by the
@@ -656,10 +697,60 @@ impl KafkaOutput {
 
     fn delivery(&self, message: String) -> OutputError {
         OutputError::Delivery {
-            topic: self.topic.clone(),
+            topic: self.topic_list(),
             brokers: self.brokers.clone(),
             message,
         }
+    }
+}
+
+/// One record for [`KafkaOutput::produce`].
+struct Produce<'a> {
+    topic: &'a str,
+    /// `None`: by key (the producer's partitioner).
+    partition: Option<i32>,
+    key: Option<&'a [u8]>,
+    value: Option<&'a [u8]>,
+    headers: &'a [(String, Option<Vec<u8>>)],
+    idempotency_key: &'a str,
+}
+
+/// How many partitions `topic` has on the cluster `producer` reaches.
+///
+/// # Errors
+/// [`OutputError::NoTopic`] when it is not there, [`OutputError::Client`]
+/// (its `topic` and `brokers` left for the caller) otherwise.
+fn partitions_of(
+    producer: &ThreadedProducer<Deliveries>,
+    topic: &str,
+    brokers: &str,
+    timeout: Duration,
+) -> Result<i32, OutputError> {
+    let client = |message: String| OutputError::Client {
+        topic: topic.to_string(),
+        brokers: brokers.to_string(),
+        message,
+    };
+    let meta = producer
+        .client()
+        .fetch_metadata(Some(topic), timeout)
+        .map_err(|e| client(format!("reading the topic's metadata: {e}")))?;
+    let found = meta.topics().iter().find(|t| t.name() == topic);
+    match found.map(|t| (t.error(), t.partitions().len())) {
+        None
+        | Some((
+            Some(rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART),
+            _,
+        )) => Err(OutputError::NoTopic {
+            topic: topic.to_string(),
+            brokers: brokers.to_string(),
+        }),
+        Some((Some(e), _)) => Err(client(format!(
+            "the brokers answer {} for the topic (an ACL that does not let this client describe or write it? a leader not elected yet?)",
+            RDKafkaErrorCode::from(e)
+        ))),
+        Some((None, 0)) => Err(client("the topic has no partitions".to_string())),
+        Some((None, n)) => Ok(i32::try_from(n).unwrap_or(i32::MAX)),
     }
 }
 

@@ -1,7 +1,8 @@
 //! The host side of the WIT imports a plugin instance sees (`wit/`):
 //! `log` (into the host's tracing, tagged with the plugin), `config` (the
-//! pipeline's `--config` pairs) and `sql` (the session granted by
-//! [`crate::capability::sql`]), implemented on the store data; and WASI's
+//! pipeline's `--config` pairs), `sql` (the session granted by
+//! [`crate::capability::sql`]) and `kafka` (the outbox of
+//! [`crate::capability::kafka`]), implemented on the store data; and WASI's
 //! `wasi:clocks/monotonic-clock` with sleeps held to the call's deadline
 //! ([`DeadlineClock`]).
 //!
@@ -18,7 +19,7 @@ use wasmtime_wasi::p2::DynPollable;
 use wasmtime_wasi::p2::bindings::clocks::monotonic_clock;
 use wasmtime_wasi::{WasiCtxView, WasiView};
 
-use super::bindings::sluice::plugin::{config, log, sql, types};
+use super::bindings::sluice::plugin::{config, kafka, log, sql, types};
 use super::error::WaitPastDeadline;
 use super::instance::State;
 use crate::capability::sql::{DbError, SqlValue, bulk};
@@ -212,6 +213,23 @@ impl sql::Host for State {
     }
 }
 
+impl kafka::Host for State {
+    fn send(&mut self, records: Vec<kafka::OutputRecord>) -> Result<(), String> {
+        let records = records
+            .into_iter()
+            .map(|r| crate::capability::kafka::Sent {
+                topic: r.topic,
+                partition: r.partition,
+                key: r.key,
+                value: r.value,
+                headers: r.headers.into_iter().map(|h| (h.key, h.value)).collect(),
+                idempotency_key: r.idempotency_key,
+            })
+            .collect();
+        self.outbox.send(self.kafka.as_deref(), records)
+    }
+}
+
 fn not_granted() -> DbError {
     DbError {
         message: "no sql capability granted (configure the pipeline with --sink-db)".into(),
@@ -292,5 +310,6 @@ pub(crate) fn linker(engine: &Engine) -> wasmtime::Result<Linker<State>> {
     log::add_to_linker::<State, HasSelf<State>>(&mut linker, |s| s)?;
     config::add_to_linker::<State, HasSelf<State>>(&mut linker, |s| s)?;
     sql::add_to_linker::<State, HasSelf<State>>(&mut linker, |s| s)?;
+    kafka::add_to_linker::<State, HasSelf<State>>(&mut linker, |s| s)?;
     Ok(linker)
 }

@@ -21,6 +21,7 @@ use super::bindings::sluice::plugin::types;
 use super::contract::{BadRecord, CallContext, MapResult, OpenAnswer, PartitionContext};
 use super::log_budget::{LogBudget, SharedLogBudget};
 use super::{EPOCH_TICK, Exports, Limits, PluginError, StageFailure, TrapKind, Trapped};
+use crate::capability::kafka::{KafkaGrant, Outbox, Sent};
 use crate::capability::sql::SqlGrant;
 
 /// Capacity of each captured stdio pipe, bytes. An instance whose output
@@ -38,6 +39,10 @@ pub(crate) struct State {
     pub(super) config: Arc<BTreeMap<String, String>>,
     pub(super) plugin: String,
     pub(super) sql: Option<SqlGrant>,
+    /// The topics `kafka.send` may name (`None`: not granted).
+    pub(super) kafka: Option<Arc<KafkaGrant>>,
+    /// What the range being written sent.
+    pub(super) outbox: Outbox,
     /// What the instance may still log (shared with the instance, so a
     /// fresh store after a trap does not start a fresh budget).
     pub(super) log: SharedLogBudget,
@@ -103,6 +108,8 @@ pub(crate) struct Template {
     sink: Option<sink::GuestIndices>,
     path: PathBuf,
     digest: String,
+    /// The component imports `sluice:plugin/kafka` (it may send records).
+    sends: bool,
 }
 
 impl Template {
@@ -111,6 +118,7 @@ impl Template {
         stages: Exports,
         path: &Path,
         digest: &str,
+        sends: bool,
     ) -> Result<Self, PluginError> {
         let bad = |e: wasmtime::Error| PluginError::Instantiate {
             path: path.to_path_buf(),
@@ -133,6 +141,7 @@ impl Template {
             sink,
             path: path.to_path_buf(),
             digest: digest.to_string(),
+            sends,
         })
     }
 }
@@ -155,6 +164,7 @@ pub struct Instance {
     config: Arc<BTreeMap<String, String>>,
     limits: Limits,
     sql: Option<SqlGrant>,
+    kafka: Option<Arc<KafkaGrant>>,
     live: Option<Live>,
     instantiations: u64,
     /// The log budget of every store this instance makes.
@@ -206,10 +216,36 @@ impl Instance {
             config,
             limits,
             sql,
+            kafka: None,
             live: None,
             instantiations: 0,
             log,
         }
+    }
+
+    /// Grant the `kafka` capability: `kafka.send` may name `grant`'s
+    /// topics (sink stages of a pipeline with `--output-topic`).
+    pub fn grant_kafka(&mut self, grant: Option<Arc<KafkaGrant>>) {
+        self.kafka = grant;
+        self.discard();
+    }
+
+    /// What the sink sent with `kafka.send` since the range began
+    /// ([`Instance::sink_open`]), emptying the outbox.
+    ///
+    /// # Errors
+    /// The first refused send's reason.
+    pub fn take_sent(&mut self) -> Result<Vec<Sent>, String> {
+        match self.live.as_mut() {
+            Some(l) => l.store.data_mut().outbox.take(),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// Whether the component imports `sluice:plugin/kafka` (contract
+    /// 0.2.4): its sink may send records to the output topics.
+    pub fn sends_records(&self) -> bool {
+        self.template.sends
     }
 
     /// The plugin file.
@@ -275,6 +311,8 @@ impl Instance {
             config: self.config.clone(),
             plugin: t.digest.get(..12).unwrap_or(&t.digest).to_string(),
             sql: self.sql.clone(),
+            kafka: self.kafka.clone(),
+            outbox: Outbox::default(),
             log: self.log.clone(),
             deadline: None,
         };
@@ -598,6 +636,9 @@ impl Instance {
                 range.topic, range.partition, range.start_offset, range.end_offset
             )
         };
+        if let Some(l) = self.live.as_mut() {
+            l.store.data_mut().outbox.clear();
+        }
         self.sink_call("sink.open", site, |s, store| s.call_open(store, &ctx))
             .map(|a| match a {
                 sink::OpenAnswer::Proceed => OpenAnswer::Proceed,

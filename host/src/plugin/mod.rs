@@ -243,9 +243,13 @@ impl Runtime {
             .map_err(|e| PluginError::Instantiate {
                 path: path.clone(),
                 digest: digest.clone(),
-                reason: format!("{e:#} (the sandbox grants only sluice:plugin/log, config and sql, and WASI clocks, random and stdio)"),
+                reason: format!("{e:#} (the sandbox grants only sluice:plugin/log, config, sql and kafka, and WASI clocks, random and stdio)"),
             })?;
-        let template = instance::Template::new(pre, stages, &path, &digest)?;
+        let sends = info
+            .imports
+            .iter()
+            .any(|i| sluice_interface(i).is_some_and(|(iface, _)| iface == "kafka"));
+        let template = instance::Template::new(pre, stages, &path, &digest, sends)?;
         let plugin = Plugin {
             path,
             digest,

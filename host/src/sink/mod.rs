@@ -39,6 +39,7 @@ mod transaction;
 
 use sluice_guest::wire::{self, OwnedHeaders, SinkRecord};
 
+use crate::capability::kafka::Sent;
 use crate::capability::sql::{DbError, SqlGrant};
 use crate::plugin::{Instance, OpenAnswer, PartitionContext, PluginError, StageFailure};
 use tables::HostTables;
@@ -94,6 +95,25 @@ pub struct PartitionBatch<'a> {
     pub records: &'a [SinkRecord<'a>],
     /// Bad records to dead-letter (policy `dlq`).
     pub dead_letters: &'a [DeadLetter],
+    /// Where the records the sink sends (`kafka.send`) go; `None` when
+    /// the pipeline names no output topic.
+    pub deliver: Option<Deliver<'a>>,
+}
+
+/// Takes the records a range's sink sent with `kafka.send`, once its
+/// `close` succeeded and before the range is recorded applied (the
+/// engine's output producer): returns how many it took, or why it could
+/// not.
+#[derive(Clone, Copy)]
+pub struct Deliver<'a>(pub &'a DeliverFn<'a>);
+
+/// The function behind [`Deliver`].
+pub type DeliverFn<'a> = dyn Fn(&PartitionContext, Vec<Sent>) -> Result<u64, String> + Sync + 'a;
+
+impl std::fmt::Debug for Deliver<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Deliver")
+    }
 }
 
 impl<'a> PartitionBatch<'a> {
@@ -119,6 +139,7 @@ impl<'a> PartitionBatch<'a> {
             },
             records: &records[lo..hi],
             dead_letters: &dead[dlo..dhi],
+            deliver: self.deliver,
         }
     }
 }
@@ -217,6 +238,19 @@ pub enum SinkError {
         site: String,
         /// What the row holds now.
         now: String,
+    },
+    /// The sink's `kafka.send` was refused, or what it sent could not be
+    /// produced; the range (part) was rolled back.
+    #[error(
+        "{what} on {site}: {message}; this range was rolled back (earlier parts of the batch stay applied)"
+    )]
+    Send {
+        /// Whose records, and what went wrong.
+        what: String,
+        /// `topic/partition [start, end)`.
+        site: String,
+        /// The refusal or the producer's error.
+        message: String,
     },
     /// Dead letters without a database to put them in.
     #[error("the dlq error policy needs a sink database (--sink-db) to store dead letters")]
@@ -689,11 +723,44 @@ pub(super) fn run_plugin(
         start = end;
     }
     instance.sink_close(|| site(r))?;
+    deliver(instance, batch)?;
     Ok(Applied::Written {
         records: batch.records.len() as u64,
         dead_lettered: 0,
         applied_before: AppliedBefore::default(),
     })
+}
+
+/// Hand what the closed range sent with `kafka.send` to
+/// [`PartitionBatch::deliver`].
+fn deliver(instance: &mut Instance, batch: &PartitionBatch<'_>) -> Result<(), SinkError> {
+    let r = &batch.range;
+    let plugin = format!(
+        "the sink plugin {} (sha256 {})",
+        instance.path().display(),
+        instance.digest().get(..12).unwrap_or_default()
+    );
+    let sent = instance.take_sent().map_err(|message| SinkError::Send {
+        what: format!("{plugin} called kafka.send, which the host refused"),
+        site: site(r),
+        message,
+    })?;
+    if sent.is_empty() {
+        return Ok(());
+    }
+    let Some(d) = batch.deliver else {
+        return Err(SinkError::Send {
+            what: format!("{plugin} sent records"),
+            site: site(r),
+            message: "this pipeline has no output producer to take them".into(),
+        });
+    };
+    (d.0)(r, sent).map_err(|message| SinkError::Send {
+        what: format!("producing what {plugin} sent"),
+        site: site(r),
+        message,
+    })?;
+    Ok(())
 }
 
 #[cfg(test)]

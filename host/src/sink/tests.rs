@@ -29,6 +29,7 @@ fn apply_empty(driver: &SinkDriver, range: PartitionContext) -> Result<Applied, 
         0,
         None,
         &PartitionBatch {
+            deliver: None,
             epoch: crate::checkpoint::Epoch::new(range.batch.epoch),
             range,
             records: &[],

@@ -22,6 +22,10 @@ pub(super) const FILES: &[(&str, &str)] = &[
         include_str!("../../../../guest-sdk/src/json.rs"),
     ),
     (
+        "guest-sdk/src/kafka.rs",
+        include_str!("../../../../guest-sdk/src/kafka.rs"),
+    ),
+    (
         "guest-sdk/src/log.rs",
         include_str!("../../../../guest-sdk/src/log.rs"),
     ),

@@ -92,15 +92,22 @@ pub struct TestArgs {
     #[arg(long)]
     pub no_sink: bool,
 
-    /// Show where `host run --output-topic NAME` would produce each output:
-    /// every output line gains `"produced_to": {"topic", "partition"}`, the
-    /// partition picked from the key as the producer does (Java's murmur2
-    /// hash modulo --output-partitions, which it needs; `null` without a
-    /// key: any partition). Nothing is produced.
-    #[arg(long, value_name = "NAME", requires = "output_partitions")]
-    pub output_topic: Option<String>,
+    /// Show where `host run --output-topic NAME` would produce: a map-only
+    /// pipeline's output lines gain `"produced_to": {"topic", "partition"}`,
+    /// the partition picked from the key as the producer does (Java's
+    /// murmur2 hash modulo --output-partitions, which it needs; `null`
+    /// without a key: any partition); a sink stage may send to the topics
+    /// named (repeat the flag, or separate names by commas), each record
+    /// it sends shown as a `send` line. Nothing is produced.
+    #[arg(
+        long,
+        value_name = "NAME",
+        requires = "output_partitions",
+        value_delimiter = ','
+    )]
+    pub output_topic: Vec<String>,
 
-    /// Partitions of the --output-topic (as the brokers report it);
+    /// Partitions of each --output-topic (as the brokers report it);
     /// required with --output-topic.
     #[arg(long, value_name = "N", requires = "output_topic", value_parser = clap::value_parser!(i32).range(1..))]
     pub output_partitions: Option<i32>,
@@ -133,7 +140,7 @@ pub enum InputFormat {
 
 /// Put bytes into a JSON object as `name` (UTF-8 text), `name_b64`
 /// (other bytes) or `name: null` (absent).
-fn put_bytes(
+pub(super) fn put_bytes(
     obj: &mut serde_json::Map<String, serde_json::Value>,
     name: &str,
     bytes: Option<&[u8]>,
@@ -286,8 +293,17 @@ pub fn run(args: TestArgs) -> Result<(), CliError> {
     let rehearsal = match (&sink_plugin, &grant) {
         (Some((_, plugin)), Some(grant)) => {
             let mut instance = plugin.instance_with_sql(Some(grant.clone()));
+            let topics = args.output_partitions.map(|n| {
+                let named = args.output_topic.iter().map(|t| (t.clone(), n));
+                crate::capability::kafka::KafkaGrant::new(named.collect())
+            });
+            instance.grant_kafka(topics.map(std::sync::Arc::new));
             let keep = args.sink_db.is_some() && !args.dry_run;
-            sink::rehearse(&mut instance, grant, &ctx, &owned, &result.outputs, keep)
+            let to = sink::Targets {
+                keep,
+                partitions: args.output_partitions,
+            };
+            sink::rehearse(&mut instance, grant, &ctx, (&owned, &result.outputs), to)
         }
         _ => sink::Rehearsal::default(),
     };
@@ -332,7 +348,11 @@ pub fn run(args: TestArgs) -> Result<(), CliError> {
                 })
                 .collect();
             obj.insert("headers".into(), headers.into());
-            if let (Some(topic), Some(partitions)) = (&args.output_topic, args.output_partitions) {
+            if let (Some(topic), Some(partitions), None) = (
+                args.output_topic.first(),
+                args.output_partitions,
+                &sink_plugin,
+            ) {
                 obj.insert(
                     "produced_to".into(),
                     serde_json::json!({

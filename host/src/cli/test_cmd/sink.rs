@@ -1,6 +1,7 @@
 //! The sink stage under `host test`: a rehearsal of what `host run` would
 //! apply, one partition at a time, with every SQL statement the sink
-//! sends printed.
+//! sends printed, and every record it sends to a Kafka topic (`send`
+//! lines, with `--output-topic`).
 //!
 //! Each partition's mapped records go to the sink as one part: `open`,
 //! one `write` per record (so each statement shows at the record whose
@@ -98,16 +99,25 @@ fn line(r: &PartitionContext, offset: Option<i64>, call: &str, ran: Ran) -> Valu
     obj
 }
 
+/// Where a rehearsal's effects go.
+pub(super) struct Targets {
+    /// Commit each part's transaction (else roll it back).
+    pub keep: bool,
+    /// Partitions of each output topic the sink may send to (`None`: no
+    /// `--output-topic`), to show the partition of a keyed record.
+    pub partitions: Option<i32>,
+}
+
 /// Rehearse the sink over the map's `outputs` of `owned`, partition by
 /// partition in the order they first appear.
 pub(super) fn rehearse(
     sink: &mut Instance,
     grant: &SqlGrant,
     ctx: &CallContext,
-    owned: &[Owned],
-    outputs: &[ChainOutput],
-    keep: bool,
+    (owned, outputs): (&[Owned], &[ChainOutput]),
+    to: Targets,
 ) -> Rehearsal {
+    let keep = to.keep;
     let mut out = Rehearsal::default();
     let mut parts: Vec<(&str, i32)> = Vec::new();
     for o in owned {
@@ -148,7 +158,7 @@ pub(super) fn rehearse(
                 owned,
                 &part,
                 &excluded,
-                keep,
+                &to,
                 |at, v| {
                     lines.push((at, v));
                 },
@@ -163,7 +173,7 @@ pub(super) fn rehearse(
                 out.rejected.push((*i, m.clone()));
                 for (at, v) in lines {
                     if matches!(at, Place::Write(w) if w == *i) {
-                        out.statements += 1;
+                        out.statements += usize::from(v["type"] == "sql");
                         out.rejected_lines.entry(*i).or_default().push(v);
                     }
                 }
@@ -171,7 +181,7 @@ pub(super) fn rehearse(
                 continue;
             }
             for (at, v) in lines {
-                out.statements += 1;
+                out.statements += usize::from(v["type"] == "sql");
                 let (map, i) = match at {
                     Place::Open => (&mut out.before, first),
                     Place::Write(i) => (&mut out.after, i),
@@ -226,9 +236,55 @@ enum Place {
     Close,
 }
 
+/// The `send` lines of what the sink sent since the last look, from the
+/// source record at `offset` (`None`: `open` or `close`).
+fn sent_lines(
+    sink: &mut Instance,
+    r: &PartitionContext,
+    offset: Option<i64>,
+    partitions: Option<i32>,
+) -> Result<Vec<Value>, Stop> {
+    let sent = sink
+        .take_sent()
+        .map_err(|e| Stop::Failed(anyhow::anyhow!("kafka.send refused: {e}")))?;
+    Ok(sent
+        .into_iter()
+        .map(|s| {
+            let mut obj = serde_json::Map::new();
+            obj.insert("type".into(), "send".into());
+            obj.insert("idempotency_key".into(), s.idempotency_key.into());
+            obj.insert("topic".into(), r.topic.clone().into());
+            obj.insert("partition".into(), r.partition.into());
+            obj.insert("offset".into(), offset.into());
+            super::put_bytes(&mut obj, "key", s.key.as_deref());
+            super::put_bytes(&mut obj, "value", s.value.as_deref());
+            let headers: Vec<Value> = s
+                .headers
+                .iter()
+                .map(|(k, v)| {
+                    let mut h = serde_json::Map::new();
+                    h.insert("key".into(), k.clone().into());
+                    super::put_bytes(&mut h, "value", v.as_deref());
+                    Value::Object(h)
+                })
+                .collect();
+            obj.insert("headers".into(), headers.into());
+            let partition = s.partition.or_else(|| {
+                partitions.and_then(|n| crate::output::partition_of_key(s.key.as_deref(), n))
+            });
+            obj.insert(
+                "produced_to".into(),
+                json!({ "topic": s.topic, "partition": partition }),
+            );
+            Value::Object(obj)
+        })
+        .collect())
+}
+
 /// One rehearsal of a part: `open`, a `write` per record not in
-/// `excluded`, `close`, in a transaction committed at the end when `keep`
-/// and all went well, else rolled back; `emit` gets each statement's line.
+/// `excluded`, `close`, in a transaction committed at the end when
+/// `to.keep` and all went well, else rolled back; `emit` gets each
+/// statement's line and each sent record's.
 #[allow(clippy::too_many_arguments)]
 fn attempt(
     sink: &mut Instance,
@@ -237,9 +293,10 @@ fn attempt(
     owned: &[Owned],
     part: &[&ChainOutput],
     excluded: &HashSet<usize>,
-    keep: bool,
+    to: &Targets,
     mut emit: impl FnMut(Place, Value),
 ) -> Result<(), Stop> {
+    let keep = to.keep;
     grant
         .begin_rehearsal()
         .map_err(|e| Stop::Failed(anyhow::anyhow!("sink database: {e}")))?;
@@ -248,6 +305,9 @@ fn attempt(
         let answer = sink.sink_open(range);
         for ran in grant.take_ran() {
             emit(Place::Open, line(range, None, "open", ran));
+        }
+        for l in sent_lines(sink, range, None, to.partitions)? {
+            emit(Place::Open, l);
         }
         if answer.map_err(|e| Stop::Failed(e.into()))? == OpenAnswer::AlreadyApplied {
             tracing::info!(
@@ -276,6 +336,7 @@ fn attempt(
                 let l = line(range, Some(s.record.offset), "write", ran);
                 emit(Place::Write(o.source_index), l);
             }
+            let sent = sent_lines(sink, range, Some(s.record.offset), to.partitions);
             match w {
                 Ok(()) => {}
                 Err(PluginError::Stage {
@@ -283,6 +344,9 @@ fn attempt(
                     ..
                 }) => return Err(Stop::Rejected(o.source_index, message)),
                 Err(e) => return Err(Stop::Failed(e.into())),
+            }
+            for l in sent? {
+                emit(Place::Write(o.source_index), l);
             }
         }
         let c = sink.sink_close(|| {
@@ -294,7 +358,11 @@ fn attempt(
         for ran in grant.take_ran() {
             emit(Place::Close, line(range, None, "close", ran));
         }
-        c.map_err(|e| Stop::Failed(e.into()))
+        c.map_err(|e| Stop::Failed(e.into()))?;
+        for l in sent_lines(sink, range, None, to.partitions)? {
+            emit(Place::Close, l);
+        }
+        Ok(())
     })();
     let failed = grant.end_rehearsal(keep && r.is_ok());
     match (r, failed) {

@@ -1,0 +1,94 @@
+//! The host's `kafka` capability for sink stages (`wit/plugin.wit`,
+//! interface `kafka`, contract 0.2.4): produce records to the topics the
+//! pipeline names with `--output-topic`.
+//!
+//! ```
+//! use sluice_guest::kafka::OutputRecord;
+//! use sluice_guest::SinkRecord;
+//!
+//! /// Route a change to the topic of its table, keyed as it came.
+//! fn route(r: &SinkRecord<'_>, table: &str) -> OutputRecord {
+//!     OutputRecord::new(format!("cdc.{table}"), r.idempotency_key)
+//!         .key(r.record.key)
+//!         .value(r.record.value)
+//! }
+//! // In `Sink::write`: sluice_guest::kafka::send(vec![route(r, "orders")])?;
+//! ```
+//!
+//! The host keeps what a range sent until the range's `close` succeeds,
+//! then produces it in the order sent: exactly once in the batch's Kafka
+//! transaction (no `--sink-db`), or at-least-once, acknowledged before the
+//! range is recorded applied, each record carrying its idempotency key in
+//! the header `sluice-idempotency-key`. A range written again drops what
+//! its failed attempt sent.
+
+use crate::host::host;
+
+/// One record to produce (the WIT `output-record`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputRecord {
+    /// One of the pipeline's `--output-topic` topics.
+    pub topic: String,
+    /// `None`: the partition of the key (murmur2, as Kafka's Java client
+    /// picks it), any for a null key.
+    pub partition: Option<i32>,
+    /// `None`: a null key.
+    pub key: Option<Vec<u8>>,
+    /// `None`: a tombstone.
+    pub value: Option<Vec<u8>>,
+    /// Headers in order; a `None` value is a header without one.
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
+    /// The idempotency key of the input this record comes from; add `#n`
+    /// for its n-th further record, so each record's key is its own.
+    pub idempotency_key: String,
+}
+
+impl OutputRecord {
+    /// A record to `topic` with a null key and a null value (a tombstone)
+    /// and no headers, identified by `idempotency_key`.
+    pub fn new(topic: impl Into<String>, idempotency_key: impl Into<String>) -> Self {
+        OutputRecord {
+            topic: topic.into(),
+            partition: None,
+            key: None,
+            value: None,
+            headers: Vec::new(),
+            idempotency_key: idempotency_key.into(),
+        }
+    }
+
+    /// Set the key (`None`: a null key).
+    pub fn key(mut self, key: Option<&[u8]>) -> Self {
+        self.key = key.map(<[u8]>::to_vec);
+        self
+    }
+
+    /// Set the value (`None`: a tombstone).
+    pub fn value(mut self, value: Option<&[u8]>) -> Self {
+        self.value = value.map(<[u8]>::to_vec);
+        self
+    }
+
+    /// Add a header.
+    pub fn header(mut self, key: impl Into<String>, value: Option<&[u8]>) -> Self {
+        self.headers.push((key.into(), value.map(<[u8]>::to_vec)));
+        self
+    }
+
+    /// Produce to `partition` rather than by key.
+    pub fn partition(mut self, partition: i32) -> Self {
+        self.partition = Some(partition);
+        self
+    }
+}
+
+/// Queue `records` for production when the range closes. Call it from
+/// [`crate::Sink::open`], `write` or `close`.
+///
+/// # Errors
+/// The host's reason when it refuses the call: no `--output-topic`, a topic
+/// the pipeline does not name, a partition the topic lacks, or more than
+/// 64 MiB in one range. The range then fails even if the error is ignored.
+pub fn send(records: Vec<OutputRecord>) -> Result<(), crate::Error> {
+    host().kafka_send(records).map_err(crate::Error::fatal)
+}
