@@ -49,11 +49,12 @@ export function entrySource(app, world) {
   const withSql = world !== 'map-plugin';
   const exports = world === 'map-sink-plugin' ? 'mapper, sink' : world === 'map-plugin' ? 'mapper' : 'sink';
   return [
-    `import * as log from 'sluice:plugin/log@0.2.3';`,
-    `import * as config from 'sluice:plugin/config@0.2.3';`,
-    withSql ? `import * as sql from 'sluice:plugin/sql@0.2.3';` : `const sql = null;`,
+    `import * as log from 'sluice:plugin/log@0.2.4';`,
+    `import * as config from 'sluice:plugin/config@0.2.4';`,
+    withSql ? `import * as sql from 'sluice:plugin/sql@0.2.4';` : `const sql = null;`,
+    withSql ? `import * as kafka from 'sluice:plugin/kafka@0.2.4';` : `const kafka = null;`,
     `import { installComponentHost } from ${host};`,
-    `installComponentHost({ log, config, sql });`,
+    `installComponentHost({ log, config, sql, kafka });`,
     `export { ${exports} } from ${JSON.stringify(app)};`,
     '',
   ].join('\n');
@@ -61,7 +62,7 @@ export function entrySource(app, world) {
 
 // `sluice-guest` and its subpaths are this SDK's own files, wherever the
 // app lives: the stages and the entry's host must be one module instance.
-const SUBPATHS = { '': 'index.js', '/json': 'json.js', '/sql': 'sql.js', '/testing': 'testing.js' };
+const SUBPATHS = { '': 'index.js', '/json': 'json.js', '/kafka': 'kafka.js', '/sql': 'sql.js', '/testing': 'testing.js' };
 const thisSdk = {
   name: 'sluice-guest',
   setup(build) {

@@ -1,4 +1,4 @@
-// What a stage can ask of the host (`log`, `config`, `sql`), behind one
+// What a stage can ask of the host (`log`, `config`, `sql`, `kafka`), behind one
 // object. Inside a component, the entry module that `sluice-guest-build`
 // generates installs the WIT imports (`installComponentHost`); natively
 // (unit tests under Node.js) a stand-in with a given config logs to
@@ -25,13 +25,17 @@ export class NativeHost {
   sql() {
     return null;
   }
+
+  kafka() {
+    return null;
+  }
 }
 
 /** The host of a component: the imports of `sluice:plugin/log`,
- * `config` and (in a world with a sink) `sql`. */
+ * `config` and (in a world with a sink) `sql` and `kafka`. */
 class ComponentHost {
-  constructor({ log, config, sql }) {
-    this.imports = { log, config, sql: sql ?? null };
+  constructor({ log, config, sql, kafka }) {
+    this.imports = { log, config, sql: sql ?? null, kafka: kafka ?? null };
   }
 
   log(level, message) {
@@ -48,6 +52,10 @@ class ComponentHost {
 
   sql() {
     return this.imports.sql;
+  }
+
+  kafka() {
+    return this.imports.kafka;
   }
 }
 

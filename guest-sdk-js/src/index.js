@@ -2,7 +2,7 @@
 //
 // A plugin is an ES module (`app.js`) that exports a map stage, a sink
 // stage or both, built into a WebAssembly component with ComponentizeJS
-// against the contract `sluice:plugin@0.2.3` (`wit/plugin.wit`):
+// against the contract `sluice:plugin@0.2.4` (`wit/plugin.wit`):
 //
 //     import * as sluice from 'sluice-guest';
 //
@@ -40,7 +40,7 @@ import { Outputs, Record, WireError, exact, readRecords, readSinkRecords } from 
 export { BadRecord, Fatal, Retryable, StageError, Record, log, sql };
 
 /** The contract this SDK is built for (`wit/plugin.wit`). */
-export const CONTRACT = 'sluice:plugin@0.2.3';
+export const CONTRACT = 'sluice:plugin@0.2.4';
 
 /** Marks what `exportMap` / `exportSink` return (`'map'`, `'sink'`), so
  * the build can check a stage is exported under the contract's name. */

@@ -179,7 +179,7 @@ export function readSinkRecords(buf) {
   return out;
 }
 
-function asBytes(what, v) {
+export function asBytes(what, v) {
   if (v === null || v instanceof Uint8Array) return v;
   if (typeof v === 'string') return UTF8.encode(v);
   if (ArrayBuffer.isView(v)) return new Uint8Array(v.buffer, v.byteOffset, v.byteLength);

@@ -303,7 +303,7 @@ test('build: the world follows the exports; the entry installs the host', () => 
   const map = entrySource('/p/app.js', 'map-plugin');
   assert.match(map, /export \{ mapper \} from "\/p\/app.js"/);
   assert.doesNotMatch(map, /sluice:plugin\/sql/);
-  assert.match(entrySource('/p/app.js', 'map-sink-plugin'), /import \* as sql from 'sluice:plugin\/sql@0.2.3'/);
+  assert.match(entrySource('/p/app.js', 'map-sink-plugin'), /import \* as sql from 'sluice:plugin\/sql@0.2.4'/);
 });
 
 test('build: a stage under the wrong name, or a stage class never exported as a stage, is refused', () => {

@@ -2,7 +2,7 @@
 
 A plugin is a module (``app.py``) with a map stage, a sink stage or both,
 built into a WebAssembly component with componentize-py against the
-contract ``sluice:plugin@0.2.3`` (``wit/plugin.wit``)::
+contract ``sluice:plugin@0.2.4`` (``wit/plugin.wit``)::
 
     import sluice_guest as sluice
 
@@ -34,7 +34,7 @@ uncaught in a sink stage fails the part, as a fatal error.
 
 from __future__ import annotations
 
-from . import log, sql  # noqa: F401 (public submodules)
+from . import kafka, log, sql  # noqa: F401 (public submodules)
 from . import _host
 from ._host import host
 from .wire import Outputs, Record, WireError, read_records, read_sink_records
@@ -52,12 +52,13 @@ __all__ = [
     "SinkRecord",
     "export_map",
     "export_sink",
+    "kafka",
     "log",
     "sql",
 ]
 
 #: The contract this SDK is built for (``wit/plugin.wit``).
-CONTRACT = "sluice:plugin@0.2.3"
+CONTRACT = "sluice:plugin@0.2.4"
 
 
 class StageError(Exception):

@@ -1,4 +1,5 @@
-"""What a stage can ask of the host (``log``, ``config``, ``sql``), behind
+"""What a stage can ask of the host (``log``, ``config``, ``sql``,
+``kafka``), behind
 one object: inside a component the generated ``wit_world`` bindings
 answer; natively (unit tests) a stand-in with a given config logs to
 stderr and has no SQL connection.
@@ -26,6 +27,9 @@ class NativeHost:
         return sorted(self.config.items())
 
     def sql(self):
+        return None
+
+    def kafka(self):
         return None
 
 
@@ -56,6 +60,15 @@ class ComponentHost:
             return None
         return sql
 
+    def kafka(self):
+        """The generated ``kafka`` import, or ``None`` in a world without
+        it (a map-only plugin)."""
+        try:
+            from wit_world.imports import kafka
+        except ImportError:
+            return None
+        return kafka
+
 
 _HOST = None
 
@@ -65,7 +78,7 @@ def preload() -> None:
     the app at build time: it keeps only what was imported then (a
     binding first imported inside a call is not found at run time).
     Natively there are none, and nothing happens."""
-    for name in ("config", "log", "sql", "types"):
+    for name in ("config", "kafka", "log", "sql", "types"):
         try:
             importlib.import_module(f"wit_world.imports.{name}")
         except ImportError:
