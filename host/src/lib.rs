@@ -9,7 +9,9 @@
 //! - [`source`]: the Kafka reader (discovery, watermarks, exact ranges) and
 //!   the offset range ([`source::PartitionRange`]).
 //! - [`capability`]: what the host grants plugins: [`capability::sql`]
-//!   (SQLite and PostgreSQL sessions, the statement guard).
+//!   (SQLite and PostgreSQL sessions, the statement guard) and
+//!   [`capability::kafka`] (the topics a sink may send to, what a part
+//!   sent).
 //! - [`plugin`]: wasmtime engine, sandbox limits, component loading, the
 //!   WIT host imports, the map chain.
 //! - [`checkpoint`]: the [`checkpoint::Checkpoint`] seam (claim with an

@@ -106,8 +106,13 @@ fn broker_with_input(n: usize) -> BrokerProcess {
 pub(crate) fn fill_input(broker: &BrokerProcess, n: usize) {
     broker.create_topic("in", 3);
     broker.create_topic("out", 2);
+    send_inputs(broker, 0..n);
+}
+
+/// Inputs `range` of [`fill_input`]'s shape, appended to topic `in`.
+pub(crate) fn send_inputs(broker: &BrokerProcess, range: std::ops::Range<usize>) {
     let p = producer(&broker.bootstrap());
-    for i in 0..n {
+    for i in range {
         let value = format!("v{i}");
         let header = i.to_string();
         let upstream = format!("up/0/{i}");

@@ -413,3 +413,68 @@ fn a_broker_down_at_the_commit_stops_the_host_and_loses_nothing() {
     assert_eq!(events[0]["rerun"], true, "{events:?}");
     assert_each_input_once(&views(&broker));
 }
+
+/// Copy directory `from` to `to`, recursively.
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let target = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), &target).unwrap();
+        }
+    }
+}
+
+#[test]
+fn an_older_copy_of_the_checkpoint_is_refused_unless_reprocessing_is_asked_for() {
+    // The first 300 inputs, then a backup of the checkpoint; 300 more run
+    // by the original. The backup would produce those 300 again.
+    let broker = BrokerProcess::transactional();
+    crate::output::fill_input(&broker, N / 2);
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ck");
+    let out = host_run(&run_args(&broker, &ckpt));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let backup = dir.path().join("backup");
+    copy_dir(&ckpt, &backup);
+    crate::output::send_inputs(&broker, N / 2..N);
+    let out = host_run(&run_args(&broker, &ckpt));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_each_input_once(&views(&broker));
+
+    let out = host_run(&run_args(&broker, &backup));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("already committed input positions past the checkpoint's")
+            && err.contains("in/0: the transactions committed 200")
+            && err.contains("the checkpoint continues at 100")
+            && err.contains("--output-reprocess"),
+        "{err}"
+    );
+    assert_each_input_once(&views(&broker));
+    let shown = host(&["checkpoint", "show", "--json", backup.to_str().unwrap()]);
+    let shown: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
+    assert_eq!(
+        shown["last_planned"]["batch_id"], shown["last_committed"]["batch_id"],
+        "nothing written ahead: {shown}"
+    );
+
+    // Asked for, the second half is produced again (a reset back on
+    // purpose), and the group's positions follow the run again.
+    let mut args = run_args(&broker, &backup);
+    args.push("--output-reprocess".into());
+    let out = host_run(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let visible: usize = views(&broker).iter().map(|v| v.visible.len()).sum();
+    assert_eq!(visible, N + N / 2);
+    let out = host_run(&run_args(&broker, &ckpt));
+    assert!(
+        out.status.success(),
+        "the original runs on: {}",
+        stderr(&out)
+    );
+}

@@ -11,10 +11,16 @@
 
 use std::collections::BTreeMap;
 
-/// Most bytes (keys, values, header keys and values) one range may send:
-/// 64 MiB. The records wait in host memory until the range closes, which
-/// the plugin's memory cap does not bound.
+/// Most bytes one range may send: 64 MiB, counting each record's topic,
+/// key, value, headers and idempotency key, and [`RECORD_OVERHEAD`]. The
+/// records wait in host memory until the range closes, which the
+/// plugin's memory cap does not bound.
 pub const OUTBOX_BYTES: usize = 64 << 20;
+
+/// What each record counts towards [`OUTBOX_BYTES`] besides its bytes
+/// (the host's own bookkeeping of it), so that many empty records are
+/// bounded too: 64 bytes.
+pub const RECORD_OVERHEAD: usize = 64;
 
 /// The topics a pipeline's sink stage may produce to, with their
 /// partition counts.
@@ -46,7 +52,7 @@ impl KafkaGrant {
         };
         match r.partition {
             Some(p) if p < 0 || p >= partitions => Some(format!(
-                "topic {:?} has partitions 0 to {}, not {p}",
+                "topic {:?} has partitions 0 to {}, not {p} (the count read at start: restart the pipeline after adding partitions)",
                 r.topic,
                 partitions - 1
             )),
@@ -75,12 +81,15 @@ pub struct Sent {
 impl Sent {
     fn bytes(&self) -> usize {
         let opt = |b: &Option<Vec<u8>>| b.as_ref().map_or(0, Vec::len);
-        opt(&self.key)
+        RECORD_OVERHEAD
+            + self.topic.len()
+            + self.idempotency_key.len()
+            + opt(&self.key)
             + opt(&self.value)
             + self
                 .headers
                 .iter()
-                .map(|(k, v)| k.len() + opt(v))
+                .map(|(k, v)| RECORD_OVERHEAD / 4 + k.len() + opt(v))
                 .sum::<usize>()
     }
 }

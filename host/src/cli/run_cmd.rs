@@ -274,6 +274,7 @@ plugins = ["p.wasm"]
                 brokers: None,
                 kafka: [("linger.ms".to_string(), "20".to_string())].into(),
                 guarantee: OutputGuarantee::AtLeastOnce,
+                reprocess: false,
             })
         );
         assert_eq!(

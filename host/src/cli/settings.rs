@@ -336,6 +336,14 @@ pub struct Settings {
     /// the `sluice-idempotency-key` header) [default: exactly-once].
     #[arg(long, value_name = "GUARANTEE", env = "SLUICE_OUTPUT_GUARANTEE", hide_env_values = true, value_parser = serde_enum::<OutputGuarantee>(&["exactly-once", "at-least-once"]))]
     pub output_guarantee: Option<OutputGuarantee>,
+    /// Exactly once: start even though the pipeline's output transactions
+    /// already committed input positions past the checkpoint's (after
+    /// `host checkpoint reset` moved it back on purpose), producing the
+    /// outputs of those offsets again. Without it such a start is refused
+    /// (a restored older checkpoint would duplicate outputs).
+    #[arg(long, env = "SLUICE_OUTPUT_REPROCESS", hide_env_values = true)]
+    #[serde(default)]
+    pub output_reprocess: bool,
     /// librdkafka properties of the output producer (the file's
     /// `[output_kafka]` table; flags use `--config
     /// output.kafka.<property>=VALUE`).
@@ -655,6 +663,7 @@ pub fn resolve(s: Settings, config: &[(String, String)]) -> Result<PipelineConfi
         s.output_brokers,
         output_kafka,
         s.output_guarantee,
+        s.output_reprocess,
     )?;
     Ok(cfg)
 }
@@ -699,11 +708,12 @@ fn output(
     brokers: Option<String>,
     kafka: BTreeMap<String, String>,
     guarantee: Option<OutputGuarantee>,
+    reprocess: bool,
 ) -> Result<Option<OutputConfig>, CliError> {
     if topics.is_empty() {
-        if brokers.is_some() || guarantee.is_some() || !kafka.is_empty() {
+        if brokers.is_some() || guarantee.is_some() || !kafka.is_empty() || reprocess {
             return Err(usage(
-                "--output-brokers, --output-guarantee and output.kafka.* settings are for the output topic: give --output-topic NAME too",
+                "--output-brokers, --output-guarantee, --output-reprocess and output.kafka.* settings are for the output topic: give --output-topic NAME too",
             ));
         }
         return Ok(None);
@@ -734,5 +744,6 @@ fn output(
         brokers,
         kafka,
         guarantee: guarantee.unwrap_or(OutputGuarantee::ExactlyOnce),
+        reprocess,
     }))
 }

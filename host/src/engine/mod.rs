@@ -272,6 +272,10 @@ fn run_batches(
             rerun: planned.rerun,
             started_latest: planned.started_latest,
         };
+        if !batch.rerun && !p.rewind_checked {
+            outputs::refuse_rewound(p, cfg, &batch.entry)?;
+            p.rewind_checked = true;
+        }
         match p.cp.write_ahead(&batch) {
             Ok(()) => {}
             Err(CheckpointError::Group(e)) if e.is_fenced() => {
@@ -368,6 +372,18 @@ fn run_batches(
             },
         };
         let counts = done.counts;
+        if let Some(o) = cfg.output.as_ref().filter(|_| {
+            counts.produced == 0
+                && counts.output > 0
+                && !p.stages.sinks.is_empty()
+                && !p.told_sink_silent
+        }) {
+            p.told_sink_silent = true;
+            tracing::warn!(
+                "batch {batch_id}: the sink stage sent nothing to --output-topic {} (the kafka capability's kafka.send); a sink that never sends needs no --output-topic",
+                o.topics.join(", ")
+            );
+        }
         let mut timings = done.timings;
         gaps.extend(done.gaps);
         timings.plan = plan_ms;

@@ -171,6 +171,13 @@ pub(super) fn open_dir(
     if let (Acquire::Takeover(_), Some(loaded)) = (acquire, &preloaded) {
         // Before the owner is asked to stop.
         refuse_discarding_outputs(cfg, loaded.iter().any(|(p, _)| p.stages().sink))?;
+        if let Some(o) = &cfg.output {
+            let sink = loaded
+                .iter()
+                .find(|(p, _)| p.stages().sink)
+                .map(|(p, _)| (p.path(), p.digest(), p.sends_records()));
+            super::outputs::unfit_topics(o, sink).map_err(EngineError::Config)?;
+        }
     }
     let mut takeover = None;
     let mut wait = cfg.wait;

@@ -5,7 +5,7 @@
 //! decide whether an interrupted batch's transaction committed.
 
 use crate::checkpoint::OffsetsEntry;
-use crate::output::OutputGuarantee;
+use crate::output::{OutputConfig, OutputGuarantee};
 use crate::source::TopicPartition;
 
 use super::progress::ms;
@@ -49,6 +49,99 @@ pub(super) fn refuse_unfit_exactly_once(cfg: &PipelineConfig) -> Result<(), Engi
         )));
     }
     Ok(())
+}
+
+/// Refuse output topics the pipeline cannot use: several for a map-only
+/// pipeline (its outputs go to one), or any for a sink stage that cannot
+/// send (`sink`: its file, digest and whether it imports the `kafka`
+/// capability of contract 0.2.4). Checked at start (before a `--takeover`
+/// asks the owner) and for a swapped-in sink.
+///
+/// # Errors
+/// The reason, for the user.
+pub(super) fn unfit_topics(
+    o: &OutputConfig,
+    sink: Option<(&std::path::Path, &str, bool)>,
+) -> Result<(), String> {
+    match sink {
+        Some((path, digest, false)) => Err(format!(
+            "--output-topic {} needs a sink stage that sends records (the kafka capability of contract 0.2.4), and {} (sha256 {}) does not import sluice:plugin/kafka; run a map-only pipeline to write the map's outputs to one topic, or rebuild the sink with sluice-guest 0.2.4 and kafka::send",
+            o.topics.join(", "),
+            path.display(),
+            digest
+        )),
+        None if o.topics.len() > 1 => Err(format!(
+            "--output-topic names {} topics ({}), but a map-only pipeline writes its outputs to one; several are for a sink stage that sends records with the kafka capability",
+            o.topics.len(),
+            o.topics.join(", ")
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Exactly once, before the first batch a run plans afresh (`entry`) is
+/// written ahead: refuse when the pipeline's consumer group on the output
+/// cluster holds, for a partition of the batch, a position past where the
+/// batch starts it. Those positions came from transactions that committed
+/// outputs for the offsets in between, so running the batch would make
+/// them visible twice: the checkpoint is older than its last committed
+/// batch (a restored backup or copy) or was reset back. `--output-reprocess`
+/// (`cfg.output.reprocess`) lets the start go on, for a reset back made on
+/// purpose.
+///
+/// # Errors
+/// [`EngineError::Config`] naming each such partition, both positions and
+/// the batch whose transaction committed the group's (when the brokers
+/// keep the metadata); [`EngineError::Output`] when the group coordinator
+/// does not answer.
+pub(super) fn refuse_rewound(
+    p: &startup::Pipeline,
+    cfg: &PipelineConfig,
+    entry: &OffsetsEntry,
+) -> Result<(), EngineError> {
+    let (Some(out), Some(o)) = (p.output.as_ref(), cfg.output.as_ref()) else {
+        return Ok(());
+    };
+    if !out.exactly_once() {
+        return Ok(());
+    }
+    let starts: std::collections::BTreeMap<TopicPartition, i64> = entry
+        .ranges
+        .iter()
+        .map(|r| ((r.topic.clone(), r.partition), r.start))
+        .collect();
+    let partitions: Vec<TopicPartition> = starts.keys().cloned().collect();
+    let held = out.committed(&partitions)?;
+    let ahead: Vec<String> = starts
+        .iter()
+        .filter_map(|(tp, start)| {
+            let (offset, metadata) = held.get(tp)?;
+            (offset > start).then(|| {
+                let by = crate::output::marked_batch(metadata, p.cp.query_id())
+                    .map(|b| format!(", by batch {b}"))
+                    .unwrap_or_default();
+                format!(
+                    "{}/{}: the transactions committed {offset}{by}, the checkpoint continues at {start}",
+                    tp.0, tp.1
+                )
+            })
+        })
+        .collect();
+    if ahead.is_empty() {
+        return Ok(());
+    }
+    let group = crate::output::transactional_id(p.cp.query_id());
+    if o.reprocess {
+        tracing::warn!(
+            "--output-reprocess: producing again the outputs of offsets this pipeline's transactions already committed ({})",
+            ahead.join("; ")
+        );
+        return Ok(());
+    }
+    Err(EngineError::Config(format!(
+        "this pipeline's output transactions already committed input positions past the checkpoint's ({}; consumer group {group} on the output cluster): the checkpoint is older than its last committed batch (a restored backup or a copy) or was reset back, and running it would make the outputs of those offsets visible twice to read_committed consumers. Run the newest copy of the checkpoint; to produce them again on purpose (after `host checkpoint reset`), start once with --output-reprocess",
+        ahead.join("; ")
+    )))
 }
 
 /// Before batch `entry` is recorded as done: under exactly once, commit

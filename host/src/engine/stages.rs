@@ -180,14 +180,31 @@ fn sink_instances(
         .collect()
 }
 
+/// Why the sink at `path` (`digest`) cannot have `grant`.
+fn cannot_send(path: &std::path::Path, digest: &str, grant: &KafkaGrant) -> String {
+    let topics: Vec<&str> = grant.topics().collect();
+    format!(
+        "{} (sha256 {digest}) cannot send records to the output topics {} (it does not import sluice:plugin/kafka, contract 0.2.4): rebuild it with sluice-guest 0.2.4, or run without --output-topic",
+        path.display(),
+        topics.join(", ")
+    )
+}
+
 impl Stages {
     /// Grant the sink stage (now and after a swap) the output topics.
-    pub(super) fn grant_kafka(&mut self, grant: KafkaGrant) {
-        let grant = Arc::new(grant);
+    ///
+    /// # Errors
+    /// The reason, when the sink stage cannot send (built before
+    /// contract 0.2.4).
+    pub(super) fn grant_kafka(&mut self, grant: Arc<KafkaGrant>) -> Result<(), String> {
+        if let Some(s) = self.sinks.iter().find(|s| !s.sends_records()) {
+            return Err(cannot_send(s.path(), s.digest(), &grant));
+        }
         for s in &mut self.sinks {
             s.grant_kafka(Some(grant.clone()));
         }
         self.kafka = Some(grant);
+        Ok(())
     }
 }
 
@@ -307,6 +324,13 @@ pub(super) fn install_swap(
         stage,
         index,
     )?;
+    if let Some(k) = stages
+        .kafka
+        .as_ref()
+        .filter(|_| want_sink && !plugin.sends_records())
+    {
+        return Err(cannot_send(plugin.path(), plugin.digest(), k));
+    }
     cp.store_plugin(bytes).map_err(|e| e.to_string())?;
     stages.files.insert(
         plugin.digest().to_string(),

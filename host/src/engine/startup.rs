@@ -79,6 +79,13 @@ pub(super) struct Pipeline {
     pub(super) group: Option<GroupParts>,
     /// The producer of the outputs (`--output-topic`).
     pub(super) output: Option<Arc<KafkaOutput>>,
+    /// Exactly once: the first batch this run planned afresh was checked
+    /// against the positions the output transactions committed
+    /// ([`super::outputs::refuse_rewound`]).
+    pub(super) rewind_checked: bool,
+    /// A batch's sink stage sent nothing to the output topics it may send
+    /// to, and the user was told (once a run).
+    pub(super) told_sink_silent: bool,
 }
 
 /// Check the configuration, claim the checkpoint and assemble the
@@ -126,26 +133,15 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
     } = opened;
     let guard = DiscardIfNew(Some(cp.as_ref()));
     if let (Some(out), Some(o)) = (&mut output, &cfg.output) {
-        match stages.sinks.first() {
-            Some(sink) => {
-                if !sink.sends_records() {
-                    return Err(EngineError::Config(format!(
-                        "--output-topic {} needs a sink stage that sends records (the kafka capability of contract 0.2.4), and {} (sha256 {}) does not import sluice:plugin/kafka; run a map-only pipeline to write the map's outputs to one topic, or rebuild the sink with sluice-guest 0.2.4 and kafka::send",
-                        o.topics.join(", "),
-                        sink.path().display(),
-                        sink.digest()
-                    )));
-                }
-                stages.grant_kafka(out.grant());
-            }
-            None if o.topics.len() > 1 => {
-                return Err(EngineError::Config(format!(
-                    "--output-topic names {} topics ({}), but a map-only pipeline writes its outputs to one; several are for a sink stage that sends records with the kafka capability",
-                    o.topics.len(),
-                    o.topics.join(", ")
-                )));
-            }
-            None => {}
+        let sink = stages
+            .sinks
+            .first()
+            .map(|s| (s.path(), s.digest(), s.sends_records()));
+        super::outputs::unfit_topics(o, sink).map_err(EngineError::Config)?;
+        if !stages.sinks.is_empty() {
+            stages
+                .grant_kafka(Arc::new(out.grant()))
+                .map_err(EngineError::Config)?;
         }
         if out.exactly_once() {
             // Fences the producers of earlier runs of this pipeline and
@@ -332,6 +328,8 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
         last_commit_ms: None,
         group,
         output: output.map(Arc::new),
+        rewind_checked: false,
+        told_sink_silent: false,
     })
 }
 

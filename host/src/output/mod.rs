@@ -89,6 +89,11 @@ pub struct OutputConfig {
     pub kafka: BTreeMap<String, String>,
     /// At-least-once or exactly once.
     pub guarantee: OutputGuarantee,
+    /// Exactly once: produce the outputs of offsets the pipeline's
+    /// transactions already covered again, on purpose
+    /// (`--output-reprocess`, after `host checkpoint reset` moved the
+    /// checkpoint back); without it such a start is refused.
+    pub reprocess: bool,
 }
 
 impl OutputConfig {

@@ -113,6 +113,11 @@ pub(crate) struct Template {
 }
 
 impl Template {
+    /// Whether the component imports `sluice:plugin/kafka`.
+    pub(crate) fn sends(&self) -> bool {
+        self.sends
+    }
+
     pub(crate) fn new(
         pre: InstancePre<State>,
         stages: Exports,

@@ -325,6 +325,12 @@ impl Plugin {
         self.stages
     }
 
+    /// Whether the component imports `sluice:plugin/kafka` (contract
+    /// 0.2.4): its sink may send records to the output topics.
+    pub fn sends_records(&self) -> bool {
+        self.template.sends()
+    }
+
     /// Names of everything the component imports (interfaces).
     pub fn imports(&self) -> &[String] {
         &self.imports

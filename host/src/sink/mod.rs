@@ -641,7 +641,11 @@ impl SinkDriver {
                     return Err(SinkError::NoDeadLetterStore);
                 }
                 match instance {
-                    Some(i) => run_plugin(i, batch),
+                    Some(i) => {
+                        let applied = run_plugin(i, batch)?;
+                        Sends::take(i, &batch.range)?.deliver(batch)?;
+                        Ok(applied)
+                    }
                     None => Ok(Applied::Written {
                         records: batch.records.len() as u64,
                         dead_lettered: 0,
@@ -723,7 +727,6 @@ pub(super) fn run_plugin(
         start = end;
     }
     instance.sink_close(|| site(r))?;
-    deliver(instance, batch)?;
     Ok(Applied::Written {
         records: batch.records.len() as u64,
         dead_lettered: 0,
@@ -731,36 +734,66 @@ pub(super) fn run_plugin(
     })
 }
 
-/// Hand what the closed range sent with `kafka.send` to
-/// [`PartitionBatch::deliver`].
-fn deliver(instance: &mut Instance, batch: &PartitionBatch<'_>) -> Result<(), SinkError> {
-    let r = &batch.range;
-    let plugin = format!(
-        "the sink plugin {} (sha256 {})",
-        instance.path().display(),
-        instance.digest().get(..12).unwrap_or_default()
-    );
-    let sent = instance.take_sent().map_err(|message| SinkError::Send {
-        what: format!("{plugin} called kafka.send, which the host refused"),
-        site: site(r),
-        message,
-    })?;
-    if sent.is_empty() {
-        return Ok(());
-    }
-    let Some(d) = batch.deliver else {
-        return Err(SinkError::Send {
-            what: format!("{plugin} sent records"),
+/// What a part's sink sent with `kafka.send`, and which plugin sent it.
+#[derive(Default)]
+pub(super) struct Sends {
+    plugin: String,
+    records: Vec<Sent>,
+}
+
+impl Sends {
+    /// Take what `instance` sent in the piece `r` it just closed.
+    ///
+    /// # Errors
+    /// [`SinkError::Send`] when the host refused a send (the plugin may
+    /// have ignored the refusal).
+    pub(super) fn take(instance: &mut Instance, r: &PartitionContext) -> Result<Sends, SinkError> {
+        let plugin = format!(
+            "the sink plugin {} (sha256 {})",
+            instance.path().display(),
+            instance.digest().get(..12).unwrap_or_default()
+        );
+        let records = instance.take_sent().map_err(|message| SinkError::Send {
+            what: format!("{plugin} called kafka.send, which the host refused"),
             site: site(r),
-            message: "this pipeline has no output producer to take them".into(),
-        });
-    };
-    (d.0)(r, sent).map_err(|message| SinkError::Send {
-        what: format!("producing what {plugin} sent"),
-        site: site(r),
-        message,
-    })?;
-    Ok(())
+            message,
+        })?;
+        Ok(Sends { plugin, records })
+    }
+
+    /// Add a later piece's.
+    pub(super) fn extend(&mut self, later: Sends) {
+        if self.plugin.is_empty() {
+            self.plugin = later.plugin;
+        }
+        self.records.extend(later.records);
+    }
+
+    /// Hand them to [`PartitionBatch::deliver`] (the output producer), the
+    /// part's own effects being ready to commit.
+    ///
+    /// # Errors
+    /// [`SinkError::Send`] when the producer does not take them.
+    pub(super) fn deliver(self, batch: &PartitionBatch<'_>) -> Result<(), SinkError> {
+        if self.records.is_empty() {
+            return Ok(());
+        }
+        let r = &batch.range;
+        let plugin = self.plugin;
+        let Some(d) = batch.deliver else {
+            return Err(SinkError::Send {
+                what: format!("{plugin} sent records"),
+                site: site(r),
+                message: "this pipeline has no output producer to take them".into(),
+            });
+        };
+        (d.0)(r, self.records).map_err(|message| SinkError::Send {
+            what: format!("producing what {plugin} sent"),
+            site: site(r),
+            message,
+        })?;
+        Ok(())
+    }
 }
 
 #[cfg(test)]

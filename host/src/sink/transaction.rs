@@ -8,7 +8,9 @@ use std::ops::Range;
 
 use super::applied::AppliedSet;
 use super::tables::StoredRow;
-use super::{Applied, AppliedBefore, PartitionBatch, SinkDriver, SinkError, run_plugin, site};
+use super::{
+    Applied, AppliedBefore, PartitionBatch, Sends, SinkDriver, SinkError, run_plugin, site,
+};
 use crate::capability::sql::{DbError, SqlGrant};
 use crate::plugin::{Instance, PartitionContext};
 
@@ -65,26 +67,33 @@ fn missing(
 }
 
 /// Run the plugin over each piece (its own `open`/`write`/`close`, all in
-/// this transaction). Returns the records written and how many pieces the
-/// plugin said were applied already.
+/// this transaction). Returns the records written, how many pieces the
+/// plugin said were applied already, and what the pieces sent with
+/// `kafka.send` (produced only once the part is ready to commit).
 fn write_pieces(
     g: &SqlGrant,
     instance: Option<&mut Instance>,
     pieces: &[PartitionBatch<'_>],
     r: &PartitionContext,
-) -> Result<(u64, usize), SinkError> {
+) -> Result<(u64, usize, Sends), SinkError> {
     let Some(i) = instance else {
-        return Ok((pieces.iter().map(|p| p.records.len() as u64).sum(), 0));
+        let written = pieces.iter().map(|p| p.records.len() as u64).sum();
+        return Ok((written, 0, Sends::default()));
     };
     g.lock()
         .open_plugin_window()
         .map_err(sql_error(r, "opening the plugin's window"))?;
     let (mut written, mut said_applied) = (0, 0);
+    let mut sends = Sends::default();
     let mut out = Ok(());
     for piece in pieces {
-        match run_plugin(i, piece) {
-            Ok(Applied::Written { records, .. }) => written += records,
-            Ok(Applied::AlreadyApplied { .. }) => said_applied += 1,
+        let r = run_plugin(i, piece).and_then(|a| Ok((a, Sends::take(i, &piece.range)?)));
+        match r {
+            Ok((Applied::Written { records, .. }, sent)) => {
+                written += records;
+                sends.extend(sent);
+            }
+            Ok((Applied::AlreadyApplied { .. }, _)) => said_applied += 1,
             Err(e) => {
                 out = Err(e);
                 break;
@@ -110,7 +119,7 @@ fn write_pieces(
     if let Some(e) = window {
         return Err(sql_error(r, "the plugin's SQL")(e));
     }
-    out.map(|()| (written, said_applied))
+    out.map(|()| (written, said_applied, sends))
 }
 
 /// Add the written pieces to `applied`, warning when that opens a hole
@@ -200,7 +209,7 @@ impl SinkDriver {
             return Ok(Outcome::NothingToDo(applied_before));
         }
         let pieces: Vec<PartitionBatch<'_>> = missing.iter().map(|m| batch.slice(m)).collect();
-        let (written, said_applied) = write_pieces(g, instance, &pieces, r)?;
+        let (written, said_applied, sends) = write_pieces(g, instance, &pieces, r)?;
 
         let mut s = g.lock();
         let b = s.backend();
@@ -234,6 +243,10 @@ impl SinkDriver {
                 ),
             });
         }
+        // The part is ready to commit: what the sink sent is produced and
+        // acknowledged now, so the commit never records a part whose
+        // records are missing (a failed commit sends them again).
+        sends.deliver(batch)?;
         crate::util::failpoint("sink:before-db-commit");
         Ok(Outcome::Applied(if said_applied == pieces.len() {
             Applied::AlreadyApplied {

@@ -101,6 +101,10 @@ pub(super) const PY_FILES: &[(&str, &str)] = &[
         include_str!("../../../../guest-sdk-python/sluice_guest/json.py"),
     ),
     (
+        "sluice_guest/kafka.py",
+        include_str!("../../../../guest-sdk-python/sluice_guest/kafka.py"),
+    ),
+    (
         "sluice_guest/log.py",
         include_str!("../../../../guest-sdk-python/sluice_guest/log.py"),
     ),
@@ -157,6 +161,10 @@ pub(super) const JS_FILES: &[(&str, &str)] = &[
     (
         "src/json.js",
         include_str!("../../../../guest-sdk-js/src/json.js"),
+    ),
+    (
+        "src/kafka.js",
+        include_str!("../../../../guest-sdk-js/src/kafka.js"),
     ),
     (
         "src/log.js",

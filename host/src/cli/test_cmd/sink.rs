@@ -306,10 +306,9 @@ fn attempt(
         for ran in grant.take_ran() {
             emit(Place::Open, line(range, None, "open", ran));
         }
-        for l in sent_lines(sink, range, None, to.partitions)? {
-            emit(Place::Open, l);
-        }
+        let sent = sent_lines(sink, range, None, to.partitions);
         if answer.map_err(|e| Stop::Failed(e.into()))? == OpenAnswer::AlreadyApplied {
+            // `host run` drops what such a part sent.
             tracing::info!(
                 "the sink answered already-applied to {}/{} [{}, {}): nothing written",
                 range.topic,
@@ -318,6 +317,9 @@ fn attempt(
                 range.end_offset
             );
             return Ok(());
+        }
+        for l in sent? {
+            emit(Place::Open, l);
         }
         for o in part.iter().filter(|o| !excluded.contains(&o.source_index)) {
             let s = &owned[o.source_index];

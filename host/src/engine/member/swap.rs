@@ -256,7 +256,15 @@ impl GroupSwaps {
             assemble(&from_store, &loaded, &swap.plugins, grants).map_err(|e| e.to_string())
         });
         match assembled {
-            Ok(new) if new.refs == swap.plugins => {
+            Ok(mut new) if new.refs == swap.plugins => {
+                // The sink swapped in keeps the output topics, and must
+                // be able to send to them.
+                if let Some(k) = stages.kafka.clone()
+                    && let Err(why) = new.grant_kafka(k)
+                {
+                    self.refuse(swap, why);
+                    return false;
+                }
                 *stages = new;
                 self.error = None;
                 tracing::info!(
