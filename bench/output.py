@@ -12,6 +12,9 @@ Cells, each the median of RUNS interleaved runs, whole-process wall time:
   OUT --until-caught-up` (a transaction per batch, default
   --max-records-per-partition 10000);
 - sluice at-least-once: the same with `--output-guarantee at-least-once`;
+- sluice sink sending: the router sink stage (no map) sending each event
+  with `kafka.send` (the `kafka` capability), exactly once: it parses each
+  event's JSON for a field it lacks and sends it to its fallback topic;
 - Rust loop (bench/src/bin/copy-loop.rs): rdkafka consume, produce, flush;
 - Rust loop with transactions: the same, committing a transaction with
   the input positions every TXN records (default 640000, Sluice's batch
@@ -37,10 +40,11 @@ import run  # noqa: E402  (the shared timing and medians)
 from confluent_kafka import Consumer, TopicPartition  # noqa: E402
 
 TXN = int(os.environ.get("TXN", "640000"))
-CELLS = ["sluice_eo", "sluice_alo", "rust", "rust_txn", "python"]
+CELLS = ["sluice_eo", "sluice_alo", "sluice_send", "rust", "rust_txn", "python"]
 LABELS = {
     "sluice_eo": "Sluice passthrough, exactly once (a transaction per batch)",
     "sluice_alo": "Sluice passthrough, at-least-once",
+    "sluice_send": "Sluice router sink, kafka.send, exactly once",
     "rust": "Rust loop (rdkafka), at-least-once",
     "rust_txn": f"Rust loop (rdkafka), a transaction every {TXN} records",
     "python": "Python loop (confluent-kafka), at-least-once",
@@ -76,13 +80,16 @@ def main():
             if n < run.EVENTS:
                 raise RuntimeError(f"{out} holds {n} records, expected at least {run.EVENTS}")
 
-        def sluice(guarantee):
+        def sluice(guarantee, name, sends=False):
             def cell(i):
-                out = f"out-sluice_{'eo' if guarantee == 'exactly-once' else 'alo'}-{i}"
+                out = f"out-{name}-{i}"
+                plugin = ["--plugin", os.path.join(run.WASM, "passthrough.wasm")]
+                if sends:
+                    plugin = ["--plugin", os.path.join(run.WASM, "router.wasm"),
+                              "--config", "route.field=not_in_maxwell_events", "--config", f"route.topic={out}"]
                 args = [run.HOST, "run", "--brokers", bootstrap, "--topic", "maxwell",
-                        "--checkpoint", os.path.join(work, f"ck-{out}"),
-                        "--plugin", os.path.join(run.WASM, "passthrough.wasm"), "--until-caught-up",
-                        "--progress", "json", "--trigger-interval", "10ms",
+                        "--checkpoint", os.path.join(work, f"ck-{out}")] + plugin + [
+                        "--until-caught-up", "--progress", "json", "--trigger-interval", "10ms",
                         "--output-topic", out, "--output-guarantee", guarantee]
                 wall, rss, stdout = run.timed(args, env=dict(os.environ, RUST_LOG="warn"))
                 events = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
@@ -106,8 +113,9 @@ def main():
 
         copy = os.path.join(run.REL, "copy-loop")
         fns = {
-            "sluice_eo": sluice("exactly-once"),
-            "sluice_alo": sluice("at-least-once"),
+            "sluice_eo": sluice("exactly-once", "sluice_eo"),
+            "sluice_alo": sluice("at-least-once", "sluice_alo"),
+            "sluice_send": sluice("exactly-once", "sluice_send", sends=True),
             "rust": loop([copy], "rust"),
             "rust_txn": lambda i: loop_txn(copy, bootstrap, i, check),
             "python": loop([run.PY, os.path.join(run.ROOT, "bench", "py_copy_loop.py")], "python"),
@@ -130,7 +138,7 @@ def main():
         rate, pick = res[c]
         ratio = f"{rate / base:.2f}x" if base else ""
         extra = ""
-        if c == "sluice_eo":
+        if c in ("sluice_eo", "sluice_send"):
             extra = f" ({pick[2]} batches, {pick[3]:.0f} ms in transaction commits)"
         print(f"| {LABELS[c]}{extra} | {rate:,.0f} | {pick[1]:.0f} | {ratio} |")
 

@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 TOOLS=${SLUICE_TOOLS:-$HOME/.cache/sluice-tools}
 rustup target add wasm32-wasip2 >/dev/null
-cargo build --release --target wasm32-wasip2 -p passthrough
+cargo build --release --target wasm32-wasip2 -p passthrough -p router
 cargo build --release -p host -p sluice-bench
 if [ ! -x "$TOOLS/venv/bin/python" ]; then
   python3 -m venv "$TOOLS/venv"
