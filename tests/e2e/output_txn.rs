@@ -414,15 +414,17 @@ fn a_broker_down_at_the_commit_stops_the_host_and_loses_nothing() {
     assert_each_input_once(&views(&broker));
 }
 
-/// Copy directory `from` to `to`, recursively.
+/// Copy directory `from` to `to`, recursively, as a backup tool would:
+/// files and directories (a running host's control socket is skipped).
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for e in std::fs::read_dir(from).unwrap() {
         let e = e.unwrap();
         let target = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
+        let kind = e.file_type().unwrap();
+        if kind.is_dir() {
             copy_dir(&e.path(), &target);
-        } else {
+        } else if kind.is_file() {
             std::fs::copy(e.path(), &target).unwrap();
         }
     }
@@ -477,4 +479,39 @@ fn an_older_copy_of_the_checkpoint_is_refused_unless_reprocessing_is_asked_for()
         "the original runs on: {}",
         stderr(&out)
     );
+}
+
+#[test]
+fn a_copy_taken_while_a_batch_was_in_flight_is_refused_too() {
+    // The copy shows batch 1 planned, not committed; the original then
+    // commits it and more. Re-running the copy's batch 1 would produce
+    // it again: the group holds positions past its end.
+    let broker = broker_with_input();
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ck");
+    let args = run_args(&broker, &ckpt);
+    let mut paused =
+        HostProcess::spawn(&args, &[("SLUICE_FAILPOINT", "engine:after-write-ahead@2")]);
+    paused.wait_for("FAILPOINT", WAIT);
+    let backup = dir.path().join("backup");
+    copy_dir(&ckpt, &backup);
+    paused.kill();
+    let out = host_run(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // One more batch past the copy's planned one.
+    crate::output::send_inputs(&broker, N..N + 300);
+    let out = host_run(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    let out = host_run(&run_args(&broker, &backup));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("already committed input positions past the checkpoint's")
+            && err.contains("in/0: the transactions committed 300")
+            && err.contains("the checkpoint continues at 200"),
+        "{err}"
+    );
+    let visible: usize = views(&broker).iter().map(|v| v.visible.len()).sum();
+    assert_eq!(visible, N + 300, "nothing produced twice");
 }

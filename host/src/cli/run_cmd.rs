@@ -317,6 +317,34 @@ plugins = ["p.wasm"]
         .output
         .unwrap();
         assert_eq!(o.topics, ["a", "b", "c"]);
+        // Reprocessing is for exactly once only.
+        let e = merged(
+            &[
+                "--output-topic",
+                "a",
+                "--output-guarantee",
+                "at-least-once",
+                "--output-reprocess",
+            ],
+            BASE,
+        )
+        .unwrap_err();
+        assert_eq!(e.code, ExitCode::Usage);
+        let o = merged(&["--output-topic", "a", "--output-reprocess"], BASE)
+            .unwrap()
+            .output
+            .unwrap();
+        assert!(o.reprocess);
+        // The topics a write-ahead entry records do not depend on order.
+        let named = |flag: &str| {
+            merged(&["--output-topic", flag], BASE)
+                .unwrap()
+                .output
+                .unwrap()
+                .identity("in:9092")
+        };
+        assert_eq!(named("b,a"), named("a,b"));
+        assert_eq!(named("a,b"), "a, b on in:9092 (exactly-once)");
         let listed = format!("{BASE}output_topic = [\"x\", \"y\"]\n");
         let o = merged(&[], &listed).unwrap().output.unwrap();
         assert_eq!(o.topics, ["x", "y"]);

@@ -736,6 +736,11 @@ fn output(
     }
     let mut seen = std::collections::BTreeSet::new();
     topics.retain(|t| seen.insert(t.clone()));
+    if reprocess && guarantee == Some(OutputGuarantee::AtLeastOnce) {
+        return Err(usage(
+            "--output-reprocess is for exactly once (it lets a start produce again what the output transactions committed); at-least-once needs none",
+        ));
+    }
     if let Some(b) = &brokers {
         brokers_fit("--output-brokers", b, &kafka)?;
     }

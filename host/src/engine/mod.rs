@@ -300,7 +300,7 @@ fn run_batches(
         // Exactly once to a topic: a batch planned by an earlier run is
         // not run again when its transaction committed before that run
         // stopped (the brokers hold its input positions).
-        let committed_before = rerun && outputs::committed_before(p, &batch.entry)?;
+        let committed_before = rerun && outputs::committed_before(p, cfg, &batch.entry)?;
 
         // Fetch, map and sink.
         let done = if committed_before {

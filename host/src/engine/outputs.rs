@@ -4,8 +4,10 @@
 //! (exactly once) or wait for every acknowledgement (at-least-once), and
 //! decide whether an interrupted batch's transaction committed.
 
+use std::collections::BTreeMap;
+
 use crate::checkpoint::OffsetsEntry;
-use crate::output::{OutputConfig, OutputGuarantee};
+use crate::output::{GroupOffsets, OutputConfig, OutputGuarantee};
 use crate::source::TopicPartition;
 
 use super::progress::ms;
@@ -87,7 +89,7 @@ pub(super) fn unfit_topics(
 /// them visible twice: the checkpoint is older than its last committed
 /// batch (a restored backup or copy) or was reset back. `--output-reprocess`
 /// (`cfg.output.reprocess`) lets the start go on, for a reset back made on
-/// purpose.
+/// purpose. ([`committed_before`] checks a re-run batch the same way.)
 ///
 /// # Errors
 /// [`EngineError::Config`] naming each such partition, both positions and
@@ -99,29 +101,41 @@ pub(super) fn refuse_rewound(
     cfg: &PipelineConfig,
     entry: &OffsetsEntry,
 ) -> Result<(), EngineError> {
-    let (Some(out), Some(o)) = (p.output.as_ref(), cfg.output.as_ref()) else {
+    let Some(out) = p.output.as_ref().filter(|o| o.exactly_once()) else {
         return Ok(());
     };
-    if !out.exactly_once() {
-        return Ok(());
-    }
-    let starts: std::collections::BTreeMap<TopicPartition, i64> = entry
+    let starts: BTreeMap<TopicPartition, i64> = entry
         .ranges
         .iter()
         .map(|r| ((r.topic.clone(), r.partition), r.start))
         .collect();
     let partitions: Vec<TopicPartition> = starts.keys().cloned().collect();
     let held = out.committed(&partitions)?;
-    let ahead: Vec<String> = starts
+    rewound(p, cfg, &starts, &held)
+}
+
+/// Refuse (or, with `--output-reprocess`, warn and go on) when `held`
+/// (the pipeline's group offsets) is past `positions` (where this run
+/// continues each partition) anywhere. See [`refuse_rewound`].
+///
+/// # Errors
+/// [`EngineError::Config`], as [`refuse_rewound`].
+fn rewound(
+    p: &startup::Pipeline,
+    cfg: &PipelineConfig,
+    positions: &BTreeMap<TopicPartition, i64>,
+    held: &GroupOffsets,
+) -> Result<(), EngineError> {
+    let ahead: Vec<String> = positions
         .iter()
-        .filter_map(|(tp, start)| {
+        .filter_map(|(tp, at)| {
             let (offset, metadata) = held.get(tp)?;
-            (offset > start).then(|| {
+            (offset > at).then(|| {
                 let by = crate::output::marked_batch(metadata, p.cp.query_id())
                     .map(|b| format!(", by batch {b}"))
                     .unwrap_or_default();
                 format!(
-                    "{}/{}: the transactions committed {offset}{by}, the checkpoint continues at {start}",
+                    "{}/{}: the transactions committed {offset}{by}, the checkpoint continues at {at}",
                     tp.0, tp.1
                 )
             })
@@ -130,14 +144,14 @@ pub(super) fn refuse_rewound(
     if ahead.is_empty() {
         return Ok(());
     }
-    let group = crate::output::transactional_id(p.cp.query_id());
-    if o.reprocess {
+    if cfg.output.as_ref().is_some_and(|o| o.reprocess) {
         tracing::warn!(
             "--output-reprocess: producing again the outputs of offsets this pipeline's transactions already committed ({})",
             ahead.join("; ")
         );
         return Ok(());
     }
+    let group = crate::output::transactional_id(p.cp.query_id());
     Err(EngineError::Config(format!(
         "this pipeline's output transactions already committed input positions past the checkpoint's ({}; consumer group {group} on the output cluster): the checkpoint is older than its last committed batch (a restored backup or a copy) or was reset back, and running it would make the outputs of those offsets visible twice to read_committed consumers. Run the newest copy of the checkpoint; to produce them again on purpose (after `host checkpoint reset`), start once with --output-reprocess",
         ahead.join("; ")
@@ -182,6 +196,7 @@ pub(super) fn finish(p: &startup::Pipeline, entry: &OffsetsEntry) -> Result<f64,
 /// committed to the pipeline's group).
 pub(super) fn committed_before(
     p: &startup::Pipeline,
+    cfg: &PipelineConfig,
     entry: &OffsetsEntry,
 ) -> Result<bool, EngineError> {
     let Some(out) = p.output.as_ref().filter(|o| o.exactly_once()) else {
@@ -190,6 +205,16 @@ pub(super) fn committed_before(
     let ends = ends(&entry.ranges);
     let partitions: Vec<TopicPartition> = ends.keys().cloned().collect();
     let committed = out.committed(&partitions)?;
+    // Past the batch's end: later batches committed, so this checkpoint
+    // is an older copy (or was reset back). Refused, or run again on
+    // purpose.
+    let past_end = ends
+        .iter()
+        .any(|(tp, end)| committed.get(tp).is_some_and(|(o, _)| o > end));
+    if past_end {
+        rewound(p, cfg, &ends, &committed)?;
+        return Ok(false);
+    }
     tracing::debug!(
         batch = entry.batch_id,
         "the consumer group holds {committed:?}, the batch planned {ends:?}"

@@ -154,12 +154,20 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
             out.init_transactions(&id, &id)?;
             tracing::info!(transactional_id = id, "output transactions initialized");
         }
-        tracing::info!(
-            topic = out.topic(),
-            guarantee = o.guarantee.as_str(),
-            "producing the outputs to {}",
-            out.topic()
-        );
+        let topics = o.topics.join(", ");
+        if stages.sinks.is_empty() {
+            tracing::info!(
+                topic = topics,
+                guarantee = o.guarantee.as_str(),
+                "producing the outputs to {topics}"
+            );
+        } else {
+            tracing::info!(
+                topics,
+                guarantee = o.guarantee.as_str(),
+                "the sink stage may send to {topics}"
+            );
+        }
     }
     let grants = driver.grants();
     if grants.len() > 1 {

@@ -101,9 +101,12 @@ impl OutputConfig {
     /// (guarantee)`, the brokers being the input's when `brokers` is
     /// `None`. Recorded in each write-ahead entry.
     pub fn identity(&self, input_brokers: &str) -> String {
+        // Sorted: naming the same topics in another order changes nothing.
+        let mut topics: Vec<&str> = self.topics.iter().map(String::as_str).collect();
+        topics.sort_unstable();
         format!(
             "{} on {} ({})",
-            self.topics.join(", "),
+            topics.join(", "),
             self.brokers.as_deref().unwrap_or(input_brokers),
             self.guarantee.as_str()
         )
