@@ -404,7 +404,7 @@ pub fn run(args: TestArgs) -> Result<(), CliError> {
     }
     out.flush().map_err(super::stdout_error)?;
     if let Some(e) = rehearsal.failed {
-        let hint = if args.sink_db.is_none() {
+        let hint = if args.sink_db.is_none() && rehearsal.statements > 0 {
             " (no --sink-db: the dry run's queries return no rows, so a sink that reads its tables finds none; give --sink-db to rehearse on your database, or --no-sink to run the map stages only)"
         } else {
             ""
@@ -412,7 +412,7 @@ pub fn run(args: TestArgs) -> Result<(), CliError> {
         return Err(CliError {
             code: ExitCode::Failed,
             error: e.context(format!(
-                "the sink stage stopped (the statements it sent are printed above){hint}"
+                "the sink stage stopped (its SQL statements and the records it sent are printed above; `host run` would produce none of this part's records){hint}"
             )),
         });
     }
