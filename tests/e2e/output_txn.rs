@@ -479,6 +479,26 @@ fn an_older_copy_of_the_checkpoint_is_refused_unless_reprocessing_is_asked_for()
         "the original runs on: {}",
         stderr(&out)
     );
+
+    // A reset back says what the next start needs, and that start is
+    // refused without it.
+    let reset = host(&[
+        "checkpoint",
+        "reset",
+        ckpt.to_str().unwrap(),
+        "--to",
+        "earliest",
+        "--brokers",
+        &broker.bootstrap(),
+    ]);
+    assert!(reset.status.success(), "{}", stderr(&reset));
+    let said = String::from_utf8_lossy(&reset.stdout);
+    assert!(
+        said.contains("unless it is started once with --output-reprocess"),
+        "{said}"
+    );
+    let out = host_run(&run_args(&broker, &ckpt));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
 }
 
 #[test]

@@ -248,6 +248,16 @@ pub fn run(a: ResetArgs) -> Result<(), CliError> {
             s.next_batch
         )?;
     }
+    if let Some(out) = s
+        .last_planned
+        .as_ref()
+        .and_then(|o| o.output.as_deref())
+        .filter(|o| o.ends_with("(exactly-once)"))
+    {
+        outln!(
+            "note: this pipeline produces to {out}: where the reset moves a partition back, the next start refuses to produce those offsets' outputs again (they were committed) unless it is started once with --output-reprocess"
+        )?;
+    }
     let Some(mut cp) = cp else {
         outln!("dry run: nothing written")?;
         return Ok(());
