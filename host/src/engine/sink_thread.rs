@@ -223,11 +223,11 @@ fn apply_parts(
         let mut dead_letters = job.dead_letters.clone();
         let t = Instant::now();
         if let Some(out) = output.filter(|_| sink.is_none()) {
-            // A map-only pipeline's outputs: produced before the part is applied: where that writes a
-            // progress row (a sink database), the outputs are acknowledged
-            // first, so a part recorded as done never lacks its outputs.
-            // Without one, the batch's commit waits for them
-            // (`engine::run_batches`).
+            // A map-only pipeline's outputs, produced before the part is
+            // applied: where that writes a progress row (a sink
+            // database), the outputs are acknowledged first, so a part
+            // recorded as done never lacks its outputs. Without one, the
+            // batch's commit waits for them (`engine::run_batches`).
             report.counts.produced += out
                 .send(
                     job.part.batch.batch_id,

@@ -573,7 +573,7 @@ impl KafkaOutput {
                 key: o.key.as_deref(),
                 value: o.value.as_deref(),
                 headers: &o.headers,
-                idempotency_key: &o.idempotency_key(input_topic, input_partition),
+                idempotency_key: &|| o.idempotency_key(input_topic, input_partition),
             })?;
         }
         Ok(outputs.len() as u64)
@@ -598,7 +598,7 @@ impl KafkaOutput {
                 key: r.key.as_deref(),
                 value: r.value.as_deref(),
                 headers: &r.headers,
-                idempotency_key: &r.idempotency_key,
+                idempotency_key: &|| r.idempotency_key.clone(),
             })?;
         }
         Ok(records.len() as u64)
@@ -621,9 +621,10 @@ impl KafkaOutput {
             });
         }
         if keyed {
+            let key = (r.idempotency_key)();
             headers = headers.insert(Header {
                 key: IDEMPOTENCY_KEY_HEADER,
-                value: Some(r.idempotency_key.as_bytes()),
+                value: Some(key.as_bytes()),
             });
         }
         let mut record: BaseRecord<'_, [u8], [u8], ()> = BaseRecord::to(r.topic).headers(headers);
@@ -654,7 +655,7 @@ impl KafkaOutput {
                     );
                     return Err(self.delivery(format!(
                         "{e} (the output of {} to {}){}",
-                        r.idempotency_key,
+                        (r.idempotency_key)(),
                         r.topic,
                         if full {
                             "; the producer's local queue stayed full for the timeout: are the brokers reachable? (output.kafka.queue.buffering.max.messages and .kbytes bound the queue)"
@@ -712,7 +713,9 @@ struct Produce<'a> {
     key: Option<&'a [u8]>,
     value: Option<&'a [u8]>,
     headers: &'a [(String, Option<Vec<u8>>)],
-    idempotency_key: &'a str,
+    /// The record's idempotency key, made only where it is sent (at-least-
+    /// once) or named (an error): formatting it for every output costs.
+    idempotency_key: &'a dyn Fn() -> String,
 }
 
 /// How many partitions `topic` has on the cluster `producer` reaches.

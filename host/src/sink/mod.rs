@@ -240,9 +240,9 @@ pub enum SinkError {
         now: String,
     },
     /// The sink's `kafka.send` was refused, or what it sent could not be
-    /// produced; the range (part) was rolled back.
+    /// produced; the part is not recorded as applied.
     #[error(
-        "{what} on {site}: {message}; this range was rolled back (earlier parts of the batch stay applied)"
+        "{what} on {site}: {message}; the part is not recorded as applied, and the batch's re-run writes it again"
     )]
     Send {
         /// Whose records, and what went wrong.
