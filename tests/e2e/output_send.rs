@@ -447,6 +447,24 @@ fn what_a_failed_attempt_sent_is_dropped_and_a_refusal_fails_the_range() {
         shown["last_committed"].is_null(),
         "nothing committed: {shown}"
     );
+    // The fix troubleshooting.md gives: create the topic and name it too.
+    // The batch planned with `out` alone runs again with both.
+    broker.create_topic("elsewhere", 1);
+    let out = host_run(
+        &RunArgs::new(&broker.bootstrap(), &["in"], &ckpt)
+            .plugin("sender")
+            .args([
+                "--config",
+                "topic=elsewhere",
+                "--output-topic",
+                "out,elsewhere",
+                "--on-error",
+                "skip",
+                "--until-caught-up",
+            ])
+            .build(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
 }
 
 #[test]

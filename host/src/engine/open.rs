@@ -263,9 +263,13 @@ pub(super) fn open_dir(
         && let Some(planned) = &entry.output
     {
         let ours = cfg.output.as_ref().map(|o| o.identity(&cfg.brokers));
-        if ours.as_ref() != Some(planned) {
+        if !cfg
+            .output
+            .as_ref()
+            .is_some_and(|o| o.covers(planned, &cfg.brokers))
+        {
             return Err(EngineError::Config(format!(
-                "batch {} produced its outputs to {planned} and is to be run again, but this run's outputs go to {}: they could be missing there. Start with the same --output-topic, --output-brokers and --output-guarantee, let the batch commit, then change them",
+                "batch {} produced its outputs to {planned} and is to be run again, but this run's outputs go to {}: they could be missing there. Start with --output-topic naming at least those topics (more is fine), the same --output-brokers and --output-guarantee; let the batch commit, then change them",
                 entry.batch_id,
                 ours.as_deref().unwrap_or("nowhere (no --output-topic)")
             )));

@@ -113,6 +113,30 @@ impl OutputConfig {
     }
 }
 
+impl OutputConfig {
+    /// Whether a batch recorded with output `recorded` (an
+    /// [`OutputConfig::identity`]) may run again with this output: the
+    /// same cluster and guarantee, and at least the recorded topics (a
+    /// topic added for a sink that was refused one is fine; the batch's
+    /// earlier outputs were aborted, or acknowledged where they went).
+    pub fn covers(&self, recorded: &str, input_brokers: &str) -> bool {
+        if self.identity(input_brokers) == recorded {
+            return true;
+        }
+        let parse = |id: &str| -> Option<(Vec<String>, String)> {
+            let (topics, rest) = id.split_once(" on ")?;
+            let topics = topics.split(", ").map(str::to_string).collect();
+            Some((topics, rest.to_string()))
+        };
+        match (parse(recorded), parse(&self.identity(input_brokers))) {
+            (Some((then, where_then)), Some((now, where_now))) => {
+                where_then == where_now && then.iter().all(|t| now.contains(t))
+            }
+            _ => false,
+        }
+    }
+}
+
 /// The `transactional.id` of the pipeline whose query id is `query_id`:
 /// `sluice-<query id>`, the same across restarts and takeovers, so that
 /// each new producer fences the one before it. (A cluster with ACLs must
@@ -284,6 +308,27 @@ mod tests {
         v.iter()
             .map(|(t, p, o, m)| ((t.to_string(), *p), (*o, m.to_string())))
             .collect()
+    }
+
+    #[test]
+    fn a_rerun_may_name_more_topics_on_the_same_cluster_and_guarantee() {
+        let cfg = |topics: &[&str], guarantee| OutputConfig {
+            topics: topics.iter().map(|t| t.to_string()).collect(),
+            brokers: None,
+            kafka: BTreeMap::new(),
+            guarantee,
+            reprocess: false,
+        };
+        let eo = OutputGuarantee::ExactlyOnce;
+        let recorded = cfg(&["b", "a"], eo).identity("k:9092");
+        assert_eq!(recorded, "a, b on k:9092 (exactly-once)");
+        assert!(cfg(&["a", "b"], eo).covers(&recorded, "k:9092"));
+        assert!(cfg(&["c", "b", "a"], eo).covers(&recorded, "k:9092"));
+        assert!(!cfg(&["a"], eo).covers(&recorded, "k:9092"), "b missing");
+        assert!(!cfg(&["a", "b"], eo).covers(&recorded, "other:9092"));
+        let alo = OutputGuarantee::AtLeastOnce;
+        assert!(!cfg(&["a", "b"], alo).covers(&recorded, "k:9092"));
+        assert!(!cfg(&["a", "b"], eo).covers("garbage", "k:9092"));
     }
 
     #[test]
