@@ -11,6 +11,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
+use kafka_protocol::records::Record;
+
 use crate::kafka::{Broker, BrokerProcess, producer};
 use crate::output::host_run;
 use crate::support::{HostProcess, RunArgs, json_lines, stderr};
@@ -81,13 +83,32 @@ fn router_args(broker: &BrokerProcess, ckpt: &Path) -> RunArgs {
 }
 
 /// The input named by a record's header `h`.
-fn input_of(headers: &[(String, Option<Vec<u8>>)]) -> usize {
-    let h = headers
+fn input_of(r: &Record) -> usize {
+    let h = r
+        .headers
         .iter()
-        .find(|(k, _)| k == "h")
+        .find(|(k, _)| k.as_str() == "h")
         .and_then(|(_, v)| v.as_ref())
-        .unwrap_or_else(|| panic!("no header h in {headers:?}"));
+        .unwrap_or_else(|| panic!("no header h in {r:?}"));
     String::from_utf8_lossy(h).parse().unwrap()
+}
+
+/// Check that `r`, read from `topic`, is its input's record, and add it
+/// to `seen` with the idempotency-key header it carries.
+fn note(seen: &mut Seen, topic: &'static str, r: &Record) {
+    let i = input_of(r);
+    check_record(i, topic, r.key.as_deref(), r.value.as_deref());
+    let key = r
+        .headers
+        .iter()
+        .find(|(k, _)| k.as_str() == "sluice-idempotency-key")
+        .and_then(|(_, v)| v.as_ref())
+        .map(|v| String::from_utf8_lossy(v).into_owned());
+    seen.entry(topic)
+        .or_default()
+        .entry(i)
+        .or_default()
+        .push(key);
 }
 
 /// Per topic, the inputs seen and how often, with the idempotency-key
@@ -105,23 +126,7 @@ fn committed(broker: &BrokerProcess) -> Seen {
             let v = committed_view(&broker.bootstrap(), topic, p);
             assert_eq!(v.open, 0, "{topic}/{p}: a transaction left open");
             for r in &v.visible {
-                let headers: Vec<(String, Option<Vec<u8>>)> = r
-                    .headers
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.as_ref().map(|b| b.to_vec())))
-                    .collect();
-                let i = input_of(&headers);
-                check_record(i, topic, r.key.as_deref(), r.value.as_deref());
-                let key = headers
-                    .iter()
-                    .find(|(k, _)| k == "sluice-idempotency-key")
-                    .and_then(|(_, v)| v.as_ref())
-                    .map(|v| String::from_utf8_lossy(v).into_owned());
-                seen.entry(topic)
-                    .or_default()
-                    .entry(i)
-                    .or_default()
-                    .push(key);
+                note(&mut seen, topic, r);
             }
         }
     }
@@ -257,24 +262,8 @@ fn read_all(broker: &BrokerProcess) -> Seen {
     let mut seen = Seen::new();
     for (topic, partitions) in TOPICS {
         for p in 0..partitions {
-            for r in crate::txn_view::raw_records(&broker.bootstrap(), topic, p) {
-                let headers: Vec<(String, Option<Vec<u8>>)> = r
-                    .headers
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.as_ref().map(|b| b.to_vec())))
-                    .collect();
-                let i = input_of(&headers);
-                check_record(i, topic, r.key.as_deref(), r.value.as_deref());
-                let key = headers
-                    .iter()
-                    .find(|(k, _)| k == "sluice-idempotency-key")
-                    .and_then(|(_, v)| v.as_ref())
-                    .map(|v| String::from_utf8_lossy(v).into_owned());
-                seen.entry(topic)
-                    .or_default()
-                    .entry(i)
-                    .or_default()
-                    .push(key);
+            for r in &crate::txn_view::raw_records(&broker.bootstrap(), topic, p) {
+                note(&mut seen, topic, r);
             }
         }
     }
@@ -387,12 +376,7 @@ pub(crate) fn a_sender_produces_each_good_input_once(broker: &BrokerProcess, sin
         let v = committed_view(&broker.bootstrap(), "out", p);
         assert_eq!((v.open, v.aborted), (0, 0), "out/{p}");
         for r in &v.visible {
-            let headers: Vec<(String, Option<Vec<u8>>)> = r
-                .headers
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.as_ref().map(|b| b.to_vec())))
-                .collect();
-            let i = input_of(&headers);
+            let i = input_of(r);
             assert_eq!(r.value.as_deref(), Some(format!("v{i}").as_bytes()));
             assert_eq!(r.key.as_deref(), Some(format!("k{i}").as_bytes()));
             *seen.entry(i).or_default() += 1;
@@ -553,12 +537,7 @@ fn read_out(broker: &dyn crate::kafka::Broker, partitions: i32) -> BTreeMap<usiz
     let mut seen = BTreeMap::new();
     for p in 0..partitions {
         for r in crate::txn_view::raw_records(&broker.bootstrap(), "out", p) {
-            let headers: Vec<(String, Option<Vec<u8>>)> = r
-                .headers
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.as_ref().map(|b| b.to_vec())))
-                .collect();
-            *seen.entry(input_of(&headers)).or_default() += 1;
+            *seen.entry(input_of(&r)).or_default() += 1;
         }
     }
     seen

@@ -61,37 +61,22 @@ impl KafkaGrant {
     }
 }
 
-/// One record a sink sent (the WIT `output-record`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Sent {
-    /// A granted topic.
-    pub topic: String,
-    /// The partition; `None`: by key.
-    pub partition: Option<i32>,
-    /// `None`: a null key.
-    pub key: Option<Vec<u8>>,
-    /// `None`: a tombstone.
-    pub value: Option<Vec<u8>>,
-    /// Headers in order; a `None` value is a header without one.
-    pub headers: Vec<(String, Option<Vec<u8>>)>,
-    /// The idempotency key the sink gave it.
-    pub idempotency_key: String,
-}
+/// One record a sink sent (the WIT `output-record`): the guest SDK's own
+/// type, so the record has one definition on both sides of the boundary.
+pub use sluice_guest::kafka::OutputRecord as Sent;
 
-impl Sent {
-    fn bytes(&self) -> usize {
-        let opt = |b: &Option<Vec<u8>>| b.as_ref().map_or(0, Vec::len);
-        RECORD_OVERHEAD
-            + self.topic.len()
-            + self.idempotency_key.len()
-            + opt(&self.key)
-            + opt(&self.value)
-            + self
-                .headers
-                .iter()
-                .map(|(k, v)| RECORD_OVERHEAD / 4 + k.len() + opt(v))
-                .sum::<usize>()
-    }
+/// What `r` counts towards [`OUTBOX_BYTES`].
+fn bytes_of(r: &Sent) -> usize {
+    let opt = |b: &Option<Vec<u8>>| b.as_ref().map_or(0, Vec::len);
+    RECORD_OVERHEAD
+        + r.topic.len()
+        + r.idempotency_key.len()
+        + opt(&r.key)
+        + opt(&r.value)
+        + r.headers
+            .iter()
+            .map(|(k, v)| RECORD_OVERHEAD / 4 + k.len() + opt(v))
+            .sum::<usize>()
 }
 
 /// The records a sink instance sent in the range being written, or why a
@@ -140,7 +125,7 @@ impl Outbox {
             if let Some(why) = grant.refuse(r) {
                 return Err(format!("{why} (record {:?})", r.idempotency_key));
             }
-            bytes += r.bytes();
+            bytes += bytes_of(r);
         }
         if self.bytes + bytes > OUTBOX_BYTES {
             return Err(format!(
