@@ -28,6 +28,7 @@ mod kafka;
 mod maxwell;
 mod moves;
 mod output;
+mod output_group;
 mod output_send;
 mod output_txn;
 mod pipeline;

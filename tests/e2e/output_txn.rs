@@ -22,7 +22,7 @@ use crate::txn_view::{CommittedView, committed_view};
 const WAIT: Duration = Duration::from_secs(60);
 const N: usize = 600;
 
-fn broker_with_input() -> BrokerProcess {
+pub(crate) fn broker_with_input() -> BrokerProcess {
     let broker = BrokerProcess::transactional();
     fill_input(&broker, N);
     broker
@@ -46,7 +46,7 @@ fn run_args(broker: &BrokerProcess, ckpt: &Path) -> Vec<String> {
 }
 
 /// Both output partitions as a `read_committed` reader sees them.
-fn views(broker: &BrokerProcess) -> Vec<CommittedView> {
+pub(crate) fn views(broker: &BrokerProcess) -> Vec<CommittedView> {
     (0..2)
         .map(|p| committed_view(&broker.bootstrap(), "out", p))
         .collect()
@@ -55,7 +55,7 @@ fn views(broker: &BrokerProcess) -> Vec<CommittedView> {
 /// Check that each input of [`fill_input`] is visible exactly once, as
 /// the passthrough emitted it: value or tombstone, key, the header `h`
 /// naming the input, no idempotency key added.
-fn assert_each_input_once(views: &[CommittedView]) {
+pub(crate) fn assert_each_input_once(views: &[CommittedView]) {
     let mut seen: BTreeMap<usize, usize> = BTreeMap::new();
     for (p, v) in views.iter().enumerate() {
         assert_eq!(v.open, 0, "partition {p}: a transaction left open");

@@ -456,6 +456,21 @@ pub trait AppliedProgress: Send + Sync {
         epoch: Epoch,
         at: i64,
     ) -> Result<(), group::GroupError>;
+    /// Record `range` of `topic/partition` applied by batch `batch` under
+    /// `epoch`, on `b` inside the caller's transaction: only the offsets
+    /// the row does not show applied yet are added (those below its end
+    /// that are not holes stay as they are). Returns whether any was.
+    ///
+    /// # Errors
+    /// The database's.
+    fn record_applied_on(
+        &self,
+        b: &mut dyn crate::capability::sql::Backend,
+        at: (&str, &str, i32),
+        epoch: Epoch,
+        range: std::ops::Range<i64>,
+        batch: u64,
+    ) -> Result<bool, crate::capability::sql::DbError>;
 }
 
 /// The checkpoint seam (DESIGN.md, "One engine, two stores"): what the
@@ -542,6 +557,33 @@ pub trait Checkpoint: Send + Sync {
     /// other members share). Returns whether it removed anything.
     fn discard_if_unused(&self) -> bool {
         false
+    }
+    /// A pipeline group under exactly once to a topic: record `range` of
+    /// `tp` applied under `epoch` by batch `batch`. These are offsets a
+    /// part's Kafka transaction committed (the brokers hold them as the
+    /// pipeline's input position) whose database commit did not follow:
+    /// the member that ran the part stopped between the two. Fenced on
+    /// `epoch`. Returns whether any offset was not recorded applied yet.
+    ///
+    /// # Errors
+    /// [`CheckpointError::Group`] (fenced, the database);
+    /// [`CheckpointError::Misuse`] for a directory, whose batches commit
+    /// their outputs and positions in one transaction.
+    fn record_committed(
+        &self,
+        tp: &(String, i32),
+        epoch: Epoch,
+        range: std::ops::Range<i64>,
+        batch: u64,
+    ) -> Result<bool, CheckpointError> {
+        let _ = (epoch, batch);
+        Err(CheckpointError::Misuse {
+            dir: PathBuf::from(self.location()),
+            reason: format!(
+                "{}/{} [{}, {}): only a pipeline group records a part applied from its output transaction",
+                tp.0, tp.1, range.start, range.end
+            ),
+        })
     }
 }
 

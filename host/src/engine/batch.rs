@@ -668,6 +668,7 @@ pub(super) fn run_batch(
     counts.output = counts.output.saturating_sub(report.abandoned.1);
     timings.map = ms(map_time);
     timings.sink = ms(report.time);
+    timings.transaction = ms(report.transactions);
     Ok(BatchDone {
         counts,
         timings,

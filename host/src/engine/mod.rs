@@ -394,7 +394,7 @@ fn run_batches(
         // the input positions in the batch's transaction (exactly once),
         // before the batch is recorded as done.
         if !committed_before {
-            timings.transaction = outputs::finish(p, &batch.entry)?;
+            timings.transaction += outputs::finish(p, &batch.entry)?;
         }
         crate::util::failpoint("engine:before-commit");
         let commit_started = Instant::now();

@@ -14,9 +14,10 @@ use super::progress::ms;
 use super::{EngineError, PipelineConfig, ends, startup};
 
 /// Refuse what exactly once to a topic cannot hold yet (exit 2, each
-/// naming `--output-guarantee at-least-once`): a pipeline group (it needs
-/// a producer per member), a `--sink-db` (a part's progress row and dead
-/// letters would commit before the batch's Kafka transaction) and
+/// naming `--output-guarantee at-least-once`): dead letters in a
+/// pipeline group, a `--sink-db` of a single host (a part's progress row
+/// and dead letters would commit before the batch's Kafka transaction)
+/// and
 /// `--output-brokers` naming another cluster (a cluster takes offsets
 /// only for its own topics, KIP-447). Nothing without exactly once.
 ///
@@ -30,14 +31,16 @@ pub(super) fn refuse_unfit_exactly_once(cfg: &PipelineConfig) -> Result<(), Engi
     else {
         return Ok(());
     };
-    if cfg.group.is_some() {
+    if cfg.group.is_some() && cfg.on_error == super::ErrorPolicy::Dlq {
         return Err(EngineError::Config(format!(
-            "--output-topic {} in a pipeline group: exactly once (per-member transactions) is not built yet for groups; pass --output-guarantee at-least-once (an idempotent producer; each output carries its idempotency key in the `{}` header so consumers can drop duplicates), or run a single host",
-            o.topics.join(", "),
-            crate::output::IDEMPOTENCY_KEY_HEADER
+            "--output-topic {} with --on-error dlq in a pipeline group: exactly once cannot cover both (a part's dead letters commit in the sink database after its Kafka transaction, so a member stopping between the two would lose them). Pass --on-error skip or fail, or --output-guarantee at-least-once",
+            o.topics.join(", ")
         )));
     }
-    if cfg.sink_db.is_some() {
+    // A group's sink database holds its checkpoint: each part's progress
+    // row commits after the part's Kafka transaction, and a claim
+    // recovers one that did not (see `member`).
+    if cfg.sink_db.is_some() && cfg.group.is_none() {
         return Err(EngineError::Config(format!(
             "--output-topic {} with --sink-db: exactly once cannot cover both yet (a part's progress row and dead letters would commit in the database before the batch's Kafka transaction, so a crash between the two would lose that part's outputs). Drop --sink-db (and --on-error dlq), or pass --output-guarantee at-least-once (outputs acknowledged before each progress row)",
             o.topics.join(", ")
@@ -101,7 +104,12 @@ pub(super) fn refuse_rewound(
     cfg: &PipelineConfig,
     entry: &OffsetsEntry,
 ) -> Result<(), EngineError> {
-    let Some(out) = p.output.as_ref().filter(|o| o.exactly_once()) else {
+    // A group member checks each partition as it claims it.
+    let Some(out) = p
+        .output
+        .as_ref()
+        .filter(|o| o.exactly_once() && !o.per_partition())
+    else {
         return Ok(());
     };
     let starts: BTreeMap<TopicPartition, i64> = entry
@@ -174,6 +182,10 @@ pub(super) fn finish(p: &startup::Pipeline, entry: &OffsetsEntry) -> Result<f64,
         out.flush()?;
         return Ok(0.0);
     }
+    if out.per_partition() {
+        // A group member: each part committed its own transaction.
+        return Ok(0.0);
+    }
     let took = out.commit_transaction(
         entry.batch_id,
         &ends(&entry.ranges),
@@ -199,7 +211,13 @@ pub(super) fn committed_before(
     cfg: &PipelineConfig,
     entry: &OffsetsEntry,
 ) -> Result<bool, EngineError> {
-    let Some(out) = p.output.as_ref().filter(|o| o.exactly_once()) else {
+    // A group member: each part committed its own transaction, and the
+    // claim recorded those of a planned range that committed.
+    let Some(out) = p
+        .output
+        .as_ref()
+        .filter(|o| o.exactly_once() && !o.per_partition())
+    else {
         return Ok(false);
     };
     let ends = ends(&entry.ranges);

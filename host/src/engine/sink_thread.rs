@@ -77,6 +77,9 @@ pub(super) struct SinkReport {
     pub(super) abandoned: (u64, u64),
     /// Time spent applying parts, summed over the threads.
     pub(super) time: Duration,
+    /// Time the parts' own output transactions took (a pipeline group
+    /// under exactly once), summed; part of `time`.
+    pub(super) transactions: Duration,
 }
 
 impl SinkReport {
@@ -88,6 +91,7 @@ impl SinkReport {
             already_applied: vec![AppliedBefore::default(); ranges],
             abandoned: (0, 0),
             time: Duration::ZERO,
+            transactions: Duration::ZERO,
         }
     }
 
@@ -102,6 +106,7 @@ impl SinkReport {
         self.abandoned.0 += other.abandoned.0;
         self.abandoned.1 += other.abandoned.1;
         self.time += other.time;
+        self.transactions += other.transactions;
     }
 }
 
@@ -182,22 +187,42 @@ fn apply_parts(
     // What the sink sends goes to the producer; with a sink database
     // (at-least-once) acknowledged before the part's progress row commits.
     let sent = std::sync::atomic::AtomicU64::new(0);
+    let transactions = std::sync::Mutex::new(Duration::ZERO);
     let deliver_to = |ctx: &crate::plugin::PartitionContext,
                       records: Vec<crate::capability::kafka::Sent>|
      -> Result<u64, String> {
         let Some(out) = output else {
             return Err("no --output-topic".into());
         };
-        let n = out
-            .send_sent(ctx.batch.batch_id, &records)
-            .map_err(|e| e.to_string())?;
-        if driver.grant().is_some() {
-            out.flush().map_err(|e| e.to_string())?;
-        }
+        let n = if out.per_partition() {
+            // A group under exactly once: the part's own transaction,
+            // committed with its end as the partition's position.
+            let (n, took) = out.commit_part(ctx, &records).map_err(|e| e.to_string())?;
+            if let Ok(mut t) = transactions.lock() {
+                *t += took;
+            }
+            n
+        } else {
+            let n = out
+                .send_sent(ctx.batch.batch_id, &records)
+                .map_err(|e| e.to_string())?;
+            if driver.grant().is_some() {
+                out.flush().map_err(|e| e.to_string())?;
+            }
+            n
+        };
         sent.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
         Ok(n)
     };
-    let deliver = output.map(|_| Deliver(&deliver_to));
+    // A group under exactly once: a map-only pipeline's outputs go with
+    // the part's database transaction too (see `Deliver`).
+    let map_outputs_to = output
+        .filter(|o| o.per_partition() && sink.is_none())
+        .map(|o| o.topic());
+    let deliver = output.map(|_| Deliver {
+        to: &deliver_to,
+        map_outputs_to,
+    });
     for job in jobs {
         if failed.load(std::sync::atomic::Ordering::Relaxed) {
             // Another connection's part failed: this batch is not
@@ -222,7 +247,7 @@ fn apply_parts(
         let mut rejected: Vec<usize> = Vec::new();
         let mut dead_letters = job.dead_letters.clone();
         let t = Instant::now();
-        if let Some(out) = output.filter(|_| sink.is_none()) {
+        if let Some(out) = output.filter(|_| sink.is_none() && map_outputs_to.is_none()) {
             // A map-only pipeline's outputs, produced before the part is
             // applied: where that writes a progress row (a sink
             // database), the outputs are acknowledged first, so a part
@@ -242,7 +267,7 @@ fn apply_parts(
         }
         // Only a sink plugin reads idempotency keys: without one (mapped
         // records counted and discarded) none is made.
-        let keys: Vec<String> = if sink.is_some() {
+        let keys: Vec<String> = if sink.is_some() || map_outputs_to.is_some() {
             job.outputs
                 .iter()
                 .map(|o| o.idempotency_key(&job.part.topic, job.part.partition))
@@ -368,6 +393,7 @@ fn apply_parts(
         }
     }
     report.counts.produced += sent.into_inner();
+    report.transactions += transactions.into_inner().unwrap_or_else(|p| p.into_inner());
     Ok(report)
 }
 

@@ -143,7 +143,25 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
                 .grant_kafka(Arc::new(out.grant()))
                 .map_err(EngineError::Config)?;
         }
-        if out.exactly_once() {
+        if out.exactly_once() && group.is_some() {
+            if let Some(s) = stages.sinks.first() {
+                return Err(EngineError::Config(format!(
+                    "--output-topic {} with the sink stage {} in a pipeline group: exactly once in a group is for map-only pipelines (a part's Kafka transaction commits before its database transaction, so a sink's SQL could be lost when a member stops between the two). Run the map stages only, or pass --output-guarantee at-least-once",
+                    o.topics.join(", "),
+                    s.path().display()
+                )));
+            }
+            // A transactional producer per input partition, made when the
+            // partition is claimed; their positions go to the consumer
+            // group `sluice-<group>` on the output cluster.
+            let positions = crate::output::transactional_id(cp.query_id());
+            out.init_partition_transactions(cp.query_id(), &positions)?;
+            tracing::info!(
+                "output transactions per input partition (transactional ids {})",
+                crate::output::partition_transactional_id(cp.query_id(), "<topic>", 0)
+                    .replace("<topic>:0", "<topic>:<partition>")
+            );
+        } else if out.exactly_once() {
             // Fences the producers of earlier runs of this pipeline and
             // ends their open transaction, before anything is read.
             // Its consumer group on the output cluster takes the input
@@ -216,7 +234,13 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
         plugins: stages.refs.clone(),
         output: cfg.output.as_ref().map(|o| {
             let mut shown = o.identity(&cfg.brokers);
-            if o.guarantee == OutputGuarantee::ExactlyOnce {
+            if o.guarantee == OutputGuarantee::ExactlyOnce && group.is_some() {
+                shown.push_str(&format!(
+                    ", transactional ids {}",
+                    crate::output::partition_transactional_id(cp.query_id(), "<topic>", 0)
+                        .replace("<topic>:0", "<topic>:<partition>")
+                ));
+            } else if o.guarantee == OutputGuarantee::ExactlyOnce {
                 shown.push_str(&format!(
                     ", transactional id {}",
                     crate::output::transactional_id(cp.query_id())
@@ -226,6 +250,11 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
         }),
         ..LiveStatus::default()
     }));
+    let output = output.map(Arc::new);
+    if let (Some(out), Some((member, ..))) = (&output, &group) {
+        // Claims come from the consumer's rebalances from here on.
+        member.set_output(out.clone());
+    }
     let (source, metrics, group) = match group {
         None => {
             let consumer_group = cfg
@@ -335,7 +364,7 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
         control,
         last_commit_ms: None,
         group,
-        output: output.map(Arc::new),
+        output,
         rewind_checked: false,
         told_sink_silent: false,
     })

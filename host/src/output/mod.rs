@@ -41,6 +41,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 mod partitioner;
+mod parts;
 mod producer;
 
 pub use partitioner::partition_of_key;
@@ -144,6 +145,17 @@ impl OutputConfig {
 /// `sluice-`.)
 pub fn transactional_id(query_id: &str) -> String {
     format!("sluice-{query_id}")
+}
+
+/// The `transactional.id` of input partition `topic/partition` in
+/// pipeline group `group` (exactly once in a group: a producer per input
+/// partition): `sluice-<group>:<topic>:<partition>`. Every member that
+/// holds the partition uses the same id, so each claim fences the
+/// producer of the member before it. Topic names cannot hold `:`, so two
+/// partitions never share an id. (A cluster with ACLs must let the
+/// host's principal write transactional ids with the prefix `sluice-`.)
+pub fn partition_transactional_id(group: &str, topic: &str, partition: i32) -> String {
+    format!("sluice-{group}:{topic}:{partition}")
 }
 
 /// The offset metadata a batch's transaction commits with each input
@@ -340,6 +352,10 @@ mod tests {
         assert_eq!(marked_batch("", "q-1"), None);
         assert_eq!(marked_batch("sluice:q-1:batch:x", "q-1"), None);
         assert_eq!(transactional_id("q-1"), "sluice-q-1");
+        assert_eq!(
+            partition_transactional_id("g:1", "in.x", 3),
+            "sluice-g:1:in.x:3"
+        );
     }
 
     #[test]

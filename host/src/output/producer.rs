@@ -81,7 +81,7 @@ const CONNECTION_PREFIXES: &[&str] = &[
 
 /// The producer's callbacks: keep the first failure.
 #[derive(Default)]
-struct Deliveries {
+pub(super) struct Deliveries {
     first_error: Mutex<Option<String>>,
 }
 
@@ -114,7 +114,7 @@ impl ProducerContext for Deliveries {
 
 /// The producer of a pipeline's outputs.
 pub struct KafkaOutput {
-    producer: ThreadedProducer<Deliveries>,
+    pub(super) producer: ThreadedProducer<Deliveries>,
     /// The producer's properties (a transactional producer is made from
     /// them with its `transactional.id`).
     props: ClientConfig,
@@ -126,7 +126,7 @@ pub struct KafkaOutput {
     /// the transactions), for the group's metadata and for reading them
     /// back. Set with the transactional producer by
     /// [`KafkaOutput::init_transactions`]: `None` until then.
-    group: Option<BaseConsumer>,
+    pub(super) group: Option<BaseConsumer>,
     /// The output topics with their partition counts, in the order
     /// given (a map-only pipeline's outputs go to the first).
     topics: Vec<(String, i32)>,
@@ -134,7 +134,13 @@ pub struct KafkaOutput {
     guarantee: OutputGuarantee,
     /// Bound on waiting for the brokers (metadata, acknowledgements, a
     /// full local queue).
-    timeout: Duration,
+    pub(super) timeout: Duration,
+    /// `--output-reprocess`: produce again what the transactions covered.
+    reprocess: bool,
+    /// A pipeline group under exactly once: the group's name and the
+    /// transactional producer of each input partition the member holds
+    /// (`parts`); `None` otherwise.
+    pub(super) parts: Option<super::parts::PartTransactions>,
 }
 
 impl KafkaOutput {
@@ -246,6 +252,8 @@ impl KafkaOutput {
             brokers,
             guarantee: cfg.guarantee,
             timeout: message_timeout + Duration::from_secs(5),
+            reprocess: cfg.reprocess,
+            parts: None,
         })
     }
 
@@ -284,6 +292,24 @@ impl KafkaOutput {
     /// [`OutputError::NoTransactions`] when the brokers refuse
     /// transactions to this client, [`OutputError::Client`] otherwise.
     pub fn init_transactions(&mut self, id: &str, group: &str) -> Result<(), OutputError> {
+        let reader = self.offsets_reader(group)?;
+        self.producer = self.transactional_producer(id)?;
+        self.group = Some(reader);
+        Ok(())
+    }
+
+    /// Whether `--output-reprocess` was given.
+    pub fn reprocess(&self) -> bool {
+        self.reprocess
+    }
+
+    /// A consumer of consumer group `group` on the output cluster, for
+    /// the group's metadata in a transaction and for reading its
+    /// committed offsets (stable ones only).
+    ///
+    /// # Errors
+    /// [`OutputError::Client`].
+    pub(super) fn offsets_reader(&self, group: &str) -> Result<BaseConsumer, OutputError> {
         let mut reader = ClientConfig::new();
         reader
             .set("bootstrap.servers", &self.brokers)
@@ -297,9 +323,23 @@ impl KafkaOutput {
                 reader.set(*k, *v);
             }
         }
-        let reader: BaseConsumer = reader
+        reader
             .create()
-            .map_err(|e| self.client_error(format!("reader of consumer group {group}: {e}")))?;
+            .map_err(|e| self.client_error(format!("reader of consumer group {group}: {e}")))
+    }
+
+    /// A transactional producer whose `transactional.id` is `id`,
+    /// registered with the transaction coordinator (`init_transactions`:
+    /// earlier producers of the id are fenced, their open transaction
+    /// finished or aborted).
+    ///
+    /// # Errors
+    /// [`OutputError::NoTransactions`] when the brokers refuse
+    /// transactions to this client, [`OutputError::Client`] otherwise.
+    pub(super) fn transactional_producer(
+        &self,
+        id: &str,
+    ) -> Result<ThreadedProducer<Deliveries>, OutputError> {
         let mut props = self.props.clone();
         props.set("transactional.id", id);
         let producer: ThreadedProducer<Deliveries> = props
@@ -326,9 +366,7 @@ impl KafkaOutput {
                 self.client_error(message)
             }
         })?;
-        self.producer = producer;
-        self.group = Some(reader);
-        Ok(())
+        Ok(producer)
     }
 
     /// Exactly once: open the batch's transaction unless it is open.
@@ -407,21 +445,7 @@ impl KafkaOutput {
                 Ok(started.elapsed())
             }
             Err((what, e)) => {
-                let abortable = matches!(&e, KafkaError::Transaction(t) if t.txn_requires_abort());
-                let fenced = matches!(
-                    e.rdkafka_error_code(),
-                    Some(
-                        RDKafkaErrorCode::ProducerFenced
-                            | RDKafkaErrorCode::InvalidProducerEpoch
-                            | RDKafkaErrorCode::Fenced
-                    )
-                );
-                let mut message = format!("{what}: {e}");
-                if fenced {
-                    message.push_str(" (another run of this pipeline initialized its transactional id since, a restart or a takeover elsewhere; or the batch outlived transaction.timeout.ms and the coordinator aborted its transaction: raise --config output.kafka.transaction.timeout.ms, up to the brokers' transaction.max.timeout.ms)");
-                } else if abortable {
-                    message.push_str(&self.abort());
-                }
+                let message = commit_failed(what, &e, || self.abort());
                 *self.open() = false;
                 Err(self.transaction_error(batch, message))
             }
@@ -608,6 +632,15 @@ impl KafkaOutput {
     /// the timeout). Under at-least-once its idempotency key replaces any
     /// [`IDEMPOTENCY_KEY_HEADER`] it had.
     fn produce(&self, r: Produce<'_>) -> Result<(), OutputError> {
+        self.produce_on(&self.producer, r)
+    }
+
+    /// [`KafkaOutput::produce`] on `producer` (a partition's, in a group).
+    pub(super) fn produce_on(
+        &self,
+        producer: &ThreadedProducer<Deliveries>,
+        r: Produce<'_>,
+    ) -> Result<(), OutputError> {
         let keyed = self.guarantee == OutputGuarantee::AtLeastOnce;
         let mut headers = OwnedHeaders::new_with_capacity(r.headers.len() + 1);
         for (k, v) in r
@@ -639,14 +672,14 @@ impl KafkaOutput {
         }
         let started = Instant::now();
         loop {
-            match self.producer.send(record) {
+            match producer.send(record) {
                 Ok(()) => return Ok(()),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
                     if started.elapsed() < self.timeout =>
                 {
                     // The local queue is full: wait for acknowledgements.
                     record = back;
-                    self.producer.poll(Duration::from_millis(10));
+                    producer.poll(Duration::from_millis(10));
                 }
                 Err((e, _)) => {
                     let full = matches!(
@@ -683,8 +716,15 @@ impl KafkaOutput {
 
     /// The first failed delivery, as an error.
     fn check(&self) -> Result<(), OutputError> {
-        let first = self
-            .producer
+        self.check_on(&self.producer)
+    }
+
+    /// [`KafkaOutput::check`] of `producer`.
+    pub(super) fn check_on(
+        &self,
+        producer: &ThreadedProducer<Deliveries>,
+    ) -> Result<(), OutputError> {
+        let first = producer
             .context()
             .first_error
             .lock()
@@ -696,7 +736,7 @@ impl KafkaOutput {
         }
     }
 
-    fn delivery(&self, message: String) -> OutputError {
+    pub(super) fn delivery(&self, message: String) -> OutputError {
         OutputError::Delivery {
             topic: self.topic_list(),
             brokers: self.brokers.clone(),
@@ -705,17 +745,40 @@ impl KafkaOutput {
     }
 }
 
+/// What to say of a transaction that failed at `what` with `e`; `abort`
+/// is called (and its answer added) when librdkafka says the transaction
+/// can be aborted. A fenced producer's is left to the producer that
+/// fenced it.
+pub(super) fn commit_failed(what: &str, e: &KafkaError, abort: impl FnOnce() -> String) -> String {
+    let abortable = matches!(e, KafkaError::Transaction(t) if t.txn_requires_abort());
+    let fenced = matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::ProducerFenced
+                | RDKafkaErrorCode::InvalidProducerEpoch
+                | RDKafkaErrorCode::Fenced
+        )
+    );
+    let mut message = format!("{what}: {e}");
+    if fenced {
+        message.push_str(" (another run or group member of this pipeline initialized the transactional id since: a restart, a takeover or a rebalance elsewhere; or the transaction outlived transaction.timeout.ms and the coordinator aborted it: raise --config output.kafka.transaction.timeout.ms, up to the brokers' transaction.max.timeout.ms)");
+    } else if abortable {
+        message.push_str(&abort());
+    }
+    message
+}
+
 /// One record for [`KafkaOutput::produce`].
-struct Produce<'a> {
-    topic: &'a str,
+pub(super) struct Produce<'a> {
+    pub(super) topic: &'a str,
     /// `None`: by key (the producer's partitioner).
-    partition: Option<i32>,
-    key: Option<&'a [u8]>,
-    value: Option<&'a [u8]>,
-    headers: &'a [(String, Option<Vec<u8>>)],
+    pub(super) partition: Option<i32>,
+    pub(super) key: Option<&'a [u8]>,
+    pub(super) value: Option<&'a [u8]>,
+    pub(super) headers: &'a [(String, Option<Vec<u8>>)],
     /// The record's idempotency key, made only where it is sent (at-least-
     /// once) or named (an error): formatting it for every output costs.
-    idempotency_key: &'a dyn Fn() -> String,
+    pub(super) idempotency_key: &'a dyn Fn() -> String,
 }
 
 /// How many partitions `topic` has on the cluster `producer` reaches.
@@ -762,7 +825,7 @@ fn partitions_of(
 ///
 /// # Errors
 /// librdkafka's, for a partition it cannot add.
-fn positions_with_marker(
+pub(super) fn positions_with_marker(
     positions: &BTreeMap<(String, i32), i64>,
     marker: &str,
 ) -> Result<TopicPartitionList, KafkaError> {

@@ -207,6 +207,17 @@ impl crate::checkpoint::AppliedProgress for super::SinkDriver {
             },
         )
     }
+
+    fn record_applied_on(
+        &self,
+        b: &mut dyn crate::capability::sql::Backend,
+        at: (&str, &str, i32),
+        epoch: crate::checkpoint::Epoch,
+        range: Range<i64>,
+        batch: u64,
+    ) -> Result<bool, crate::capability::sql::DbError> {
+        super::SinkDriver::record_applied_on(self, b, at, epoch, range, batch)
+    }
 }
 
 #[cfg(test)]

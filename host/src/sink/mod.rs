@@ -105,7 +105,17 @@ pub struct PartitionBatch<'a> {
 /// engine's output producer): returns how many it took, or why it could
 /// not.
 #[derive(Clone, Copy)]
-pub struct Deliver<'a>(pub &'a DeliverFn<'a>);
+pub struct Deliver<'a> {
+    /// The engine's function.
+    pub to: &'a DeliverFn<'a>,
+    /// A map-only pipeline whose outputs (the part's records) go to this
+    /// topic as the part commits, in its database transaction: a pipeline
+    /// group under exactly once, whose part's Kafka transaction commits
+    /// after its progress row is written and before the database commits
+    /// (the partition's row stays locked meanwhile, so no newer owner can
+    /// claim it in between). `None`: only what a sink stage sends.
+    pub map_outputs_to: Option<&'a str>,
+}
 
 /// The function behind [`Deliver`].
 pub type DeliverFn<'a> = dyn Fn(&PartitionContext, Vec<Sent>) -> Result<u64, String> + Sync + 'a;
@@ -761,6 +771,40 @@ impl Sends {
         Ok(Sends { plugin, records })
     }
 
+    /// The records of `pieces` as sends, when their part's map outputs
+    /// go to a topic as it commits ([`Deliver::map_outputs_to`]); none
+    /// otherwise. Each carries its source record's idempotency key.
+    pub(super) fn of_map_outputs(pieces: &[PartitionBatch<'_>]) -> Sends {
+        let Some(topic) = pieces
+            .first()
+            .and_then(|p| p.deliver)
+            .and_then(|d| d.map_outputs_to)
+        else {
+            return Sends::default();
+        };
+        let records = pieces
+            .iter()
+            .flat_map(|p| p.records.iter())
+            .map(|r| Sent {
+                topic: topic.to_string(),
+                partition: None,
+                key: r.record.key.map(<[u8]>::to_vec),
+                value: r.record.value.map(<[u8]>::to_vec),
+                headers: r
+                    .record
+                    .headers
+                    .iter()
+                    .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
+                    .collect(),
+                idempotency_key: r.idempotency_key.to_string(),
+            })
+            .collect();
+        Sends {
+            plugin: "the map stage".into(),
+            records,
+        }
+    }
+
     /// Add a later piece's.
     pub(super) fn extend(&mut self, later: Sends) {
         if self.plugin.is_empty() {
@@ -787,7 +831,7 @@ impl Sends {
                 message: "this pipeline has no output producer to take them".into(),
             });
         };
-        (d.0)(r, self.records).map_err(|message| SinkError::Send {
+        (d.to)(r, self.records).map_err(|message| SinkError::Send {
             what: format!("producing what {plugin} sent"),
             site: site(r),
             message,

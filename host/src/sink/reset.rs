@@ -386,6 +386,53 @@ impl SinkDriver {
     }
 }
 
+impl SinkDriver {
+    /// Add the offsets of `range` that `query_id`'s progress row on
+    /// `topic/partition` (`at`) does not show applied yet, as written by
+    /// batch `batch` under `epoch`, on `b` inside the caller's transaction
+    /// (a pipeline group's store, after a claim: see
+    /// [`crate::checkpoint::Checkpoint::record_committed`]). Returns
+    /// whether the row changed.
+    ///
+    /// # Errors
+    /// [`DbError`]; a row whose holes do not parse is one.
+    pub fn record_applied_on(
+        &self,
+        b: &mut dyn Backend,
+        (query_id, topic, partition): (&str, &str, i32),
+        epoch: crate::checkpoint::Epoch,
+        range: Range<i64>,
+        batch: u64,
+    ) -> Result<bool, DbError> {
+        let sluice = |message: String| DbError {
+            message,
+            code: "sluice".into(),
+        };
+        let mut applied = self
+            .read_rows(b, query_id)
+            .map_err(|e| sluice(e.to_string()))?
+            .remove(&(topic.to_string(), partition))
+            .unwrap_or_default();
+        let missing = applied.missing(&range);
+        if missing.is_empty() {
+            return Ok(false);
+        }
+        for m in missing {
+            applied.record(m).map_err(sluice)?;
+        }
+        let w = RowWrite {
+            query_id,
+            topic,
+            partition,
+            epoch: epoch.get(),
+            batch_id: batch,
+            owner: Some(&self.owner),
+        };
+        self.write_row(b, &w, Some(&applied))?;
+        Ok(true)
+    }
+}
+
 impl AppliedSet {
     /// This row moved forward to `at`: what lies between its end and `at`
     /// becomes a hole (never applied; a later move back reaches it). A row

@@ -78,7 +78,7 @@ fn write_pieces(
 ) -> Result<(u64, usize, Sends), SinkError> {
     let Some(i) = instance else {
         let written = pieces.iter().map(|p| p.records.len() as u64).sum();
-        return Ok((written, 0, Sends::default()));
+        return Ok((written, 0, Sends::of_map_outputs(pieces)));
     };
     g.lock()
         .open_plugin_window()

@@ -230,6 +230,40 @@ impl Checkpoint for DbStore {
         Ok(fenced)
     }
 
+    fn record_committed(
+        &self,
+        (topic, partition): &(String, i32),
+        epoch: Epoch,
+        range: std::ops::Range<i64>,
+        batch: u64,
+    ) -> Result<bool, CheckpointError> {
+        // On the store's connection, like a claim: the sink's may have a
+        // part's transaction open.
+        Ok(self.store.tx(|b| {
+            super::fence(
+                b,
+                self.store.tables(),
+                &self.group,
+                topic,
+                *partition,
+                epoch,
+            )?;
+            self.progress
+                .record_applied_on(
+                    b,
+                    (&self.group, topic, *partition),
+                    epoch,
+                    range.clone(),
+                    batch,
+                )
+                .map_err(|error| GroupError::Db {
+                    group: self.group.clone(),
+                    during: "recording a part its output transaction committed (sluice_progress)",
+                    error,
+                })
+        })?)
+    }
+
     fn store_plugin(&self, bytes: &[u8]) -> Result<String, CheckpointError> {
         Ok(self.store.store_plugin(bytes)?)
     }

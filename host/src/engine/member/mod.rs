@@ -12,23 +12,26 @@
 //! again.
 //!
 //! Files: this one holds [`Member`]; `join` opens the group's store and
-//! settles its plugins, `revoke` what a batch does when a
+//! settles its plugins, `output` what a claim does under exactly once to
+//! a topic, `revoke` what a batch does when a
 //! rebalance takes some of its partitions, `swap` the group's swaps at the
 //! batch boundary.
 
 mod join;
+mod output;
 pub(super) mod revoke;
 pub(super) mod swap;
 
 pub(super) use join::join;
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::checkpoint::group::{GroupError, RESET_OWNER};
 use crate::checkpoint::{Checkpoint, Start};
 use crate::metrics::Metrics;
+use crate::output::KafkaOutput;
 use crate::source::{
     AssignmentChanges, KafkaSource, Membership, START_EARLIEST, START_LATEST, TopicPartition,
 };
@@ -53,6 +56,10 @@ pub(super) struct Member {
     /// When the assignment last changed and when the member started.
     joined_at: Mutex<Instant>,
     started_at: Instant,
+    /// The producer of the outputs (`--output-topic`), set before the
+    /// member joins; under exactly once each claim takes the partition's
+    /// transactional id ([`output::claim_output`]).
+    output: OnceLock<Arc<KafkaOutput>>,
 }
 
 impl Member {
@@ -73,6 +80,21 @@ impl Member {
             revocations: Arc::new(Revocations::default()),
             joined_at: Mutex::new(Instant::now()),
             started_at: Instant::now(),
+            output: OnceLock::new(),
+        }
+    }
+
+    /// Give the member the pipeline's output producer (before it joins).
+    pub(super) fn set_output(&self, out: Arc<KafkaOutput>) {
+        let _ = self.output.set(out);
+    }
+
+    /// `tp` is no longer this member's: release it, and its output
+    /// producer under exactly once.
+    fn release(&self, tp: &TopicPartition) {
+        self.holdings.release(tp);
+        if let Some(out) = self.output.get() {
+            out.release_partition(tp);
         }
     }
 
@@ -84,6 +106,9 @@ impl Member {
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         let c = self.cp.claim(tp, &member_id).map_err(|e| e.to_string())?;
+        if let Some(out) = self.output.get().filter(|o| o.per_partition()) {
+            output::claim_output(self.cp.as_ref(), out, tp, &c)?;
+        }
         let (from, at) = match &c.start {
             Start::At(n) => (format!("offset {n}"), *n),
             Start::Rerun(p) => (
@@ -150,7 +175,7 @@ impl Member {
         } else {
             tracing::warn!(topic, partition, "{e}");
         }
-        self.holdings.release(&tp);
+        self.release(&tp);
         true
     }
 
@@ -258,7 +283,7 @@ impl Membership for Member {
         self.revocations.revoke(partitions, lost, DRAIN_WAIT);
         self.changed();
         for tp in partitions {
-            self.holdings.release(tp);
+            self.release(tp);
             tracing::info!(topic = %tp.0, partition = tp.1, lost, "revoked");
         }
     }

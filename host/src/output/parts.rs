@@ -1,0 +1,206 @@
+//! Exactly once in a pipeline group: a transactional producer per input
+//! partition the member holds, whose `transactional.id` names the group
+//! and the partition ([`super::partition_transactional_id`]), so that the
+//! member that claims a partition next fences the producer of the one
+//! before (`init_transactions`, KIP-98) and finishes or aborts its open
+//! transaction. Each part of a partition commits its outputs and the
+//! partition's input position (the part's end, KIP-447's offsets in the
+//! transaction) in one transaction of that producer.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::Consumer;
+use rdkafka::producer::{Producer, ThreadedProducer};
+
+use super::producer::{Deliveries, Produce, commit_failed, positions_with_marker};
+use super::{KafkaOutput, OutputError};
+use crate::capability::kafka::Sent;
+use crate::plugin::PartitionContext;
+
+/// The transactional producers of the input partitions a member holds.
+pub struct PartTransactions {
+    /// The pipeline group (the prefix of each transactional id).
+    group: String,
+    producers: Mutex<BTreeMap<(String, i32), Arc<PartProducer>>>,
+}
+
+/// One input partition's producer.
+struct PartProducer {
+    producer: ThreadedProducer<Deliveries>,
+    /// The end of the last part it committed: a part that ends there or
+    /// below is being applied again after its database commit failed,
+    /// and its outputs are not produced again.
+    committed_to: Mutex<Option<i64>>,
+}
+
+impl KafkaOutput {
+    /// Exactly once in pipeline group `group`: from now on each part's
+    /// outputs commit in a transaction of their input partition's own
+    /// producer ([`KafkaOutput::claim_partition`]), with the partition's
+    /// position committed to consumer group `positions` on the output
+    /// cluster.
+    ///
+    /// # Errors
+    /// [`OutputError::Client`] for the reader of `positions`.
+    pub fn init_partition_transactions(
+        &mut self,
+        group: &str,
+        positions: &str,
+    ) -> Result<(), OutputError> {
+        self.group = Some(self.offsets_reader(positions)?);
+        self.parts = Some(PartTransactions {
+            group: group.to_string(),
+            producers: Mutex::new(BTreeMap::new()),
+        });
+        Ok(())
+    }
+
+    /// Whether outputs commit per input partition (a pipeline group under
+    /// exactly once).
+    pub fn per_partition(&self) -> bool {
+        self.parts.is_some()
+    }
+
+    /// The transactional id of input partition `tp` in this member's
+    /// group (`None` outside one).
+    pub fn partition_id(&self, tp: &(String, i32)) -> Option<String> {
+        let parts = self.parts.as_ref()?;
+        Some(super::partition_transactional_id(&parts.group, &tp.0, tp.1))
+    }
+
+    /// A claim of input partition `tp`: make its transactional producer
+    /// and register it (`init_transactions`), which fences the producer
+    /// of the member that held `tp` before and finishes or aborts its
+    /// open transaction. Replaces a producer of `tp` this member had.
+    /// Returns the transactional id.
+    ///
+    /// # Errors
+    /// [`OutputError::NoTransactions`], [`OutputError::Client`]; an
+    /// internal error outside a group.
+    pub fn claim_partition(&self, tp: &(String, i32)) -> Result<String, OutputError> {
+        let (Some(parts), Some(id)) = (self.parts.as_ref(), self.partition_id(tp)) else {
+            return Err(self.delivery(format!(
+                "{}/{}: claimed for per-partition transactions outside a pipeline group",
+                tp.0, tp.1
+            )));
+        };
+        let producer = Arc::new(PartProducer {
+            producer: self.transactional_producer(&id)?,
+            committed_to: Mutex::new(None),
+        });
+        parts.lock().insert(tp.clone(), producer);
+        Ok(id)
+    }
+
+    /// `tp` is no longer this member's: drop its producer (its parts
+    /// all ended before a revoke releases it).
+    pub fn release_partition(&self, tp: &(String, i32)) {
+        if let Some(parts) = &self.parts {
+            parts.lock().remove(tp);
+        }
+    }
+
+    /// Commit one part of input partition `part.topic/part.partition` in
+    /// a transaction of the partition's producer: `records` (in order),
+    /// and the position `part.end_offset` committed to the positions
+    /// group with the part's batch marker ([`super::batch_marker`]).
+    /// Returns how many records, and how long the transaction took.
+    ///
+    /// # Errors
+    /// [`OutputError::Transaction`]: the transaction did not commit (it is
+    /// aborted where librdkafka says it can be, else left to the
+    /// partition's next owner); the part must not be recorded applied.
+    pub fn commit_part(
+        &self,
+        part: &PartitionContext,
+        records: &[Sent],
+    ) -> Result<(u64, Duration), OutputError> {
+        let batch = part.batch.batch_id;
+        let tp = (part.topic.clone(), part.partition);
+        let Some(part_producer) = self.parts.as_ref().and_then(|p| p.lock().get(&tp).cloned())
+        else {
+            return Err(self.transaction_error(
+                batch,
+                format!(
+                    "{}/{} has no transactional producer: this member does not hold the partition",
+                    tp.0, tp.1
+                ),
+            ));
+        };
+        let group = self
+            .group
+            .as_ref()
+            .and_then(|g| g.group_metadata())
+            .ok_or_else(|| {
+                self.transaction_error(batch, "no consumer group for the input positions".into())
+            })?;
+        let mut committed_to = part_producer
+            .committed_to
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if committed_to.is_some_and(|to| part.end_offset <= to) {
+            tracing::info!(
+                topic = tp.0,
+                partition = tp.1,
+                "[{}, {}): its output transaction committed before its database commit failed; not produced again",
+                part.start_offset,
+                part.end_offset
+            );
+            return Ok((0, Duration::ZERO));
+        }
+        let producer = &part_producer.producer;
+        let started = Instant::now();
+        let failed = |what: &str, e: rdkafka::error::KafkaError| {
+            let message = commit_failed(what, &e, || {
+                match producer.abort_transaction(self.timeout) {
+                    Ok(()) => "; the transaction was aborted".to_string(),
+                    Err(e) => format!("; aborting it failed too: {e}"),
+                }
+            });
+            self.transaction_error(batch, format!("{}/{}: {message}", tp.0, tp.1))
+        };
+        self.check_on(producer)?;
+        producer
+            .begin_transaction()
+            .map_err(|e| failed("beginning it", e))?;
+        for r in records {
+            let sent = self.produce_on(
+                producer,
+                Produce {
+                    topic: &r.topic,
+                    partition: r.partition,
+                    key: r.key.as_deref(),
+                    value: r.value.as_deref(),
+                    headers: &r.headers,
+                    idempotency_key: &|| r.idempotency_key.clone(),
+                },
+            );
+            if let Err(e) = sent {
+                let _ = producer.abort_transaction(self.timeout);
+                return Err(e);
+            }
+        }
+        let positions = BTreeMap::from([(tp.clone(), part.end_offset)]);
+        let marker = super::batch_marker(&part.batch.query_id, batch);
+        let offsets = positions_with_marker(&positions, &marker)
+            .map_err(|e| failed("listing the input position", e))?;
+        producer
+            .send_offsets_to_transaction(&offsets, &group, self.timeout)
+            .map_err(|e| failed("adding the input position to it", e))?;
+        crate::util::failpoint("output:before-commit-transaction");
+        producer
+            .commit_transaction(self.timeout)
+            .map_err(|e| failed("committing it", e))?;
+        *committed_to = Some(part.end_offset);
+        self.check_on(producer)?;
+        Ok((records.len() as u64, started.elapsed()))
+    }
+}
+
+impl PartTransactions {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<(String, i32), Arc<PartProducer>>> {
+        self.producers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}

@@ -1,0 +1,140 @@
+//! Exactly once to a Kafka topic in a pipeline group (`host run --group
+//! --output-topic`): each part of an input partition commits its outputs
+//! and the partition's position in a transaction of the partition's own
+//! producer (`sluice-<group>:<topic>:<partition>`), then its progress row
+//! in the sink database; the next member to claim the partition fences
+//! that producer and records a part whose transaction committed but whose
+//! row did not. On nisshi 0.7.0 (transactions, a group coordinator that
+//! rebalances), read through [`crate::txn_view`]'s KIP-98 view.
+
+use std::time::{Duration, Instant};
+
+use crate::kafka::{Broker, BrokerProcess};
+use crate::output_txn::{assert_each_input_once, broker_with_input, views};
+use crate::support::{Db, HostProcess};
+
+/// `host run` of the passthrough map into `out` as a member of group
+/// `eo`, 100 records per partition per batch.
+fn member_args(broker: &BrokerProcess, db: &Db) -> Vec<String> {
+    [
+        "run",
+        "--brokers",
+        &broker.bootstrap(),
+        "--topic",
+        "in",
+        "--group",
+        "eo",
+        "--sink-db",
+        &db.url,
+        "--plugin",
+        crate::support::plugin("passthrough").to_str().unwrap(),
+        "--output-topic",
+        "out",
+        "--max-records-per-partition",
+        "100",
+        "--trigger-interval",
+        "100ms",
+        "--config",
+        "kafka.session.timeout.ms=6000",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// Wait until `n` outputs are visible to `read_committed` readers of
+/// `out`, or fail showing `member`'s log.
+fn wait_visible(broker: &BrokerProcess, n: usize, member: &HostProcess) {
+    let until = Instant::now() + Duration::from_secs(120);
+    loop {
+        let seen: usize = views(broker).iter().map(|v| v.visible.len()).sum();
+        if seen >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < until,
+            "{seen} of {n} outputs visible\n{}",
+            member.log()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// A member killed at `failpoint` (inside a part's transaction, or
+/// between its commit and the part's database commit); a second member
+/// takes its partitions: each input visible exactly once.
+fn killed_member_at(failpoint: &str) -> String {
+    let broker = broker_with_input();
+    let db = Db::sqlite();
+    let args = member_args(&broker, &db);
+    let mut a = HostProcess::spawn(&args, &[("SLUICE_FAILPOINT", failpoint)]);
+    a.wait_for("FAILPOINT", Duration::from_secs(90));
+    a.kill();
+    let mut b = HostProcess::start(&args);
+    wait_visible(&broker, 600, &b);
+    // A moment more: nothing further may become visible.
+    std::thread::sleep(Duration::from_secs(2));
+    let v = views(&broker);
+    assert_each_input_once(&v);
+    assert_eq!(b.term(), Some(0), "{}", b.log());
+    assert_eq!(
+        db.scalar("SELECT SUM(end_offset) FROM sluice_progress WHERE query_id = 'eo'"),
+        600,
+        "{}",
+        b.log()
+    );
+    b.log()
+}
+
+#[test]
+fn a_member_killed_after_a_parts_transaction_committed_is_not_produced_again() {
+    // The part's outputs and position committed in Kafka; its progress row
+    // did not. The next member's claim must record the part applied.
+    let log = killed_member_at("sink:before-db-commit@2");
+    assert!(
+        log.contains("recorded applied now, not produced again"),
+        "{log}"
+    );
+}
+
+#[test]
+fn a_member_killed_inside_a_parts_transaction_is_aborted_and_run_again() {
+    // The part's transaction is open when the member dies: the next
+    // member's init_transactions of the partition's id aborts it.
+    let log = killed_member_at("output:before-commit-transaction@2");
+    assert!(!log.contains("recorded applied now"), "{log}");
+}
+
+#[test]
+fn exactly_once_in_a_group_refuses_a_sink_stage_and_dead_letters() {
+    let broker = BrokerProcess::transactional();
+    broker.create_topic("in", 1);
+    broker.create_topic("out", 1);
+    let db = Db::sqlite();
+    let mut args = member_args(&broker, &db);
+    args.extend(["--on-error".to_string(), "dlq".to_string()]);
+    let out = crate::support::host(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(out.status.code(), Some(2));
+    let err = crate::support::stderr(&out);
+    assert!(err.contains("--on-error dlq in a pipeline group"), "{err}");
+    let mut args = member_args(&broker, &db);
+    args.extend([
+        "--plugin".to_string(),
+        crate::support::plugin("router")
+            .to_str()
+            .unwrap()
+            .to_string(),
+    ]);
+    let out = crate::support::host(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        crate::support::stderr(&out)
+    );
+    let err = crate::support::stderr(&out);
+    assert!(
+        err.contains("exactly once in a group is for map-only pipelines"),
+        "{err}"
+    );
+}
