@@ -78,7 +78,9 @@ fn killed_member_at(failpoint: &str) -> String {
     assert_each_input_once(&v);
     assert_eq!(b.term(), Some(0), "{}", b.log());
     assert_eq!(
-        db.scalar("SELECT SUM(end_offset) FROM sluice_progress WHERE query_id = 'eo'"),
+        db.scalar(
+            "SELECT CAST(SUM(end_offset) AS BIGINT) FROM sluice_progress WHERE query_id = 'eo'"
+        ),
         600,
         "{}",
         b.log()
@@ -136,5 +138,63 @@ fn exactly_once_in_a_group_refuses_a_sink_stage_and_dead_letters() {
     assert!(
         err.contains("exactly once in a group is for map-only pipelines"),
         "{err}"
+    );
+}
+
+#[test]
+fn a_frozen_member_past_its_session_commits_nothing_its_successor_runs() {
+    // Member b stops (SIGSTOP) inside a part's Kafka transaction (its
+    // outputs and the position sent, the commit not), holding the part's
+    // database transaction. Its session ends; a takes the partitions once
+    // PostgreSQL ends b's idle session, and a's claim of each partition's
+    // transactional id aborts b's open transaction. b, resumed, must make
+    // nothing visible: Kafka refuses its commit (fenced); nisshi 0.7.0
+    // answers a stale epoch's EndTxn with success and writes no marker,
+    // and b's database commit fails, so only what readers see and the
+    // progress rows are asserted.
+    let broker = broker_with_input();
+    let db = Db::postgres();
+    let args = member_args(&broker, &db);
+    let dir = tempfile::tempdir().unwrap();
+    let resume = dir.path().join("resume");
+    let resume_s = resume.display().to_string();
+    let mut b = HostProcess::spawn(
+        &args,
+        &[
+            ("SLUICE_FAILPOINT", "output:before-commit-transaction@2"),
+            ("SLUICE_FAILPOINT_RESUME_FILE", &resume_s),
+        ],
+    );
+    b.wait_for("FAILPOINT", Duration::from_secs(90));
+    b.signal("STOP");
+    std::fs::write(&resume, b"").unwrap();
+    let mut a = HostProcess::start(&args);
+    let until = Instant::now() + Duration::from_secs(240);
+    loop {
+        let seen: usize = views(&broker).iter().map(|v| v.visible.len()).sum();
+        if seen >= 600 {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "{seen} of 600 visible\n--- a\n{}\n--- b\n{}",
+            a.log(),
+            b.log()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    b.signal("CONT");
+    std::thread::sleep(Duration::from_secs(5));
+    assert_each_input_once(&views(&broker));
+    let log_a = a.log();
+    assert_eq!(a.term(), Some(0), "{log_a}\n--- b\n{}", b.log());
+    b.kill();
+    assert_eq!(
+        db.scalar(
+            "SELECT CAST(SUM(end_offset) AS BIGINT) FROM sluice_progress WHERE query_id = 'eo'"
+        ),
+        600,
+        "{log_a}\n--- b\n{}",
+        b.log()
     );
 }
