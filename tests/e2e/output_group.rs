@@ -198,3 +198,70 @@ fn a_frozen_member_past_its_session_commits_nothing_its_successor_runs() {
         b.log()
     );
 }
+
+#[test]
+fn a_group_reset_back_is_refused_at_the_claim_unless_reprocessing_on_purpose() {
+    // The group applied everything; `host group reset --reapply` moves
+    // its rows back to the start while the output transactions' positions
+    // stay at the ends. A member then refuses each partition (the outputs
+    // would be visible twice); started with --output-reprocess it produces
+    // them all again, on purpose, and moves the positions back with it.
+    let broker = broker_with_input();
+    let db = Db::sqlite();
+    let args = member_args(&broker, &db);
+    let mut a = HostProcess::start(&args);
+    wait_visible(&broker, 600, &a);
+    assert_eq!(a.term(), Some(0), "{}", a.log());
+    let out = crate::support::host(&[
+        "group",
+        "reset",
+        "--sink-db",
+        &db.url,
+        "--group",
+        "eo",
+        "--to",
+        "earliest",
+        "--brokers",
+        &broker.bootstrap(),
+        "--reapply",
+    ]);
+    assert!(out.status.success(), "{}", crate::support::stderr(&out));
+    let mut refused = HostProcess::start(&args);
+    let code = refused.wait();
+    let log = refused.log();
+    assert_ne!(code, Some(0), "{log}");
+    assert!(
+        log.contains("output transactions committed in/") && log.contains("--output-reprocess"),
+        "{log}"
+    );
+    let seen: usize = views(&broker).iter().map(|v| v.visible.len()).sum();
+    assert_eq!(seen, 600, "the refused member produced something");
+
+    let mut again = args.clone();
+    again.push("--output-reprocess".into());
+    let mut b = HostProcess::start(&again);
+    wait_visible(&broker, 1200, &b);
+    std::thread::sleep(Duration::from_secs(2));
+    let log = b.log();
+    assert_eq!(b.term(), Some(0), "{log}");
+    assert!(
+        log.contains("--output-reprocess: the output transactions committed"),
+        "{log}"
+    );
+    let mut seen = std::collections::BTreeMap::<String, usize>::new();
+    for v in views(&broker) {
+        assert_eq!(v.open, 0);
+        for r in &v.visible {
+            let h = r
+                .headers
+                .iter()
+                .find(|(k, _)| k.as_str() == "h")
+                .and_then(|(_, v)| v.clone());
+            *seen
+                .entry(String::from_utf8_lossy(&h.unwrap_or_default()).into_owned())
+                .or_default() += 1;
+        }
+    }
+    assert_eq!(seen.len(), 600);
+    assert!(seen.values().all(|n| *n == 2), "{seen:?}");
+}

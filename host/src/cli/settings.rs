@@ -328,9 +328,10 @@ pub struct Settings {
     /// What the output topic's consumers may rely on: `exactly-once`
     /// (each output visible once to read_committed consumers: a batch's
     /// outputs and input positions commit in one Kafka transaction, with
-    /// transactional.id sluice-<query id>; consumers must read with
-    /// isolation.level=read_committed; a single host, the topic on the
-    /// input's cluster) or
+    /// transactional.id sluice-<query id>; in a pipeline group, a part's,
+    /// with sluice-<group>:<topic>:<partition>, map-only pipelines;
+    /// consumers must read with isolation.level=read_committed; the topic
+    /// on the input's cluster) or
     /// `at-least-once` (an idempotent producer, for brokers or ACLs
     /// without transactions; each output carries its idempotency key in
     /// the `sluice-idempotency-key` header) [default: exactly-once].
@@ -338,8 +339,8 @@ pub struct Settings {
     pub output_guarantee: Option<OutputGuarantee>,
     /// Exactly once: start even though the pipeline's output transactions
     /// already committed input positions past the checkpoint's (after
-    /// `host checkpoint reset` moved it back on purpose), producing the
-    /// outputs of those offsets again. Without it such a start is refused
+    /// `host checkpoint reset` or `host group reset` moved it back on
+    /// purpose), producing the outputs of those offsets again. Without it such a start is refused
     /// (a restored older checkpoint would duplicate outputs).
     #[arg(long, env = "SLUICE_OUTPUT_REPROCESS", hide_env_values = true)]
     #[serde(default)]

@@ -279,7 +279,7 @@ pub enum OutputError {
     /// left to the next producer of the pipeline to abort), and the
     /// checkpoint does not record the batch as done.
     #[error(
-        "the transaction of batch {batch} to {topic} on {brokers} did not commit: {message}. The checkpoint does not record the batch as done; the next start asks the brokers whether the transaction committed and runs the batch again if it did not, so each output is visible once to read_committed consumers"
+        "the transaction of batch {batch} to {topic} on {brokers} did not commit: {message}. The checkpoint does not record the batch (in a pipeline group: the part) as done; the next start (the partition's next claim) asks the brokers whether the transaction committed and runs it again if it did not, so each output is visible once to read_committed consumers"
     )]
     Transaction {
         /// The batch.

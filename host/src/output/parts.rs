@@ -81,8 +81,8 @@ impl KafkaOutput {
     /// internal error outside a group.
     pub fn claim_partition(&self, tp: &(String, i32)) -> Result<String, OutputError> {
         let (Some(parts), Some(id)) = (self.parts.as_ref(), self.partition_id(tp)) else {
-            return Err(self.delivery(format!(
-                "{}/{}: claimed for per-partition transactions outside a pipeline group",
+            return Err(self.client_error(format!(
+                "{}/{}: claimed for per-partition transactions outside a pipeline group (a bug)",
                 tp.0, tp.1
             )));
         };
@@ -140,6 +140,21 @@ impl KafkaOutput {
             .committed_to
             .lock()
             .unwrap_or_else(|p| p.into_inner());
+        if let Some(to) = *committed_to
+            && part.start_offset < to
+            && to < part.end_offset
+        {
+            // Cut otherwise than the part that committed (a batch run
+            // again in this process): its outputs below `to` would be
+            // produced twice. The partition's next claim sorts it out.
+            return Err(self.transaction_error(
+                batch,
+                format!(
+                    "{}/{} [{}, {}) overlaps a part whose output transaction committed up to {to} without its database commit; stopping so that the partition's next claim records that part",
+                    tp.0, tp.1, part.start_offset, part.end_offset
+                ),
+            ));
+        }
         if committed_to.is_some_and(|to| part.end_offset <= to) {
             tracing::info!(
                 topic = tp.0,
@@ -161,7 +176,9 @@ impl KafkaOutput {
             });
             self.transaction_error(batch, format!("{}/{}: {message}", tp.0, tp.1))
         };
-        self.check_on(producer)?;
+        // A failed delivery fails its own transaction only (librdkafka's
+        // commit refuses a transaction with one): forget it.
+        producer.context().forget();
         producer
             .begin_transaction()
             .map_err(|e| failed("beginning it", e))?;
@@ -196,6 +213,50 @@ impl KafkaOutput {
         *committed_to = Some(part.end_offset);
         self.check_on(producer)?;
         Ok((records.len() as u64, started.elapsed()))
+    }
+}
+
+impl KafkaOutput {
+    /// Move input partition `tp`'s position in the positions group to
+    /// `at` (a transaction of the partition's producer with no outputs),
+    /// for `--output-reprocess`: the checkpoint was moved back on purpose.
+    ///
+    /// # Errors
+    /// [`OutputError::Transaction`] (batch 0).
+    pub fn move_position(&self, tp: &(String, i32), at: i64) -> Result<(), OutputError> {
+        let Some(producer) = self.parts.as_ref().and_then(|p| p.lock().get(tp).cloned()) else {
+            return Err(self.client_error(format!(
+                "{}/{} has no transactional producer (a bug)",
+                tp.0, tp.1
+            )));
+        };
+        let failed = |what: &str, e: rdkafka::error::KafkaError| {
+            self.transaction_error(
+                0,
+                format!(
+                    "{}/{}: moving its position back to {at}: {what}: {e}",
+                    tp.0, tp.1
+                ),
+            )
+        };
+        let group = self
+            .group
+            .as_ref()
+            .and_then(|g| g.group_metadata())
+            .ok_or_else(|| {
+                self.transaction_error(0, "no consumer group for the input positions".into())
+            })?;
+        let positions = BTreeMap::from([(tp.clone(), at)]);
+        let offsets = positions_with_marker(&positions, "sluice:reprocess")
+            .map_err(|e| failed("listing the position", e))?;
+        let p = &producer.producer;
+        p.begin_transaction().map_err(|e| failed("beginning", e))?;
+        if let Err(e) = p.send_offsets_to_transaction(&offsets, &group, self.timeout) {
+            let _ = p.abort_transaction(self.timeout);
+            return Err(failed("adding the position", e));
+        }
+        p.commit_transaction(self.timeout)
+            .map_err(|e| failed("committing", e))
     }
 }
 

@@ -85,6 +85,15 @@ pub(super) struct Deliveries {
     first_error: Mutex<Option<String>>,
 }
 
+impl Deliveries {
+    /// Forget the failure kept so far.
+    pub(super) fn forget(&self) {
+        if let Ok(mut first) = self.first_error.lock() {
+            *first = None;
+        }
+    }
+}
+
 impl ClientContext for Deliveries {}
 
 impl ProducerContext for Deliveries {
@@ -548,7 +557,7 @@ impl KafkaOutput {
     }
 
     /// [`OutputError::Client`] on this output.
-    fn client_error(&self, message: String) -> OutputError {
+    pub(super) fn client_error(&self, message: String) -> OutputError {
         OutputError::Client {
             topic: self.topic_list(),
             brokers: self.brokers.clone(),
