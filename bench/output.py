@@ -15,6 +15,11 @@ Cells, each the median of RUNS interleaved runs, whole-process wall time:
 - sluice sink sending: the router sink stage (no map) sending each event
   with `kafka.send` (the `kafka` capability), exactly once: it parses each
   event's JSON for a field it lacks and sends it to its fallback topic;
+- sluice group exactly once / at-least-once: the passthrough as the one
+  member of a pipeline group (`--group`, its checkpoint in a SQLite
+  `--sink-db`): exactly once commits a transaction per part on each input
+  partition's own producer (64 producers), then the part's progress row;
+  the at-least-once cell shows what the group costs without them;
 - Rust loop (bench/src/bin/copy-loop.rs): rdkafka consume, produce, flush;
 - Rust loop with transactions: the same, committing a transaction with
   the input positions every TXN records (default 640000, Sluice's batch
@@ -40,11 +45,14 @@ import run  # noqa: E402  (the shared timing and medians)
 from confluent_kafka import Consumer, TopicPartition  # noqa: E402
 
 TXN = int(os.environ.get("TXN", "640000"))
-CELLS = ["sluice_eo", "sluice_alo", "sluice_send", "rust", "rust_txn", "python"]
+CELLS = ["sluice_eo", "sluice_alo", "sluice_send", "sluice_group_eo", "sluice_group_alo", "rust", "rust_txn",
+         "python"]
 LABELS = {
     "sluice_eo": "Sluice passthrough, exactly once (a transaction per batch)",
     "sluice_alo": "Sluice passthrough, at-least-once",
     "sluice_send": "Sluice router sink, kafka.send, exactly once",
+    "sluice_group_eo": "Sluice passthrough, pipeline group of one, exactly once (a transaction per part)",
+    "sluice_group_alo": "Sluice passthrough, pipeline group of one, at-least-once",
     "rust": "Rust loop (rdkafka), at-least-once",
     "rust_txn": f"Rust loop (rdkafka), a transaction every {TXN} records",
     "python": "Python loop (confluent-kafka), at-least-once",
@@ -80,15 +88,17 @@ def main():
             if n < run.EVENTS:
                 raise RuntimeError(f"{out} holds {n} records, expected at least {run.EVENTS}")
 
-        def sluice(guarantee, name, sends=False):
+        def sluice(guarantee, name, sends=False, group=False):
             def cell(i):
                 out = f"out-{name}-{i}"
                 plugin = ["--plugin", os.path.join(run.WASM, "passthrough.wasm")]
                 if sends:
                     plugin = ["--plugin", os.path.join(run.WASM, "router.wasm"),
                               "--config", "route.field=not_in_maxwell_events", "--config", f"route.topic={out}"]
-                args = [run.HOST, "run", "--brokers", bootstrap, "--topic", "maxwell",
-                        "--checkpoint", os.path.join(work, f"ck-{out}")] + plugin + [
+                store = ["--checkpoint", os.path.join(work, f"ck-{out}")]
+                if group:
+                    store = ["--group", f"g-{out}", "--sink-db", "sqlite:" + os.path.join(work, f"{out}.db")]
+                args = [run.HOST, "run", "--brokers", bootstrap, "--topic", "maxwell"] + store + plugin + [
                         "--until-caught-up", "--progress", "json", "--trigger-interval", "10ms",
                         "--output-topic", out, "--output-guarantee", guarantee]
                 wall, rss, stdout = run.timed(args, env=dict(os.environ, RUST_LOG="warn"))
@@ -116,6 +126,8 @@ def main():
             "sluice_eo": sluice("exactly-once", "sluice_eo"),
             "sluice_alo": sluice("at-least-once", "sluice_alo"),
             "sluice_send": sluice("exactly-once", "sluice_send", sends=True),
+            "sluice_group_eo": sluice("exactly-once", "sluice_group_eo", group=True),
+            "sluice_group_alo": sluice("at-least-once", "sluice_group_alo", group=True),
             "rust": loop([copy], "rust"),
             "rust_txn": lambda i: loop_txn(copy, bootstrap, i, check),
             "python": loop([run.PY, os.path.join(run.ROOT, "bench", "py_copy_loop.py")], "python"),
@@ -138,7 +150,7 @@ def main():
         rate, pick = res[c]
         ratio = f"{rate / base:.2f}x" if base else ""
         extra = ""
-        if c in ("sluice_eo", "sluice_send"):
+        if c in ("sluice_eo", "sluice_send", "sluice_group_eo"):
             extra = f" ({pick[2]} batches, {pick[3]:.0f} ms in transaction commits)"
         print(f"| {LABELS[c]}{extra} | {rate:,.0f} | {pick[1]:.0f} | {ratio} |")
 
