@@ -30,6 +30,7 @@ mod moves;
 mod output;
 mod output_group;
 mod output_send;
+mod output_sender;
 mod output_txn;
 mod pipeline;
 mod plugin_cli;

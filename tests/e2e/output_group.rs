@@ -1,11 +1,15 @@
-//! Exactly once to a Kafka topic in a pipeline group (`host run --group
-//! --output-topic`): each part of an input partition commits its outputs
+//! Kafka output in a pipeline group (`host run --group --output-topic`).
+//!
+//! Exactly once: each part of an input partition commits its outputs
 //! and the partition's position in a transaction of the partition's own
 //! producer (`sluice-<group>:<topic>:<partition>`), then its progress row
 //! in the sink database; the next member to claim the partition fences
 //! that producer and records a part whose transaction committed but whose
 //! row did not. On nisshi 0.7.0 (transactions, a group coordinator that
 //! rebalances), read through [`crate::txn_view`]'s KIP-98 view.
+//!
+//! At-least-once (librdkafka's mock cluster): a group swap keeps a
+//! sending sink's topics.
 
 use std::time::{Duration, Instant};
 
@@ -264,4 +268,125 @@ fn a_group_reset_back_is_refused_at_the_claim_unless_reprocessing_on_purpose() {
     }
     assert_eq!(seen.len(), 600);
     assert!(seen.values().all(|n| *n == 2), "{seen:?}");
+}
+
+/// The inputs `i` (header `h`) found in `out`'s partitions, with how often.
+fn read_out(
+    broker: &dyn crate::kafka::Broker,
+    partitions: i32,
+) -> std::collections::BTreeMap<usize, usize> {
+    let mut seen = std::collections::BTreeMap::new();
+    for p in 0..partitions {
+        for r in crate::txn_view::raw_records(&broker.bootstrap(), "out", p) {
+            *seen.entry(crate::output_send::input_of(&r)).or_default() += 1;
+        }
+    }
+    seen
+}
+
+/// Wait until every input below `n` is in `out`.
+fn wait_for_out(broker: &dyn crate::kafka::Broker, n: usize, members: &[&HostProcess]) {
+    let until = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let seen = read_out(broker, 2);
+        if (0..n).all(|i| seen.contains_key(&i)) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "{} of {n} inputs in out: {}",
+            seen.len(),
+            members
+                .iter()
+                .map(|m| m.log())
+                .collect::<Vec<_>>()
+                .join("\n---\n")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn a_group_swap_keeps_the_sinks_topics_and_refuses_a_sink_that_cannot_send() {
+    use crate::kafka::Mock;
+    let db = crate::support::Db::sqlite();
+    let mock = Mock::new();
+    mock.create_topic("events", 4);
+    mock.create_topic("out", 2);
+    let produce = |range: std::ops::Range<usize>| {
+        let p = crate::kafka::producer(&mock.bootstrap());
+        for i in range {
+            let value = format!(r#"{{"table":"out","i":{i}}}"#);
+            let h = i.to_string();
+            p.send(
+                "events",
+                (i % 4) as i32,
+                Some(format!("k{i}").as_bytes()),
+                Some(value.as_bytes()),
+                &[("h", Some(h.as_bytes()))],
+            );
+        }
+        p.flush();
+    };
+    let args: Vec<String> = [
+        "run",
+        "--brokers",
+        &mock.bootstrap(),
+        "--topic",
+        "events",
+        "--group",
+        "gs",
+        "--sink-db",
+        &db.url,
+        "--trigger-interval",
+        "100ms",
+        "--config",
+        "kafka.session.timeout.ms=6000",
+        "--output-topic",
+        "out",
+        "--output-guarantee",
+        "at-least-once",
+        "--plugin",
+        crate::support::plugin("sender").to_str().unwrap(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut a = HostProcess::start(&args);
+    produce(0..40);
+    wait_for_out(&mock, 40, &[&a]);
+    let group = |more: &[&str]| {
+        let mut v = vec!["group", "swap", "--sink-db", &db.url, "--group", "gs"];
+        v.extend(more);
+        let out = crate::support::host(&v);
+        (
+            out.status.code(),
+            format!(
+                "{}{}",
+                crate::support::stderr(&out),
+                String::from_utf8_lossy(&out.stdout)
+            ),
+        )
+    };
+    // The router sends each event to its table's topic (`out` here): the
+    // swapped-in sink must have the topics too.
+    let router = crate::support::plugin("router");
+    let (code, out) = group(&["--plugin", router.to_str().unwrap(), "--stage", "sink"]);
+    assert_eq!(code, Some(0), "{out}\n{}", a.log());
+    produce(40..80);
+    wait_for_out(&mock, 80, &[&a]);
+    // A sink built before the kafka capability is not installed: the
+    // member keeps the router and goes on sending.
+    let old = crate::support::plugin("old_contract");
+    let (code, out) = group(&["--plugin", old.to_str().unwrap(), "--stage", "sink"]);
+    assert_ne!(code, Some(0), "{out}");
+    assert!(
+        out.contains("cannot send records to the output topics out"),
+        "{out}\n{}",
+        a.log()
+    );
+    produce(80..120);
+    wait_for_out(&mock, 120, &[&a]);
+    assert_eq!(a.term(), Some(0), "{}", a.log());
+    assert!(a.log().contains("group swap 1 installed"), "{}", a.log());
 }
