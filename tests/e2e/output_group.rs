@@ -390,3 +390,37 @@ fn a_group_swap_keeps_the_sinks_topics_and_refuses_a_sink_that_cannot_send() {
     assert_eq!(a.term(), Some(0), "{}", a.log());
     assert!(a.log().contains("group swap 1 installed"), "{}", a.log());
 }
+
+#[test]
+fn a_member_producing_elsewhere_than_the_live_members_is_refused() {
+    // Member a produces to `out`; b, started with another topic (or
+    // none), would split the group's records between them: refused before
+    // it joins, naming both.
+    let broker = broker_with_input();
+    broker.create_topic("out2", 1);
+    let db = Db::sqlite();
+    let args = member_args(&broker, &db);
+    let mut a = HostProcess::start(&args);
+    wait_visible(&broker, 600, &a);
+    // Its heartbeat (every 5 s) records where it produces.
+    std::thread::sleep(Duration::from_secs(6));
+    let mut other = args.clone();
+    let at = other.iter().position(|x| x == "out").unwrap();
+    other[at] = "out2".into();
+    let refused = |args: &[String]| {
+        let out = crate::support::host(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        (out.status.code(), crate::support::stderr(&out))
+    };
+    let (code, err) = refused(&other);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("produces to out on") && err.contains("would produce to out2 on"),
+        "{err}"
+    );
+    let mut none = args.clone();
+    none.drain(at - 1..=at);
+    let (code, err) = refused(&none);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("no topic (no --output-topic)"), "{err}");
+    assert_eq!(a.term(), Some(0), "{}", a.log());
+}

@@ -69,6 +69,7 @@ pub(in crate::engine) fn join(
     if !cfg.allow_shared_sink {
         refuse_shared_sink(cfg, &driver, group)?;
     }
+    refuse_other_output(cfg, &store)?;
     let cp = DbStore::new(
         store.clone(),
         driver.clone(),
@@ -160,4 +161,43 @@ pub(in crate::engine) fn join(
         takeover: None,
         group: Some((member, store, swaps_before, owner)),
     })
+}
+
+/// Refuse a member whose outputs would go elsewhere than a live member's
+/// (another `--output-topic`, `--output-brokers` or `--output-guarantee`,
+/// or none): the group's records would be split between the two. Read
+/// from the live members' own views (their heartbeat, every 5 s; a
+/// member not seen for 30 s does not count), so a group whose members
+/// all stopped may change its output.
+///
+/// # Errors
+/// [`EngineError::Config`] naming the member and both outputs;
+/// [`EngineError::Group`] (the database).
+fn refuse_other_output(cfg: &PipelineConfig, store: &GroupStore) -> Result<(), EngineError> {
+    let ours = cfg.output.as_ref().map(|o| o.identity(&cfg.brokers));
+    let now = crate::util::now_ms();
+    for m in store.live_members(now)? {
+        let Some(live) = &m.live else { continue };
+        // `host status`'s text: the identity, then its transactional ids.
+        let theirs = live.get("output").and_then(|o| o.as_str()).map(|o| {
+            o.split(", transactional id")
+                .next()
+                .unwrap_or(o)
+                .to_string()
+        });
+        if theirs != ours {
+            let show = |o: &Option<String>| {
+                o.clone()
+                    .unwrap_or_else(|| "no topic (no --output-topic)".to_string())
+            };
+            return Err(EngineError::Config(format!(
+                "member {} of group {} produces to {}, and this member would produce to {}: the group's records would be split between the two. Give every member the same --output-topic, --output-brokers and --output-guarantee; to change them, stop every member first",
+                m.member,
+                store.group(),
+                show(&theirs),
+                show(&ours)
+            )));
+        }
+    }
+    Ok(())
 }
