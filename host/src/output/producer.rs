@@ -809,7 +809,12 @@ fn partitions_of(
     let meta = producer
         .client()
         .fetch_metadata(Some(topic), timeout)
-        .map_err(|e| client(format!("reading the topic's metadata: {e}")))?;
+        .map_err(|e| {
+            client(format!(
+                "reading the topic's metadata for {} s: {e} (are the brokers up and reachable from this host? a slow cluster may need a longer --kafka-timeout)",
+                timeout.as_secs()
+            ))
+        })?;
     let found = meta.topics().iter().find(|t| t.name() == topic);
     match found.map(|t| (t.error(), t.partitions().len())) {
         None
