@@ -424,3 +424,63 @@ fn a_member_producing_elsewhere_than_the_live_members_is_refused() {
     assert!(err.contains("no topic (no --output-topic)"), "{err}");
     assert_eq!(a.term(), Some(0), "{}", a.log());
 }
+
+#[test]
+fn a_group_swap_under_exactly_once_changes_the_outputs_at_a_batch_boundary_once() {
+    // The member maps with tag-v1 (values `v1:…`); `host group swap`
+    // installs tag-v2 at a batch boundary while inputs keep coming. Each
+    // input is visible once, tagged by the one plugin that ran its batch.
+    let broker = broker_with_input();
+    let db = Db::sqlite();
+    let mut args = member_args(&broker, &db);
+    let at = args
+        .iter()
+        .position(|x| x.ends_with("passthrough.wasm"))
+        .unwrap();
+    args[at] = crate::support::plugin("tag_v1").display().to_string();
+    let mut a = HostProcess::start(&args);
+    wait_visible(&broker, 600, &a);
+    let out = crate::support::host(&[
+        "group",
+        "swap",
+        "--sink-db",
+        &db.url,
+        "--group",
+        "eo",
+        "--plugin",
+        crate::support::plugin("tag_v2").to_str().unwrap(),
+        "--stage",
+        "map",
+    ]);
+    assert!(out.status.success(), "{}", crate::support::stderr(&out));
+    crate::output::send_inputs(&broker, 600..1200);
+    wait_visible(&broker, 1200, &a);
+    std::thread::sleep(Duration::from_secs(2));
+    let log = a.log();
+    assert_eq!(a.term(), Some(0), "{log}");
+    assert!(log.contains("group swap 1 installed"), "{log}");
+    let mut seen = std::collections::BTreeMap::<String, usize>::new();
+    let mut total = 0;
+    for v in views(&broker) {
+        assert_eq!(v.open, 0);
+        for r in &v.visible {
+            total += 1;
+            let value =
+                String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into_owned();
+            *seen.entry(value).or_default() += 1;
+        }
+    }
+    assert_eq!(total, 1200, "{log}");
+    for i in (0..1200).filter(|i| i % 50 != 49) {
+        let n1 = seen.get(&format!("v1:v{i}")).copied().unwrap_or(0);
+        let n2 = seen.get(&format!("v2:v{i}")).copied().unwrap_or(0);
+        assert_eq!(n1 + n2, 1, "input {i}: v1 {n1}, v2 {n2}");
+        if i < 600 {
+            assert_eq!(n1, 1, "input {i} came before the swap");
+        }
+    }
+    assert!(
+        seen.keys().any(|k| k.starts_with("v2:v")),
+        "tag-v2 never ran: {log}"
+    );
+}
