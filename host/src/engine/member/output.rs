@@ -96,7 +96,7 @@ pub(super) fn claim_output(
         return Ok(());
     }
     Err(format!(
-        "this pipeline's output transactions committed {}/{} up to offset {committed}, but the group's checkpoint in the sink database {at}: the database is older than the transactions (restored from a backup) or was reset back, and running it would make those outputs visible twice to read_committed consumers. Restore the newest database; to produce them again on purpose (after `host group reset`), start the members once with --output-reprocess",
+        "this pipeline's output transactions committed {}/{} up to offset {committed}, but the group's checkpoint in the sink database {at}: the database is older than the transactions (restored from a backup) or was reset back, and running it would make those outputs visible twice to read_committed consumers. Restore the newest database; to produce them again on purpose (after `host group reset`), start every member once with --output-reprocess, then without it",
         tp.0, tp.1
     ))
 }
