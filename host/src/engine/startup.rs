@@ -158,8 +158,7 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
             out.init_partition_transactions(cp.query_id(), &positions)?;
             tracing::info!(
                 "output transactions per input partition (transactional ids {})",
-                crate::output::partition_transactional_id(cp.query_id(), "<topic>", 0)
-                    .replace("<topic>:0", "<topic>:<partition>")
+                crate::output::partition_transactional_id(cp.query_id(), "<topic>", "<partition>")
             );
         } else if out.exactly_once() {
             // Fences the producers of earlier runs of this pipeline and
@@ -237,8 +236,11 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
             if o.guarantee == OutputGuarantee::ExactlyOnce && group.is_some() {
                 shown.push_str(&format!(
                     ", transactional ids {}",
-                    crate::output::partition_transactional_id(cp.query_id(), "<topic>", 0)
-                        .replace("<topic>:0", "<topic>:<partition>")
+                    crate::output::partition_transactional_id(
+                        cp.query_id(),
+                        "<topic>",
+                        "<partition>"
+                    )
                 ));
             } else if o.guarantee == OutputGuarantee::ExactlyOnce {
                 shown.push_str(&format!(

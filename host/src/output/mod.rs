@@ -152,9 +152,14 @@ pub fn transactional_id(query_id: &str) -> String {
 /// partition): `sluice-<group>:<topic>:<partition>`. Every member that
 /// holds the partition uses the same id, so each claim fences the
 /// producer of the member before it. Topic names cannot hold `:`, so two
-/// partitions never share an id. (A cluster with ACLs must let the
+/// partitions never share an id. (Messages pass `<topic>`, `<partition>`
+/// for the pattern.) (A cluster with ACLs must let the
 /// host's principal write transactional ids with the prefix `sluice-`.)
-pub fn partition_transactional_id(group: &str, topic: &str, partition: i32) -> String {
+pub fn partition_transactional_id(
+    group: &str,
+    topic: &str,
+    partition: impl std::fmt::Display,
+) -> String {
     format!("sluice-{group}:{topic}:{partition}")
 }
 

@@ -11,10 +11,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::Consumer;
 use rdkafka::producer::{Producer, ThreadedProducer};
 
-use super::producer::{Deliveries, Produce, commit_failed, positions_with_marker};
+use super::producer::{Deliveries, commit_failed, positions_with_marker};
 use super::{KafkaOutput, OutputError};
 use crate::capability::kafka::Sent;
 use crate::plugin::PartitionContext;
@@ -119,8 +118,7 @@ impl KafkaOutput {
     ) -> Result<(u64, Duration), OutputError> {
         let batch = part.batch.batch_id;
         let tp = (part.topic.clone(), part.partition);
-        let Some(part_producer) = self.parts.as_ref().and_then(|p| p.lock().get(&tp).cloned())
-        else {
+        let Some(part_producer) = self.part_producer(&tp) else {
             return Err(self.transaction_error(
                 batch,
                 format!(
@@ -129,13 +127,7 @@ impl KafkaOutput {
                 ),
             ));
         };
-        let group = self
-            .group
-            .as_ref()
-            .and_then(|g| g.group_metadata())
-            .ok_or_else(|| {
-                self.transaction_error(batch, "no consumer group for the input positions".into())
-            })?;
+        let group = self.positions_group(batch)?;
         let mut committed_to = part_producer
             .committed_to
             .lock()
@@ -183,18 +175,7 @@ impl KafkaOutput {
             .begin_transaction()
             .map_err(|e| failed("beginning it", e))?;
         for r in records {
-            let sent = self.produce_on(
-                producer,
-                Produce {
-                    topic: &r.topic,
-                    partition: r.partition,
-                    key: r.key.as_deref(),
-                    value: r.value.as_deref(),
-                    headers: &r.headers,
-                    idempotency_key: &|| r.idempotency_key.clone(),
-                },
-            );
-            if let Err(e) = sent {
+            if let Err(e) = self.produce_sent(producer, r) {
                 let _ = producer.abort_transaction(self.timeout);
                 return Err(e);
             }
@@ -224,7 +205,7 @@ impl KafkaOutput {
     /// # Errors
     /// [`OutputError::Transaction`] (batch 0).
     pub fn move_position(&self, tp: &(String, i32), at: i64) -> Result<(), OutputError> {
-        let Some(producer) = self.parts.as_ref().and_then(|p| p.lock().get(tp).cloned()) else {
+        let Some(producer) = self.part_producer(tp) else {
             return Err(self.client_error(format!(
                 "{}/{} has no transactional producer (a bug)",
                 tp.0, tp.1
@@ -239,13 +220,7 @@ impl KafkaOutput {
                 ),
             )
         };
-        let group = self
-            .group
-            .as_ref()
-            .and_then(|g| g.group_metadata())
-            .ok_or_else(|| {
-                self.transaction_error(0, "no consumer group for the input positions".into())
-            })?;
+        let group = self.positions_group(0)?;
         let positions = BTreeMap::from([(tp.clone(), at)]);
         let offsets = positions_with_marker(&positions, "sluice:reprocess")
             .map_err(|e| failed("listing the position", e))?;
@@ -257,6 +232,13 @@ impl KafkaOutput {
         }
         p.commit_transaction(self.timeout)
             .map_err(|e| failed("committing", e))
+    }
+}
+
+impl KafkaOutput {
+    /// The producer of input partition `tp`, when this member holds it.
+    fn part_producer(&self, tp: &(String, i32)) -> Option<Arc<PartProducer>> {
+        self.parts.as_ref().and_then(|p| p.lock().get(tp).cloned())
     }
 }
 

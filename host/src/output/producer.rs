@@ -417,17 +417,7 @@ impl KafkaOutput {
         marker: &str,
     ) -> Result<Duration, OutputError> {
         let started = Instant::now();
-        let group = self
-            .group
-            .as_ref()
-            .and_then(|g| g.group_metadata())
-            .ok_or_else(|| {
-                self.transaction_error(
-                    batch,
-                    "no consumer group for the input positions (init_transactions was not called)"
-                        .into(),
-                )
-            })?;
+        let group = self.positions_group(batch)?;
         self.begin(batch)?;
         let offsets = positions_with_marker(positions, marker)
             .map_err(|e| self.transaction_error(batch, e.to_string()))?;
@@ -459,6 +449,28 @@ impl KafkaOutput {
                 Err(self.transaction_error(batch, message))
             }
         }
+    }
+
+    /// Exactly once: the metadata of the consumer group the input
+    /// positions are committed to, for a transaction of batch `batch`.
+    ///
+    /// # Errors
+    /// [`OutputError::Transaction`] when the output transactions were not
+    /// initialized (no group: a bug).
+    pub(super) fn positions_group(
+        &self,
+        batch: u64,
+    ) -> Result<rdkafka::consumer::ConsumerGroupMetadata, OutputError> {
+        self.group
+            .as_ref()
+            .and_then(|g| g.group_metadata())
+            .ok_or_else(|| {
+                self.transaction_error(
+                    batch,
+                    "no consumer group for the input positions (the output transactions were not initialized)"
+                        .into(),
+                )
+            })
     }
 
     /// Exactly once: the offsets the pipeline's consumer group holds on
@@ -625,16 +637,32 @@ impl KafkaOutput {
             self.begin(batch)?;
         }
         for r in records {
-            self.produce(Produce {
+            self.produce_sent(&self.producer, r)?;
+        }
+        Ok(records.len() as u64)
+    }
+
+    /// Queue `r`, a record a sink sent (or a map output under a group's
+    /// exactly once), on `producer` with the idempotency key it carries.
+    ///
+    /// # Errors
+    /// As [`KafkaOutput::produce_on`].
+    pub(super) fn produce_sent(
+        &self,
+        producer: &ThreadedProducer<Deliveries>,
+        r: &Sent,
+    ) -> Result<(), OutputError> {
+        self.produce_on(
+            producer,
+            Produce {
                 topic: &r.topic,
                 partition: r.partition,
                 key: r.key.as_deref(),
                 value: r.value.as_deref(),
                 headers: &r.headers,
                 idempotency_key: &|| r.idempotency_key.clone(),
-            })?;
-        }
-        Ok(records.len() as u64)
+            },
+        )
     }
 
     /// Queue one record, waiting while the local queue is full (at most
@@ -645,7 +673,7 @@ impl KafkaOutput {
     }
 
     /// [`KafkaOutput::produce`] on `producer` (a partition's, in a group).
-    pub(super) fn produce_on(
+    fn produce_on(
         &self,
         producer: &ThreadedProducer<Deliveries>,
         r: Produce<'_>,
@@ -778,16 +806,16 @@ pub(super) fn commit_failed(what: &str, e: &KafkaError, abort: impl FnOnce() -> 
 }
 
 /// One record for [`KafkaOutput::produce`].
-pub(super) struct Produce<'a> {
-    pub(super) topic: &'a str,
+struct Produce<'a> {
+    topic: &'a str,
     /// `None`: by key (the producer's partitioner).
-    pub(super) partition: Option<i32>,
-    pub(super) key: Option<&'a [u8]>,
-    pub(super) value: Option<&'a [u8]>,
-    pub(super) headers: &'a [(String, Option<Vec<u8>>)],
+    partition: Option<i32>,
+    key: Option<&'a [u8]>,
+    value: Option<&'a [u8]>,
+    headers: &'a [(String, Option<Vec<u8>>)],
     /// The record's idempotency key, made only where it is sent (at-least-
     /// once) or named (an error): formatting it for every output costs.
-    pub(super) idempotency_key: &'a dyn Fn() -> String,
+    idempotency_key: &'a dyn Fn() -> String,
 }
 
 /// How many partitions `topic` has on the cluster `producer` reaches.
