@@ -1,60 +1,35 @@
 #!/usr/bin/env bash
 # The Sluice test command (README, "Quickstart"). Installs what the tests need,
 # builds the host and every plugin/fixture component, starts a throwaway
-# PostgreSQL, then runs the whole suite: unit tests, SDK tests and the
-# end-to-end tests against real built components, real files and real
-# databases, and a nisshi broker (Tansu 0.6.0 for the tests of its
-# faults) started per test. Extra arguments go to `cargo test`.
+# PostgreSQL, fetches Apache Kafka from Maven Central, then runs the whole
+# suite: unit tests, SDK tests and the end-to-end tests against real built
+# components, real files, real databases and Apache Kafka brokers started
+# per test (librdkafka's mock cluster where a test injects faults).
+# Extra arguments go to `cargo test`.
 #
-# Environment: SLUICE_TOOLS, where the brokers are installed (default
+# Environment: SLUICE_TOOLS, where downloaded tools are kept (default
 # ~/.cache/sluice-tools).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 step() { printf '\n== %s\n' "$*"; }
 
-# install_once BIN STAMP VERSION CARGO-INSTALL-ARGS...: run `cargo install
-# ARGS` unless BIN exists and the file STAMP says VERSION, then write it.
-install_once() {
-  local bin=$1 stamp=$2 version=$3
-  shift 3
-  if [ ! -x "$bin" ] || ! grep -qs "^$version\$" "$stamp"; then
-    cargo install "$@"
-    echo "$version" > "$stamp"
-  fi
-}
-
 step "wasm32-wasip2 target"
-rustup target add wasm32-wasip2
+# Where rustup cannot download it, shared/toolchain installs the same
+# component (Rust 1.95.0) from a copy.
+if ! rustup target add wasm32-wasip2; then
+  bash ../shared/toolchain/install-wasm32-wasip2.sh
+fi
 
-# Kafka-compatible brokers for the end-to-end tests, installed once into a
-# tools dir outside the repo and reused across runs.
+# Servers for the end-to-end tests, fetched once into a tools dir outside
+# the repo and reused across runs.
 TOOLS=${SLUICE_TOOLS:-$HOME/.cache/sluice-tools}
+export SLUICE_TOOLS="$TOOLS"
 
-step "nisshi 0.8.1 (the suite's broker)"
-# Its lockfile pins crates that declare rust-version 1.96 (rama 0.4.0);
-# they build with this machine's 1.95, hence --ignore-rust-version. SQLite
-# storage only. A cold install took about 12 minutes here on 2 cores.
-install_once "$TOOLS/bin/nisshi" "$TOOLS/nisshi.version" 0.8.1 \
-  nisshi --locked --ignore-rust-version --version 0.8.1 \
-  --no-default-features --features libsql --root "$TOOLS"
-export SLUICE_NISSHI="$TOOLS/bin/nisshi"
-
-step "nisshi 0.7.0 (the broker of the exactly-once output tests)"
-# The last nisshi release that runs Kafka transactions (0.8.x refuses a
-# transactional id); its SQLite storage keeps the COMMIT/ABORT markers and
-# the offsets committed in transactions. Installed beside 0.8.1. A cold
-# install took about 40 minutes here, next to another build on 2 cores.
-install_once "$TOOLS/nisshi-0.7.0/bin/nisshi" "$TOOLS/nisshi-0.7.0/version" 0.7.0 \
-  nisshi --locked --ignore-rust-version --version 0.7.0 \
-  --no-default-features --features libsql --root "$TOOLS/nisshi-0.7.0"
-export SLUICE_NISSHI_TXN="$TOOLS/nisshi-0.7.0/bin/nisshi"
-
-step "Tansu 0.6.0 (for the tests of its faults)"
-# A cold install took about 20 minutes here on 2 cores.
-install_once "$TOOLS/bin/tansu" "$TOOLS/tansu.version" 0.6.0 \
-  tansu --locked --version 0.6.0 --features dynostore,libsql --root "$TOOLS"
-export SLUICE_TANSU="$TOOLS/bin/tansu"
+step "Apache Kafka (Maven Central, pinned in servers/kafka/pom.xml)"
+# The tests start their own KRaft brokers from these jars (tests/e2e/kafka.rs).
+SLUICE_KAFKA_LIB=$(bash scripts/kafka.sh fetch)
+export SLUICE_KAFKA_LIB
 
 step "PostgreSQL (throwaway cluster on 127.0.0.1)"
 # shellcheck source=scripts/pg.sh

@@ -570,13 +570,7 @@ fn a_partition_that_appears_is_picked_up_from_offset_0() {
     engine::run(&cfg, no_stop()).unwrap();
     assert_eq!(db.scalar("SELECT COUNT(*) FROM seen"), 10);
 
-    let broker = format!("tcp://{}", kafka.bootstrap());
-    let out = kafka.topic(&["delete", "grow", "--broker", &broker]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    kafka.delete_topic("grow");
     kafka.create_topic("grow", 2);
     let p = producer(&kafka.bootstrap()); // fresh metadata: two partitions
     for i in 0..10 {

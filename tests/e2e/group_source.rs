@@ -1,6 +1,6 @@
 //! The Kafka reader as a consumer-group member (`KafkaSource::member`):
-//! two members of one group on real brokers (librdkafka's mock cluster and
-//! Tansu) split the partitions through the coordinator, each claim is
+//! two members of one group on librdkafka's mock cluster and on Apache
+//! Kafka split the partitions through the coordinator, each claim is
 //! asked of the member's `Membership` before the partition is read, a
 //! revoke is told before the partition goes, and a member reads its
 //! partitions from the offsets its claims returned.
@@ -195,6 +195,6 @@ fn group_members_split_partitions_on_the_mock_cluster() {
 }
 
 #[test]
-fn group_members_split_partitions_on_tansu() {
+fn group_members_split_partitions_on_kafka() {
     two_members_split_and_hand_back_the_partitions(&BrokerProcess::start());
 }

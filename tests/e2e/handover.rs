@@ -1,5 +1,5 @@
 //! One active owner per checkpoint, `--wait`, `--takeover` and `host swap`
-//! on a real Tansu broker with the real binary and built plugins.
+//! on Apache Kafka with the real binary and built plugins.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -268,6 +268,6 @@ fn a_component_that_imports_wasi_http_is_refused_at_load_naming_the_import() {
 
 #[test]
 fn a_js_sink_sends_each_good_record_once_through_the_kafka_capability() {
-    let broker = crate::kafka::BrokerProcess::transactional();
+    let broker = crate::kafka::BrokerProcess::start();
     crate::output_sender::a_sender_produces_each_good_input_once(&broker, &js_plugin("sender"));
 }

@@ -1,17 +1,21 @@
-//! Kafka-protocol brokers for tests: librdkafka's in-process mock cluster
-//! (fast, fault injection) and a real broker process (nisshi, or Tansu
-//! 0.6.0 where its faults are the subject; SQLite storage) started per
-//! test, plus a producer helper.
+//! Kafka brokers for tests: librdkafka's in-process mock cluster (fast,
+//! fault injection, no transactions kept) and Apache Kafka itself
+//! ([`BrokerProcess`]: KRaft brokers started per test from the jars that
+//! scripts/kafka.sh fetches from Maven Central), plus a producer helper.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{BaseProducer, BaseRecord, DefaultProducerContext, Producer};
+use rdkafka::types::RDKafkaErrorCode;
 
 /// Something that speaks the Kafka protocol.
 pub trait Broker {
@@ -45,63 +49,36 @@ impl Broker for Mock {
     }
 }
 
-/// Which broker binary a [`BrokerProcess`] runs. Both take the same
-/// command line (nisshi is Tansu renamed).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// nisshi 0.8.1, the suite's broker.
-    Nisshi,
-    /// Tansu 0.6.0, kept for what only its faults show: a record over the
-    /// fetch limits that it never sends, and consumer-group generations
-    /// bumped on every join.
-    Tansu,
-    /// nisshi 0.7.0, for exactly-once output: the last release that runs
-    /// transactions (0.8.x refuses a transactional id). Its SQLite storage
-    /// writes COMMIT/ABORT markers and stores offsets committed in a
-    /// transaction, but sends readers no aborted-transaction list (see
-    /// `txn_view`).
-    NisshiTxn,
-}
+/// The Kafka version the suite runs: servers/kafka/pom.xml pins it.
+pub const KAFKA_VERSION: &str = "4.4.0";
 
-impl Kind {
-    fn name(self) -> &'static str {
-        match self {
-            Kind::Nisshi | Kind::NisshiTxn => "nisshi",
-            Kind::Tansu => "tansu",
-        }
-    }
-
-    /// The binary: `SLUICE_NISSHI` / `SLUICE_TANSU`, else where
-    /// scripts/test.sh installs it.
-    fn bin(self) -> PathBuf {
-        let (var, version, dir) = match self {
-            Kind::Nisshi => ("SLUICE_NISSHI", "0.8.1", "bin"),
-            Kind::Tansu => ("SLUICE_TANSU", "0.6.0", "bin"),
-            Kind::NisshiTxn => ("SLUICE_NISSHI_TXN", "0.7.0", "nisshi-0.7.0/bin"),
-        };
-        let p = std::env::var_os(var).map(PathBuf::from).unwrap_or_else(|| {
-            PathBuf::from(std::env::var("HOME").unwrap_or_default())
-                .join(".cache/sluice-tools")
-                .join(dir)
-                .join(self.name())
+/// The directory of Kafka's jars: `SLUICE_KAFKA_LIB`, else where
+/// scripts/kafka.sh fetches them (`$SLUICE_TOOLS/kafka-4.4.0/lib`,
+/// `SLUICE_TOOLS` defaulting to `~/.cache/sluice-tools`).
+fn kafka_lib() -> PathBuf {
+    let lib = std::env::var_os("SLUICE_KAFKA_LIB")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let tools = std::env::var_os("SLUICE_TOOLS")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| {
+                    PathBuf::from(std::env::var("HOME").unwrap_or_default())
+                        .join(".cache/sluice-tools")
+                });
+            tools.join(format!("kafka-{KAFKA_VERSION}")).join("lib")
         });
-        assert!(
-            p.exists(),
-            "{} is missing: scripts/test.sh installs {} {version} (or set {var})",
-            p.display(),
-            self.name()
-        );
-        p
-    }
+    assert!(
+        lib.join(format!("kafka_2.13-{KAFKA_VERSION}.jar")).exists(),
+        "Apache Kafka {KAFKA_VERSION} is missing from {}: `bash scripts/kafka.sh fetch` \
+         (scripts/test.sh runs it) fetches it from Maven Central, or set SLUICE_KAFKA_LIB",
+        lib.display()
+    );
+    lib
 }
 
-/// A Kafka-protocol broker process (nisshi, or Tansu 0.6.0) with SQLite
-/// storage in a temp dir, on a free port.
-pub struct BrokerProcess {
-    child: Child,
-    port: u16,
-    bin: PathBuf,
-    _dir: tempfile::TempDir,
+/// The repository's servers/kafka directory (log4j2.properties).
+fn kafka_conf() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../servers/kafka")
 }
 
 fn free_port() -> u16 {
@@ -112,137 +89,392 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// Start `BIN broker` on `port` with SQLite storage `broker.db` in `dir`
-/// (log appended to `dir/broker.log`) and wait until it listens.
-fn spawn_broker(bin: &std::path::Path, dir: &std::path::Path, port: u16) -> Child {
-    let url = format!("tcp://127.0.0.1:{port}");
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join("broker.log"))
-        .unwrap();
-    let mut child = Command::new(bin)
-        .args([
-            "broker",
-            "--listener-url",
-            &url,
-            "--advertised-listener-url",
-            &url,
-            "--storage-engine",
-            "sqlite://broker.db",
-        ])
-        .current_dir(dir)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("start the broker");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("{} did not listen on {port}", bin.display());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    child
+/// `java` with Kafka's classpath and logging configuration: the broker's
+/// heap is kept small (tests move kilobytes) and the JIT to its first
+/// tier, which starts a broker about a second sooner on 2 cores.
+fn java(lib: &std::path::Path, main: &str) -> Command {
+    let mut cmd = Command::new("java");
+    cmd.args([
+        "-Xms128m",
+        "-Xmx512m",
+        "-XX:+UseSerialGC",
+        "-XX:TieredStopAtLevel=1",
+        "-Djava.awt.headless=true",
+    ])
+    .arg(format!(
+        "-Dlog4j2.configurationFile={}",
+        kafka_conf().join("log4j2.properties").display()
+    ))
+    .arg("-cp")
+    .arg(format!("{}/*", lib.display()))
+    .arg(main);
+    cmd
+}
+
+/// One KRaft node of a [`BrokerProcess`]: broker and controller in one
+/// process.
+struct Node {
+    id: u32,
+    port: u16,
+    controller_port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+/// Apache Kafka, started for one test: one KRaft node (broker and
+/// controller in one process) or three (replication factor 3,
+/// `min.insync.replicas=2`, a controller quorum of three), each on free
+/// ports of 127.0.0.1 with its log dirs in a temp dir. Dropping it kills
+/// every node.
+///
+/// Settings that differ from Kafka's defaults, for tests: topics are not
+/// created on first use (`auto.create.topics.enable=false`, as on most
+/// production clusters: a test creates its topics); the group
+/// coordinator starts a rebalance at once and accepts session timeouts
+/// from 1 s, for both protocols (classic and KIP-848 `consumer`); the
+/// internal topics have 4 partitions; a node that stops heartbeating is
+/// fenced by the controller after 3 s (default 9 s), so a killed leader's
+/// partitions move sooner.
+pub struct BrokerProcess {
+    nodes: Vec<Node>,
+    lib: PathBuf,
+    _dir: tempfile::TempDir,
 }
 
 impl BrokerProcess {
-    /// The suite's broker, nisshi.
+    /// One broker.
     pub fn start() -> BrokerProcess {
-        BrokerProcess::of(Kind::Nisshi)
+        BrokerProcess::with_nodes(1)
     }
 
-    /// nisshi 0.7.0, whose brokers run transactions (see
-    /// [`Kind::NisshiTxn`]).
-    pub fn transactional() -> BrokerProcess {
-        BrokerProcess::of(Kind::NisshiTxn)
+    /// Three brokers: every topic replicated three times, writes need
+    /// two in-sync replicas (`acks=all`, which transactional and
+    /// idempotent producers use).
+    pub fn cluster() -> BrokerProcess {
+        BrokerProcess::with_nodes(3)
     }
 
-    /// Tansu 0.6.0, for the tests of its faults (see [`Kind::Tansu`]).
-    pub fn tansu() -> BrokerProcess {
-        BrokerProcess::of(Kind::Tansu)
-    }
-
-    fn of(kind: Kind) -> BrokerProcess {
-        let bin = kind.bin();
+    fn with_nodes(n: u32) -> BrokerProcess {
+        let lib = kafka_lib();
         let dir = tempfile::tempdir().unwrap();
-        let port = free_port();
-        let child = spawn_broker(&bin, dir.path(), port);
-        BrokerProcess {
-            child,
-            port,
-            bin,
+        let mut nodes: Vec<Node> = (1..=n)
+            .map(|id| Node {
+                id,
+                port: free_port(),
+                controller_port: free_port(),
+                dir: dir.path().join(format!("node{id}")),
+                child: None,
+            })
+            .collect();
+        let voters = nodes
+            .iter()
+            .map(|n| format!("{}@127.0.0.1:{}", n.id, n.controller_port))
+            .collect::<Vec<_>>()
+            .join(",");
+        let rf = n.min(3);
+        let isr = if n >= 3 { 2 } else { 1 };
+        let cluster_id = cluster_id();
+        for node in &nodes {
+            std::fs::create_dir_all(&node.dir).unwrap();
+            let props = format!(
+                "process.roles=broker,controller\n\
+                 node.id={id}\n\
+                 controller.quorum.voters={voters}\n\
+                 listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}\n\
+                 advertised.listeners=PLAINTEXT://127.0.0.1:{port}\n\
+                 controller.listener.names=CONTROLLER\n\
+                 inter.broker.listener.name=PLAINTEXT\n\
+                 listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT\n\
+                 log.dirs={logs}\n\
+                 auto.create.topics.enable=false\n\
+                 num.partitions=1\n\
+                 default.replication.factor={rf}\n\
+                 min.insync.replicas={isr}\n\
+                 offsets.topic.replication.factor={rf}\n\
+                 offsets.topic.num.partitions=4\n\
+                 transaction.state.log.replication.factor={rf}\n\
+                 transaction.state.log.min.isr={isr}\n\
+                 transaction.state.log.num.partitions=4\n\
+                 share.coordinator.state.topic.replication.factor={rf}\n\
+                 share.coordinator.state.topic.min.isr={isr}\n\
+                 group.initial.rebalance.delay.ms=0\n\
+                 group.min.session.timeout.ms=1000\n\
+                 group.consumer.min.session.timeout.ms=1000\n\
+                 group.consumer.session.timeout.ms=6000\n\
+                 group.consumer.min.heartbeat.interval.ms=500\n\
+                 group.consumer.heartbeat.interval.ms=500\n\
+                 broker.heartbeat.interval.ms=500\n\
+                 broker.session.timeout.ms=3000\n",
+                id = node.id,
+                port = node.port,
+                cport = node.controller_port,
+                logs = node.dir.join("data").display(),
+            );
+            std::fs::write(node.dir.join("server.properties"), props).unwrap();
+            let out = java(&lib, "kafka.tools.StorageTool")
+                .args(["format", "--ignore-formatted", "-t", &cluster_id, "-c"])
+                .arg(node.dir.join("server.properties"))
+                .output()
+                .expect("run java (Kafka's StorageTool)");
+            assert!(
+                out.status.success(),
+                "kafka-storage format: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        for node in &mut nodes {
+            node.child = Some(spawn_node(&lib, node));
+        }
+        let broker = BrokerProcess {
+            nodes,
+            lib,
             _dir: dir,
-        }
-    }
-
-    /// Stop the broker process (for outage tests).
-    pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    /// Start it again on the same port and storage.
-    pub fn restart(&mut self) {
-        self.child = spawn_broker(&self.bin, self._dir.path(), self.port);
-    }
-
-    /// Give `topic` `partitions` partitions, as CreatePartitions would:
-    /// no broker here implements that request (Tansu 0.6.0 answers
-    /// UnsupportedFeature; nisshi 0.8.1 has no handler for it; the mock
-    /// cluster does not answer it), so the new partitions are written
-    /// into the broker's own SQLite storage, the rows its CreateTopics
-    /// writes for each partition (`topition`, `watermark`) and the
-    /// topic's partition count, which its Metadata and
-    /// DescribeTopicPartitions answers read. Clients see the topic grow at
-    /// their next metadata request, as with a real broker.
-    pub fn grow_topic(&self, topic: &str, partitions: i32) {
-        let db = self._dir.path().join("broker.db");
-        let mut c = sluice_host::capability::sql::connect(&format!("sqlite:{}", db.display()))
-            .expect("the broker's storage");
-        let q = topic.replace('\'', "''");
-        let before = match c
-            .query(
-                &format!("SELECT partitions FROM topic WHERE name = '{q}'"),
-                &[],
-            )
-            .expect("topic row")
-            .rows
-            .first()
-            .and_then(|r| r.first())
-        {
-            Some(sluice_host::capability::sql::SqlValue::Integer(n)) => *n as i32,
-            other => panic!("topic {topic} is not in the broker's storage: {other:?}"),
         };
-        assert!(
-            partitions > before,
-            "{topic} has {before} partitions already"
-        );
-        let mut sql = format!(
-            "BEGIN; UPDATE topic SET partitions = {partitions}, last_updated = current_timestamp \
-             WHERE name = '{q}';"
-        );
-        for p in before..partitions {
-            sql.push_str(&format!(
-                "INSERT INTO topition (topic, partition) SELECT id, {p} FROM topic WHERE name = '{q}'; \
-                 INSERT INTO watermark (topition) SELECT tp.id FROM topition tp JOIN topic t \
-                 ON tp.topic = t.id WHERE t.name = '{q}' AND tp.partition = {p};"
-            ));
+        for node in &broker.nodes {
+            broker.wait_listening(node);
         }
-        sql.push_str("COMMIT;");
-        c.batch(&sql)
-            .expect("grow the topic in the broker's storage");
+        broker.wait_for_brokers(n as usize);
+        broker
     }
 
-    pub fn topic(&self, args: &[&str]) -> std::process::Output {
-        Command::new(&self.bin)
-            .arg("topic")
-            .args(args)
-            .current_dir(self._dir.path())
-            .output()
-            .expect("broker topic command")
+    fn node(&self, id: u32) -> &Node {
+        self.nodes
+            .iter()
+            .find(|n| n.id == id)
+            .unwrap_or_else(|| panic!("no node {id}"))
+    }
+
+    fn wait_listening(&self, node: &Node) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while std::net::TcpStream::connect(("127.0.0.1", node.port)).is_err() {
+            if Instant::now() > deadline {
+                panic!(
+                    "Kafka node {} did not listen on {} within 60 s; its log:\n{}",
+                    node.id,
+                    node.port,
+                    std::fs::read_to_string(node.dir.join("broker.log")).unwrap_or_default()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Wait until the cluster's metadata lists `n` live brokers.
+    fn wait_for_brokers(&self, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let c: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", self.bootstrap())
+            .create()
+            .expect("metadata client");
+        loop {
+            if let Ok(m) = c.fetch_metadata(None, Duration::from_secs(5))
+                && m.brokers().len() >= n
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the Kafka cluster did not list {n} brokers within 60 s"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Kill every node (SIGKILL), for outage tests.
+    pub fn kill(&mut self) {
+        for node in &mut self.nodes {
+            kill_node(node);
+        }
+    }
+
+    /// Start every node again on the same ports and log dirs, and wait
+    /// until all of them are back.
+    pub fn restart(&mut self) {
+        for node in &mut self.nodes {
+            if node.child.is_none() {
+                node.child = Some(spawn_node(&self.lib, node));
+            }
+        }
+        for node in &self.nodes {
+            self.wait_listening(node);
+        }
+        self.wait_for_brokers(self.nodes.len());
+    }
+
+    /// Kill node `id` (SIGKILL): no controlled shutdown, its leaderships
+    /// move when the controller fences it.
+    pub fn kill_node(&mut self, id: u32) {
+        let node = self
+            .nodes
+            .iter_mut()
+            .find(|n| n.id == id)
+            .unwrap_or_else(|| panic!("no node {id}"));
+        kill_node(node);
+    }
+
+    /// Stop node `id` the way an operator does (SIGTERM: a controlled
+    /// shutdown that hands its leaderships over first), waiting at most
+    /// 60 s for it to exit.
+    pub fn stop_node(&mut self, id: u32) {
+        let node = self
+            .nodes
+            .iter_mut()
+            .find(|n| n.id == id)
+            .unwrap_or_else(|| panic!("no node {id}"));
+        if let Some(mut child) = node.child.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while child.try_wait().ok().flatten().is_none() {
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!("Kafka node {id} did not stop within 60 s of SIGTERM");
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    /// Start node `id` again and wait until the cluster lists all nodes.
+    pub fn restart_node(&mut self, id: u32) {
+        let lib = self.lib.clone();
+        let node = self
+            .nodes
+            .iter_mut()
+            .find(|n| n.id == id)
+            .unwrap_or_else(|| panic!("no node {id}"));
+        if node.child.is_none() {
+            node.child = Some(spawn_node(&lib, node));
+        }
+        self.wait_listening(self.node(id));
+        self.wait_for_brokers(self.nodes.len());
+    }
+
+    /// The node ids, in order.
+    pub fn node_ids(&self) -> Vec<u32> {
+        self.nodes.iter().map(|n| n.id).collect()
+    }
+
+    /// The node that leads `topic`'s `partition` now.
+    pub fn leader_of(&self, topic: &str, partition: i32) -> u32 {
+        let c: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", self.bootstrap())
+            .create()
+            .expect("metadata client");
+        let m = c
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+            .expect("metadata");
+        let leader = m
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic)
+            .and_then(|t| t.partitions().iter().find(|p| p.id() == partition))
+            .map(|p| p.leader())
+            .unwrap_or_else(|| panic!("{topic}/{partition} is not in the metadata"));
+        u32::try_from(leader).unwrap_or_else(|_| panic!("{topic}/{partition} has no leader"))
+    }
+
+    fn admin(&self) -> AdminClient<DefaultClientContext> {
+        ClientConfig::new()
+            .set("bootstrap.servers", self.bootstrap())
+            .create()
+            .expect("admin client")
+    }
+
+    /// Delete `topic` (DeleteTopics) and wait until the metadata no
+    /// longer lists it.
+    pub fn delete_topic(&self, topic: &str) {
+        let results = block_on(
+            self.admin()
+                .delete_topics(&[topic], &AdminOptions::new().operation_timeout(Some(WAIT))),
+        )
+        .expect("delete topics");
+        for r in results {
+            r.unwrap_or_else(|(t, e)| panic!("delete topic {t}: {e}"));
+        }
+        let c: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", self.bootstrap())
+            .create()
+            .expect("metadata client");
+        let deadline = Instant::now() + WAIT;
+        while c
+            .fetch_metadata(None, Duration::from_secs(5))
+            .map(|m| m.topics().iter().any(|t| t.name() == topic))
+            .unwrap_or(true)
+        {
+            assert!(Instant::now() < deadline, "{topic} is still listed");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Give `topic` `partitions` partitions in all (CreatePartitions,
+    /// KIP-195); clients see them at their next metadata request.
+    pub fn create_partitions(&self, topic: &str, partitions: usize) {
+        let results = block_on(self.admin().create_partitions(
+            &[NewPartitions::new(topic, partitions)],
+            &AdminOptions::new().operation_timeout(Some(WAIT)),
+        ))
+        .expect("create partitions");
+        for r in results {
+            r.unwrap_or_else(|(t, e)| panic!("create partitions of {t}: {e}"));
+        }
+    }
+}
+
+/// How long an admin request may take.
+const WAIT: Duration = Duration::from_secs(30);
+
+/// Run an admin future (rdkafka's complete on its own threads).
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime")
+        .block_on(f)
+}
+
+/// A KRaft cluster id: 16 random bytes in Kafka's `Uuid` text form
+/// (URL-safe base64, no padding).
+fn cluster_id() -> String {
+    use base64::Engine;
+    let mut bytes = [0u8; 16];
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos()
+        ^ u128::from(std::process::id()) << 64;
+    bytes.copy_from_slice(&seed.to_le_bytes());
+    // A first byte of 1..=100 makes the text start with a letter (B..Z):
+    // never the all-zero id, never a leading `-` that the tool would take
+    // for an option.
+    bytes[0] = bytes[0] % 100 + 1;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+}
+
+/// Start `node`'s `kafka.Kafka` with its log appended to
+/// `node.dir/broker.log`.
+fn spawn_node(lib: &std::path::Path, node: &Node) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(node.dir.join("broker.log"))
+        .unwrap();
+    let err = log.try_clone().unwrap();
+    java(lib, "kafka.Kafka")
+        .arg(node.dir.join("server.properties"))
+        .current_dir(&node.dir)
+        .stdout(log)
+        .stderr(err)
+        .spawn()
+        .expect("start Kafka (java)")
+}
+
+fn kill_node(node: &mut Node) {
+    if let Some(mut child) = node.child.take() {
+        let _ = child.kill();
+        let _ = child.wait();
     }
 }
 
@@ -254,25 +486,32 @@ impl Drop for BrokerProcess {
 
 impl Broker for BrokerProcess {
     fn bootstrap(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        self.nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect::<Vec<_>>()
+            .join(",")
     }
+
+    /// CreateTopics, replicated on every node (up to 3); retried while a
+    /// topic of the same name is still being deleted.
     fn create_topic(&self, name: &str, partitions: i32) {
-        let broker = format!("tcp://127.0.0.1:{}", self.port);
-        let out = self.topic(&[
-            "create",
-            name,
-            "--broker",
-            &broker,
-            "--partitions",
-            &partitions.to_string(),
-        ]);
-        assert!(
-            out.status.success(),
-            "topic create {name}: {:?} {}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let rf = i32::try_from(self.nodes.len().min(3)).unwrap();
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let results = block_on(self.admin().create_topics(
+                &[NewTopic::new(name, partitions, TopicReplication::Fixed(rf))],
+                &AdminOptions::new().operation_timeout(Some(WAIT)),
+            ))
+            .expect("create topics");
+            match results.into_iter().next().expect("one result") {
+                Ok(_) => return,
+                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err((t, e)) => panic!("create topic {t}: {e}"),
+            }
+        }
     }
 }
 

@@ -1,5 +1,5 @@
 //! Output to Kafka (`host run --output-topic`): a map-only pipeline's
-//! outputs produced to a topic of a nisshi broker process, read back with
+//! outputs produced to a topic of an Apache Kafka broker, read back with
 //! a consumer. At-least-once: everything arrives, a kill -9 after the
 //! outputs were acknowledged and before the batch's commit entry produces
 //! the batch again, and the duplicates carry the same idempotency key.
@@ -91,7 +91,7 @@ fn read_all(bootstrap: &str, topic: &str, partitions: i32) -> Vec<Produced> {
     out
 }
 
-/// A nisshi broker with topic `in` (3 partitions) holding `n` records
+/// An Apache Kafka broker with topic `in` (3 partitions) holding `n` records
 /// (key `k{i % 7}`, value `v{i}`, a header `h: {i}`; every 50th a
 /// tombstone; every 10th also an upstream pipeline's
 /// `sluice-idempotency-key`, which the output must replace) and an empty
@@ -335,45 +335,53 @@ fn what_the_output_flags_refuse_and_why() {
         .plugin("passthrough")
         .args(["--until-caught-up"]);
 
-    // Exactly once (the default) on a broker that refuses transactions
-    // (nisshi 0.8.1): a clear error at start, naming the flag.
-    let out = host_run(&base.clone().args(["--output-topic", "out"]).build());
-    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    // Exactly once (the default) on brokers that accept transactions but
+    // keep no offsets committed in one (librdkafka's mock cluster): the
+    // probe at start refuses, naming the flag, before anything is read.
+    let mock = crate::kafka::Mock::new();
+    mock.create_topic("in", 3);
+    mock.create_topic("out", 2);
+    let on_mock = RunArgs::new(&mock.bootstrap(), &["in"], &dir.path().join("ck"))
+        .plugin("passthrough")
+        .args(["--until-caught-up", "--output-topic", "out"]);
+    let out = host_run(&on_mock.clone().build());
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
-        stderr(&out).contains("needs Kafka transactions, which the brokers refuse")
-            && stderr(&out).contains("--output-guarantee at-least-once"),
-        "{}",
-        stderr(&out)
+        err.contains("exactly once to out on")
+            && err.contains("kept no offset committed in a transaction")
+            && err.contains("--output-guarantee at-least-once"),
+        "{err}"
     );
     assert!(
         !dir.path().join("ck").exists(),
         "a refused start leaves no checkpoint"
     );
+    // At-least-once runs there.
+    let out = host_run(
+        &on_mock
+            .clone()
+            .args(["--output-guarantee", "at-least-once"])
+            .build(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    std::fs::remove_dir_all(dir.path().join("ck")).unwrap();
 
-    // A pipeline group on the same broker: its members' claims take the
-    // partitions' transactional ids, which the brokers refuse (named,
-    // with the flag).
+    // A pipeline group there: refused the same way.
     let db = crate::support::Db::sqlite();
-    let mut grouped = base
+    let mut grouped = on_mock
         .clone()
-        .args([
-            "--output-topic",
-            "out",
-            "--group",
-            "g",
-            "--sink-db",
-            &db.url,
-        ])
+        .args(["--group", "g", "--sink-db", &db.url])
         .build();
     let at = grouped.iter().position(|a| a == "--checkpoint").unwrap();
     grouped.drain(at..at + 2);
     let out = host_run(&grouped);
-    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
-        stderr(&out).contains("needs Kafka transactions, which the brokers refuse")
-            && stderr(&out).contains("--output-guarantee at-least-once"),
-        "{}",
-        stderr(&out)
+        err.contains("kept no offset committed in a transaction")
+            && err.contains("--output-guarantee at-least-once"),
+        "{err}"
     );
 
     // Exactly once with a sink database (dead letters, progress rows):

@@ -5,8 +5,7 @@
 //! producer (`sluice-<group>:<topic>:<partition>`), then its progress row
 //! in the sink database; the next member to claim the partition fences
 //! that producer and records a part whose transaction committed but whose
-//! row did not. On nisshi 0.7.0 (transactions, a group coordinator that
-//! rebalances), read through [`crate::txn_view`]'s KIP-98 view.
+//! row did not. On Apache Kafka, read through [`crate::txn_view`].
 //!
 //! At-least-once (librdkafka's mock cluster): a group swap keeps a
 //! sending sink's topics.
@@ -19,7 +18,7 @@ use crate::support::{Db, HostProcess};
 
 /// `host run` of the passthrough map into `out` as a member of group
 /// `eo`, 100 records per partition per batch.
-fn member_args(broker: &BrokerProcess, db: &Db) -> Vec<String> {
+pub(crate) fn member_args(broker: &BrokerProcess, db: &Db) -> Vec<String> {
     [
         "run",
         "--brokers",
@@ -113,7 +112,7 @@ fn a_member_killed_inside_a_parts_transaction_is_aborted_and_run_again() {
 
 #[test]
 fn exactly_once_in_a_group_refuses_a_sink_stage_and_dead_letters() {
-    let broker = BrokerProcess::transactional();
+    let broker = BrokerProcess::start();
     broker.create_topic("in", 1);
     broker.create_topic("out", 1);
     let db = Db::sqlite();
@@ -152,10 +151,8 @@ fn a_frozen_member_past_its_session_commits_nothing_its_successor_runs() {
     // database transaction. Its session ends; a takes the partitions once
     // PostgreSQL ends b's idle session, and a's claim of each partition's
     // transactional id aborts b's open transaction. b, resumed, must make
-    // nothing visible: Kafka refuses its commit (fenced); nisshi 0.7.0
-    // answers a stale epoch's EndTxn with success and writes no marker,
-    // and b's database commit fails, so only what readers see and the
-    // progress rows are asserted.
+    // nothing visible: the brokers refuse its commit (fenced), and it
+    // says so.
     let broker = broker_with_input();
     let db = Db::postgres();
     let args = member_args(&broker, &db);
@@ -188,7 +185,11 @@ fn a_frozen_member_past_its_session_commits_nothing_its_successor_runs() {
         std::thread::sleep(Duration::from_millis(500));
     }
     b.signal("CONT");
-    std::thread::sleep(Duration::from_secs(5));
+    let fenced = b.logged(
+        "initialized the transactional id since",
+        Duration::from_secs(30),
+    );
+    assert!(fenced.is_some(), "b was not fenced:\n{}", b.log());
     assert_each_input_once(&views(&broker));
     let log_a = a.log();
     assert_eq!(a.term(), Some(0), "{log_a}\n--- b\n{}", b.log());

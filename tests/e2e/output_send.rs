@@ -2,10 +2,9 @@
 //! `kafka.send`, contract 0.2.4) with the `router` plugin: each JSON
 //! event goes to `cdc.<table>`, tombstones to `other`.
 //!
-//! Exactly once runs on nisshi 0.7.0 (transactions); what a
-//! `read_committed` consumer sees is computed from the raw record batches
-//! ([`crate::txn_view`]). At-least-once with a sink database runs on
-//! nisshi 0.8.1 and reads the topics with an ordinary consumer.
+//! On Apache Kafka. Exactly once: what a `read_committed` consumer sees
+//! ([`crate::txn_view`]). At-least-once with a sink database: the topics
+//! read with an ordinary consumer.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -179,7 +178,7 @@ fn assert_each_routed(seen: &Seen, at_most: usize) {
 
 #[test]
 fn a_sink_routes_each_record_to_its_topic_exactly_once_across_kills() {
-    let broker = BrokerProcess::transactional();
+    let broker = BrokerProcess::start();
     fill(&broker, N);
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("ck");

@@ -2,7 +2,7 @@
 //! record per input; Rust here, Python and JavaScript in `python` and
 //! `js`): only a part's last attempt is produced, a refused send fails
 //! the part, and `host test` shows what would be sent. Exactly once on
-//! nisshi 0.7.0, read through [`crate::txn_view`].
+//! Apache Kafka, read through [`crate::txn_view`].
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -89,7 +89,7 @@ pub(crate) fn a_sender_produces_each_good_input_once(broker: &BrokerProcess, sin
 
 #[test]
 fn what_a_failed_attempt_sent_is_dropped_and_a_refusal_fails_the_range() {
-    let broker = BrokerProcess::transactional();
+    let broker = BrokerProcess::start();
     a_sender_produces_each_good_input_once(&broker, &crate::support::plugin("sender"));
 
     // A sink that ignores the host's refusal (a topic not named) still

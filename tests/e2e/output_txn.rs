@@ -1,7 +1,7 @@
 //! Exactly once to a Kafka topic (`host run --output-topic`, the default
-//! guarantee) on a broker that runs transactions (nisshi 0.7.0). What a
-//! `read_committed` consumer of a real Kafka cluster would see is computed
-//! from the output partitions' raw record batches ([`crate::txn_view`]):
+//! guarantee) on Apache Kafka. What a `read_committed` consumer sees is
+//! read and checked against the output partitions' raw record batches
+//! ([`crate::txn_view`]):
 //! each input's outputs must be there once after a kill -9 before the
 //! transaction, inside it, and after its commit but before the
 //! checkpoint's commit entry, and after a second run of the same pipeline
@@ -23,7 +23,7 @@ const WAIT: Duration = Duration::from_secs(60);
 const N: usize = 600;
 
 pub(crate) fn broker_with_input() -> BrokerProcess {
-    let broker = BrokerProcess::transactional();
+    let broker = BrokerProcess::start();
     fill_input(&broker, N);
     broker
 }
@@ -149,13 +149,13 @@ fn each_output_is_visible_once_with_the_input_positions_in_the_transaction() {
     // One transaction per batch, its marker on each partition that had
     // outputs.
     assert!(views.iter().all(|v| v.commits == 2), "{views:?}");
-    // The input positions went in the last transaction (with its marker
-    // as metadata, which nisshi 0.7.0 does not keep).
+    // The input positions went in the last transaction, with its marker
+    // as metadata.
     let q = query_id(&ckpt);
     let marker = format!("sluice:{q}:batch:1");
     for (offset, metadata) in group_offsets(&broker, &format!("sluice-{q}")) {
         assert_eq!(offset, 200);
-        assert!(metadata.is_empty() || metadata == marker, "{metadata}");
+        assert_eq!(metadata, marker);
     }
 }
 
@@ -247,7 +247,7 @@ fn exactly_once_stays_on_the_input_cluster_and_keeps_dashboard_commits_apart() {
     // (Kafka accepts offsets only for its own topics): refused, naming
     // at-least-once.
     let input = broker_with_input();
-    let other = BrokerProcess::transactional();
+    let other = BrokerProcess::start();
     other.create_topic("out", 2);
     let dir = tempfile::tempdir().unwrap();
     let mut args = run_args(&input, &dir.path().join("ck"));
@@ -287,10 +287,8 @@ fn a_second_run_of_the_pipeline_fences_the_first_mid_transaction() {
     // pipeline (its checkpoint copied, as a restore from a backup would)
     // initializes the transactional id, which aborts the zombie's open
     // transaction and fences its producer; it runs the batch again. The
-    // zombie, resumed, must not make its outputs visible. (Kafka answers
-    // its commit with PRODUCER_FENCED and the host stops; nisshi 0.7.0
-    // answers a stale epoch's EndTxn with success and changes nothing, so
-    // only what readers see is asserted.)
+    // zombie, resumed, must not make its outputs visible: the brokers
+    // answer its commit with PRODUCER_FENCED and it stops, saying so.
     let broker = broker_with_input();
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("ck");
@@ -318,7 +316,11 @@ fn a_second_run_of_the_pipeline_fences_the_first_mid_transaction() {
     assert_eq!(events[0]["counts"]["produced"], 300, "{events:?}");
     std::fs::write(&resume, b"").unwrap();
     let (code, log) = zombie.finish();
-    assert!(code.is_some(), "{log}");
+    assert_eq!(code, Some(1), "{log}");
+    assert!(
+        log.contains("did not commit") && log.contains("initialized the transactional id since"),
+        "{log}"
+    );
     let views = views(&broker);
     assert_each_input_once(&views);
     assert_eq!(
@@ -434,7 +436,7 @@ fn copy_dir(from: &Path, to: &Path) {
 fn an_older_copy_of_the_checkpoint_is_refused_unless_reprocessing_is_asked_for() {
     // The first 300 inputs, then a backup of the checkpoint; 300 more run
     // by the original. The backup would produce those 300 again.
-    let broker = BrokerProcess::transactional();
+    let broker = BrokerProcess::start();
     crate::output::fill_input(&broker, N / 2);
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("ck");

@@ -1,5 +1,5 @@
-//! `host run` end to end: the real binary, a real Tansu broker (sqlite
-//! storage), real built plugins, a real SQLite sink.
+//! `host run` end to end: the real binary, Apache Kafka, real built
+//! plugins, a real SQLite sink.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -379,7 +379,7 @@ fn second_run_on_an_owned_checkpoint_is_refused_with_exit_3() {
 }
 
 #[test]
-fn broker_down_for_a_few_seconds_mid_run_on_tansu() {
+fn broker_down_for_a_few_seconds_mid_run_on_kafka() {
     let mut kafka = BrokerProcess::start();
     kafka.create_topic("maxwell", 3);
     let mut stream = Stream::new(77);
@@ -460,24 +460,8 @@ fn run_an_oversized_record(kafka: &BrokerProcess) -> std::process::Output {
     ])
 }
 
-/// Tansu 0.6.0 returns nothing for a record over the consumer's fetch
-/// limits; the host used to wait for the broker timeout and call the
-/// broker unavailable. It must name the limits instead.
-#[test]
-fn a_record_larger_than_the_fetch_limits_is_named_as_such_not_as_a_broker_outage() {
-    let out = run_an_oversized_record(&BrokerProcess::tansu());
-    let err = stderr(&out);
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(
-        err.contains("fetch stalled on big/0 at offset 0 (high watermark 1)"),
-        "{err}"
-    );
-    assert!(err.contains("max.partition.fetch.bytes=1024"), "{err}");
-    assert!(!err.contains("unavailable"), "{err}");
-}
-
-/// A broker that sends the first record of a partition even when it is
-/// over the fetch limits, as Kafka does (KIP-74; nisshi): it is read.
+/// Kafka sends the first record of a partition even when it is over the
+/// consumer's fetch limits (KIP-74): it is read.
 #[test]
 fn a_record_larger_than_the_fetch_limits_is_read_where_the_broker_sends_it() {
     let out = run_an_oversized_record(&BrokerProcess::start());

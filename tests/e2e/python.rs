@@ -302,6 +302,6 @@ fn a_python_map_killed_between_parts_resumes_and_applies_each_record_once() {
 
 #[test]
 fn a_python_sink_sends_each_good_record_once_through_the_kafka_capability() {
-    let broker = crate::kafka::BrokerProcess::transactional();
+    let broker = crate::kafka::BrokerProcess::start();
     crate::output_sender::a_sender_produces_each_good_input_once(&broker, &python_plugin("sender"));
 }

@@ -1,21 +1,23 @@
-//! What a `read_committed` consumer of a real Kafka cluster sees of a
-//! partition, computed from the partition's raw record batches.
+//! What a `read_committed` consumer sees of a partition, two ways: as
+//! computed from the partition's raw record batches, and as a real
+//! `read_committed` consumer (librdkafka, honouring the broker's
+//! aborted-transaction list) reads it. [`committed_view`] computes the
+//! first and checks that the second agrees.
 //!
-//! The brokers the suite runs do not hide aborted transactions from
-//! `read_committed` readers (nisshi's SQLite storage sends no
-//! aborted-transaction list; librdkafka's mock cluster has none before
-//! 2.15), so a test cannot trust a consumer's view. Here the partition is
-//! fetched with `read_uncommitted` over the Kafka protocol (Fetch v11,
-//! `kafka-protocol` crate) and the rule of KIP-98 is applied: a record
+//! The computed view fetches the partition from its leader with
+//! `read_uncommitted` over the Kafka protocol (Fetch v11,
+//! `kafka-protocol` crate) and applies the rule of KIP-98: a record
 //! written outside a transaction is visible; a transactional record is
 //! visible only if its producer's transaction ended with a COMMIT control
 //! record (control record key: version `i16`, type `i16`, 0 = ABORT,
 //! 1 = COMMIT; Kafka's `ControlRecordType`), and not if it ended with an
-//! ABORT or has not ended.
+//! ABORT or has not ended. It also counts what a consumer does not show:
+//! aborted records, open transactions, the markers.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
@@ -24,6 +26,10 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, StrBytes};
 use kafka_protocol::records::{Record, RecordBatchDecoder};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 /// Fetch version used: the last without flexible encoding.
 const FETCH_VERSION: i16 = 11;
@@ -79,13 +85,41 @@ where
     A::decode(&mut answer, version).expect("response body")
 }
 
+/// The `host:port` of the broker that leads `topic`/`partition`.
+fn leader(bootstrap: &str, topic: &str, partition: i32) -> String {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .expect("metadata client");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let m = c
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+            .expect("metadata");
+        let leader = m
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic)
+            .and_then(|t| t.partitions().iter().find(|p| p.id() == partition))
+            .map(|p| p.leader());
+        if let Some(b) = leader.and_then(|id| m.brokers().iter().find(|b| b.id() == id)) {
+            return format!("{}:{}", b.host(), b.port());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{topic}/{partition} has no leader"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// Every record of `topic`/`partition` up to its high watermark, control
-/// records included, read from the broker at `bootstrap` (a single-node
-/// cluster: it leads every partition).
+/// records included, read from the partition's leader.
 pub fn raw_records(bootstrap: &str, topic: &str, partition: i32) -> Vec<Record> {
-    let mut stream = TcpStream::connect(bootstrap).expect("connect to the broker");
+    let mut stream =
+        TcpStream::connect(leader(bootstrap, topic, partition)).expect("connect to the leader");
     stream
-        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .set_read_timeout(Some(Duration::from_secs(30)))
         .expect("timeout");
     let mut records: Vec<Record> = Vec::new();
     let mut offset = 0i64;
@@ -135,9 +169,53 @@ pub fn raw_records(bootstrap: &str, topic: &str, partition: i32) -> Vec<Record> 
 }
 
 /// What a `read_committed` consumer sees of `topic`/`partition` (see the
-/// module's rule).
+/// module's rule), checked against what a real one reads.
 pub fn committed_view(bootstrap: &str, topic: &str, partition: i32) -> CommittedView {
-    view_of(raw_records(bootstrap, topic, partition))
+    let raw = raw_records(bootstrap, topic, partition);
+    // What was written after these records were fetched is not compared.
+    let end = raw.last().map_or(0, |r| r.offset + 1);
+    let view = view_of(raw);
+    if view.open == 0 {
+        let computed: Vec<i64> = view.visible.iter().map(|r| r.offset).collect();
+        let mut read = read_committed(bootstrap, topic, partition);
+        read.retain(|o| *o < end);
+        assert_eq!(
+            read, computed,
+            "{topic}/{partition}: the offsets a read_committed consumer read, against those the raw batches show committed"
+        );
+    }
+    view
+}
+
+/// The offsets a `read_committed` consumer (librdkafka) reads of
+/// `topic`/`partition`, from its start to its end.
+pub fn read_committed(bootstrap: &str, topic: &str, partition: i32) -> Vec<i64> {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "sluice-test-reader")
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true")
+        .set("isolation.level", "read_committed")
+        .create()
+        .expect("read_committed consumer");
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, partition, Offset::Beginning)
+        .expect("partition");
+    c.assign(&tpl).expect("assign");
+    let mut offsets = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "{topic}/{partition}: no end reached within 60 s"
+        );
+        match c.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => offsets.push(m.offset()),
+            Some(Err(KafkaError::PartitionEOF(_))) => return offsets,
+            Some(Err(e)) => panic!("reading {topic}/{partition}: {e}"),
+            None => {}
+        }
+    }
 }
 
 /// [`committed_view`] of records already read.

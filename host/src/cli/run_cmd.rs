@@ -183,7 +183,11 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
                 ExitCode::Owned
             } else if matches!(
                 e,
-                engine::EngineError::Config(_) | engine::EngineError::PluginAuthority { .. }
+                engine::EngineError::Config(_)
+                    | engine::EngineError::PluginAuthority { .. }
+                    | engine::EngineError::Output(
+                        crate::output::OutputError::NotExactlyOnce { .. }
+                    )
             )
                 // A SQLite file that cannot be opened or created is a path
                 // the user gave, not a database that is down.

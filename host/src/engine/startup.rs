@@ -143,6 +143,11 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
                 .grant_kafka(Arc::new(out.grant()))
                 .map_err(EngineError::Config)?;
         }
+        if out.exactly_once() {
+            // Never exactly once blind: the brokers must keep offsets
+            // committed in a transaction and fence old producers.
+            out.probe_exactly_once(cp.query_id())?;
+        }
         if out.exactly_once() && group.is_some() {
             if let Some(s) = stages.sinks.first() {
                 return Err(EngineError::Config(format!(

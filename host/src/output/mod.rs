@@ -42,6 +42,7 @@ use serde::{Deserialize, Serialize};
 
 mod partitioner;
 mod parts;
+mod probe;
 mod producer;
 
 pub use partitioner::partition_of_key;
@@ -279,6 +280,22 @@ pub enum OutputError {
         brokers: String,
         /// librdkafka's message.
         message: String,
+    },
+    /// The output cluster accepts transactions but lacks what exactly
+    /// once rests on (keeping offsets committed in a transaction, fencing
+    /// old producers): found by the probe at start
+    /// ([`KafkaOutput::probe_exactly_once`]).
+    #[error(
+        "exactly once to {topic} on {brokers} is refused: a probe transaction at start showed that the brokers do not do what it rests on: {lacks}. Use brokers that do (Apache Kafka 2.5 or later; librdkafka's mock cluster does not keep offsets committed in a transaction), or pass --output-guarantee at-least-once (an idempotent producer; each output carries its idempotency key in the `{header}` header so consumers can drop duplicates)",
+        header = IDEMPOTENCY_KEY_HEADER
+    )]
+    NotExactlyOnce {
+        /// The output topics.
+        topic: String,
+        /// The output cluster.
+        brokers: String,
+        /// What the probe found missing.
+        lacks: String,
     },
     /// A batch's transaction could not be committed: it is aborted (or
     /// left to the next producer of the pipeline to abort), and the

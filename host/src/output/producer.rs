@@ -277,8 +277,13 @@ impl KafkaOutput {
         crate::capability::kafka::KafkaGrant::new(self.topics.iter().cloned().collect())
     }
 
+    /// The output cluster's bootstrap servers.
+    pub(super) fn brokers(&self) -> &str {
+        &self.brokers
+    }
+
     /// The output topics, for messages: `a, b`.
-    fn topic_list(&self) -> String {
+    pub(super) fn topic_list(&self) -> String {
         let names: Vec<&str> = self.topics.iter().map(|(t, _)| t.as_str()).collect();
         names.join(", ")
     }
@@ -349,10 +354,22 @@ impl KafkaOutput {
         &self,
         id: &str,
     ) -> Result<ThreadedProducer<Deliveries>, OutputError> {
+        self.transactional_producer_with(id, Deliveries::default())
+    }
+
+    /// [`KafkaOutput::transactional_producer`] with callbacks `context`.
+    ///
+    /// # Errors
+    /// As [`KafkaOutput::transactional_producer`].
+    pub(super) fn transactional_producer_with<C: ProducerContext + 'static>(
+        &self,
+        id: &str,
+        context: C,
+    ) -> Result<ThreadedProducer<C>, OutputError> {
         let mut props = self.props.clone();
         props.set("transactional.id", id);
-        let producer: ThreadedProducer<Deliveries> = props
-            .create_with_context(Deliveries::default())
+        let producer: ThreadedProducer<C> = props
+            .create_with_context(context)
             .map_err(|e| self.client_error(e.to_string()))?;
         producer.init_transactions(self.timeout).map_err(|e| {
             let refused = matches!(

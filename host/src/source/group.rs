@@ -4,7 +4,9 @@
 //! each rebalance.
 //!
 //! The consumer subscribes with the classic protocol and
-//! `partition.assignment.strategy=cooperative-sticky`, and overrides
+//! `partition.assignment.strategy=cooperative-sticky` (or, with
+//! `group.protocol=consumer`, KIP-848's protocol, whose assignments are
+//! incremental too), and overrides
 //! rust-rdkafka's `ConsumerContext::rebalance` itself (not the pre/post
 //! hooks) so that an assignment is taken only after its partitions were
 //! claimed, and starts at the offsets the claims returned:

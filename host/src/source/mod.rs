@@ -370,8 +370,11 @@ impl KafkaSource {
     /// assignment changes go through `membership` ([`group`]): the
     /// classic protocol with `partition.assignment.strategy` set to
     /// `cooperative-sticky` (a `--config kafka.partition.assignment.strategy`
-    /// overrides it). Offsets are committed to the group only when
-    /// `commit_group`. Rebalances happen inside the reads.
+    /// overrides it), or KIP-848's consumer protocol when `properties`
+    /// set `group.protocol=consumer` (Kafka 4.0 and later; the brokers
+    /// assign and time sessions out, so no strategy is set). Offsets are
+    /// committed to the group only when `commit_group`. Rebalances happen
+    /// inside the reads.
     ///
     /// # Errors
     /// [`SourceError::Client`] for an invalid property or a failed
@@ -385,10 +388,16 @@ impl KafkaSource {
         commit_group: bool,
         timeout: Duration,
     ) -> Result<Self, SourceError> {
-        let mut props = BTreeMap::from([(
-            "partition.assignment.strategy".to_string(),
-            "cooperative-sticky".to_string(),
-        )]);
+        let consumer_protocol = properties
+            .get("group.protocol")
+            .is_some_and(|p| p.eq_ignore_ascii_case("consumer"));
+        let mut props = BTreeMap::new();
+        if !consumer_protocol {
+            props.insert(
+                "partition.assignment.strategy".to_string(),
+                "cooperative-sticky".to_string(),
+            );
+        }
         props.extend(properties.iter().map(|(k, v)| (k.clone(), v.clone())));
         let source = Self::with_context(
             brokers,
