@@ -103,24 +103,67 @@ fn the_output_leader_killed_mid_transaction_loses_and_repeats_nothing() {
     assert!(!log.contains("panicked"), "{log}");
 }
 
-/// Wait until `n` outputs are visible, or fail with the members' logs.
-fn wait_visible(cluster: &BrokerProcess, n: usize, members: &[&HostProcess]) {
-    let until = Instant::now() + Duration::from_secs(240);
-    loop {
-        let seen: usize = views(cluster).iter().map(|v| v.visible.len()).sum();
-        if seen >= n {
-            return;
+/// Members of one pipeline group kept running as a service manager
+/// would: one that exits is started again, once its exit was the
+/// watchdog's (a librdkafka call that outlived its timeout: exit 1 and
+/// the message); any other exit fails the test.
+struct Supervised {
+    args: Vec<String>,
+    members: Vec<HostProcess>,
+    logs: String,
+    restarts: usize,
+}
+
+impl Supervised {
+    fn start(args: Vec<String>, n: usize) -> Supervised {
+        let members = (0..n).map(|_| HostProcess::start(&args)).collect();
+        Supervised {
+            args,
+            members,
+            logs: String::new(),
+            restarts: 0,
         }
-        assert!(
-            Instant::now() < until,
-            "{seen} of {n} outputs visible\n{}",
-            members
-                .iter()
-                .map(|m| m.log())
-                .collect::<Vec<_>>()
-                .join("\n---\n")
-        );
-        std::thread::sleep(Duration::from_millis(500));
+    }
+
+    /// Start again each member that exited the watchdog's way.
+    fn supervise(&mut self) {
+        for m in &mut self.members {
+            if m.running() {
+                continue;
+            }
+            let code = m.wait();
+            let log = m.log();
+            assert!(
+                code == Some(1) && log.contains("did not return within"),
+                "a member exited otherwise than by the watchdog: {code:?}\n{log}"
+            );
+            self.logs.push_str(&format!("--- exited member\n{log}\n"));
+            self.restarts += 1;
+            *m = HostProcess::start(&self.args);
+        }
+    }
+
+    /// Wait until `n` outputs are visible, supervising meanwhile.
+    fn wait_visible(&mut self, cluster: &BrokerProcess, n: usize) {
+        let until = Instant::now() + Duration::from_secs(240);
+        loop {
+            self.supervise();
+            let seen: usize = views(cluster).iter().map(|v| v.visible.len()).sum();
+            if seen >= n {
+                return;
+            }
+            assert!(
+                Instant::now() < until,
+                "{seen} of {n} outputs visible\n{}{}",
+                self.logs,
+                self.members
+                    .iter()
+                    .map(|m| m.log())
+                    .collect::<Vec<_>>()
+                    .join("\n---\n")
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
     }
 }
 
@@ -129,31 +172,36 @@ fn a_rolling_restart_of_all_brokers_under_a_two_member_group_is_exactly_once() {
     let mut cluster = BrokerProcess::cluster();
     fill_input(&cluster, 300);
     let db = Db::sqlite();
-    let args = member_args(&cluster, &db);
-    let mut a = HostProcess::start(&args);
-    let mut b = HostProcess::start(&args);
-    wait_visible(&cluster, 300, &[&a, &b]);
+    let mut group = Supervised::start(member_args(&cluster, &db), 2);
+    group.wait_visible(&cluster, 300);
     // Each broker in turn: a controlled shutdown (SIGTERM), back after a
     // few seconds, inputs arriving meanwhile.
     for (i, id) in cluster.node_ids().into_iter().enumerate() {
         cluster.stop_node(id);
         std::thread::sleep(Duration::from_secs(3));
+        group.supervise();
         send_inputs(&cluster, 300 + i * 100..400 + i * 100);
         cluster.restart_node(id);
         std::thread::sleep(Duration::from_secs(2));
     }
-    wait_visible(&cluster, 600, &[&a, &b]);
+    group.wait_visible(&cluster, 600);
     // A moment more: nothing further may become visible.
     std::thread::sleep(Duration::from_secs(2));
     assert_each_input_once(&views(&cluster));
-    let (log_a, log_b) = (a.log(), b.log());
-    assert_eq!(a.term(), Some(0), "{log_a}\n---\n{log_b}");
-    assert_eq!(b.term(), Some(0), "{log_a}\n---\n{log_b}");
+    eprintln!(
+        "members restarted after the watchdog stopped them: {}",
+        group.restarts
+    );
+    let logs: Vec<String> = group.members.iter().map(|m| m.log()).collect();
+    for m in &mut group.members {
+        assert_eq!(m.term(), Some(0), "{}", logs.join("\n---\n"));
+    }
     assert_eq!(
         db.scalar(
             "SELECT CAST(SUM(end_offset) AS BIGINT) FROM sluice_progress WHERE query_id = 'eo'"
         ),
         600,
-        "{log_a}\n---\n{log_b}"
+        "{}",
+        logs.join("\n---\n")
     );
 }

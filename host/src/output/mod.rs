@@ -44,6 +44,7 @@ mod partitioner;
 mod parts;
 mod probe;
 mod producer;
+mod watchdog;
 
 pub use partitioner::partition_of_key;
 pub use producer::KafkaOutput;

@@ -184,9 +184,10 @@ impl KafkaOutput {
         let marker = super::batch_marker(&part.batch.query_id, batch);
         let offsets = positions_with_marker(&positions, &marker)
             .map_err(|e| failed("listing the input position", e))?;
-        producer
-            .send_offsets_to_transaction(&offsets, &group, self.timeout)
-            .map_err(|e| failed("adding the input position to it", e))?;
+        super::watchdog::bounded("send_offsets_to_transaction", self.timeout, || {
+            producer.send_offsets_to_transaction(&offsets, &group, self.timeout)
+        })
+        .map_err(|e| failed("adding the input position to it", e))?;
         crate::util::failpoint("output:before-commit-transaction");
         producer
             .commit_transaction(self.timeout)
@@ -226,7 +227,11 @@ impl KafkaOutput {
             .map_err(|e| failed("listing the position", e))?;
         let p = &producer.producer;
         p.begin_transaction().map_err(|e| failed("beginning", e))?;
-        if let Err(e) = p.send_offsets_to_transaction(&offsets, &group, self.timeout) {
+        if let Err(e) =
+            super::watchdog::bounded("send_offsets_to_transaction", self.timeout, || {
+                p.send_offsets_to_transaction(&offsets, &group, self.timeout)
+            })
+        {
             let _ = p.abort_transaction(self.timeout);
             return Err(failed("adding the position", e));
         }

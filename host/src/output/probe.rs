@@ -77,7 +77,11 @@ impl KafkaOutput {
         let first = self.transactional_producer_with(&id, Quiet)?;
         let committed = first
             .begin_transaction()
-            .and_then(|()| first.send_offsets_to_transaction(&offsets, &metadata, self.timeout))
+            .and_then(|()| {
+                super::watchdog::bounded("send_offsets_to_transaction", self.timeout, || {
+                    first.send_offsets_to_transaction(&offsets, &metadata, self.timeout)
+                })
+            })
             .and_then(|()| first.commit_transaction(self.timeout));
         if let Err(e) = committed {
             if unsupported(&e) {

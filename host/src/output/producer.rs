@@ -445,16 +445,17 @@ impl KafkaOutput {
             let aborted = self.abort();
             return Err(self.transaction_error(batch, format!("{e}{aborted}")));
         }
-        let done = self
-            .producer
-            .send_offsets_to_transaction(&offsets, &group, self.timeout)
-            .map_err(|e| ("adding the input positions to it", e))
-            .and_then(|()| {
-                crate::util::failpoint("output:before-commit-transaction");
-                self.producer
-                    .commit_transaction(self.timeout)
-                    .map_err(|e| ("committing it", e))
-            });
+        let done = super::watchdog::bounded("send_offsets_to_transaction", self.timeout, || {
+            self.producer
+                .send_offsets_to_transaction(&offsets, &group, self.timeout)
+        })
+        .map_err(|e| ("adding the input positions to it", e))
+        .and_then(|()| {
+            crate::util::failpoint("output:before-commit-transaction");
+            self.producer
+                .commit_transaction(self.timeout)
+                .map_err(|e| ("committing it", e))
+        });
         match done {
             Ok(()) => {
                 *self.open() = false;
