@@ -23,7 +23,7 @@ pub(crate) fn produce(b: &dyn Broker, topic: &str, from: usize, n: usize, partit
 }
 
 /// `host run --group NAME` with the counting sink, small batches.
-fn member_args(b: &dyn Broker, db: &Db, group: &str, extra: &[&str]) -> Vec<String> {
+pub(crate) fn member_args(b: &dyn Broker, db: &Db, group: &str, extra: &[&str]) -> Vec<String> {
     let mut v: Vec<String> = [
         "run",
         "--brokers",

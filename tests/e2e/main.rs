@@ -39,6 +39,7 @@ mod plugin_cli;
 mod plugin_runtime;
 mod python;
 mod recreate;
+mod recreate_group;
 mod sql_sink;
 mod timestamps;
 mod txn_view;

@@ -222,6 +222,21 @@ impl Planner {
         Ok(partitions)
     }
 
+    /// A topic this planner has not checked yet: take the identity its
+    /// checkpoint recorded for it. In a pipeline group another member may
+    /// have planned the topic (the positions this member now claims belong
+    /// to that identity), so a topic deleted and created again since is
+    /// refused here too instead of being recorded as new (found on Apache
+    /// Kafka: a member that held nothing until the recreate applied the new
+    /// topic's records under the old positions).
+    fn adopt_recorded(&mut self, cp: &dyn Checkpoint, topic: &str) {
+        if !self.identities.contains_key(topic)
+            && let Some(recorded) = cp.topic_identities().remove(topic)
+        {
+            self.identities.insert(topic.to_string(), recorded);
+        }
+    }
+
     /// The watermarks of `partitions` of `topic`; when they cannot be read,
     /// the topic's identity is checked again, so that a topic deleted and
     /// created again (with fewer partitions) since it was checked is
@@ -302,6 +317,7 @@ impl Planner {
                 // does).
                 continue;
             }
+            self.adopt_recorded(cp, topic);
             let partitions = self.check_topic(source, cfg, topic, topic_known)?;
             if self.fresh_open
                 && at_start
@@ -457,6 +473,7 @@ impl Planner {
             by_topic.entry(&r.topic).or_default().push(r.partition);
         }
         for (topic, partitions) in by_topic {
+            self.adopt_recorded(cp, topic);
             self.check_topic(source, cfg, topic, true)?;
             for (partition, (_, high)) in self.watermarks(source, cfg, topic, &partitions)? {
                 self.highs.insert((topic.to_string(), partition), high);

@@ -121,11 +121,20 @@ impl Checkpoint for DbStore {
         })
     }
 
+    /// As the group's store records them now (another member may have
+    /// recorded a topic this member has not planned yet); what this member
+    /// last knew when the store cannot be read.
     fn topic_identities(&self) -> BTreeMap<String, TopicIdentity> {
-        self.identities
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        let mut known = self.identities.lock().unwrap_or_else(|p| p.into_inner());
+        match self.store.topics() {
+            Ok(recorded) => {
+                for (topic, identity) in recorded {
+                    known.entry(topic).or_insert(identity);
+                }
+            }
+            Err(e) => tracing::debug!("reading the group's topic identities: {e}"),
+        }
+        known.clone()
     }
 
     fn last_committed(&self) -> Option<u64> {
