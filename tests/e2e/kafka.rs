@@ -351,6 +351,68 @@ impl BrokerProcess {
         }
         self.wait_listening(self.node(id));
         self.wait_for_brokers(self.nodes.len());
+        self.wait_in_sync();
+    }
+
+    /// Wait (at most 120 s) until every partition of every topic, the
+    /// internal ones included, has all nodes in its in-sync replicas: a
+    /// rolling restart stops the next broker only then.
+    fn wait_in_sync(&self) {
+        let c: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", self.bootstrap())
+            .create()
+            .expect("metadata client");
+        let n = self.nodes.len();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let lagging: Vec<String> = match c.fetch_metadata(None, Duration::from_secs(10)) {
+                Ok(m) => m
+                    .topics()
+                    .iter()
+                    .flat_map(|t| {
+                        t.partitions()
+                            .iter()
+                            .filter(|p| p.isr().len() < n)
+                            .map(|p| format!("{}/{}", t.name(), p.id()))
+                    })
+                    .collect(),
+                Err(e) => vec![e.to_string()],
+            };
+            if lagging.is_empty() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "not all replicas in sync within 120 s: {lagging:?}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// What Kafka's own tool says of consumer group `group`
+    /// (`kafka-consumer-groups --describe --state`): its coordinator,
+    /// assignment strategy (a consumer-protocol group shows the brokers'
+    /// assignor), state and member count.
+    pub fn describe_group(&self, group: &str) -> String {
+        let out = java(
+            &self.lib,
+            "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
+        )
+        .args([
+            "--bootstrap-server",
+            &self.bootstrap(),
+            "--describe",
+            "--group",
+            group,
+            "--state",
+        ])
+        .output()
+        .expect("run java (Kafka's ConsumerGroupCommand)");
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
     }
 
     /// The node ids, in order.
@@ -446,7 +508,7 @@ fn cluster_id() -> String {
         .as_nanos()
         ^ u128::from(std::process::id()) << 64;
     bytes.copy_from_slice(&seed.to_le_bytes());
-    // A first byte of 1..=100 makes the text start with a letter (B..Z):
+    // A first byte of 1..=100 makes the text start with a letter (A..Z):
     // never the all-zero id, never a leading `-` that the tool would take
     // for an option.
     bytes[0] = bytes[0] % 100 + 1;

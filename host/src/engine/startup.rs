@@ -146,7 +146,8 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
         if out.exactly_once() {
             // Never exactly once blind: the brokers must keep offsets
             // committed in a transaction and fence old producers.
-            out.probe_exactly_once(cp.query_id())?;
+            let input = cfg.topics.first().map_or("", String::as_str);
+            out.probe_exactly_once(cp.query_id(), input)?;
         }
         if out.exactly_once() && group.is_some() {
             if let Some(s) = stages.sinks.first() {

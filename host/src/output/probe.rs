@@ -12,7 +12,9 @@
 //! read, a probe transaction commits an offset with a marker to a probe
 //! consumer group, reads it back with stable offsets, registers a second
 //! producer of the same id and checks that the first one's next
-//! transaction is refused.
+//! transaction is refused. Each start probes with its own transactional
+//! id and group, so a probe cut short (a kill, a crash) leaves nothing in
+//! the way of the next one.
 
 use std::time::{Duration, Instant};
 
@@ -30,20 +32,23 @@ const PROBE_MARKER: &str = "sluice:probe:";
 
 impl KafkaOutput {
     /// Probe the output cluster for what exactly once needs (see the
-    /// module doc), as pipeline `query_id`: its transactional ids
-    /// `sluice-<query id>:probe:<nonce>` (one per start, so members that
-    /// start together do not fence each other's probe) and its consumer
-    /// group `sluice-<query id>:probe`, which holds one offset of the
-    /// first output topic's partition 0. Takes a few round trips to the
-    /// transaction and group coordinators.
+    /// module doc), as pipeline `query_id`: the transactional id and
+    /// consumer group `sluice-<query id>:probe:<nonce>` (one per start, so
+    /// members that start together do not fence each other's probe, and a
+    /// probe cut short leaves no open transaction in the next one's way),
+    /// the group holding one offset of `input_topic`'s partition 0 (an
+    /// input topic: the pipeline may read it, where Kafka's ACLs check
+    /// READ for an offset commit, and exactly once keeps the input on the
+    /// output cluster). Takes a few round trips to the transaction and
+    /// group coordinators.
     ///
     /// # Errors
     /// [`OutputError::NotExactlyOnce`] when the cluster lacks one of the
     /// two; [`OutputError::NoTransactions`] when the brokers refuse
     /// transactions to this client; [`OutputError::Client`] when they
     /// cannot be reached or answer otherwise than the probe expects.
-    pub fn probe_exactly_once(&self, query_id: &str) -> Result<(), OutputError> {
-        match self.probe(query_id)? {
+    pub fn probe_exactly_once(&self, query_id: &str, input_topic: &str) -> Result<(), OutputError> {
+        match self.probe(query_id, input_topic)? {
             None => Ok(()),
             Some(lacks) => Err(OutputError::NotExactlyOnce {
                 topic: self.topic_list(),
@@ -55,11 +60,11 @@ impl KafkaOutput {
 
     /// [`KafkaOutput::probe_exactly_once`]: `Some(what the cluster
     /// lacks)`, or `None` when it passed.
-    fn probe(&self, query_id: &str) -> Result<Option<String>, OutputError> {
+    fn probe(&self, query_id: &str, topic: &str) -> Result<Option<String>, OutputError> {
         let started = Instant::now();
         let nonce = nonce();
         let id = format!("{}:probe:{nonce}", super::transactional_id(query_id));
-        let group = format!("{}:probe", super::transactional_id(query_id));
+        let group = id.clone();
         let marker = format!("{PROBE_MARKER}{nonce}");
         let reader = self.offsets_reader(&group)?;
         let metadata = reader.group_metadata().ok_or_else(|| {
@@ -67,9 +72,9 @@ impl KafkaOutput {
         })?;
         let mut offsets = TopicPartitionList::new();
         offsets
-            .add_partition_offset(self.topic(), 0, Offset::Offset(0))
+            .add_partition_offset(topic, 0, Offset::Offset(0))
             .map_err(|e| self.client_error(format!("the probe's offset: {e}")))?;
-        if let Some(mut e) = offsets.find_partition(self.topic(), 0) {
+        if let Some(mut e) = offsets.find_partition(topic, 0) {
             e.set_metadata(marker.clone());
         }
 
@@ -94,7 +99,7 @@ impl KafkaOutput {
 
         // 2. The offset and its marker, read back as stable offsets.
         let mut tpl = TopicPartitionList::new();
-        tpl.add_partition(self.topic(), 0);
+        tpl.add_partition(topic, 0);
         let kept = loop {
             let answer = reader
                 .committed_offsets(tpl.clone(), self.timeout)
@@ -118,9 +123,7 @@ impl KafkaOutput {
             }
         };
         match kept {
-            // Our marker, or a probe's that started at the same time:
-            // either way the brokers keep such offsets.
-            (Offset::Offset(0), m) if m.starts_with(PROBE_MARKER) => {}
+            (Offset::Offset(0), m) if m == marker => {}
             (offset, m) => {
                 return Ok(Some(format!(
                     "they kept no offset committed in a transaction: consumer group {group} holds {} for {}/0 after a transaction committed offset 0 with metadata `{marker}`, so a restart could not tell whether a batch's transaction committed",
@@ -128,7 +131,7 @@ impl KafkaOutput {
                         Offset::Offset(o) => format!("offset {o} with metadata `{m}`"),
                         other => format!("{other:?}"),
                     },
-                    self.topic()
+                    topic
                 )));
             }
         }
