@@ -27,6 +27,10 @@ TOOLS=${SLUICE_TOOLS:-$HOME/.cache/sluice-tools}
 export SLUICE_TOOLS="$TOOLS"
 
 step "Apache Kafka (Maven Central, pinned in servers/kafka/pom.xml)"
+# Java 17 or later runs the brokers; Maven fetches them.
+for tool in java mvn; do
+  command -v "$tool" >/dev/null || { echo "test.sh: $tool is needed (Java 17+ and Maven) to fetch and run Apache Kafka" >&2; exit 1; }
+done
 # The tests start their own KRaft brokers from these jars (tests/e2e/kafka.rs).
 SLUICE_KAFKA_LIB=$(bash scripts/kafka.sh fetch)
 export SLUICE_KAFKA_LIB

@@ -51,6 +51,9 @@ fn bounded_or<T>(
                 overstayed(message);
             }
         });
+    if let Err(e) = &watchdog {
+        tracing::warn!("no watchdog thread for {what} ({e}): it runs unbounded");
+    }
     let out = f();
     let _ = done.send(());
     if let Ok(w) = watchdog {
