@@ -144,17 +144,59 @@ pub struct BrokerProcess {
 impl BrokerProcess {
     /// One broker.
     pub fn start() -> BrokerProcess {
-        BrokerProcess::with_nodes(1)
+        BrokerProcess::with_nodes(1, "")
+    }
+
+    /// One broker that checks ACLs (KRaft's `StandardAuthorizer`; every
+    /// resource without an ACL stays open to everyone), for tests of what
+    /// a client that is refused something sees.
+    pub fn with_acls() -> BrokerProcess {
+        BrokerProcess::with_nodes(
+            1,
+            "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer\n\
+             allow.everyone.if.no.acl.found=true\n",
+        )
+    }
+
+    /// Deny this suite's clients (the `ANONYMOUS` principal of a
+    /// PLAINTEXT listener) every transactional id that starts with
+    /// `prefix` (Kafka's `kafka-acls --deny-principal`), as a cluster that
+    /// grants no TransactionalId ACL would.
+    pub fn deny_transactional_ids(&self, prefix: &str) {
+        let out = java(&self.lib, "org.apache.kafka.tools.AclCommand")
+            .args([
+                "--bootstrap-server",
+                &self.bootstrap(),
+                "--add",
+                "--deny-principal",
+                "User:ANONYMOUS",
+                "--operation",
+                "All",
+                "--transactional-id",
+                prefix,
+                "--resource-pattern-type",
+                "prefixed",
+            ])
+            .output()
+            .expect("run java (Kafka's AclCommand)");
+        assert!(
+            out.status.success(),
+            "kafka-acls: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     /// Three brokers: every topic replicated three times, writes need
     /// two in-sync replicas (`acks=all`, which transactional and
     /// idempotent producers use).
     pub fn cluster() -> BrokerProcess {
-        BrokerProcess::with_nodes(3)
+        BrokerProcess::with_nodes(3, "")
     }
 
-    fn with_nodes(n: u32) -> BrokerProcess {
+    /// `n` nodes with `extra` (`key=value` lines) added to each node's
+    /// properties.
+    fn with_nodes(n: u32, extra: &str) -> BrokerProcess {
         let lib = kafka_lib();
         let dir = tempfile::tempdir().unwrap();
         let mut nodes: Vec<Node> = (1..=n)
@@ -204,7 +246,8 @@ impl BrokerProcess {
                  group.consumer.min.heartbeat.interval.ms=500\n\
                  group.consumer.heartbeat.interval.ms=500\n\
                  broker.heartbeat.interval.ms=500\n\
-                 broker.session.timeout.ms=3000\n",
+                 broker.session.timeout.ms=3000\n\
+                 {extra}",
                 id = node.id,
                 port = node.port,
                 cport = node.controller_port,

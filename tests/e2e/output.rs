@@ -384,6 +384,31 @@ fn what_the_output_flags_refuse_and_why() {
         "{err}"
     );
 
+    // Brokers that refuse this client transactional ids (no ACL for
+    // them): a clear error at start, naming the ACL and the flag.
+    let acls = BrokerProcess::with_acls();
+    acls.create_topic("in", 1);
+    acls.create_topic("out", 1);
+    acls.deny_transactional_ids("sluice-");
+    let out = host_run(
+        &RunArgs::new(&acls.bootstrap(), &["in"], &dir.path().join("ck"))
+            .plugin("passthrough")
+            .args(["--until-caught-up", "--output-topic", "out"])
+            .build(),
+    );
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("needs Kafka transactions, which the brokers refuse")
+            && err.contains("TransactionalId")
+            && err.contains("--output-guarantee at-least-once"),
+        "{err}"
+    );
+    assert!(
+        !dir.path().join("ck").exists(),
+        "a refused start leaves no checkpoint"
+    );
+
     // Exactly once with a sink database (dead letters, progress rows):
     // the database would commit a part before the Kafka transaction.
     let out = host_run(
