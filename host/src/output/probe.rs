@@ -61,24 +61,10 @@ impl KafkaOutput {
     /// [`KafkaOutput::probe_exactly_once`]: `Some(what the cluster
     /// lacks)`, or `None` when it passed.
     fn probe(&self, query_id: &str, topic: &str) -> Result<Option<String>, OutputError> {
+        let started = Instant::now();
         let nonce = nonce();
         let id = format!("{}:probe:{nonce}", super::transactional_id(query_id));
-        let found = self.probe_as(&id, topic, &nonce);
-        // The probe's group served its purpose: best effort, so that the
-        // cluster does not keep one group per start (Kafka would expire it
-        // after offsets.retention.minutes). Its transactional id expires
-        // on its own (transactional.id.expiration.ms).
-        if let Err(e) = self.delete_group(&id) {
-            tracing::debug!("deleting the probe's consumer group {id}: {e}");
-        }
-        found
-    }
-
-    /// [`KafkaOutput::probe`] with transactional id and consumer group
-    /// `id`, its marker made of `nonce`.
-    fn probe_as(&self, id: &str, topic: &str, nonce: &str) -> Result<Option<String>, OutputError> {
-        let started = Instant::now();
-        let group = id.to_string();
+        let group = id.clone();
         let marker = format!("{PROBE_MARKER}{nonce}");
         let reader = self.offsets_reader(&group)?;
         let metadata = reader.group_metadata().ok_or_else(|| {
@@ -93,7 +79,7 @@ impl KafkaOutput {
         }
 
         // 1. A transaction that commits an offset with its marker.
-        let first = self.transactional_producer_with(id, Quiet)?;
+        let first = self.transactional_producer_with(&id, Quiet)?;
         let committed = first
             .begin_transaction()
             .and_then(|()| {
@@ -151,7 +137,7 @@ impl KafkaOutput {
         }
 
         // 3. A second producer of the id fences the first.
-        let _second = self.transactional_producer_with(id, Quiet)?;
+        let _second = self.transactional_producer_with(&id, Quiet)?;
         let zombie = first
             .begin_transaction()
             .and_then(|()| first.send_offsets_to_transaction(&offsets, &metadata, self.timeout))

@@ -342,37 +342,6 @@ impl KafkaOutput {
             .map_err(|e| self.client_error(format!("reader of consumer group {group}: {e}")))
     }
 
-    /// Delete consumer group `group` on the output cluster (DeleteGroups,
-    /// KIP-229; the group must have no members), waiting at most the
-    /// timeout.
-    ///
-    /// # Errors
-    /// What the admin client or the brokers said, as text.
-    pub(super) fn delete_group(&self, group: &str) -> Result<(), String> {
-        let mut config = ClientConfig::new();
-        config
-            .set("bootstrap.servers", &self.brokers)
-            .set("client.id", "sluice-output-admin");
-        for (k, v) in self.props.config_map().iter() {
-            if CONNECTION_PREFIXES.iter().any(|p| k.starts_with(p)) {
-                config.set(*k, *v);
-            }
-        }
-        let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
-            config.create().map_err(|e| e.to_string())?;
-        let options = rdkafka::admin::AdminOptions::new().request_timeout(Some(self.timeout));
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .map_err(|e| e.to_string())?;
-        let answers = runtime
-            .block_on(admin.delete_groups(&[group], &options))
-            .map_err(|e| e.to_string())?;
-        match answers.into_iter().find_map(Result::err) {
-            Some((_, code)) => Err(code.to_string()),
-            None => Ok(()),
-        }
-    }
-
     /// A transactional producer whose `transactional.id` is `id`,
     /// registered with the transaction coordinator (`init_transactions`:
     /// earlier producers of the id are fenced, their open transaction
