@@ -6,33 +6,15 @@
 //! `read_committed` consumer reads ([`crate::txn_view`]) holds each input
 //! once, and the group's progress rows cover each input once.
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::kafka::{Broker, BrokerProcess};
+use crate::kafka::BrokerProcess;
 use crate::output::{fill_input, send_inputs};
 use crate::output_group::member_args;
-use crate::output_txn::{assert_each_input_once, views};
-use crate::support::{Db, HostProcess, RunArgs, stderr};
+use crate::output_txn::{assert_each_input_once, run_args, views};
+use crate::support::{Db, HostProcess, stderr};
 
 const WAIT: Duration = Duration::from_secs(120);
-
-/// `host run` of the passthrough map from `in` into `out`, exactly once,
-/// 100 records per partition per batch, until caught up.
-fn single_host_args(cluster: &BrokerProcess, ckpt: &Path) -> Vec<String> {
-    RunArgs::new(&cluster.bootstrap(), &["in"], ckpt)
-        .plugin("passthrough")
-        .args([
-            "--output-topic",
-            "out",
-            "--until-caught-up",
-            "--progress",
-            "json",
-            "--max-records-per-partition",
-            "100",
-        ])
-        .build()
-}
 
 /// Run `args` to the end, again while it fails (a run may stop on the
 /// broker failure it met: the next start recovers), at most 4 times.
@@ -63,7 +45,7 @@ fn leader_killed_at(failpoint: &str, topic: &str) -> String {
     fill_input(&cluster, 600);
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("ck");
-    let args = single_host_args(&cluster, &ckpt);
+    let args = run_args(&cluster, &ckpt);
     let resume = dir.path().join("resume");
     let mut host = HostProcess::spawn(
         &args,

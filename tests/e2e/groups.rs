@@ -746,20 +746,7 @@ fn a_group_refuses_a_recreated_topic_before_reading_and_the_advised_reset_moves_
     assert!(err.contains("topic id"), "{err}");
     assert_eq!(db.counted(), 10, "nothing of the new topic applied: {err}");
 
-    // The advice, as printed.
-    let start = err
-        .find("with `host group reset ")
-        .unwrap_or_else(|| panic!("no reset advice in: {err}"))
-        + "with `".len();
-    let cmd = &err[start..start + err[start..].find('`').unwrap()];
-    let words: Vec<&str> = cmd.split_whitespace().collect();
-    let reset = crate::support::host(&words[1..]);
-    assert!(
-        reset.status.success(),
-        "`{cmd}`: {}{}",
-        String::from_utf8_lossy(&reset.stdout),
-        crate::support::stderr(&reset)
-    );
+    follow_group_reset_advice(&err);
     let out = crate::support::host(&refs);
     assert_eq!(
         out.status.code(),
@@ -774,6 +761,24 @@ fn a_group_refuses_a_recreated_topic_before_reading_and_the_advised_reset_moves_
     assert_eq!(values.len(), 26, "{values:?}");
     values.dedup();
     assert_eq!(values.len(), 26, "a record applied twice: {values:?}");
+}
+
+/// Run the `host group reset …` command that `err` advises, as printed;
+/// fail unless it succeeds.
+pub(crate) fn follow_group_reset_advice(err: &str) {
+    let start = err
+        .find("with `host group reset ")
+        .unwrap_or_else(|| panic!("no reset advice in: {err}"))
+        + "with `".len();
+    let cmd = &err[start..start + err[start..].find('`').unwrap()];
+    let words: Vec<&str> = cmd.split_whitespace().collect();
+    let reset = crate::support::host(&words[1..]);
+    assert!(
+        reset.status.success(),
+        "`{cmd}`: {}{}",
+        String::from_utf8_lossy(&reset.stdout),
+        crate::support::stderr(&reset)
+    );
 }
 
 /// `host status --group` against a running member: the member's own view

@@ -30,7 +30,7 @@ pub(crate) fn broker_with_input() -> BrokerProcess {
 
 /// `host run` of the passthrough map into `out`, exactly once, 100
 /// records per partition per batch (two batches of 300 for [`N`]).
-fn run_args(broker: &BrokerProcess, ckpt: &Path) -> Vec<String> {
+pub(crate) fn run_args(broker: &BrokerProcess, ckpt: &Path) -> Vec<String> {
     RunArgs::new(&broker.bootstrap(), &["in"], ckpt)
         .plugin("passthrough")
         .args([

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use crate::groups::{member_args, produce, wait_for_count};
+use crate::groups::{follow_group_reset_advice, member_args, produce, wait_for_count};
 use crate::kafka::{Broker, BrokerProcess};
 use crate::support::{Db, HostProcess};
 
@@ -41,20 +41,7 @@ fn a_topic_recreated_under_running_members_stops_them_and_the_advised_reset_move
     let err = logs.remove(0);
     assert_eq!(db.counted(), 10, "nothing of the new topic applied: {err}");
 
-    // The advice, as printed.
-    let start = err
-        .find("with `host group reset ")
-        .unwrap_or_else(|| panic!("no reset advice in: {err}"))
-        + "with `".len();
-    let cmd = &err[start..start + err[start..].find('`').unwrap()];
-    let words: Vec<&str> = cmd.split_whitespace().collect();
-    let reset = crate::support::host(&words[1..]);
-    assert!(
-        reset.status.success(),
-        "`{cmd}`: {}{}",
-        String::from_utf8_lossy(&reset.stdout),
-        crate::support::stderr(&reset)
-    );
+    follow_group_reset_advice(&err);
     let args = member_args(&kafka, &db, "g14", &["--until-caught-up"]);
     let a = HostProcess::start(&args);
     let b = HostProcess::start(&args);
