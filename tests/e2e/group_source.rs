@@ -10,7 +10,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use sluice_host::source::{KafkaSource, Membership, PartitionRange, TopicPartition};
+use sluice_host::source::{Handoff, KafkaSource, Membership, PartitionRange, TopicPartition};
 
 use crate::kafka::{Broker, BrokerProcess, Mock, producer};
 
@@ -157,7 +157,7 @@ fn two_members_split_and_hand_back_the_partitions(b: &dyn Broker) {
     let mut got = Vec::new();
     bm.fetch(&ranges, 100, &AtomicBool::new(false), &mut |piece| {
         got.extend(piece.records.iter().map(|r| r.offset));
-        true
+        Handoff::Taken
     })
     .expect("fetch from the claimed offsets");
     assert_eq!(got, vec![1; b_held.len()]);
@@ -176,7 +176,7 @@ fn two_members_split_and_hand_back_the_partitions(b: &dyn Broker) {
         &AtomicBool::new(false),
         &mut |piece| {
             delivered += 1 + piece.records.len();
-            true
+            Handoff::Taken
         },
     )
     .expect("a range not held is skipped, not an error");

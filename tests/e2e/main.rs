@@ -27,6 +27,7 @@ mod grow;
 mod handover;
 mod js;
 mod kafka;
+mod long_part;
 mod maxwell;
 mod moves;
 mod output;

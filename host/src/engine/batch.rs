@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::TrySendError;
 use std::time::{Duration, Instant};
 
 use crate::checkpoint::{Counts, DataLossGap, Epoch, OffsetsEntry, Timings};
@@ -15,7 +16,7 @@ use crate::metrics::Metrics;
 use crate::plugin::chain::ChainResult;
 use crate::plugin::{CallContext, PluginError, Trapped};
 use crate::sink::SinkDriver;
-use crate::source::{KafkaSource, Piece, SourceRecord, TopicPartition};
+use crate::source::{Handoff, KafkaSource, Piece, SourceRecord, TopicPartition};
 
 use super::map_threads::{MapEnv, MapPool, Mapped, map_thread};
 use super::member::revoke::Revocations;
@@ -529,9 +530,16 @@ pub(super) fn run_batch(
         let sunk_ref = &sunk;
         let fetcher = spawn_named(s, "sluice-fetch".into(), move || {
             let t = Instant::now();
-            let r = source.fetch(fetch_ranges, MAP_PIECE_RECORDS, cancel_ref, &mut |p| {
-                tx.send(p).is_ok()
-            });
+            let r = source.fetch(
+                fetch_ranges,
+                MAP_PIECE_RECORDS,
+                cancel_ref,
+                &mut |p| match tx.try_send(p) {
+                    Ok(()) => Handoff::Taken,
+                    Err(TrySendError::Full(p)) => Handoff::Busy(p),
+                    Err(TrySendError::Disconnected(_)) => Handoff::Closed,
+                },
+            );
             let took = t.elapsed();
             drop(tx);
             // A group member goes on answering the coordinator until the

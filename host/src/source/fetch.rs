@@ -5,7 +5,7 @@
 //! that has read about one range ahead during a fetch (see
 //! `KafkaSource::keep_read_ahead`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -28,6 +28,32 @@ pub struct Piece {
     pub done: bool,
 }
 
+/// What became of a piece offered to the batch (the `deliver` callback
+/// of [`KafkaSource::fetch`]); the callback never blocks.
+#[derive(Debug)]
+pub enum Handoff {
+    /// The batch took the piece.
+    Taken,
+    /// The batch has no room for it now (its map or sink is behind):
+    /// offered again later, while the consumer is served meanwhile.
+    Busy(Piece),
+    /// The batch takes no more pieces: the fetch ends with
+    /// [`SourceError::Cancelled`].
+    Closed,
+}
+
+/// How long a fetch waits for a busy batch to take a piece before it
+/// serves the consumer once more (rebalances, `max.poll.interval.ms`).
+const BUSY_TURN: Duration = Duration::from_millis(50);
+
+/// After the batch has been busy this long, the partitions still being
+/// read are paused, so librdkafka does not keep fetching records that
+/// nobody takes; they are resumed as soon as the batch takes pieces
+/// again (from the record after the last one read, where the buffered
+/// pieces end). Shorter stalls are the common case of a sink working
+/// through its queue and pause nothing.
+const BUSY_PAUSE: Duration = Duration::from_millis(500);
+
 /// Per-range buffers of a fetch in progress.
 struct Pieces<'a> {
     bufs: Vec<Vec<SourceRecord>>,
@@ -37,20 +63,54 @@ struct Pieces<'a> {
     /// Set by the receiver when it stops taking pieces; checked every turn
     /// of the poll loop, so a failed batch does not wait for the fetch.
     cancel: &'a AtomicBool,
-    deliver: &'a mut dyn FnMut(Piece) -> bool,
+    deliver: &'a mut dyn FnMut(Piece) -> Handoff,
+    /// Pieces made but not yet taken by a busy batch, in the order made.
+    outbox: VecDeque<Piece>,
 }
 
 impl Pieces<'_> {
     fn send(&mut self, range: usize, done: bool) -> Result<(), SourceError> {
         let records = std::mem::take(&mut self.bufs[range]);
-        if (self.deliver)(Piece {
+        self.outbox.push_back(Piece {
             range,
             records,
             done,
-        }) {
-            Ok(())
-        } else {
-            Err(SourceError::Cancelled)
+        });
+        self.flush()
+    }
+
+    /// Offer the waiting pieces, in order, until the batch is busy.
+    fn flush(&mut self) -> Result<(), SourceError> {
+        while let Some(piece) = self.outbox.pop_front() {
+            match (self.deliver)(piece) {
+                Handoff::Taken => {}
+                Handoff::Busy(piece) => {
+                    self.outbox.push_front(piece);
+                    return Ok(());
+                }
+                Handoff::Closed => return Err(SourceError::Cancelled),
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether pieces wait for a busy batch.
+    fn busy(&self) -> bool {
+        !self.outbox.is_empty()
+    }
+
+    /// Offer the waiting pieces for up to `d`; whether all were taken.
+    fn wait(&mut self, d: Duration) -> Result<bool, SourceError> {
+        let until = Instant::now() + d;
+        loop {
+            self.flush()?;
+            if !self.busy() {
+                return Ok(true);
+            }
+            if Instant::now() >= until || self.cancel.load(Ordering::Relaxed) {
+                return Ok(false);
+            }
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 
@@ -272,18 +332,26 @@ impl KafkaSource {
     /// during the fetch, is not read further and gets no last piece (the
     /// batch drops it; see [`super::group`]).
     ///
+    /// `deliver` never blocks: when the batch is busy ([`Handoff::Busy`])
+    /// the piece is offered again while the consumer goes on being
+    /// polled, so a group member answers rebalances and stays within
+    /// `max.poll.interval.ms` however long the batch's sink takes (the
+    /// partitions still being read are paused meanwhile; see
+    /// `BUSY_PAUSE`).
+    ///
     /// # Errors
     /// [`SourceError::OutOfRange`] when a range was deleted from the log;
     /// [`SourceError::Unavailable`] when the brokers do not deliver within
-    /// the timeout; [`SourceError::Cancelled`] when `deliver` returned
-    /// false or `cancel` was set. After an error the pieces delivered so far are incomplete and
-    /// the next fetch starts from a fresh assignment.
+    /// the timeout (a busy batch does not count); [`SourceError::Cancelled`]
+    /// when `deliver` answered [`Handoff::Closed`] or `cancel` was set.
+    /// After an error the pieces delivered so far are incomplete and the
+    /// next fetch starts from a fresh assignment.
     pub fn fetch(
         &mut self,
         ranges: &[PartitionRange],
         piece_records: usize,
         cancel: &AtomicBool,
-        deliver: &mut dyn FnMut(Piece) -> bool,
+        deliver: &mut dyn FnMut(Piece) -> Handoff,
     ) -> Result<(), SourceError> {
         let active: Vec<PartitionRange> =
             ranges.iter().filter(|r| r.end > r.start).cloned().collect();
@@ -309,6 +377,7 @@ impl KafkaSource {
             size: piece_records.max(1),
             cancel,
             deliver,
+            outbox: VecDeque::new(),
         };
         let result = self.fetch_into(ranges, &active, &mut pieces);
         match result {
@@ -415,9 +484,26 @@ impl KafkaSource {
         let mut since_clock = 0u32;
         let member = self.context().is_member();
         let mut rebalances = self.context().rebalances();
-        while !remaining.is_empty() {
+        // Since when the batch has been busy, and the partitions paused
+        // for it (see `BUSY_PAUSE`).
+        let mut busy_since: Option<Instant> = None;
+        let mut paused_busy: Vec<TopicPartition> = Vec::new();
+        while !remaining.is_empty() || pieces.busy() {
             if pieces.cancel.load(Ordering::Relaxed) {
                 return Err(SourceError::Cancelled);
+            }
+            let mut poll_for = Duration::from_millis(100);
+            if pieces.busy() && !pieces.wait(BUSY_TURN)? {
+                // A slow sink is not a stalled broker.
+                progressed = true;
+                poll_for = Duration::from_millis(10);
+                let since = *busy_since.get_or_insert_with(Instant::now);
+                if paused_busy.is_empty() && since.elapsed() >= BUSY_PAUSE {
+                    paused_busy = self.pause_busy(remaining);
+                }
+            } else {
+                busy_since = None;
+                self.resume_busy(&mut paused_busy);
             }
             since_clock += 1;
             if since_clock >= CLOCK_EVERY {
@@ -452,7 +538,7 @@ impl KafkaSource {
             }
             // The record leaves the consumer's borrow at once (every kept
             // record is copied anyway): a rebalance is applied below.
-            let polled = match self.consumer.poll(Duration::from_millis(100)) {
+            let polled = match self.consumer.poll(poll_for) {
                 Some(Ok(m)) => {
                     let new_tp = match &last {
                         Some(((t, p), _)) if *p == m.partition() && t == m.topic() => None,
@@ -525,6 +611,47 @@ impl KafkaSource {
             }
         }
         Ok(())
+    }
+
+    /// Pause the partitions still being read while the batch is busy;
+    /// they are also marked as paused for read-ahead, so whatever ends
+    /// the fetch, the next one resumes them.
+    fn pause_busy(&mut self, remaining: &HashMap<TopicPartition, i64>) -> Vec<TopicPartition> {
+        let mut tpl = TopicPartitionList::new();
+        let mut paused = Vec::new();
+        for tp in remaining.keys() {
+            if self.paused_ahead.insert(tp.clone()) {
+                tpl.add_partition(&tp.0, tp.1);
+                paused.push(tp.clone());
+            }
+        }
+        if paused.is_empty() {
+            return paused;
+        }
+        tracing::debug!(
+            partitions = paused.len(),
+            "the batch is busy: reading paused"
+        );
+        if let Err(e) = self.consumer.pause(&tpl) {
+            tracing::debug!("pause while the batch is busy: {e}");
+        }
+        paused
+    }
+
+    /// Resume what [`KafkaSource::pause_busy`] paused: librdkafka fetches
+    /// again from the record after the last one polled.
+    fn resume_busy(&mut self, paused: &mut Vec<TopicPartition>) {
+        if paused.is_empty() {
+            return;
+        }
+        let mut tpl = TopicPartitionList::new();
+        for tp in paused.drain(..) {
+            tpl.add_partition(&tp.0, tp.1);
+            self.paused_ahead.remove(&tp);
+        }
+        if let Err(e) = self.consumer.resume(&tpl) {
+            tracing::debug!("resume after the batch was busy: {e}");
+        }
     }
 
     /// The index of `tp`'s range in the fetch, `None` when it has none or

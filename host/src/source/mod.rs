@@ -40,7 +40,7 @@ mod headers;
 mod metadata;
 
 pub use brokers::check_brokers;
-pub use fetch::Piece;
+pub use fetch::{Handoff, Piece};
 pub use group::{AssignmentChanges, Membership, START_EARLIEST, START_LATEST, SourceContext};
 
 /// A (topic, partition) pair.
