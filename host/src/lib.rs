@@ -23,18 +23,44 @@
 //! - [`sink`]: the sink driver (one transaction per part of a partition's
 //!   range, with its progress row), the resets' row moves and the rows a
 //!   pipeline takes along between its stores.
-//! - [`output`]: output to Kafka (the producer of a pipeline's outputs,
-//!   its guarantee).
+//! - [`output`]: the Kafka output stage ([`output::KafkaOutput`]: its
+//!   guarantee, its transaction mode, the verbs the engine calls).
 //! - [`metrics`]: the Prometheus endpoint.
 //! - [`control`]: the owner's control socket (status, handover, swap).
 //! - [`status_line`]: the one-line progress display.
 //! - [`engine`]: the one micro-batch loop, for a single host and a group
-//!   member: startup, batch boundary, plan, batch (fetch, map, sink
-//!   thread), error policy, commit, progress; what a group member adds
-//!   (claims on assign, revokes, group swaps).
+//!   member: startup, plan, batch (fetch, map, sink thread), error policy,
+//!   commit, progress; and, behind the ownership seam, who holds which
+//!   partitions (a sole owner of a checkpoint directory, a group member).
 //! - [`demo`]: `host demo` (embedded broker and SQLite).
 //! - [`cli`]: command-line parsing and the subcommands; `main` owns exit
 //!   codes.
+//!
+//! Names (one concept, one name):
+//! - **pipeline id**: a pipeline's identity, the key its progress rows and
+//!   transactional ids are made from: a checkpoint directory's UUID, or a
+//!   pipeline group's name. Spark calls it a query id, and `query_id` is
+//!   its field name wherever it is part of a format (the WIT call context,
+//!   the progress event, the `sluice_progress` table), so it stays so in
+//!   the code.
+//! - **batch** (one id N, one write-ahead entry and one commit entry),
+//!   **range** (one partition's `[start, end)` in a batch), **piece** (at
+//!   most 2,000 records of a range, read and mapped together) and **part**
+//!   (a piece's records applied by the sink in one transaction with its
+//!   progress row; under exactly once in a group, also one Kafka
+//!   transaction). "Part" means nothing else.
+//! - **owner**: who holds a partition: the **sole owner** of a checkpoint
+//!   directory, or a **group member**. **epoch**: a directory's fencing
+//!   epoch; **owner epoch**: a partition's fencing token (a directory's
+//!   epoch for all of them, a group's per partition row).
+//! - **pipeline group** (`--group NAME`): the members that run one
+//!   pipeline, with its checkpoint in the sink database. **consumer
+//!   group**: Kafka's — the one a pipeline group's members join (named as
+//!   the pipeline group), or a single host's informational commits
+//!   (`sluice-<pipeline id>`, or `--commit-offsets-to`). **positions
+//!   group**: under exactly once to a topic, the consumer group
+//!   `sluice-<pipeline id>` on the output cluster whose offsets the output
+//!   transactions commit (KIP-447).
 
 pub mod capability;
 pub mod checkpoint;

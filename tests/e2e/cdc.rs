@@ -2,7 +2,7 @@
 //! real broker, the built component as map and sink, destination tables
 //! with typed columns in real SQLite and PostgreSQL.
 
-use crate::kafka::{Broker, Mock, producer};
+use crate::support::kafka::{Broker, Mock, producer};
 use crate::support::{Db, HostProcess, RunArgs};
 use sluice_host::capability::sql::SqlValue;
 

@@ -4,7 +4,7 @@
 //! ordering rule (a replay held back, positions of another form applied
 //! in stream order) and deletes end as the stream says.
 
-use crate::kafka::{Broker, Mock, producer};
+use crate::support::kafka::{Broker, Mock, producer};
 use crate::support::{Db, HostProcess, RunArgs};
 use sluice_host::capability::sql::SqlValue;
 

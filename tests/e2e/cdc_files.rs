@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde_json::value::RawValue;
 use sluice_host::capability::sql::SqlValue;
 
-use crate::kafka::{Broker, Mock, producer};
+use crate::support::kafka::{Broker, Mock, producer};
 use crate::support::{Db, HostProcess, RunArgs, host, stderr};
 
 const WAIT: Duration = Duration::from_secs(60);

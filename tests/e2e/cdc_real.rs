@@ -18,7 +18,7 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 
 use crate::cdc_files::{cells, rows, run_args};
-use crate::kafka::{Broker, Mock, producer};
+use crate::support::kafka::{Broker, Mock, producer};
 use crate::support::{Db, HostProcess};
 
 /// The two ways the sink applies changes.

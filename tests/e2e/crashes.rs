@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use sluice_host::capability::sql::{SqlValue, connect};
 
-use crate::engine_mock::raw_topic;
-use crate::kafka::{Broker, Mock, producer};
+use crate::support::kafka::raw_topic;
+use crate::support::kafka::{Broker, Mock, producer};
 use crate::support::{Db, HostProcess, PrivatePg, RunArgs};
 
 /// How long to wait for a log line.

@@ -8,68 +8,12 @@ use std::time::Duration;
 use sluice_host::capability::sql::{SqlValue, connect};
 use sluice_host::engine::{self, ErrorPolicy, PipelineConfig};
 
-use crate::kafka::{Broker, Mock, producer};
-use crate::maxwell::Stream;
-use crate::support::Db;
-use crate::support::plugin;
-
-pub fn pipeline(
-    bootstrap: &str,
-    topic: &str,
-    checkpoint: &std::path::Path,
-    db: &Db,
-) -> PipelineConfig {
-    let mut cfg = PipelineConfig::new(bootstrap, vec![topic.to_string()], checkpoint);
-    cfg.plugins = vec![plugin("company")];
-    cfg.sink_db = Some(db.url.clone());
-    cfg.until_caught_up = true;
-    cfg.max_records_per_partition = 150;
-    cfg.trigger_interval = Duration::from_millis(50);
-    cfg.kafka_timeout = Duration::from_secs(20);
-    cfg.progress = sluice_host::engine::ProgressMode::None;
-    cfg
-}
-
-pub fn produce(b: &dyn Broker, topic: &str, stream: &mut Stream, n: usize, partitions: i32) {
-    let p = producer(&b.bootstrap());
-    for _ in 0..n {
-        let e = stream.event(60);
-        p.send(
-            topic,
-            (e.id % partitions as u32) as i32,
-            Some(e.key.as_bytes()),
-            Some(e.value.as_bytes()),
-            &[],
-        );
-    }
-    p.flush();
-}
-
-pub fn table(db: &Db) -> std::collections::BTreeMap<String, String> {
-    db.query("SELECT pk, row_json FROM companies")
-        .into_iter()
-        .map(|r| match (&r[0], &r[1]) {
-            (SqlValue::Text(k), SqlValue::Text(v)) => (k.clone(), v.clone()),
-            other => panic!("{other:?}"),
-        })
-        .collect()
-}
+use crate::support::kafka::{Broker, Mock, producer, raw_topic};
+use crate::support::maxwell::{Stream, pipeline, produce, table};
+use crate::support::{Db, plugin};
 
 fn no_stop() -> Arc<AtomicBool> {
     Arc::new(AtomicBool::new(false))
-}
-
-/// A mock cluster whose one-partition topic `raw` holds `values` (no keys,
-/// offsets from 0).
-pub fn raw_topic<V: AsRef<[u8]>>(values: impl IntoIterator<Item = V>) -> Mock {
-    let mock = Mock::new();
-    mock.create_topic("raw", 1);
-    let p = producer(&mock.bootstrap());
-    for v in values {
-        p.send("raw", 0, None, Some(v.as_ref()), &[]);
-    }
-    p.flush();
-    mock
 }
 
 /// The error with its source chain, as `host` prints it.
@@ -556,7 +500,7 @@ fn metrics_endpoint_is_scraped_and_parsed_as_prometheus_text() {
 /// (Partitions added to a running topic without a recreate: grow.rs.)
 #[test]
 fn a_partition_that_appears_is_picked_up_from_offset_0() {
-    let kafka = crate::kafka::BrokerProcess::start();
+    let kafka = crate::support::kafka::BrokerProcess::start();
     kafka.create_topic("grow", 1);
     let p = producer(&kafka.bootstrap());
     for i in 0..10 {

@@ -8,10 +8,10 @@
 
 use std::time::{Duration, Instant};
 
-use crate::kafka::BrokerProcess;
 use crate::output::{fill_input, send_inputs};
 use crate::output_group::member_args;
 use crate::output_txn::{assert_each_input_once, run_args, views};
+use crate::support::kafka::BrokerProcess;
 use crate::support::{Db, HostProcess, stderr};
 
 const WAIT: Duration = Duration::from_secs(120);

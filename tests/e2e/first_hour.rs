@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
-use crate::engine_mock::raw_topic;
-use crate::kafka::{Broker, Mock};
+use crate::support::kafka::raw_topic;
+use crate::support::kafka::{Broker, Mock};
 use crate::support::{Db, HostProcess, RunArgs, host_bin, stderr};
 
 /// Arguments, environment, and the reason the error must give.

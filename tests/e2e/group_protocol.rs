@@ -6,8 +6,8 @@
 
 use std::time::Duration;
 
-use crate::groups::{assert_exactly_once, produce, wait_for_count};
-use crate::kafka::{Broker, BrokerProcess};
+use crate::support::counter::{assert_exactly_once, produce, wait_for_count};
+use crate::support::kafka::{Broker, BrokerProcess};
 use crate::support::{Db, HostProcess};
 
 /// `host run --group g848` with the counting sink on the consumer

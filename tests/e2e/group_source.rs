@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use sluice_host::source::{Handoff, KafkaSource, Membership, PartitionRange, TopicPartition};
 
-use crate::kafka::{Broker, BrokerProcess, Mock, producer};
+use crate::support::kafka::{Broker, BrokerProcess, Mock, producer};
 
 /// A member's answers: every partition starts at `start`; what was asked
 /// is recorded.

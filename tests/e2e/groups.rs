@@ -5,22 +5,9 @@
 
 use std::time::{Duration, Instant};
 
-use crate::kafka::{Broker, BrokerProcess, Mock, producer};
+use crate::support::counter::{assert_exactly_once, counted, produce, wait_for_count};
+use crate::support::kafka::{Broker, BrokerProcess, Mock};
 use crate::support::{Db, HostProcess, plugin};
-
-pub(crate) fn produce(b: &dyn Broker, topic: &str, from: usize, n: usize, partitions: i32) {
-    let p = producer(&b.bootstrap());
-    for i in from..from + n {
-        p.send(
-            topic,
-            (i as i32) % partitions,
-            Some(format!("k{i}").as_bytes()),
-            Some(format!("v{i}").as_bytes()),
-            &[],
-        );
-    }
-    p.flush();
-}
 
 /// `host run --group NAME` with the counting sink, small batches.
 pub(crate) fn member_args(b: &dyn Broker, db: &Db, group: &str, extra: &[&str]) -> Vec<String> {
@@ -61,37 +48,6 @@ fn assert_applied_by(db: &Db, records: std::ops::Range<usize>, tag: &str, when: 
             values.contains(&format!("{tag}:v{i}")),
             "record {i} ({when}) is not {tag}: {values:?}"
         );
-    }
-}
-
-/// Every record counted once and seen once.
-pub(crate) fn assert_exactly_once(db: &Db, n: i64) {
-    assert_eq!(db.counted(), n, "{}: counter", db.name);
-    assert_eq!(
-        db.scalar("SELECT count(DISTINCT idempotency_key) FROM seen"),
-        n,
-        "{}: distinct keys",
-        db.name
-    );
-    assert_eq!(
-        db.scalar("SELECT count(*) FROM seen"),
-        n,
-        "{}: rows",
-        db.name
-    );
-}
-
-/// The counter, 0 before the sink made its tables.
-fn counted(db: &Db) -> i64 {
-    let rows = sluice_host::capability::sql::connect(&db.url)
-        .and_then(|mut b| b.query("SELECT n FROM counters WHERE name = 'records'", &[]));
-    match rows
-        .ok()
-        .and_then(|r| r.rows.into_iter().next())
-        .and_then(|r| r.into_iter().next())
-    {
-        Some(sluice_host::capability::sql::SqlValue::Integer(n)) => n,
-        _ => 0,
     }
 }
 
@@ -136,29 +92,6 @@ fn kafka_committed(b: &dyn Broker, group: &str) -> Vec<i64> {
             },
         )
         .collect()
-}
-
-/// Wait (at most `within`) until the counter shows `n`; fail naming
-/// `what`, the count reached and each member's log.
-pub(crate) fn wait_for_count(
-    db: &Db,
-    n: i64,
-    what: &str,
-    within: Duration,
-    members: &[&HostProcess],
-) {
-    let started = Instant::now();
-    while counted(db) != n {
-        if started.elapsed() > within {
-            let logs: Vec<String> = members
-                .iter()
-                .enumerate()
-                .map(|(i, m)| format!("--- member {i}\n{}", m.log()))
-                .collect();
-            panic!("{what}: {} of {n}\n{}", counted(db), logs.join("\n"));
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
 
 /// Two members that start together on 6 partitions with

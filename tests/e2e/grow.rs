@@ -10,53 +10,15 @@
 
 use std::time::{Duration, Instant};
 
-use crate::kafka::{Broker, BrokerProcess, producer};
+use crate::support::counter::{produce_keyed, wait_for_count};
+use crate::support::kafka::{Broker, BrokerProcess};
 use crate::support::{Db, HostProcess, RunArgs, plugin};
 
 const WAIT: Duration = Duration::from_secs(90);
 
-/// Send values `{tag}{i}` for `i` in `range` to `partition`.
+/// Send values `{tag}{i}` (keys `k{i}`) for `i` in `range` to `partition`.
 fn produce(b: &dyn Broker, topic: &str, partition: i32, tag: &str, range: std::ops::Range<usize>) {
-    // A new producer: its first metadata request sees the partitions the
-    // topic has now.
-    let p = producer(&b.bootstrap());
-    for i in range {
-        p.send(
-            topic,
-            partition,
-            Some(format!("k{i}").as_bytes()),
-            Some(format!("{tag}{i}").as_bytes()),
-            &[],
-        );
-    }
-    p.flush();
-}
-
-/// Wait until the counter shows `n`; fail naming `what` and the logs.
-fn wait_for_count(db: &Db, n: i64, what: &str, hosts: &[&HostProcess]) {
-    let started = Instant::now();
-    let counted = || {
-        sluice_host::capability::sql::connect(&db.url)
-            .and_then(|mut c| c.query("SELECT n FROM counters WHERE name = 'records'", &[]))
-            .ok()
-            .and_then(|r| r.rows.into_iter().next())
-            .and_then(|r| r.into_iter().next())
-            .map_or(0, |v| match v {
-                sluice_host::capability::sql::SqlValue::Integer(n) => n,
-                _ => 0,
-            })
-    };
-    while counted() != n {
-        if started.elapsed() > WAIT {
-            let logs: Vec<String> = hosts
-                .iter()
-                .enumerate()
-                .map(|(i, h)| format!("--- host {i}\n{}", h.log()))
-                .collect();
-            panic!("{what}: {} of {n}\n{}", counted(), logs.join("\n"));
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    produce_keyed(b, topic, range, |_| partition, |i| format!("{tag}{i}"));
 }
 
 /// Each of `values` was applied exactly once, and nothing else was.
@@ -99,14 +61,14 @@ fn a_single_host_reads_partitions_added_while_it_runs_from_their_log_start() {
     let mut host = HostProcess::start(&args);
     host.wait_for("batch committed", WAIT);
     produce(&kafka, "grow", 0, "p0-", 0..5);
-    wait_for_count(&db, 5, "partition 0 after the start", &[&host]);
+    wait_for_count(&db, 5, "partition 0 after the start", WAIT, &[&host]);
 
     kafka.create_partitions("grow", 3);
     produce(&kafka, "grow", 1, "p1-", 0..7);
     produce(&kafka, "grow", 2, "p2-", 0..4);
-    wait_for_count(&db, 16, "the added partitions", &[&host]);
+    wait_for_count(&db, 16, "the added partitions", WAIT, &[&host]);
     produce(&kafka, "grow", 2, "p2-", 4..6);
-    wait_for_count(&db, 18, "more in an added partition", &[&host]);
+    wait_for_count(&db, 18, "more in an added partition", WAIT, &[&host]);
     assert_eq!(host.term(), Some(0), "{}", host.log());
     let log = host.log();
     for p in [1, 2] {
@@ -200,13 +162,13 @@ fn a_member_that_began_with_nothing_reads_an_added_partition_from_its_log_start(
     let refs: Vec<&HostProcess> = members.iter().collect();
     produce(&kafka, "grow", 0, "p0-", 0..3);
     produce(&kafka, "grow", 1, "p1-", 0..3);
-    wait_for_count(&db, 6, "the first two partitions", &refs);
+    wait_for_count(&db, 6, "the first two partitions", WAIT, &refs);
 
     kafka.create_partitions("grow", 3);
     produce(&kafka, "grow", 2, "p2-", 0..5);
-    wait_for_count(&db, 11, "the added partition", &refs);
+    wait_for_count(&db, 11, "the added partition", WAIT, &refs);
     produce(&kafka, "grow", 2, "p2-", 5..7);
-    wait_for_count(&db, 13, "more in the added partition", &refs);
+    wait_for_count(&db, 13, "more in the added partition", WAIT, &refs);
     let codes: Vec<Option<i32>> = members.iter_mut().map(|m| m.term()).collect();
     let logs: String = members
         .iter()
@@ -237,14 +199,14 @@ fn a_group_reads_partitions_added_while_it_runs_from_their_log_start() {
     b.wait_for("claimed", WAIT);
     produce(&kafka, "grow", 0, "p0-", 0..3);
     produce(&kafka, "grow", 1, "p1-", 0..3);
-    wait_for_count(&db, 6, "the first two partitions", &[&a, &b]);
+    wait_for_count(&db, 6, "the first two partitions", WAIT, &[&a, &b]);
 
     kafka.create_partitions("grow", 4);
     produce(&kafka, "grow", 2, "p2-", 0..5);
     produce(&kafka, "grow", 3, "p3-", 0..4);
-    wait_for_count(&db, 15, "the added partitions", &[&a, &b]);
+    wait_for_count(&db, 15, "the added partitions", WAIT, &[&a, &b]);
     produce(&kafka, "grow", 3, "p3-", 4..6);
-    wait_for_count(&db, 17, "more in an added partition", &[&a, &b]);
+    wait_for_count(&db, 17, "more in an added partition", WAIT, &[&a, &b]);
     let (ca, cb) = (a.term(), b.term());
     let logs = format!("--- a\n{}--- b\n{}", a.log(), b.log());
     assert_eq!((ca, cb), (Some(0), Some(0)), "{logs}");

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::kafka::{Broker, BrokerProcess, producer};
+use crate::support::kafka::{Broker, BrokerProcess, producer};
 use crate::support::{Db, HostProcess, RunArgs, guest_plugin, host, host_bin, plugin, stderr};
 
 fn args(

@@ -11,8 +11,8 @@
 
 use std::time::Duration;
 
-use crate::groups::{assert_exactly_once, produce, wait_for_count};
-use crate::kafka::{Broker, BrokerProcess};
+use crate::support::counter::{assert_exactly_once, produce, wait_for_count};
+use crate::support::kafka::{Broker, BrokerProcess};
 use crate::support::{Db, HostProcess, plugin};
 
 /// One member on 3 partitions of 20,000 records each, all in one batch

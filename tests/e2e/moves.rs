@@ -7,22 +7,9 @@
 
 use std::time::Duration;
 
-use crate::kafka::{Broker, Mock, producer};
+use crate::support::counter::{assert_exactly_once, produce, wait_for_count};
+use crate::support::kafka::{Broker, Mock};
 use crate::support::{Db, HostProcess, host, plugin, stderr};
-
-fn produce(b: &dyn Broker, from: usize, n: usize) {
-    let p = producer(&b.bootstrap());
-    for i in from..from + n {
-        p.send(
-            "events",
-            (i % 4) as i32,
-            Some(format!("k{i}").as_bytes()),
-            Some(format!("v{i}").as_bytes()),
-            &[],
-        );
-    }
-    p.flush();
-}
 
 /// The pipeline's flags, with the store's (`--checkpoint DIR` or
 /// `--group NAME`) and `extra` after them.
@@ -81,28 +68,6 @@ fn group_move(sub: &str, db: &Db, dir: &str, failpoints: &[&str]) -> (Option<i32
     )
 }
 
-fn wait_for_count(db: &Db, n: i64, what: &str, members: &[&HostProcess]) {
-    let started = std::time::Instant::now();
-    while db.counted() != n {
-        if started.elapsed() > Duration::from_secs(90) {
-            let logs: Vec<String> = members.iter().map(|m| m.log()).collect();
-            panic!("{what}: {} of {n}\n{}", db.counted(), logs.join("\n---\n"));
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
-/// Every record counted once and seen once.
-fn assert_exactly_once(db: &Db, n: i64) {
-    assert_eq!(db.counted(), n, "counter");
-    assert_eq!(
-        db.scalar("SELECT count(DISTINCT idempotency_key) FROM seen"),
-        n,
-        "distinct keys"
-    );
-    assert_eq!(db.scalar("SELECT count(*) FROM seen"), n, "rows");
-}
-
 /// A single host's pipeline, with a batch planned and not committed,
 /// becomes a group of two members and then a single host again: every
 /// record counted once across both moves, each move killed half-way and
@@ -122,7 +87,7 @@ fn a_single_host_pipeline_becomes_a_group_and_back_exactly_once() {
 
     // A single host applies 200 records, then is killed with its next
     // batch planned (written ahead) and not committed.
-    produce(&mock, 0, 200);
+    produce(&mock, "events", 0, 200, 4);
     let out = host(
         &single(&["--plugin", &counter, "--until-caught-up"])
             .iter()
@@ -131,7 +96,7 @@ fn a_single_host_pipeline_becomes_a_group_and_back_exactly_once() {
     );
     assert!(out.status.success(), "{}", stderr(&out));
     assert_exactly_once(&db, 200);
-    produce(&mock, 200, 100);
+    produce(&mock, "events", 200, 100, 4);
     let mut p = HostProcess::spawn(
         &single(&["--until-caught-up"]),
         &[("SLUICE_FAILPOINT", "engine:after-write-ahead")],
@@ -181,10 +146,17 @@ fn a_single_host_pipeline_becomes_a_group_and_back_exactly_once() {
         &db,
         300,
         "the group applies what the single host left",
+        Duration::from_secs(90),
         &[&a, &b],
     );
-    produce(&mock, 300, 100);
-    wait_for_count(&db, 400, "the group applies new records", &[&a, &b]);
+    produce(&mock, "events", 300, 100, 4);
+    wait_for_count(
+        &db,
+        400,
+        "the group applies new records",
+        Duration::from_secs(90),
+        &[&a, &b],
+    );
     let (mut a, mut b) = (a, b);
     assert_eq!(a.term(), Some(0), "{}", a.log());
     assert_eq!(b.term(), Some(0), "{}", b.log());
@@ -212,7 +184,7 @@ fn a_single_host_pipeline_becomes_a_group_and_back_exactly_once() {
     assert!(err.contains("host group disband"), "{err}");
 
     // The single host again, without --plugin.
-    produce(&mock, 400, 100);
+    produce(&mock, "events", 400, 100, 4);
     let out = host(
         &single(&["--until-caught-up"])
             .iter()
@@ -232,7 +204,7 @@ fn a_single_host_pipeline_becomes_a_group_and_back_exactly_once() {
     let (code, said) = group_move("adopt", &db, &dir_s, &[]);
     assert_eq!(code, Some(2), "{said}");
     assert!(said.contains("stale"), "{said}");
-    produce(&mock, 500, 100);
+    produce(&mock, "events", 500, 100, 4);
     let out = host(
         &run_args(
             &mock,

@@ -12,7 +12,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
-use crate::kafka::{Broker, BrokerProcess, producer};
+use crate::support::kafka::{Broker, BrokerProcess, producer};
 use crate::support::{HostProcess, RunArgs, host, json_lines, stderr};
 
 /// `host` with owned arguments.
@@ -338,7 +338,7 @@ fn what_the_output_flags_refuse_and_why() {
     // Exactly once (the default) on brokers that accept transactions but
     // keep no offsets committed in one (librdkafka's mock cluster): the
     // probe at start refuses, naming the flag, before anything is read.
-    let mock = crate::kafka::Mock::new();
+    let mock = crate::support::kafka::Mock::new();
     mock.create_topic("in", 3);
     mock.create_topic("out", 2);
     let on_mock = RunArgs::new(&mock.bootstrap(), &["in"], &dir.path().join("ck"))

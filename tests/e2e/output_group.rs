@@ -12,8 +12,8 @@
 
 use std::time::{Duration, Instant};
 
-use crate::kafka::{Broker, BrokerProcess};
 use crate::output_txn::{assert_each_input_once, broker_with_input, views};
+use crate::support::kafka::{Broker, BrokerProcess};
 use crate::support::{Db, HostProcess};
 
 /// `host run` of the passthrough map into `out` as a member of group
@@ -273,7 +273,7 @@ fn a_group_reset_back_is_refused_at_the_claim_unless_reprocessing_on_purpose() {
 
 /// The inputs `i` (header `h`) found in `out`'s partitions, with how often.
 fn read_out(
-    broker: &dyn crate::kafka::Broker,
+    broker: &dyn crate::support::kafka::Broker,
     partitions: i32,
 ) -> std::collections::BTreeMap<usize, usize> {
     let mut seen = std::collections::BTreeMap::new();
@@ -286,7 +286,7 @@ fn read_out(
 }
 
 /// Wait until every input below `n` is in `out`.
-fn wait_for_out(broker: &dyn crate::kafka::Broker, n: usize, members: &[&HostProcess]) {
+fn wait_for_out(broker: &dyn crate::support::kafka::Broker, n: usize, members: &[&HostProcess]) {
     let until = std::time::Instant::now() + Duration::from_secs(60);
     loop {
         let seen = read_out(broker, 2);
@@ -309,13 +309,13 @@ fn wait_for_out(broker: &dyn crate::kafka::Broker, n: usize, members: &[&HostPro
 
 #[test]
 fn a_group_swap_keeps_the_sinks_topics_and_refuses_a_sink_that_cannot_send() {
-    use crate::kafka::Mock;
+    use crate::support::kafka::Mock;
     let db = crate::support::Db::sqlite();
     let mock = Mock::new();
     mock.create_topic("events", 4);
     mock.create_topic("out", 2);
     let produce = |range: std::ops::Range<usize>| {
-        let p = crate::kafka::producer(&mock.bootstrap());
+        let p = crate::support::kafka::producer(&mock.bootstrap());
         for i in range {
             let value = format!(r#"{{"table":"out","i":{i}}}"#);
             let h = i.to_string();

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use kafka_protocol::records::Record;
 
-use crate::kafka::{Broker, BrokerProcess, producer};
 use crate::output::host_run;
+use crate::support::kafka::{Broker, BrokerProcess, producer};
 use crate::support::{HostProcess, RunArgs, json_lines, stderr};
 use crate::txn_view::committed_view;
 

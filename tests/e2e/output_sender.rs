@@ -7,9 +7,9 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::kafka::{Broker, BrokerProcess, producer};
 use crate::output::host_run;
 use crate::output_send::input_of;
+use crate::support::kafka::{Broker, BrokerProcess, producer};
 use crate::support::{RunArgs, json_lines, stderr};
 use crate::txn_view::committed_view;
 

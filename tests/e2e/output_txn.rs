@@ -14,8 +14,8 @@ use std::time::Duration;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
-use crate::kafka::{Broker, BrokerProcess};
 use crate::output::{fill_input, host_run};
+use crate::support::kafka::{Broker, BrokerProcess};
 use crate::support::{HostProcess, RunArgs, host, json_lines, stderr};
 use crate::txn_view::{CommittedView, committed_view};
 

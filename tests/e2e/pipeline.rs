@@ -8,9 +8,9 @@ use std::process::{Command, Output, Stdio};
 use serde_json::Value;
 use sluice_host::capability::sql::SqlValue;
 
-use crate::engine_mock::{produce, table};
-use crate::kafka::{Broker, BrokerProcess, producer};
-use crate::maxwell::Stream;
+use crate::support::kafka::{Broker, BrokerProcess, producer};
+use crate::support::maxwell::Stream;
+use crate::support::maxwell::{produce, table};
 use crate::support::{Db, RunArgs, host_bin, plugin, stderr};
 
 /// Arguments of a `host run` on `topic` with the company plugin (100

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use crate::kafka::{Broker, BrokerProcess, Mock, producer};
+use crate::support::kafka::{Broker, BrokerProcess, Mock, producer};
 use crate::support::{Db, RunArgs, host_bin, stderr};
 
 /// Arguments of `host run` of the non-idempotent sql-counter sink over

@@ -8,8 +8,9 @@
 
 use std::time::Duration;
 
-use crate::groups::{follow_group_reset_advice, member_args, produce, wait_for_count};
-use crate::kafka::{Broker, BrokerProcess};
+use crate::groups::{follow_group_reset_advice, member_args};
+use crate::support::counter::{produce, wait_for_count};
+use crate::support::kafka::{Broker, BrokerProcess};
 use crate::support::{Db, HostProcess};
 
 const WAIT: Duration = Duration::from_secs(90);

@@ -2,7 +2,7 @@
 //! timestamp (Kafka's `-1`) reaches plugins as `0` / `not-available`, the
 //! form the WIT contract documents.
 
-use crate::kafka::{Broker, Mock, producer};
+use crate::support::kafka::{Broker, Mock, producer};
 use crate::support::{Db, host, plugin, stderr};
 use sluice_host::capability::sql::SqlValue;
 

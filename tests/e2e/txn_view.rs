@@ -85,39 +85,12 @@ where
     A::decode(&mut answer, version).expect("response body")
 }
 
-/// The `host:port` of the broker that leads `topic`/`partition`.
-fn leader(bootstrap: &str, topic: &str, partition: i32) -> String {
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .expect("metadata client");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let m = c
-            .fetch_metadata(Some(topic), Duration::from_secs(10))
-            .expect("metadata");
-        let leader = m
-            .topics()
-            .iter()
-            .find(|t| t.name() == topic)
-            .and_then(|t| t.partitions().iter().find(|p| p.id() == partition))
-            .map(|p| p.leader());
-        if let Some(b) = leader.and_then(|id| m.brokers().iter().find(|b| b.id() == id)) {
-            return format!("{}:{}", b.host(), b.port());
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{topic}/{partition} has no leader"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 /// Every record of `topic`/`partition` up to its high watermark, control
 /// records included, read from the partition's leader.
 pub fn raw_records(bootstrap: &str, topic: &str, partition: i32) -> Vec<Record> {
     let mut stream =
-        TcpStream::connect(leader(bootstrap, topic, partition)).expect("connect to the leader");
+        TcpStream::connect(crate::support::kafka::leader(bootstrap, topic, partition).1)
+            .expect("connect to the leader");
     stream
         .set_read_timeout(Some(Duration::from_secs(30)))
         .expect("timeout");

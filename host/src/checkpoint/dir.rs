@@ -2,6 +2,10 @@
 //! [`DirCheckpoint`] takes the directory's `flock`, issues the next epoch
 //! and implements [`Checkpoint`] with crash-safe files; free functions read
 //! a directory without locking it (for `--takeover` and `host status`).
+//!
+//! Slightly over 650 lines: the lock, the epoch and the log files of one
+//! directory, whose invariants (a commit re-checks the epoch it wrote
+//! under) read best together.
 
 use std::collections::BTreeMap;
 use std::fs::File;

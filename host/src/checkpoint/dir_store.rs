@@ -9,10 +9,9 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 
-use super::group::GroupError;
 use super::{
-    Batch, Checkpoint, CheckpointError, Claimed, CommitEntry, DirCheckpoint, Epoch, Planned,
-    Recovery, Start, TopicIdentity,
+    Batch, Checkpoint, CheckpointError, Claimed, CommitEntry, DirCheckpoint, Epoch, Fenced,
+    Planned, Recovery, Start, TopicIdentity,
 };
 
 /// A claimed checkpoint directory, shared by the batch loop and the
@@ -81,10 +80,6 @@ impl Checkpoint for DirStore {
 
     fn epoch(&self) -> Option<Epoch> {
         Some(self.epoch)
-    }
-
-    fn holds_all(&self) -> bool {
-        true
     }
 
     fn is_new(&self) -> bool {
@@ -158,11 +153,7 @@ impl Checkpoint for DirStore {
         }
     }
 
-    fn commit(
-        &self,
-        _batch: &Batch,
-        done: &CommitEntry,
-    ) -> Result<Vec<GroupError>, CheckpointError> {
+    fn commit(&self, _batch: &Batch, done: &CommitEntry) -> Result<Vec<Fenced>, CheckpointError> {
         self.cp().commit(done)?;
         Ok(Vec::new())
     }

@@ -473,6 +473,32 @@ pub trait AppliedProgress: Send + Sync {
     ) -> Result<bool, crate::capability::sql::DbError>;
 }
 
+/// A partition whose owner epoch moved past ours (DESIGN.md, "fencing
+/// token"): a write for it was refused, nothing of it was written, and
+/// another owner holds it now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fenced {
+    /// The partition, as (topic, partition).
+    pub partition: (String, i32),
+    /// The owner epoch we wrote with.
+    pub ours: Epoch,
+    /// The owner epoch the store holds now (0: the partition's row is
+    /// gone).
+    pub now: Epoch,
+    /// Who holds it now, as the store records it.
+    pub holder: String,
+}
+
+impl std::fmt::Display for Fenced {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "fenced on {}/{}: owner epoch {} is now held by {} (ours was {}); this member drops the partition",
+            self.partition.0, self.partition.1, self.now, self.holder, self.ours
+        )
+    }
+}
+
 /// The checkpoint seam (DESIGN.md, "One engine, two stores"): what the
 /// one batch loop needs of the store that holds a pipeline's checkpoint.
 /// [`DirStore`] (a directory, one host, one epoch for every partition)
@@ -495,11 +521,6 @@ pub trait Checkpoint: Send + Sync {
     /// The one epoch of a store claimed as a whole (a directory), `None`
     /// when each partition has its own (a group).
     fn epoch(&self) -> Option<Epoch>;
-    /// True when this process holds every partition of the pipeline's
-    /// topics (a directory: the planner claims each partition it
-    /// discovers); false when partitions are claimed as the group
-    /// coordinator assigns them.
-    fn holds_all(&self) -> bool;
     /// True for a pipeline with no position yet: partitions with
     /// [`Start::New`] start at the configured starting offsets.
     fn is_new(&self) -> bool;
@@ -527,17 +548,15 @@ pub trait Checkpoint: Send + Sync {
     /// [`CheckpointError::Misuse`], [`CheckpointError::Io`].
     fn write_ahead(&self, batch: &Batch) -> Result<(), CheckpointError>;
     /// Commit `batch`, whose ranges are now applied (`done`: counts,
-    /// timings, plugins, data loss). Returns the partitions another member
-    /// took meanwhile (a group; their planned ranges are left to it).
+    /// timings, plugins, data loss). Returns the partitions another owner
+    /// took meanwhile, not committed (their planned ranges are left to
+    /// it; a directory's owner holds every partition or none, so it
+    /// returns none: a newer epoch fails the whole commit).
     ///
     /// # Errors
     /// [`CheckpointError::Fenced`], [`CheckpointError::Group`],
     /// [`CheckpointError::Io`]; nothing is committed then.
-    fn commit(
-        &self,
-        batch: &Batch,
-        done: &CommitEntry,
-    ) -> Result<Vec<group::GroupError>, CheckpointError>;
+    fn commit(&self, batch: &Batch, done: &CommitEntry) -> Result<Vec<Fenced>, CheckpointError>;
     /// Keep a component's bytes, by SHA-256 (idempotent). Returns the
     /// digest, lower-case hex.
     ///

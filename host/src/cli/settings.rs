@@ -6,6 +6,10 @@
 //! Environment values never show in `--help` (they may hold a password).
 //! [`resolve`] checks the merged values and makes the engine's
 //! [`PipelineConfig`] (the engine knows neither clap nor the file).
+//!
+//! Longer than 650 lines on purpose: every setting is one field here,
+//! with its flag, environment name, file key and help, so they cannot
+//! drift apart.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -13,14 +13,14 @@ use std::time::{Duration, Instant};
 
 use crate::checkpoint::{Counts, DataLossGap, Epoch, OffsetsEntry, Timings};
 use crate::metrics::Metrics;
-use crate::plugin::chain::ChainResult;
-use crate::plugin::{CallContext, PluginError, Trapped};
+use crate::plugin::CallContext;
 use crate::sink::SinkDriver;
-use crate::source::{Handoff, KafkaSource, Piece, SourceRecord, TopicPartition};
+use crate::source::{Handoff, KafkaSource, Piece, TopicPartition};
 
+use super::batch_run::{BatchRun, RangeState};
 use super::map_threads::{MapEnv, MapPool, Mapped, map_thread};
-use super::member::revoke::Revocations;
-use super::policy::{Rejection, on_bad_record, on_data_loss};
+use super::ownership::gate::PartitionGate;
+use super::policy::on_data_loss;
 use super::progress::ms;
 use super::sink_thread::{
     SINK_QUEUE, SinkEnv, SinkJob, SinkPolicy, SinkReport, lanes_of, run_sink,
@@ -28,277 +28,13 @@ use super::sink_thread::{
 use super::stages::Stages;
 use super::{EngineError, PipelineConfig};
 
+/// Pieces queued between the fetch thread and the map at most.
+pub(super) const PIECE_QUEUE: usize = 4;
+
 /// Records handed to one map call at most: the fetch thread delivers
 /// pieces of this size, so the map of one piece overlaps the reading of
 /// the next (2,000 records of ~200 bytes: ~0.4 MB, a few ms of mapping).
 pub(super) const MAP_PIECE_RECORDS: usize = 2_000;
-
-/// One partition's range within a batch: what was read and mapped and not
-/// yet sunk, and how far the sink got.
-#[derive(Default)]
-pub(super) struct RangeState {
-    /// Records read and mapped since the last sink of this range.
-    records: Vec<SourceRecord>,
-    /// Their map results (source indices into `records`).
-    mapped: ChainResult,
-    /// Records of the range found trapping so far, and the first trap.
-    trapped: usize,
-    first_trap: Option<Box<Trapped>>,
-    /// Records of the range read so far, sunk or held.
-    seen: usize,
-    /// Offsets below this were handed to the sink thread (`None`: nothing
-    /// yet, the range's start).
-    sunk_to: Option<i64>,
-    /// The range's last piece arrived and its last part was handed to the
-    /// sink thread.
-    finished: bool,
-}
-
-/// The map side of one batch (the fetch and the sink run on threads of
-/// their own).
-pub(super) struct BatchRun<'a> {
-    cfg: &'a PipelineConfig,
-    /// Digest → file, for messages.
-    files: &'a BTreeMap<String, String>,
-    entry: &'a OffsetsEntry,
-    /// The call context of each range (its owner epoch included).
-    ctxs: &'a [CallContext],
-    /// Each range's owner epoch, typed (the sink fences on it).
-    epochs: &'a [Epoch],
-    /// A group member's partitions dropped during the batch
-    /// ([`BatchEnv::revocations`]).
-    revocations: Option<&'a Revocations>,
-    states: Vec<RangeState>,
-    counts: Counts,
-    map_time: Duration,
-    /// Parts for the sink threads, one queue per sink connection, each in
-    /// order (emptied once the batch's pieces are all handed over: the
-    /// sink threads then end).
-    sinks: Vec<std::sync::mpsc::SyncSender<SinkJob>>,
-    /// Each range's sink thread ([`lanes_of`]).
-    lanes: Vec<usize>,
-    /// Set when a sink thread failed: no further part is handed out.
-    sink_failed: &'a AtomicBool,
-}
-
-/// Pieces queued between the fetch thread and the map at most.
-pub(super) const PIECE_QUEUE: usize = 4;
-
-impl BatchRun<'_> {
-    /// Whether range `i`'s partition was taken from this group member
-    /// during the batch: its records are no longer mapped or sunk.
-    fn dropped(&self, i: usize) -> bool {
-        let r = &self.entry.ranges[i];
-        self.revocations
-            .is_some_and(|rv| rv.is_dropped(&(r.topic.clone(), r.partition)))
-    }
-
-    /// Take a map thread's answer for the next piece of its range and sink
-    /// it as a part of the range, unless it is the range's last piece
-    /// ([`BatchRun::finish`] sinks that, up to the planned end, and runs
-    /// next).
-    fn take_mapped(&mut self, m: Mapped) -> Result<(), EngineError> {
-        let Mapped {
-            range: i,
-            records,
-            done,
-            result,
-            trapped,
-            first_trap,
-            took,
-        } = m;
-        self.map_time += took;
-        let mapped = result.map_err(|e| match e {
-            // Under `fail` the map thread named the record that traps.
-            PluginError::Trap(trap)
-                if self.cfg.on_error == super::ErrorPolicy::Fail && trap.site.contains(" offset ") =>
-            {
-                EngineError::TrappedOnRecord {
-                    trap,
-                    aside: if self.cfg.sink_db.is_some() {
-                        "to set the records that trap aside and go on, run with `--on-error dlq` (the trap becomes their error in sluice_dead_letters)"
-                    } else {
-                        "to set the records that trap aside and go on, run with `--on-error skip` (or give a --sink-db and `--on-error dlq`, which keeps them)"
-                    },
-                }
-            }
-            e => e.into(),
-        })?;
-        self.take_piece(i, records, done, mapped, (trapped, first_trap))?;
-        if done {
-            self.finish(i)?;
-        }
-        Ok(())
-    }
-
-    fn take_piece(
-        &mut self,
-        i: usize,
-        records: Vec<SourceRecord>,
-        done: bool,
-        mapped: ChainResult,
-        (trapped, first_trap): (usize, Option<Box<Trapped>>),
-    ) -> Result<(), EngineError> {
-        if records.is_empty() || self.dropped(i) {
-            return Ok(());
-        }
-        let range = &self.entry.ranges[i];
-        if self.states[i].finished {
-            return Err(EngineError::Internal(format!(
-                "records of {}/{} arrived after its range [{}, {}) was finished",
-                range.topic, range.partition, range.start, range.end
-            )));
-        }
-        let st = &mut self.states[i];
-        st.trapped = trapped;
-        if st.first_trap.is_none() {
-            st.first_trap = first_trap;
-        }
-        let base = st.records.len();
-        st.mapped
-            .outputs
-            .extend(mapped.outputs.into_iter().map(|mut o| {
-                o.source_index += base;
-                o
-            }));
-        st.mapped
-            .rejected
-            .extend(mapped.rejected.into_iter().map(|mut b| {
-                b.source_index += base;
-                b
-            }));
-        st.seen += records.len();
-        let next = records.last().map(|r| r.offset + 1);
-        if st.records.is_empty() {
-            st.records = records;
-        } else {
-            st.records.extend(records);
-        }
-        // Sink the piece now, as a part of the range, so the sink keeps up
-        // with the fetch instead of trailing it and the piece's memory is
-        // reused for the next one — unless every record of the range so far
-        // trapped: that may turn out to be a broken plugin (see `finish`),
-        // which must stop the batch rather than dead-letter or skip the
-        // range.
-        if !done
-            && st.trapped < st.seen
-            && let Some(next) = next
-        {
-            self.sink_held(i, next)?;
-        }
-        Ok(())
-    }
-
-    /// Range `i` is read and mapped: sink the rest of it.
-    fn finish(&mut self, i: usize) -> Result<(), EngineError> {
-        if self.dropped(i) {
-            return Ok(());
-        }
-        let range = &self.entry.ranges[i];
-        let st = &mut self.states[i];
-        if st.finished {
-            return Err(EngineError::Internal(format!(
-                "range [{}, {}) of {}/{} finished twice",
-                range.start, range.end, range.topic, range.partition
-            )));
-        }
-        if st.seen > 1
-            && st.trapped == st.seen
-            && let Some(first) = st.first_trap.take()
-        {
-            // Not one record could be mapped: a broken plugin (or limit)
-            // rather than bad records. Stop instead of dead-lettering or
-            // skipping the whole range (none of it was sunk).
-            tracing::error!(
-                "every record of {}/{} [{}, {}) made the plugin trap: it looks broken, not fed bad records; stopping",
-                range.topic,
-                range.partition,
-                range.start,
-                range.end
-            );
-            return Err(EngineError::Plugin(PluginError::Trap(first)));
-        }
-        // The last part, up to the planned end (which may lie past the last
-        // record: control records, compaction gaps); the whole range when
-        // nothing was sunk yet.
-        if st.sunk_to != Some(range.end) {
-            self.sink_held(i, range.end)?;
-        }
-        self.states[i].finished = true;
-        Ok(())
-    }
-
-    /// Hand the records range `i` holds to the sink thread as the part
-    /// `[sunk_to, end)` of the range (`end`: the offset after the last held
-    /// record, or the range's end), after applying the bad-record policy.
-    /// The sink thread applies it with one sink call (one transaction with
-    /// the SQL capability), retried as configured.
-    fn sink_held(&mut self, i: usize, end: i64) -> Result<(), EngineError> {
-        let range = &self.entry.ranges[i];
-        let cfg = self.cfg;
-        let ctx = &self.ctxs[i];
-        let epoch = self.epochs[i];
-        let counts = &mut self.counts;
-        let st = &mut self.states[i];
-        let start = st.sunk_to.unwrap_or(range.start);
-        let recs = std::mem::take(&mut st.records);
-        let mapped = std::mem::take(&mut st.mapped);
-        counts.input += recs.len() as u64;
-        let mut dead_letters = Vec::new();
-        for b in &mapped.rejected {
-            let plugin = self.files.get(&b.plugin_digest);
-            let rejection = Rejection {
-                topic: &range.topic,
-                partition: range.partition,
-                record: &recs[b.source_index],
-                batch: self.entry.batch_id,
-                plugin: plugin.map_or("", String::as_str),
-                digest: &b.plugin_digest,
-                stage: b.stage,
-                message: b.message.clone(),
-                by_sink: false,
-            };
-            dead_letters.extend(on_bad_record(cfg.on_error, rejection, counts)?);
-        }
-        let mut with_output = vec![false; recs.len()];
-        for o in &mapped.outputs {
-            with_output[o.source_index] = true;
-        }
-        counts.output += mapped.outputs.len() as u64;
-        counts.filtered += with_output
-            .iter()
-            .enumerate()
-            .filter(|(i, has)| !**has && !mapped.rejected.iter().any(|b| b.source_index == *i))
-            .count() as u64;
-
-        let job = SinkJob {
-            range: i,
-            epoch,
-            part: crate::plugin::PartitionContext {
-                batch: ctx.clone(),
-                topic: range.topic.clone(),
-                partition: range.partition,
-                start_offset: start,
-                end_offset: end,
-            },
-            records: recs,
-            outputs: mapped.outputs,
-            dead_letters,
-        };
-        // A sink thread stopped only because a part failed: the caller
-        // reports that error.
-        if self.sink_failed.load(Ordering::Relaxed) {
-            return Err(EngineError::SinkStopped);
-        }
-        self.sinks
-            .get(self.lanes.get(i).copied().unwrap_or(0))
-            .ok_or(EngineError::SinkStopped)?
-            .send(job)
-            .map_err(|_| EngineError::SinkStopped)?;
-        self.states[i].sunk_to = Some(end);
-        Ok(())
-    }
-}
 
 /// Sets its flag when dropped.
 struct SetOnDrop<'a>(&'a AtomicBool);
@@ -322,11 +58,12 @@ pub(super) struct BatchEnv<'a> {
     /// older owner): its map and sink calls carry it, and the sink fences
     /// on it.
     pub(super) epochs: &'a BTreeMap<TopicPartition, Epoch>,
-    /// A pipeline group's member: the partitions a rebalance or the
-    /// database's fencing takes during the batch. Their parts not started
-    /// are abandoned, the batch goes on with the others, and the fetch
-    /// thread answers rebalances until the sink has finished.
-    pub(super) revocations: Option<&'a Revocations>,
+    /// The partitions a rebalance or the database's fencing takes during
+    /// the batch (a group member's; a sole owner's gate never drops one).
+    /// Their parts not started are abandoned, the batch goes on with the
+    /// others, and the fetch thread answers rebalances until the sink has
+    /// finished.
+    pub(super) gate: &'a PartitionGate,
     pub(super) metrics: &'a Metrics,
     /// Set when the user asked to stop: map no further piece.
     pub(super) stop: &'a AtomicBool,
@@ -377,7 +114,7 @@ pub(super) fn run_batch(
         driver,
         query_id,
         epochs,
-        revocations,
+        gate,
         metrics,
         stop,
         output,
@@ -462,7 +199,7 @@ pub(super) fn run_batch(
         },
         metrics,
         ranges: entry.ranges.len(),
-        revocations,
+        gate,
         failed: &sink_failed,
         output,
     };
@@ -471,7 +208,7 @@ pub(super) fn run_batch(
         ctxs: &ctxs,
         on_error: cfg.on_error,
         attempts: cfg.attempts,
-        revocations,
+        gate,
         metrics,
         stop,
     };
@@ -514,7 +251,7 @@ pub(super) fn run_batch(
             entry,
             ctxs: &ctxs,
             epochs: &range_epochs,
-            revocations,
+            gate,
             states: entry.ranges.iter().map(|_| RangeState::default()).collect(),
             counts: Counts::default(),
             map_time: Duration::ZERO,
@@ -542,25 +279,16 @@ pub(super) fn run_batch(
             );
             let took = t.elapsed();
             drop(tx);
-            // A group member goes on answering the coordinator until the
-            // sink has applied the batch: a rebalance meanwhile is drained
-            // and released at once (see `revoke`), instead of waiting for
-            // the whole batch, and the other partitions keep running.
-            // Records that arrive meanwhile are kept for the next batch, up
-            // to about one batch's worth; then the partitions are paused
-            // (which drops what librdkafka had read ahead).
-            if r.is_ok() && revocations.is_some() {
+            // Until the sinks have applied the batch, a group member goes
+            // on answering the coordinator, keeping about one batch's
+            // worth of what arrives (see `PartitionGate::serve_until`).
+            if r.is_ok() {
                 let ahead = fetch_ranges
                     .iter()
                     .map(|r| usize::try_from(r.end - r.start).unwrap_or(0))
                     .sum::<usize>()
                     .max(MAP_PIECE_RECORDS);
-                while !sunk_ref.load(Ordering::Relaxed) {
-                    if source.pending_records() >= ahead {
-                        source.pause();
-                    }
-                    source.serve(Duration::from_millis(20));
-                }
+                gate.serve_until(source, sunk_ref, ahead);
             }
             (r, took)
         });
@@ -664,7 +392,7 @@ pub(super) fn run_batch(
             continue;
         }
         counts.already_applied += before.offsets;
-        if before.by_other_batch && revocations.is_none() {
+        if before.by_other_batch && !gate.others_apply() {
             tracing::warn!(topic = %range.topic, partition = range.partition, already_applied = before.offsets, "{} of the {} offsets of [{}, {}) were already applied by an earlier batch (the sink's progress rows, sluice_progress, show them), so they were not applied again: this is a reset back or a restored checkpoint. Nothing to do if that is what you meant; if the destination no longer holds them (its tables were emptied), stop the pipeline and `host checkpoint reset … --sink-db URL --reapply` to a position before them (on a destination that still holds them, that applies them twice)", before.offsets, range.end - range.start, range.start, range.end);
         } else {
             tracing::info!(topic = %range.topic, partition = range.partition, already_applied = before.offsets, "{} of the {} offsets of [{}, {}) were already applied by an earlier run of this batch; not applied again", before.offsets, range.end - range.start, range.start, range.end);

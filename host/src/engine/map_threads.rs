@@ -24,7 +24,7 @@ use crate::plugin::chain::{
 use crate::plugin::{CallContext, Instance, PluginError, Trapped};
 use crate::source::{Piece, SourceRecord};
 
-use super::member::revoke::Revocations;
+use super::ownership::gate::PartitionGate;
 use super::policy::with_retries;
 use super::{EngineError, ErrorPolicy};
 
@@ -106,7 +106,8 @@ pub(super) struct MapEnv<'a> {
     pub(super) ctxs: &'a [CallContext],
     pub(super) on_error: ErrorPolicy,
     pub(super) attempts: u32,
-    pub(super) revocations: Option<&'a Revocations>,
+    /// The partitions dropped during the batch: not mapped further.
+    pub(super) gate: &'a PartitionGate,
     pub(super) metrics: &'a Metrics,
     /// The process's stop flag (ends trap isolation early).
     pub(super) stop: &'a AtomicBool,
@@ -153,9 +154,7 @@ pub(super) fn map_thread(
         let result = match env.ranges.get(piece.range) {
             Some(range)
                 if !piece.records.is_empty()
-                    && !env.revocations.is_some_and(|rv| {
-                        rv.is_dropped(&(range.topic.clone(), range.partition))
-                    }) =>
+                    && !env.gate.is_dropped(&(range.topic.clone(), range.partition)) =>
             {
                 let views: Vec<Record<'_>> = piece
                     .records

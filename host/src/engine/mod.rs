@@ -53,13 +53,13 @@
 //!   the in-flight batch finish and commit.
 
 mod batch;
-mod boundary;
+mod batch_run;
 mod config;
 mod error;
 mod map_threads;
-mod member;
 mod open;
 mod outputs;
+mod ownership;
 mod plan;
 mod policy;
 mod progress;
@@ -70,9 +70,8 @@ mod startup;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use crate::checkpoint::group::GroupError;
 use crate::checkpoint::{
     Batch, CheckpointError, CommitEntry, Counts, Epoch, OffsetsEntry, PluginRef,
 };
@@ -87,10 +86,12 @@ pub use config::{
 };
 pub use error::EngineError;
 pub use open::Acquire;
+use ownership::Next;
 pub use plan::ends;
 use progress::ms;
 pub use progress::{PartitionProgress, Progress};
 pub use stages::{swap_targets, swapped_refs};
+use startup::Pipeline;
 
 /// What a run did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -139,7 +140,11 @@ pub fn run_with(
     acquire: Acquire,
 ) -> Result<RunSummary, EngineError> {
     let mut p = startup::start(cfg, acquire)?;
-    let r = run_batches(&mut p, cfg, &stop);
+    let mut summary = RunSummary {
+        epoch: p.cp.epoch().unwrap_or_default(),
+        ..RunSummary::default()
+    };
+    let r = run_batches(&mut p, cfg, &stop, &mut summary);
     if r.is_err() {
         if let Some(out) = &p.output {
             out.abort_open_transaction();
@@ -148,257 +153,94 @@ pub fn run_with(
         // (the brokers did not answer, say) is not left behind.
         p.cp.discard_if_unused();
     }
-    if let Some(g) = &p.group {
-        if r.is_ok() {
-            member::commit_before_leaving(&mut p.source, &p.holdings);
+    match r {
+        Ok(handover) => {
+            summary.handed_over = handover.is_some();
+            p.leave(true, handover);
+            Ok(summary)
         }
-        g.swaps.leave();
-    }
-    let (summary, handover) = r?;
-    if let Some(h) = handover {
-        p.hand_over(h);
-    }
-    Ok(summary)
-}
-
-/// Sleep up to `d`, waking early when `stop` or `wake` is set; a group
-/// member answers the coordinator meanwhile.
-fn idle(p: &mut startup::Pipeline, stop: &AtomicBool, d: Duration) {
-    let until = Instant::now() + d;
-    while !stop.load(Ordering::Relaxed) && !p.wake.load(Ordering::Relaxed) {
-        let now = Instant::now();
-        if now >= until {
-            return;
-        }
-        let slice = (until - now).min(Duration::from_millis(50));
-        if p.group.is_some() {
-            p.source.serve(slice);
-        } else {
-            std::thread::sleep(slice);
+        Err(e) => {
+            p.leave(false, None);
+            Err(e)
         }
     }
-}
-
-/// Whether the run is done with `--until-caught-up`: every partition held
-/// reached the high watermark it had when first planned (and a group
-/// member's assignment settled).
-fn caught_up(p: &startup::Pipeline, cfg: &PipelineConfig) -> Result<bool, EngineError> {
-    if !cfg.until_caught_up || !p.planner.caught_up(&p.holdings, &cfg.topics) {
-        return Ok(false);
-    }
-    match &p.group {
-        Some(g) => g.member.settled(&p.source, cfg),
-        None => Ok(true),
-    }
-}
-
-/// When `e` says another member holds one of our partitions now (a group
-/// member's write refused): the member drops it, and the caller plans
-/// again.
-fn dropped_fenced(p: &startup::Pipeline, e: &GroupError) -> bool {
-    p.group.as_ref().is_some_and(|g| g.member.drop_if_fenced(e))
 }
 
 /// The loop of [`run_with`]: batches until stopped, caught up or handed
-/// over (the handover is returned for the caller to finish).
+/// over (the handover is returned for the owner to finish). Each turn:
+/// boundary → plan → write-ahead → fetch, map, sink → commit → report.
 fn run_batches(
-    p: &mut startup::Pipeline,
+    p: &mut Pipeline,
     cfg: &PipelineConfig,
     stop: &AtomicBool,
-) -> Result<(RunSummary, Option<crate::control::Handover>), EngineError> {
-    let mut summary = RunSummary {
-        epoch: p.cp.epoch().unwrap_or_default(),
-        ..RunSummary::default()
-    };
+    summary: &mut RunSummary,
+) -> Result<Option<crate::control::Handover>, EngineError> {
     loop {
-        // Batch boundary: act on control requests (a single host: not
-        // before a re-run, an uncommitted batch is finished first) and on
-        // the group's swaps.
-        p.wake.store(false, Ordering::Relaxed);
-        let rerun_first = p.cp.holds_all() && p.holdings.any_rerun();
-        if !rerun_first && let Some(h) = boundary::serve_requests(p, cfg) {
-            summary.handed_over = true;
-            return Ok((summary, Some(h)));
+        // Batch boundary: the owner acts on what changed since the last.
+        let stopping = stop.load(Ordering::Relaxed);
+        match p.with_owner(cfg, |owner, at| owner.at_boundary(at, stopping))? {
+            Next::Plan => {}
+            Next::Stop => break,
+            Next::HandOver(h) => return Ok(Some(h)),
         }
-        if stop.load(Ordering::Relaxed) && !rerun_first {
-            tracing::info!(
-                "stop requested: the last batch is committed, {}",
-                if p.group.is_some() {
-                    "leaving the group"
-                } else {
-                    "exiting"
-                }
-            );
-            break;
-        }
-        boundary::serve_group(p, cfg)?;
 
         // Plan and write ahead.
         let batch_started = Instant::now();
-        let planned = p.planner.plan(&p.source, cfg, p.cp.as_ref(), &p.holdings)?;
-        report_takeover(p, &mut summary);
+        let knows = p.owner.knows_holdings(&p.source);
+        let mut planned = p.planner.plan(
+            &p.source,
+            cfg,
+            p.cp.as_ref(),
+            &p.holdings,
+            p.owner.as_ref(),
+            knows,
+        )?;
+        if let Some(gap) = p.owner.took_over(p.cp.as_ref()) {
+            summary.takeover_gap_ms = Some(gap);
+        }
         if !planned.worth_a_batch {
-            // Nothing to read: stop fetching until the next batch (see
-            // KafkaSource::pause); a member keeps answering the group.
-            match &p.group {
-                None => p.source.pause(),
-                Some(g) => g.member.check_joined(&p.source, cfg)?,
-            }
+            p.owner.nothing_to_read(&mut p.source, cfg)?;
             if caught_up(p, cfg)? {
-                tracing::info!("caught up with the data available at start");
                 break;
             }
-            idle(
-                p,
-                stop,
-                cfg.trigger_interval.saturating_sub(batch_started.elapsed()),
-            );
+            let left = cfg.trigger_interval.saturating_sub(batch_started.elapsed());
+            p.owner.idle(&mut p.source, stop, left);
             continue;
         }
-        let batch = Batch {
-            entry: OffsetsEntry {
-                batch_id: p.cp.next_batch_id(),
-                epoch: p.cp.epoch().unwrap_or_default(),
-                planned_at_ms: now_ms(),
-                ranges: planned.ranges,
-                plugins: p.stages.refs.clone(),
-                config_digest: p.config_digest.clone(),
-                note: None,
-                topics: planned.topics,
-                sink_db: p.sink_identity.clone(),
-                output: cfg.output.as_ref().map(|o| o.identity(&cfg.brokers)),
-            },
-            epochs: planned.epochs,
-            rerun: planned.rerun,
-            started_latest: planned.started_latest,
+        let mut gaps = std::mem::take(&mut planned.gaps);
+        let full = planned.full;
+        let Some(batch) = write_ahead(p, cfg, planned)? else {
+            continue;
         };
-        if !batch.rerun && !p.rewind_checked {
-            outputs::refuse_rewound(p, cfg, &batch.entry)?;
-            p.rewind_checked = true;
-        }
-        match p.cp.write_ahead(&batch) {
-            Ok(()) => {}
-            Err(CheckpointError::Group(e)) if e.is_fenced() => {
-                p.holdings.started(&batch);
-                dropped_fenced(p, &e);
-                continue;
-            }
-            Err(e) => return Err(e.into()),
-        }
-        p.holdings.written_ahead(&batch);
-        if !batch.rerun {
-            crate::util::failpoint("engine:after-write-ahead");
-        }
-        let mut gaps = planned.gaps;
-        let (rerun, full) = (batch.rerun, planned.full);
-        let batch_id = batch.entry.batch_id;
-        if let Ok(mut s) = p.status.lock() {
-            s.current_batch = Some(batch_id);
-        }
+        let (rerun, batch_id) = (batch.rerun, batch.entry.batch_id);
         let plan_ms = ms(batch_started.elapsed());
 
         // Exactly once to a topic: a batch planned by an earlier run is
         // not run again when its transaction committed before that run
         // stopped (the brokers hold its input positions).
-        let committed_before = rerun && outputs::committed_before(p, cfg, &batch.entry)?;
+        let committed_before = rerun
+            && outputs::committed_before(p.output.as_deref(), p.cp.query_id(), cfg, &batch.entry)?;
 
         // Fetch, map and sink.
-        let done = if committed_before {
-            Ok(batch::BatchDone::default())
-        } else {
-            run_batch(
-                BatchEnv {
-                    cfg,
-                    source: &mut p.source,
-                    stages: &mut p.stages,
-                    driver: &p.driver,
-                    query_id: p.cp.query_id(),
-                    epochs: &batch.epochs,
-                    revocations: p.group.as_ref().map(|g| g.member.revocations.as_ref()),
-                    metrics: &p.metrics,
-                    stop,
-                    output: p.output.as_deref(),
-                },
-                &batch.entry,
-                rerun,
-            )
-        };
-        // A group member's partitions taken during the batch: revoked
-        // (drained and released already) or fenced by the database.
-        let (dropped, fenced) = match &p.group {
-            Some(g) => g.member.revocations.take(),
-            None => Default::default(),
-        };
-        for e in &fenced {
-            dropped_fenced(p, e);
-        }
-        let done = done.map_err(|e| {
-            p.planner
-                .explain_read_error(&p.source, cfg, &batch.entry.ranges, e)
-        });
-        let done = match done {
-            Ok(d) => d,
-            Err(EngineError::Sink(SinkError::Group(e))) if dropped_fenced(p, &e) => continue,
-            Err(e) => match p.group.as_ref() {
-                None => return Err(e),
-                Some(g) => {
-                    // A claim that failed during the batch stops the
-                    // member (as at the top of the loop).
-                    let changes = g
-                        .member
-                        .sync(&mut p.source, &p.metrics)
-                        .inspect_err(|_| tracing::error!("batch {batch_id} failed: {e}"))?;
-                    // A rebalance drains and releases the revoked
-                    // partitions without failing the batch; only a read of
-                    // a partition taken while it was being read may still
-                    // end it. Its planned range is run by whoever holds it
-                    // now.
-                    let took = changes.revoked.iter().any(|tp| {
-                        batch
-                            .entry
-                            .ranges
-                            .iter()
-                            .any(|r| r.topic == tp.0 && r.partition == tp.1)
-                    });
-                    for tp in &changes.revoked {
-                        p.planner.forget(tp);
-                    }
-                    if took && matches!(e, EngineError::Source(_)) {
-                        tracing::info!("a rebalance took a partition of batch {batch_id}: {e}");
-                        continue;
-                    }
-                    return Err(e);
-                }
-            },
+        let Some(done) = apply(p, cfg, stop, &batch, committed_before)? else {
+            continue;
         };
         let counts = done.counts;
-        if let Some(o) = cfg.output.as_ref().filter(|_| {
-            counts.produced == 0
-                && counts.output > 0
-                && !p.stages.sinks.is_empty()
-                && !p.told_sink_silent
-        }) {
-            p.told_sink_silent = true;
-            tracing::warn!(
-                "batch {batch_id}: the sink stage sent nothing to --output-topic {} (the kafka capability's kafka.send); a sink that never sends needs no --output-topic",
-                o.topics.join(", ")
-            );
-        }
+        warn_sink_silent(p, cfg, batch_id, &counts);
         let mut timings = done.timings;
         gaps.extend(done.gaps);
         timings.plan = plan_ms;
 
-        // Commit the partitions still ours. A dropped partition's planned
-        // range is left to its next owner.
-        // Every output acknowledged (at-least-once), or committed with
-        // the input positions in the batch's transaction (exactly once),
-        // before the batch is recorded as done.
+        // Commit the partitions still ours. Every output acknowledged
+        // (at-least-once), or committed with the input positions in the
+        // batch's transaction (exactly once), before the batch is recorded
+        // as done.
         if !committed_before {
-            timings.transaction += outputs::finish(p, &batch.entry)?;
+            timings.transaction +=
+                outputs::finish(p.output.as_deref(), p.cp.query_id(), &batch.entry)?;
         }
         crate::util::failpoint("engine:before-commit");
         let commit_started = Instant::now();
-        let batch = without(batch, &dropped);
         let commit = CommitEntry {
             batch_id,
             epoch: batch.entry.epoch,
@@ -411,48 +253,22 @@ fn run_batches(
                 "its output transaction had committed before the restart: recorded as done without running it again".to_string()
             }),
         };
-        let fenced = p.cp.commit(&batch, &commit)?;
-        // A partition another member took meanwhile keeps its planned
-        // range for that member; the others are committed all the same.
-        let batch = without(
-            batch,
-            &fenced
-                .iter()
-                .filter_map(|e| match e {
-                    GroupError::Fenced {
-                        topic, partition, ..
-                    } => Some((topic.clone(), *partition)),
-                    _ => None,
-                })
-                .collect(),
-        );
-        for e in &fenced {
-            dropped_fenced(p, e);
-        }
-        p.last_commit_ms = Some(commit.committed_at_ms);
+        let batch = commit_batch(p, batch, &commit)?;
         timings.commit = ms(commit_started.elapsed());
-        p.planner.committed(&p.holdings, &batch.entry.ranges);
-        // The ends applied, of the partitions still held, to the Kafka
-        // consumer group (informational: never read back).
-        let applied: BTreeMap<TopicPartition, i64> = ends(&batch.entry.ranges)
-            .into_iter()
-            .filter(|(tp, _)| p.holdings.holds(tp))
-            .collect();
-        p.source.commit_group(&applied);
 
         // Report.
-        summary.batches += 1;
-        summary.last_batch = Some(batch_id);
-        if rerun && p.group.is_none() {
+        if rerun && summary.batches == 0 {
             summary.reran = Some(batch_id);
         }
+        summary.batches += 1;
+        summary.last_batch = Some(batch_id);
         summary
             .plugins_per_batch
             .push((batch_id, p.stages.refs.clone()));
         summary.counts.add(&counts);
         let lag = p.planner.lag(&p.holdings);
         p.metrics.batch(&counts, &timings, rerun, &lag);
-        let mut event = Progress::new(
+        let event = Progress::new(
             &batch.entry,
             &batch.epochs,
             rerun,
@@ -462,9 +278,7 @@ fn run_batches(
             lag,
             &gaps,
         );
-        if let Some(g) = &p.group {
-            event = event.in_group(&g.name, &g.owner);
-        }
+        let event = p.owner.label(event);
         event.emit(cfg.progress);
         if let Ok(mut s) = p.status.lock() {
             s.current_batch = None;
@@ -473,18 +287,186 @@ fn run_batches(
         }
 
         if caught_up(p, cfg)? {
-            tracing::info!("caught up with the data available at start");
             break;
         }
         if !full {
-            idle(
-                p,
-                stop,
-                cfg.trigger_interval.saturating_sub(batch_started.elapsed()),
-            );
+            let left = cfg.trigger_interval.saturating_sub(batch_started.elapsed());
+            p.owner.idle(&mut p.source, stop, left);
         }
     }
-    Ok((summary, None))
+    Ok(None)
+}
+
+/// Write the planned batch ahead. `None` when a partition turned out
+/// fenced (dropped, or claimed again): the loop plans again.
+///
+/// # Errors
+/// The checkpoint's.
+fn write_ahead(
+    p: &mut Pipeline,
+    cfg: &PipelineConfig,
+    planned: plan::Planned,
+) -> Result<Option<Batch>, EngineError> {
+    let batch = Batch {
+        entry: OffsetsEntry {
+            batch_id: p.cp.next_batch_id(),
+            epoch: p.cp.epoch().unwrap_or_default(),
+            planned_at_ms: now_ms(),
+            ranges: planned.ranges,
+            plugins: p.stages.refs.clone(),
+            config_digest: p.config_digest.clone(),
+            note: None,
+            topics: planned.topics,
+            sink_db: p.sink_identity.clone(),
+            output: cfg.output.as_ref().map(|o| o.identity(&cfg.brokers)),
+        },
+        epochs: planned.epochs,
+        rerun: planned.rerun,
+        started_latest: planned.started_latest,
+    };
+    if !batch.rerun && !p.rewind_checked {
+        outputs::refuse_rewound(p.output.as_deref(), p.cp.query_id(), cfg, &batch.entry)?;
+        p.rewind_checked = true;
+    }
+    match p.cp.write_ahead(&batch) {
+        Ok(()) => {}
+        Err(CheckpointError::Group(e)) if e.is_fenced() => {
+            p.holdings.started(&batch);
+            if let Some(f) = e.fenced() {
+                p.owner.fenced(&f);
+            }
+            return Ok(None);
+        }
+        Err(e) => return Err(e.into()),
+    }
+    p.holdings.written_ahead(&batch);
+    if !batch.rerun {
+        crate::util::failpoint("engine:after-write-ahead");
+    }
+    if let Ok(mut s) = p.status.lock() {
+        s.current_batch = Some(batch.entry.batch_id);
+    }
+    Ok(Some(batch))
+}
+
+/// Fetch, map and sink `batch` (nothing when its output transaction
+/// committed before). The partitions the gate dropped during it are left
+/// out of the batch; `None` when the failure was the owner's to absorb
+/// (a partition fenced or taken by a rebalance): the loop plans again.
+///
+/// # Errors
+/// The batch's, when the owner does not absorb it.
+fn apply(
+    p: &mut Pipeline,
+    cfg: &PipelineConfig,
+    stop: &AtomicBool,
+    batch: &Batch,
+    committed_before: bool,
+) -> Result<Option<batch::BatchDone>, EngineError> {
+    let done = if committed_before {
+        Ok(batch::BatchDone::default())
+    } else {
+        run_batch(
+            BatchEnv {
+                cfg,
+                source: &mut p.source,
+                stages: &mut p.stages,
+                driver: &p.driver,
+                query_id: p.cp.query_id(),
+                epochs: &batch.epochs,
+                gate: p.owner.gate(),
+                metrics: &p.metrics,
+                stop,
+                output: p.output.as_deref(),
+            },
+            &batch.entry,
+            batch.rerun,
+        )
+    };
+    let done = done.map_err(|e| {
+        p.planner
+            .explain_read_error(&p.source, cfg, &batch.entry.ranges, e)
+    });
+    let Err(e) = done else {
+        return Ok(done.ok());
+    };
+    // The partitions the database fenced during the batch are dropped
+    // (or claimed again) before anything else.
+    let (_, fenced) = p.owner.gate().take();
+    for f in &fenced {
+        p.owner.fenced(f);
+    }
+    if let EngineError::Sink(SinkError::Group(g)) = &e
+        && g.fenced().is_some_and(|f| p.owner.fenced(&f))
+    {
+        return Ok(None);
+    }
+    p.with_owner(cfg, |owner, at| owner.batch_failed(at, &batch.entry, e))?;
+    Ok(None)
+}
+
+/// Commit `batch` without the partitions dropped during it (taken from
+/// this member, or fenced by the store at the commit): their planned
+/// ranges are left to their next owner. Returns the batch committed.
+///
+/// # Errors
+/// The checkpoint's.
+fn commit_batch(
+    p: &mut Pipeline,
+    batch: Batch,
+    commit: &CommitEntry,
+) -> Result<Batch, EngineError> {
+    let (dropped, fenced) = p.owner.gate().take();
+    for f in &fenced {
+        p.owner.fenced(f);
+    }
+    let batch = without(batch, &dropped);
+    let fenced = p.cp.commit(&batch, commit)?;
+    let batch = without(batch, &fenced.iter().map(|f| f.partition.clone()).collect());
+    for f in &fenced {
+        p.owner.fenced(f);
+    }
+    p.last_commit_ms = Some(commit.committed_at_ms);
+    p.planner.committed(&p.holdings, &batch.entry.ranges);
+    // The ends applied, of the partitions still held, to the Kafka
+    // consumer group (informational: never read back).
+    let applied: BTreeMap<TopicPartition, i64> = ends(&batch.entry.ranges)
+        .into_iter()
+        .filter(|(tp, _)| p.holdings.holds(tp))
+        .collect();
+    p.source.commit_group(&applied);
+    Ok(batch)
+}
+
+/// Once a run: the sink stage sent nothing to the output topics it may
+/// send to.
+fn warn_sink_silent(p: &mut Pipeline, cfg: &PipelineConfig, batch_id: u64, counts: &Counts) {
+    if let Some(o) = cfg.output.as_ref().filter(|_| {
+        counts.produced == 0
+            && counts.output > 0
+            && !p.stages.sinks.is_empty()
+            && !p.told_sink_silent
+    }) {
+        p.told_sink_silent = true;
+        tracing::warn!(
+            "batch {batch_id}: the sink stage sent nothing to --output-topic {} (the kafka capability's kafka.send); a sink that never sends needs no --output-topic",
+            o.topics.join(", ")
+        );
+    }
+}
+
+/// Whether the run is done with `--until-caught-up`: every partition held
+/// reached the high watermark it had when first planned, and the owner's
+/// holdings settled (said so).
+fn caught_up(p: &Pipeline, cfg: &PipelineConfig) -> Result<bool, EngineError> {
+    if !cfg.until_caught_up || !p.planner.caught_up(&p.holdings, &cfg.topics) {
+        return Ok(false);
+    }
+    let settled = p.owner.settled(&p.source, cfg)?;
+    if settled {
+        tracing::info!("caught up with the data available at start");
+    }
+    Ok(settled)
 }
 
 /// `batch` without the partitions in `dropped` (taken from this group
@@ -506,12 +488,4 @@ fn without(mut batch: Batch, dropped: &std::collections::BTreeSet<TopicPartition
         .retain(|r| !dropped.contains(&(r.topic.clone(), r.partition)));
     batch.epochs.retain(|tp, _| !dropped.contains(tp));
     batch
-}
-
-/// After a takeover, at our first write-ahead (planning just finished):
-/// tell the old owner and record the gap.
-fn report_takeover(p: &mut startup::Pipeline, summary: &mut RunSummary) {
-    if let Some(t) = p.takeover.take() {
-        summary.takeover_gap_ms = Some(t.report(p.cp.epoch().unwrap_or_default()));
-    }
 }

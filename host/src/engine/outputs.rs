@@ -7,19 +7,17 @@
 use std::collections::BTreeMap;
 
 use crate::checkpoint::OffsetsEntry;
-use crate::output::{GroupOffsets, OutputConfig, OutputGuarantee};
+use crate::output::{GroupOffsets, KafkaOutput, OutputConfig, OutputGuarantee};
 use crate::source::TopicPartition;
 
 use super::progress::ms;
-use super::{EngineError, PipelineConfig, ends, startup};
+use super::{EngineError, PipelineConfig, ends};
 
-/// Refuse what exactly once to a topic cannot hold yet (exit 2, each
-/// naming `--output-guarantee at-least-once`): dead letters in a
-/// pipeline group, a `--sink-db` of a single host (a part's progress row
-/// and dead letters would commit before the batch's Kafka transaction)
-/// and
-/// `--output-brokers` naming another cluster (a cluster takes offsets
-/// only for its own topics, KIP-447). Nothing without exactly once.
+/// Refuse what exactly once to a topic cannot hold yet (exit 2, naming
+/// `--output-guarantee at-least-once`): `--output-brokers` naming another
+/// cluster (a cluster takes offsets only for its own topics, KIP-447).
+/// Nothing without exactly once. (What each owner cannot cover is refused
+/// where it opens its store.)
 ///
 /// # Errors
 /// [`EngineError::Config`] saying which and why.
@@ -31,21 +29,8 @@ pub(super) fn refuse_unfit_exactly_once(cfg: &PipelineConfig) -> Result<(), Engi
     else {
         return Ok(());
     };
-    if cfg.group.is_some() && cfg.on_error == super::ErrorPolicy::Dlq {
-        return Err(EngineError::Config(format!(
-            "--output-topic {} with --on-error dlq in a pipeline group: exactly once cannot cover both (a part's dead letters commit in the sink database after its Kafka transaction, so a member stopping between the two would lose them). Pass --on-error skip or fail, or --output-guarantee at-least-once",
-            o.topics.join(", ")
-        )));
-    }
-    // A group's sink database holds its checkpoint: each part's progress
-    // row commits after the part's Kafka transaction, and a claim
-    // recovers one that did not (see `member`).
-    if cfg.sink_db.is_some() && cfg.group.is_none() {
-        return Err(EngineError::Config(format!(
-            "--output-topic {} with --sink-db: exactly once cannot cover both yet (a part's progress row and dead letters would commit in the database before the batch's Kafka transaction, so a crash between the two would lose that part's outputs). Drop --sink-db (and --on-error dlq), or pass --output-guarantee at-least-once (outputs acknowledged before each progress row)",
-            o.topics.join(", ")
-        )));
-    }
+    // A sole owner refuses a sink database (`ownership::sole::open`), a
+    // group member dead letters (`ownership::member::join`).
     if let Some(other) = o.brokers.as_deref().filter(|b| *b != cfg.brokers) {
         return Err(EngineError::Config(format!(
             "--output-topic {} on --output-brokers {other}: exactly once commits the input positions in the output's transaction (KIP-447), and a Kafka cluster takes offsets only for its own topics, so the output topic must be on the input's cluster (--brokers). For another cluster pass --output-guarantee at-least-once (each output carries its idempotency key in the `{}` header)",
@@ -100,16 +85,12 @@ pub(super) fn unfit_topics(
 /// keep the metadata); [`EngineError::Output`] when the group coordinator
 /// does not answer.
 pub(super) fn refuse_rewound(
-    p: &startup::Pipeline,
+    out: Option<&KafkaOutput>,
+    query_id: &str,
     cfg: &PipelineConfig,
     entry: &OffsetsEntry,
 ) -> Result<(), EngineError> {
-    // A group member checks each partition as it claims it.
-    let Some(out) = p
-        .output
-        .as_ref()
-        .filter(|o| o.exactly_once() && !o.per_partition())
-    else {
+    let Some(out) = out else {
         return Ok(());
     };
     let starts: BTreeMap<TopicPartition, i64> = entry
@@ -118,8 +99,12 @@ pub(super) fn refuse_rewound(
         .map(|r| ((r.topic.clone(), r.partition), r.start))
         .collect();
     let partitions: Vec<TopicPartition> = starts.keys().cloned().collect();
-    let held = out.committed(&partitions)?;
-    rewound(p, cfg, &starts, &held)
+    // Per batch only: a group member checks each partition as it claims
+    // it.
+    match out.batch_positions(&partitions)? {
+        Some(held) => rewound(query_id, cfg, &starts, &held),
+        None => Ok(()),
+    }
 }
 
 /// Refuse (or, with `--output-reprocess`, warn and go on) when `held`
@@ -129,7 +114,7 @@ pub(super) fn refuse_rewound(
 /// # Errors
 /// [`EngineError::Config`], as [`refuse_rewound`].
 fn rewound(
-    p: &startup::Pipeline,
+    query_id: &str,
     cfg: &PipelineConfig,
     positions: &BTreeMap<TopicPartition, i64>,
     held: &GroupOffsets,
@@ -139,7 +124,7 @@ fn rewound(
         .filter_map(|(tp, at)| {
             let (offset, metadata) = held.get(tp)?;
             (offset > at).then(|| {
-                let by = crate::output::marked_batch(metadata, p.cp.query_id())
+                let by = crate::output::marked_batch(metadata, query_id)
                     .map(|b| format!(", by batch {b}"))
                     .unwrap_or_default();
                 format!(
@@ -159,7 +144,7 @@ fn rewound(
         );
         return Ok(());
     }
-    let group = crate::output::transactional_id(p.cp.query_id());
+    let group = crate::output::transactional_id(query_id);
     Err(EngineError::Config(format!(
         "this pipeline's output transactions already committed input positions past the checkpoint's ({}; consumer group {group} on the output cluster): the checkpoint is older than its last committed batch (a restored backup or a copy) or was reset back, and running it would make the outputs of those offsets visible twice to read_committed consumers. Run the newest copy of the checkpoint; to produce them again on purpose (after `host checkpoint reset`), start once with --output-reprocess",
         ahead.join("; ")
@@ -174,22 +159,18 @@ fn rewound(
 ///
 /// # Errors
 /// [`EngineError::Output`]: the batch must not be recorded as done.
-pub(super) fn finish(p: &startup::Pipeline, entry: &OffsetsEntry) -> Result<f64, EngineError> {
-    let Some(out) = &p.output else {
+pub(super) fn finish(
+    out: Option<&KafkaOutput>,
+    query_id: &str,
+    entry: &OffsetsEntry,
+) -> Result<f64, EngineError> {
+    let Some(out) = out else {
         return Ok(0.0);
     };
-    if !out.exactly_once() {
-        out.flush()?;
-        return Ok(0.0);
-    }
-    if out.per_partition() {
-        // A group member: each part committed its own transaction.
-        return Ok(0.0);
-    }
-    let took = out.commit_transaction(
+    let took = out.finish_batch(
         entry.batch_id,
         &ends(&entry.ranges),
-        &crate::output::batch_marker(p.cp.query_id(), entry.batch_id),
+        &crate::output::batch_marker(query_id, entry.batch_id),
     )?;
     Ok(ms(took))
 }
@@ -207,22 +188,21 @@ pub(super) fn finish(p: &startup::Pipeline, entry: &OffsetsEntry) -> Result<f64,
 /// the group's offsets contradict the checkpoint (something else
 /// committed to the pipeline's group).
 pub(super) fn committed_before(
-    p: &startup::Pipeline,
+    out: Option<&KafkaOutput>,
+    query_id: &str,
     cfg: &PipelineConfig,
     entry: &OffsetsEntry,
 ) -> Result<bool, EngineError> {
-    // A group member: each part committed its own transaction, and the
-    // claim recorded those of a planned range that committed.
-    let Some(out) = p
-        .output
-        .as_ref()
-        .filter(|o| o.exactly_once() && !o.per_partition())
-    else {
+    let Some(out) = out else {
         return Ok(false);
     };
     let ends = ends(&entry.ranges);
     let partitions: Vec<TopicPartition> = ends.keys().cloned().collect();
-    let committed = out.committed(&partitions)?;
+    // Per batch only: in a group each part committed its own transaction,
+    // and the claim recorded those of a planned range that committed.
+    let Some(committed) = out.batch_positions(&partitions)? else {
+        return Ok(false);
+    };
     // Past the batch's end: later batches committed, so this checkpoint
     // is an older copy (or was reset back). Refused, or run again on
     // purpose.
@@ -230,7 +210,7 @@ pub(super) fn committed_before(
         .iter()
         .any(|(tp, end)| committed.get(tp).is_some_and(|(o, _)| o > end));
     if past_end {
-        rewound(p, cfg, &ends, &committed)?;
+        rewound(query_id, cfg, &ends, &committed)?;
         return Ok(false);
     }
     tracing::debug!(
@@ -238,7 +218,7 @@ pub(super) fn committed_before(
         "the consumer group holds {committed:?}, the batch planned {ends:?}"
     );
     let yes = crate::output::transaction_committed(
-        p.cp.query_id(),
+        query_id,
         entry.batch_id,
         &ends,
         &committed,
@@ -248,7 +228,7 @@ pub(super) fn committed_before(
             entry.batch_id,
             format!(
                 "deciding whether it committed before the restart: {message}. Did another tool commit offsets to this pipeline's consumer group {} on the output cluster?",
-                crate::output::transactional_id(p.cp.query_id())
+                crate::output::transactional_id(query_id)
             ),
         ))
     })?;

@@ -35,12 +35,42 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::checkpoint::{
-    Checkpoint, Claimed, DataLossGap, Epoch, PartitionRange, Start, TopicIdentity,
+    Checkpoint, CheckpointError, Claimed, DataLossGap, Epoch, PartitionRange, Start, TopicIdentity,
 };
 use crate::source::{KafkaSource, TopicInfo, TopicPartition};
 
 use super::policy::on_data_loss;
 use super::{EngineError, PipelineConfig, StartingOffsets};
+
+/// What the planner asks of the pipeline's owner (the ownership seam,
+/// `super::ownership`): which partitions it comes to hold by planning.
+pub(super) trait Discovery {
+    /// `tp` was discovered by a plan and is not held: claim it (a sole
+    /// owner, who holds every partition), or `None` (a group member, who
+    /// holds what the coordinator assigns).
+    ///
+    /// # Errors
+    /// The store's.
+    fn claim_discovered(
+        &self,
+        cp: &dyn Checkpoint,
+        tp: &TopicPartition,
+    ) -> Option<Result<Claimed, CheckpointError>>;
+
+    /// Whether a plan looks at a topic of which this process holds
+    /// nothing yet (`holds_any` false): a sole owner does (it discovers
+    /// the topic's partitions); a group member does not (the coordinator
+    /// assigns them, once the topic exists).
+    fn plans_topic(&self, holds_any: bool) -> bool;
+
+    /// Whether a topic of which this process holds no position
+    /// (`topic_known` false) is new to the pipeline, its partitions
+    /// starting at the configured starting offsets: yes for a sole owner
+    /// (it sees every partition: a topic added with
+    /// `--allow-fingerprint-change`); no for a group member (other members
+    /// may hold its positions).
+    fn new_to_pipeline(&self, topic_known: bool) -> bool;
+}
 
 /// The partitions this process holds and where each continues: filled by
 /// the planner (a single host) or by the rebalance callback (a group
@@ -261,8 +291,10 @@ impl Planner {
         }
     }
 
-    /// Plan the next batch of the partitions held (claiming, when `cp`
-    /// holds every partition, those discovered since the last plan).
+    /// Plan the next batch of the partitions held (with `owner` claiming
+    /// those discovered since the last plan, if it does). `at_start`: the
+    /// owner knows what it holds ([`super::ownership::Ownership::knows_holdings`]);
+    /// the first such plan is where the pipeline begins.
     ///
     /// # Errors
     /// [`EngineError::TopicRecreated`], [`EngineError::BeyondEnd`], the
@@ -273,6 +305,8 @@ impl Planner {
         cfg: &PipelineConfig,
         cp: &dyn Checkpoint,
         holdings: &Holdings,
+        owner: &dyn Discovery,
+        at_start: bool,
     ) -> Result<Planned, EngineError> {
         let held = holdings.snapshot();
         if held.values().any(|c| matches!(c.start, Start::Rerun(_))) {
@@ -287,7 +321,6 @@ impl Planner {
         // first assignment (possibly empty: a member that held nothing then
         // begins with nothing, and reads what it gets later from the log
         // start).
-        let at_start = cp.holds_all() || source.context().rebalanced();
         let mut planned = Planned {
             ranges: Vec::new(),
             epochs: BTreeMap::new(),
@@ -311,7 +344,7 @@ impl Planner {
                 .filter(|(tp, _)| &tp.0 == topic)
                 .map(|(tp, c)| (tp.1, c.clone()))
                 .collect();
-            if !cp.holds_all() && mine.is_empty() {
+            if !owner.plans_topic(!mine.is_empty()) {
                 // A group member holds none of it (it may not even exist
                 // yet: the coordinator assigns its partitions once it
                 // does).
@@ -321,17 +354,17 @@ impl Planner {
             let partitions = self.check_topic(source, cfg, topic, topic_known)?;
             if self.fresh_open
                 && at_start
-                && (self.new_pipeline || (cp.holds_all() && !topic_known))
+                && (self.new_pipeline || owner.new_to_pipeline(topic_known))
             {
                 self.fresh
                     .entry(topic.clone())
                     .or_insert_with(|| partitions.iter().copied().collect());
             }
-            if cp.holds_all() {
-                for &p in &partitions {
-                    if let std::collections::btree_map::Entry::Vacant(v) = mine.entry(p) {
-                        let tp = (topic.clone(), p);
-                        let claimed = cp.claim(&tp, "")?;
+            for &p in &partitions {
+                if let std::collections::btree_map::Entry::Vacant(v) = mine.entry(p) {
+                    let tp = (topic.clone(), p);
+                    if let Some(claimed) = owner.claim_discovered(cp, &tp) {
+                        let claimed = claimed?;
                         holdings.hold(tp, claimed.clone());
                         v.insert(claimed);
                     }

@@ -12,13 +12,14 @@ use std::time::{Duration, Instant};
 use sluice_guest::wire::SinkRecord;
 
 use crate::metrics::Metrics;
+use crate::output::KafkaOutput;
 use crate::plugin::{Instance, PluginError};
 use crate::sink::{
-    Applied, AppliedBefore, DeadLetter, Deliver, PartitionBatch, SinkDriver, SinkError,
+    Applied, AppliedBefore, DeadLetter, Deliver, Outgoing, PartitionBatch, SinkDriver, SinkError,
 };
 use crate::source::SourceRecord;
 
-use super::member::revoke::Revocations;
+use super::ownership::gate::PartitionGate;
 use super::policy::{Rejection, on_bad_record, with_retries};
 use super::{EngineError, ErrorPolicy};
 use crate::checkpoint::Counts;
@@ -131,8 +132,8 @@ pub(super) struct SinkEnv<'a> {
     pub(super) metrics: &'a Metrics,
     /// Ranges in the batch.
     pub(super) ranges: usize,
-    /// A pipeline group's member: the partitions taken during the batch.
-    pub(super) revocations: Option<&'a Revocations>,
+    /// The partitions taken during the batch (a group member's).
+    pub(super) gate: &'a PartitionGate,
     /// Set by a sink thread whose part failed: the batch will not commit,
     /// so the other threads start no further part and the map side hands
     /// out no more.
@@ -141,7 +142,7 @@ pub(super) struct SinkEnv<'a> {
     /// pipeline's part's outputs are produced before it is applied; a
     /// sink stage's `kafka.send` records after its `close`, before the
     /// part is recorded applied.
-    pub(super) output: Option<&'a crate::output::KafkaOutput>,
+    pub(super) output: Option<&'a KafkaOutput>,
 }
 
 /// A sink thread of a batch, on connection `lane` with `sink` (the sink
@@ -151,7 +152,7 @@ pub(super) struct SinkEnv<'a> {
 /// it (and with its dead letter); under `fail` the batch stops. Stops at
 /// the first part that fails (the batch is then not committed).
 ///
-/// For a group member (`revocations`), a part of a partition taken from
+/// For a group member (its `gate`), a part of a partition taken from
 /// it is not started, and a part the database fences drops its partition
 /// only; the other partitions' parts go on.
 pub(super) fn run_sink(
@@ -179,49 +180,41 @@ fn apply_parts(
         ref policy,
         metrics,
         ranges,
-        revocations,
+        gate,
         failed,
         output,
     } = *env;
     let mut report = SinkReport::empty(ranges);
-    // What the sink sends goes to the producer; with a sink database
-    // (at-least-once) acknowledged before the part's progress row commits.
+    // What a part hands over goes to the output stage; with a sink
+    // database (a progress row per part) acknowledged, or committed in the
+    // part's own transaction, before the part's row commits.
+    let acked_first = driver.grant().is_some();
+    let with_part = output.and_then(|o| o.map_outputs_with_part(sink.is_some()));
     let sent = std::sync::atomic::AtomicU64::new(0);
     let transactions = std::sync::Mutex::new(Duration::ZERO);
-    let deliver_to = |ctx: &crate::plugin::PartitionContext,
-                      records: Vec<crate::capability::kafka::Sent>|
-     -> Result<u64, String> {
-        let Some(out) = output else {
-            return Err("no --output-topic".into());
-        };
-        let n = if out.per_partition() {
-            // A group under exactly once: the part's own transaction,
-            // committed with its end as the partition's position.
-            let (n, took) = out.commit_part(ctx, &records).map_err(|e| e.to_string())?;
+    let deliver_to =
+        |ctx: &crate::plugin::PartitionContext, outgoing: Outgoing<'_>| -> Result<u64, String> {
+            let Some(out) = output else {
+                return Err("no --output-topic".into());
+            };
+            let records = match outgoing {
+                Outgoing::Sent(records) => records,
+                Outgoing::Mapped(mapped) => {
+                    KafkaOutput::of_mapped(with_part.unwrap_or_default(), &mapped)
+                }
+            };
+            let (n, took) = out
+                .deliver(ctx, &records, acked_first)
+                .map_err(|e| e.to_string())?;
             if let Ok(mut t) = transactions.lock() {
                 *t += took;
             }
-            n
-        } else {
-            let n = out
-                .send_sent(ctx.batch.batch_id, &records)
-                .map_err(|e| e.to_string())?;
-            if driver.grant().is_some() {
-                out.flush().map_err(|e| e.to_string())?;
-            }
-            n
+            sent.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+            Ok(n)
         };
-        sent.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
-        Ok(n)
-    };
-    // A group under exactly once: a map-only pipeline's outputs go with
-    // the part's database transaction too (see `Deliver`).
-    let map_outputs_to = output
-        .filter(|o| o.per_partition() && sink.is_none())
-        .map(|o| o.topic());
     let deliver = output.map(|_| Deliver {
         to: &deliver_to,
-        map_outputs_to,
+        with_part: with_part.is_some(),
     });
     for job in jobs {
         if failed.load(std::sync::atomic::Ordering::Relaxed) {
@@ -232,42 +225,36 @@ fn apply_parts(
         let tp = (job.part.topic.clone(), job.part.partition);
         // Held while the part is applied: a revoke of its partition waits
         // for it (drain, then release).
-        let _in_flight = match revocations.map(|r| r.begin(&tp)) {
-            Some(None) => {
-                tracing::debug!(topic = %tp.0, partition = tp.1, "[{}, {}) abandoned: the partition was taken from this member", job.part.start_offset, job.part.end_offset);
-                report.abandoned.0 += job.records.len() as u64;
-                report.abandoned.1 += job.outputs.len() as u64;
-                continue;
-            }
-            Some(Some(guard)) => Some(guard),
-            None => None,
+        let Some(_in_flight) = gate.begin(&tp) else {
+            tracing::debug!(topic = %tp.0, partition = tp.1, "[{}, {}) abandoned: the partition was taken from this member", job.part.start_offset, job.part.end_offset);
+            report.abandoned.0 += job.records.len() as u64;
+            report.abandoned.1 += job.outputs.len() as u64;
+            continue;
         };
         // Source records the sink rejected in this part, and their dead
         // letters (policy `dlq`).
         let mut rejected: Vec<usize> = Vec::new();
         let mut dead_letters = job.dead_letters.clone();
         let t = Instant::now();
-        if let Some(out) = output.filter(|_| sink.is_none() && map_outputs_to.is_none()) {
+        if let Some(out) = output.filter(|_| sink.is_none() && with_part.is_none()) {
             // A map-only pipeline's outputs, produced before the part is
             // applied: where that writes a progress row (a sink
             // database), the outputs are acknowledged first, so a part
             // recorded as done never lacks its outputs. Without one, the
             // batch's commit waits for them (`engine::run_batches`).
             report.counts.produced += out
-                .send(
+                .send_map_outputs(
                     job.part.batch.batch_id,
                     &job.part.topic,
                     job.part.partition,
                     &job.outputs,
+                    acked_first,
                 )
                 .map_err(EngineError::Output)?;
-            if driver.grant().is_some() {
-                out.flush().map_err(EngineError::Output)?;
-            }
         }
         // Only a sink plugin reads idempotency keys: without one (mapped
         // records counted and discarded) none is made.
-        let keys: Vec<String> = if sink.is_some() || map_outputs_to.is_some() {
+        let keys: Vec<String> = if sink.is_some() || with_part.is_some() {
             job.outputs
                 .iter()
                 .map(|o| o.idempotency_key(&job.part.topic, job.part.partition))
@@ -361,17 +348,19 @@ fn apply_parts(
             rejected.push(src);
         };
         report.time += t.elapsed();
-        let applied = match (applied, revocations) {
-            (Err(SinkError::Group(e)), Some(r)) if e.is_fenced() => {
-                // Another member holds the partition: nothing of this part
-                // was applied, and no later part of it starts.
-                report.abandoned.0 += job.records.len() as u64;
-                report.abandoned.1 += job.outputs.len() as u64;
-                r.fenced(&tp, e);
-                continue;
-            }
-            (other, _) => other?,
+        let fenced = match &applied {
+            Err(SinkError::Group(g)) => g.fenced(),
+            _ => None,
         };
+        if let Some(f) = fenced {
+            // Another member holds the partition: nothing of this part
+            // was applied, and no later part of it starts.
+            report.abandoned.0 += job.records.len() as u64;
+            report.abandoned.1 += job.outputs.len() as u64;
+            gate.fenced(&tp, f);
+            continue;
+        }
+        let applied = applied?;
         let before = match applied {
             Applied::Written {
                 dead_lettered,

@@ -13,45 +13,33 @@
 //! with `--takeover` everything is compiled and the fingerprint checked
 //! before the owner is asked to stop.
 
-use std::sync::atomic::AtomicBool;
-use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 
 use crate::capability::sql::{self, SqlGrant};
 use crate::checkpoint::Checkpoint;
 use crate::control::Handover;
-use crate::control::handover::{self, Takeover};
-use crate::control::{ControlServer, LiveStatus, Request, ServerContext};
+use crate::control::LiveStatus;
 use crate::metrics::{Metrics, MetricsServer};
-use crate::output::{KafkaOutput, OutputGuarantee};
+use crate::output::KafkaOutput;
 use crate::plugin::Runtime;
 use crate::sink::SinkDriver;
 use crate::source::KafkaSource;
 use crate::util::now_ms;
 
-use super::member::Member;
-use super::member::swap::GroupSwaps;
-use super::open::{Acquire, DiscardIfNew, Opened, open_dir, refuse_shared_sink, sink_db_error};
+use super::open::{Acquire, DiscardIfNew, sink_db_error};
+use super::ownership::{self, LoopState, Opened, Ownership, Started, Starting};
 use super::plan::{Holdings, Planner};
 use super::stages::{Stages, config_digest};
 use super::{EngineError, ErrorPolicy, PipelineConfig};
 
-/// What a group member has besides the pipeline.
-pub(super) struct GroupParts {
-    /// The group's name.
-    pub(super) name: String,
-    /// This member (pid, host), for progress and metrics.
-    pub(super) owner: String,
-    pub(super) member: Arc<Member>,
-    pub(super) swaps: GroupSwaps,
-}
-
-/// A started pipeline: the claimed checkpoint and everything a batch
-/// needs. Dropping it removes the control socket, then releases the
-/// checkpoint (fields drop in declaration order: the socket goes while
-/// the lock is still held, so it is never the next owner's).
+/// A started pipeline: its owner, the claimed checkpoint and everything a
+/// batch needs. Dropping it drops the owner first (a directory's control
+/// socket goes while the lock is still held, so it is never the next
+/// owner's), then releases the checkpoint (fields drop in declaration
+/// order).
 pub(super) struct Pipeline {
-    pub(super) control: Option<ControlServer>,
+    /// Who holds which partitions.
+    pub(super) owner: Box<dyn Ownership>,
     pub(super) cp: Arc<dyn Checkpoint>,
     pub(super) holdings: Arc<Holdings>,
     pub(super) planner: Planner,
@@ -61,8 +49,6 @@ pub(super) struct Pipeline {
     pub(super) grants: Vec<SqlGrant>,
     pub(super) source: KafkaSource,
     pub(super) driver: Arc<SinkDriver>,
-    /// With `--takeover`: the old owner, to tell when we first wrote.
-    pub(super) takeover: Option<Takeover>,
     /// Written into every write-ahead entry.
     pub(super) config_digest: String,
     /// The sink database, redacted (see [`sql::sink_identity`]).
@@ -70,13 +56,8 @@ pub(super) struct Pipeline {
     pub(super) metrics: Arc<Metrics>,
     pub(super) _metrics_server: Option<MetricsServer>,
     pub(super) status: Arc<Mutex<LiveStatus>>,
-    pub(super) requests: Receiver<Request>,
-    /// Set by the control socket when a request is queued.
-    pub(super) wake: Arc<AtomicBool>,
     /// When this run last committed, ms since the Unix epoch.
     pub(super) last_commit_ms: Option<i64>,
-    /// A group member's parts (`None` for a single host).
-    pub(super) group: Option<GroupParts>,
     /// The producer of the outputs (`--output-topic`).
     pub(super) output: Option<Arc<KafkaOutput>>,
     /// Exactly once: the first batch this run planned afresh was checked
@@ -120,17 +101,13 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
     };
     let runtime = Arc::new(Runtime::new(cfg.limits).map_err(EngineError::Config)?);
     let holdings = Arc::new(Holdings::default());
-    let opened = match &cfg.group {
-        Some(group) => super::member::join(cfg, group, &runtime, &holdings)?,
-        None => open_dir(cfg, &runtime, acquire, &holdings)?,
-    };
     let Opened {
         cp,
         mut stages,
         driver,
-        takeover,
-        group,
-    } = opened;
+        scope,
+        start,
+    } = ownership::open(cfg, &runtime, acquire, &holdings)?;
     let guard = DiscardIfNew(Some(cp.as_ref()));
     if let (Some(out), Some(o)) = (&mut output, &cfg.output) {
         let sink = stages
@@ -149,34 +126,9 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
             let input = cfg.topics.first().map_or("", String::as_str);
             out.probe_exactly_once(cp.query_id(), input)?;
         }
-        if out.exactly_once() && group.is_some() {
-            if let Some(s) = stages.sinks.first() {
-                return Err(EngineError::Config(format!(
-                    "--output-topic {} with the sink stage {} in a pipeline group: exactly once in a group is for map-only pipelines (a part's Kafka transaction commits before its database transaction, so a sink's SQL could be lost when a member stops between the two). Run the map stages only, or pass --output-guarantee at-least-once",
-                    o.topics.join(", "),
-                    s.path().display()
-                )));
-            }
-            // A transactional producer per input partition, made when the
-            // partition is claimed; their positions go to the consumer
-            // group `sluice-<group>` on the output cluster.
-            let positions = crate::output::transactional_id(cp.query_id());
-            out.init_partition_transactions(cp.query_id(), &positions)?;
-            tracing::info!(
-                "output transactions per input partition (transactional ids {})",
-                crate::output::partition_transactional_id(cp.query_id(), "<topic>", "<partition>")
-            );
-        } else if out.exactly_once() {
-            // Fences the producers of earlier runs of this pipeline and
-            // ends their open transaction, before anything is read.
-            // Its consumer group on the output cluster takes the input
-            // positions: the pipeline's own name, whatever
-            // --commit-offsets-to says (that group, on the input cluster,
-            // still gets informational commits).
-            let id = crate::output::transactional_id(cp.query_id());
-            out.init_transactions(&id, &id)?;
-            tracing::info!(transactional_id = id, "output transactions initialized");
-        }
+        // A sole owner's transaction covers a batch, a group member's a
+        // part of one input partition (see `output::TransactionScope`).
+        out.start_transactions(scope, cp.query_id())?;
         let topics = o.topics.join(", ");
         if stages.sinks.is_empty() {
             tracing::info!(
@@ -207,16 +159,6 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
         ),
         None => None,
     };
-    // A pipeline of its own on the same sink and topics (another
-    // checkpoint directory, or a group) would apply every record again:
-    // its progress rows are its own. (A group member checks before it
-    // creates the group.)
-    if !cfg.allow_shared_sink && group.is_none() {
-        refuse_shared_sink(cfg, &driver, cp.query_id())?;
-    }
-    if group.is_none() {
-        super::open::refuse_discarding_outputs(cfg, !stages.sinks.is_empty())?;
-    }
     if let Some(g) = grants.first()
         && let Some(user) = g
             .unconfined_superuser()
@@ -238,86 +180,27 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
         last_committed: cp.last_committed(),
         plugins: stages.refs.clone(),
         output: cfg.output.as_ref().map(|o| {
-            let mut shown = o.identity(&cfg.brokers);
-            if o.guarantee == OutputGuarantee::ExactlyOnce && group.is_some() {
-                shown.push_str(&format!(
-                    ", transactional ids {}",
-                    crate::output::partition_transactional_id(
-                        cp.query_id(),
-                        "<topic>",
-                        "<partition>"
-                    )
-                ));
-            } else if o.guarantee == OutputGuarantee::ExactlyOnce {
-                shown.push_str(&format!(
-                    ", transactional id {}",
-                    crate::output::transactional_id(cp.query_id())
-                ));
+            let shown = o.identity(&cfg.brokers);
+            match output.as_ref().and_then(KafkaOutput::transactional_ids) {
+                Some(ids) => format!("{shown}, {ids}"),
+                None => shown,
             }
-            shown
         }),
         ..LiveStatus::default()
     }));
     let output = output.map(Arc::new);
-    if let (Some(out), Some((member, ..))) = (&output, &group) {
-        // Claims come from the consumer's rebalances from here on.
-        member.set_output(out.clone());
-    }
-    let (source, metrics, group) = match group {
-        None => {
-            let consumer_group = cfg
-                .commit_offsets_to
-                .clone()
-                .unwrap_or_else(|| format!("sluice-{}", cp.query_id()));
-            let source = KafkaSource::new(
-                &cfg.brokers,
-                &cfg.kafka,
-                &consumer_group,
-                cfg.commit_offsets_to.is_some(),
-                cfg.kafka_timeout,
-            )?;
-            let metrics = Metrics::new();
-            if let Some(e) = cp.epoch() {
-                metrics.set_epoch(e);
-            }
-            (source, metrics, None)
-        }
-        Some((member, store, swaps_before, owner)) => {
-            let name = cp.query_id().to_string();
-            let source = KafkaSource::member(
-                &cfg.brokers,
-                &cfg.kafka,
-                &name,
-                &cfg.topics,
-                member.clone(),
-                // Offsets are committed to the Kafka group too, for lag
-                // dashboards and tools that read them (the database stays
-                // the checkpoint).
-                true,
-                cfg.kafka_timeout,
-            )?;
-            tracing::info!(group = name, "joined the pipeline group");
-            let swaps = GroupSwaps::start(
-                store,
-                runtime.clone(),
-                owner.clone(),
-                &stages,
-                swaps_before,
-                status.clone(),
-            )?;
-            let metrics = Metrics::in_group(&name, &owner);
-            (
-                source,
-                metrics,
-                Some(GroupParts {
-                    name,
-                    owner,
-                    member,
-                    swaps,
-                }),
-            )
-        }
-    };
+    let Started {
+        owner,
+        source,
+        metrics,
+    } = start.start(Starting {
+        cfg,
+        cp: &cp,
+        stages: &stages,
+        runtime: &runtime,
+        status: &status,
+        output: output.as_ref(),
+    })?;
     let metrics = Arc::new(metrics);
     let metrics_server = match cfg.metrics_addr {
         Some(addr) => {
@@ -326,34 +209,10 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
         None => None,
     };
 
-    let (tx, requests) = std::sync::mpsc::channel();
-    let wake = Arc::new(AtomicBool::new(false));
-    let control = if group.is_none() {
-        Some(
-            ControlServer::start(
-                &cfg.checkpoint,
-                ServerContext {
-                    runtime: runtime.clone(),
-                    config: Arc::new(cfg.plugin_config.clone()),
-                    status: status.clone(),
-                    requests: tx,
-                    wake: wake.clone(),
-                },
-            )
-            .map_err(|e| {
-                EngineError::Config(format!(
-                    "control socket in {}: {e}",
-                    cfg.checkpoint.display()
-                ))
-            })?,
-        )
-    } else {
-        None
-    };
-
     let planner = Planner::new(cp.as_ref());
     guard.disarm();
     Ok(Pipeline {
+        owner,
         cp,
         holdings,
         planner,
@@ -361,17 +220,12 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
         grants,
         source,
         driver,
-        takeover,
         config_digest: config_digest(cfg),
         sink_identity,
         metrics,
         _metrics_server: metrics_server,
         status,
-        requests,
-        wake,
-        control,
         last_commit_ms: None,
-        group,
         output,
         rewind_checked: false,
         told_sink_silent: false,
@@ -379,21 +233,51 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
 }
 
 impl Pipeline {
-    /// Give the checkpoint up to the process that asked for it: release
-    /// the claim, then wait (bounded) for the new owner's report so the
-    /// gap gets logged, then stop serving the control socket.
-    pub(super) fn hand_over(self, h: Handover) {
+    /// Run `f` with the owner and what it may reach of the rest.
+    pub(super) fn with_owner<T>(
+        &mut self,
+        cfg: &PipelineConfig,
+        f: impl FnOnce(&mut dyn Ownership, &mut LoopState<'_>) -> T,
+    ) -> T {
         let Pipeline {
-            cp, control, group, ..
+            owner,
+            cp,
+            holdings,
+            planner,
+            source,
+            stages,
+            grants,
+            metrics,
+            status,
+            last_commit_ms,
+            ..
         } = self;
-        let epoch = cp.epoch().unwrap_or_default();
-        let last_batch = cp.last_committed();
-        // The only holder of the store (a directory: no member): dropping
-        // it releases the lock.
-        drop(group);
-        drop(cp);
-        tracing::info!(epoch = epoch.get(), last_batch = ?last_batch, "handed over: lock released");
-        handover::finish(h);
-        drop(control);
+        let mut at = LoopState {
+            cfg,
+            cp,
+            holdings,
+            planner,
+            source,
+            stages,
+            grants,
+            metrics,
+            status,
+            last_commit_ms: *last_commit_ms,
+        };
+        f(owner.as_mut(), &mut at)
+    }
+
+    /// The run ends (`ok`: without an error; `handover`: to a
+    /// `--takeover`): the owner leaves its group or releases the
+    /// checkpoint ([`Ownership::leave`]).
+    pub(super) fn leave(self, ok: bool, handover: Option<Handover>) {
+        let Pipeline {
+            owner,
+            cp,
+            mut source,
+            holdings,
+            ..
+        } = self;
+        owner.leave(ok, handover, cp, &mut source, &holdings);
     }
 }

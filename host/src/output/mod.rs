@@ -33,21 +33,34 @@
 //! its earlier outputs being in an aborted transaction (or never sent).
 //!
 //! Files: this one holds the vocabulary (guarantee, configuration, the
-//! transaction's ids and markers, errors); `producer` the producer;
-//! `partitioner` the partition of a keyed output.
+//! transaction's ids and markers, errors); `stage` the output stage the
+//! engine calls ([`KafkaOutput`], its transaction mode and verbs);
+//! `settings` the producer's properties and the clients made from them;
+//! `send` sending one producer's records and their acknowledgements;
+//! `transaction` a batch's transaction; `per_partition` the transactions per
+//! input partition; `positions` the input positions on the output
+//! cluster; `destination` the topics and cluster, and the wording of
+//! errors; `probe` the check at start that exactly once can hold;
+//! `watchdog` a bound on librdkafka calls that may hang; `partitioner` the
+//! partition of a keyed output.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+mod destination;
 mod partitioner;
-mod parts;
+mod per_partition;
+mod positions;
 mod probe;
-mod producer;
+mod send;
+mod settings;
+mod stage;
+mod transaction;
 mod watchdog;
 
 pub use partitioner::partition_of_key;
-pub use producer::KafkaOutput;
+pub use stage::{KafkaOutput, TransactionScope};
 
 /// Name of the header that carries each output's idempotency key
 /// (`{topic}/{partition}/{offset}[#n]` of the input it came from,

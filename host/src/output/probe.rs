@@ -51,8 +51,8 @@ impl KafkaOutput {
         match self.probe(query_id, input_topic)? {
             None => Ok(()),
             Some(lacks) => Err(OutputError::NotExactlyOnce {
-                topic: self.topic_list(),
-                brokers: self.brokers().to_string(),
+                topic: self.destination().topic_list(),
+                brokers: self.destination().brokers.clone(),
                 lacks,
             }),
         }
@@ -61,40 +61,42 @@ impl KafkaOutput {
     /// [`KafkaOutput::probe_exactly_once`]: `Some(what the cluster
     /// lacks)`, or `None` when it passed.
     fn probe(&self, query_id: &str, topic: &str) -> Result<Option<String>, OutputError> {
+        let (settings, dest) = (self.settings(), self.destination());
+        let timeout = settings.timeout;
         let started = Instant::now();
         let nonce = nonce();
         let id = format!("{}:probe:{nonce}", super::transactional_id(query_id));
         let group = id.clone();
         let marker = format!("{PROBE_MARKER}{nonce}");
-        let reader = self.offsets_reader(&group)?;
+        let reader = settings.offsets_reader(&group, dest)?;
         let metadata = reader.group_metadata().ok_or_else(|| {
-            self.client_error(format!("no group metadata for the probe group {group}"))
+            dest.client_error(format!("no group metadata for the probe group {group}"))
         })?;
         let mut offsets = TopicPartitionList::new();
         offsets
             .add_partition_offset(topic, 0, Offset::Offset(0))
-            .map_err(|e| self.client_error(format!("the probe's offset: {e}")))?;
+            .map_err(|e| dest.client_error(format!("the probe's offset: {e}")))?;
         if let Some(mut e) = offsets.find_partition(topic, 0) {
             e.set_metadata(marker.clone());
         }
 
         // 1. A transaction that commits an offset with its marker.
-        let first = self.transactional_producer_with(&id, Quiet)?;
+        let first = settings.transactional(&id, Quiet, dest)?;
         let committed = first
             .begin_transaction()
             .and_then(|()| {
-                super::watchdog::bounded("send_offsets_to_transaction", self.timeout, || {
-                    first.send_offsets_to_transaction(&offsets, &metadata, self.timeout)
+                super::watchdog::bounded("send_offsets_to_transaction", timeout, || {
+                    first.send_offsets_to_transaction(&offsets, &metadata, timeout)
                 })
             })
-            .and_then(|()| first.commit_transaction(self.timeout));
+            .and_then(|()| first.commit_transaction(timeout));
         if let Err(e) = committed {
             if unsupported(&e) {
                 return Ok(Some(format!(
                     "they refused a transaction that commits consumer offsets ({e})"
                 )));
             }
-            return Err(self.client_error(format!("the probe transaction ({id}): {e}")));
+            return Err(dest.client_error(format!("the probe transaction ({id}): {e}")));
         }
 
         // 2. The offset and its marker, read back as stable offsets.
@@ -102,7 +104,7 @@ impl KafkaOutput {
         tpl.add_partition(topic, 0);
         let kept = loop {
             let answer = reader
-                .committed_offsets(tpl.clone(), self.timeout)
+                .committed_offsets(tpl.clone(), timeout)
                 .map_err(|e| e.to_string())
                 .and_then(|a| {
                     let e = a.elements().into_iter().next().ok_or("no answer")?;
@@ -111,12 +113,12 @@ impl KafkaOutput {
                 });
             match answer {
                 Ok(kept) => break kept,
-                Err(e) if started.elapsed() < self.timeout => {
+                Err(e) if started.elapsed() < timeout => {
                     tracing::debug!("reading the probe group's offset back: {e}");
                     std::thread::sleep(Duration::from_millis(100));
                 }
                 Err(e) => {
-                    return Err(self.client_error(format!(
+                    return Err(dest.client_error(format!(
                         "reading the probe group {group}'s offset back: {e}"
                     )));
                 }
@@ -137,15 +139,15 @@ impl KafkaOutput {
         }
 
         // 3. A second producer of the id fences the first.
-        let _second = self.transactional_producer_with(&id, Quiet)?;
+        let _second = settings.transactional(&id, Quiet, dest)?;
         let zombie = first
             .begin_transaction()
-            .and_then(|()| first.send_offsets_to_transaction(&offsets, &metadata, self.timeout))
-            .and_then(|()| first.commit_transaction(self.timeout));
+            .and_then(|()| first.send_offsets_to_transaction(&offsets, &metadata, timeout))
+            .and_then(|()| first.commit_transaction(timeout));
         match zombie {
             Err(e) if fenced(&e) => {}
             Err(e) => {
-                return Err(self.client_error(format!(
+                return Err(dest.client_error(format!(
                     "the probe's fenced producer ({id}) failed otherwise than fenced: {e}"
                 )));
             }

@@ -17,8 +17,10 @@ mod bindings;
 pub mod chain;
 mod contract;
 mod error;
+mod guest_stderr;
 mod imports;
 mod instance;
+mod limiter;
 mod log_budget;
 
 use std::collections::BTreeMap;

@@ -32,16 +32,20 @@
 //! reset`, `moves` hands them over between a checkpoint and a group.
 
 pub mod applied;
+mod error;
 mod moves;
 pub mod reset;
+mod sends;
 mod tables;
 mod transaction;
 
 use sluice_guest::wire::{self, OwnedHeaders, SinkRecord};
 
-use crate::capability::kafka::Sent;
 use crate::capability::sql::{DbError, SqlGrant};
 use crate::plugin::{Instance, OpenAnswer, PartitionContext, PluginError, StageFailure};
+pub use error::SinkError;
+use sends::Sends;
+pub use sends::{Deliver, DeliverFn, Outgoing};
 use tables::HostTables;
 pub use tables::OtherPipeline;
 
@@ -98,32 +102,6 @@ pub struct PartitionBatch<'a> {
     /// Where the records the sink sends (`kafka.send`) go; `None` when
     /// the pipeline names no output topic.
     pub deliver: Option<Deliver<'a>>,
-}
-
-/// Takes the records a range's sink sent with `kafka.send`, once its
-/// `close` succeeded and before the range is recorded applied (the
-/// engine's output producer): returns how many it took, or why it could
-/// not.
-#[derive(Clone, Copy)]
-pub struct Deliver<'a> {
-    /// The engine's function.
-    pub to: &'a DeliverFn<'a>,
-    /// A map-only pipeline whose outputs (the part's records) go to this
-    /// topic as the part commits, in its database transaction: a pipeline
-    /// group under exactly once, whose part's Kafka transaction commits
-    /// after its progress row is written and before the database commits
-    /// (the partition's row stays locked meanwhile, so no newer owner can
-    /// claim it in between). `None`: only what a sink stage sends.
-    pub map_outputs_to: Option<&'a str>,
-}
-
-/// The function behind [`Deliver`].
-pub type DeliverFn<'a> = dyn Fn(&PartitionContext, Vec<Sent>) -> Result<u64, String> + Sync + 'a;
-
-impl std::fmt::Debug for Deliver<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Deliver")
-    }
 }
 
 impl<'a> PartitionBatch<'a> {
@@ -187,112 +165,6 @@ pub struct AppliedBefore {
     /// (a reset back or a restored checkpoint), not by an earlier run of
     /// the same batch (a crash and re-run), so the user may not expect it.
     pub by_other_batch: bool,
-}
-
-/// Errors of the sink driver.
-#[derive(Debug, thiserror::Error)]
-pub enum SinkError {
-    /// The plugin trapped or returned an error; the range (part) was
-    /// rolled back, earlier parts stay applied.
-    #[error("{0}; this range was rolled back (earlier parts of the batch stay applied)")]
-    Plugin(#[from] PluginError),
-    /// The sink plugin rejected one record: a `bad-record` error from
-    /// `sink.write`. With the SQL capability the range (part) was rolled
-    /// back; the engine applies the error policy to the record and writes
-    /// the part again without it.
-    #[error("{error} (the record at offset {offset})")]
-    Rejected {
-        /// Source offset of the rejected record.
-        offset: i64,
-        /// The sink's message.
-        message: String,
-        /// The plugin's error, naming plugin, digest and call.
-        error: Box<PluginError>,
-    },
-    /// A database error; the range (part) was rolled back, earlier parts
-    /// stay applied.
-    #[error(
-        "sink database error during {during} on {site}: {error}; this range was rolled back (earlier parts of the batch stay applied)"
-    )]
-    Sql {
-        /// What the host or plugin was doing.
-        during: &'static str,
-        /// `topic/partition [start, end)`.
-        site: String,
-        /// The database's error (message and code).
-        error: DbError,
-    },
-    /// A newer epoch already wrote this partition: we are a zombie.
-    #[error(
-        "sink fenced on {site}: sluice_progress holds epoch {stored} but this process runs epoch {ours}; another process owns the pipeline now"
-    )]
-    Fenced {
-        /// `topic/partition [start, end)`.
-        site: String,
-        /// Epoch in the progress row.
-        stored: u64,
-        /// Ours.
-        ours: u64,
-    },
-    /// A pipeline group's member lost the partition: another member
-    /// claimed it (a newer owner epoch) since this one did.
-    #[error("{0}; the part was rolled back and this member drops the partition")]
-    Group(crate::checkpoint::group::GroupError),
-    /// The progress row changed between this range's read and its update:
-    /// another process wrote the same query id's progress.
-    #[error(
-        "sluice_progress for {site} changed while this range was applied (now: {now}); is another process writing this query id's progress? This range was rolled back"
-    )]
-    ProgressChanged {
-        /// `topic/partition [start, end)`.
-        site: String,
-        /// What the row holds now.
-        now: String,
-    },
-    /// The sink's `kafka.send` was refused, or what it sent could not be
-    /// produced; the part is not recorded as applied.
-    #[error(
-        "{what} on {site}: {message}; the part is not recorded as applied, and the batch's re-run writes it again"
-    )]
-    Send {
-        /// Whose records, and what went wrong.
-        what: String,
-        /// `topic/partition [start, end)`.
-        site: String,
-        /// The refusal or the producer's error.
-        message: String,
-    },
-    /// Dead letters without a database to put them in.
-    #[error("the dlq error policy needs a sink database (--sink-db) to store dead letters")]
-    NoDeadLetterStore,
-}
-
-impl SinkError {
-    /// The sink database's connection is gone ([`DbError::is_connection_lost`]).
-    pub fn is_connection_lost(&self) -> bool {
-        matches!(self, SinkError::Sql { error, .. } if error.is_connection_lost())
-    }
-
-    /// The part met another session's locks, a deadlock or a
-    /// serialization failure ([`DbError::is_contention`]).
-    pub fn is_contention(&self) -> bool {
-        matches!(self, SinkError::Sql { error, .. } if error.is_contention())
-    }
-
-    /// Worth another attempt at the same part: a retryable plugin failure
-    /// or trap, or a transient database error ([`DbError::is_transient`]);
-    /// the part was rolled back either way.
-    pub fn is_retryable(&self) -> bool {
-        match self {
-            SinkError::Plugin(p) => p.is_retryable(),
-            // Contention and a lost connection were retried by
-            // [`SinkDriver::apply`] for its whole budget already.
-            SinkError::Sql { error, .. } => {
-                error.is_transient() && !error.is_contention() && !error.is_connection_lost()
-            }
-            _ => false,
-        }
-    }
 }
 
 /// Runs partition ranges through a sink, with or without the SQL
@@ -742,102 +614,6 @@ pub(super) fn run_plugin(
         dead_lettered: 0,
         applied_before: AppliedBefore::default(),
     })
-}
-
-/// What a part's sink sent with `kafka.send`, and which plugin sent it.
-#[derive(Default)]
-pub(super) struct Sends {
-    plugin: String,
-    records: Vec<Sent>,
-}
-
-impl Sends {
-    /// Take what `instance` sent in the piece `r` it just closed.
-    ///
-    /// # Errors
-    /// [`SinkError::Send`] when the host refused a send (the plugin may
-    /// have ignored the refusal).
-    pub(super) fn take(instance: &mut Instance, r: &PartitionContext) -> Result<Sends, SinkError> {
-        let plugin = format!(
-            "the sink plugin {} (sha256 {})",
-            instance.path().display(),
-            instance.digest().get(..12).unwrap_or_default()
-        );
-        let records = instance.take_sent().map_err(|message| SinkError::Send {
-            what: format!("{plugin} called kafka.send, which the host refused"),
-            site: site(r),
-            message,
-        })?;
-        Ok(Sends { plugin, records })
-    }
-
-    /// The records of `pieces` as sends, when their part's map outputs
-    /// go to a topic as it commits ([`Deliver::map_outputs_to`]); none
-    /// otherwise. Each carries its source record's idempotency key.
-    pub(super) fn of_map_outputs(pieces: &[PartitionBatch<'_>]) -> Sends {
-        let Some(topic) = pieces
-            .first()
-            .and_then(|p| p.deliver)
-            .and_then(|d| d.map_outputs_to)
-        else {
-            return Sends::default();
-        };
-        let records = pieces
-            .iter()
-            .flat_map(|p| p.records.iter())
-            .map(|r| Sent {
-                topic: topic.to_string(),
-                partition: None,
-                key: r.record.key.map(<[u8]>::to_vec),
-                value: r.record.value.map(<[u8]>::to_vec),
-                headers: r
-                    .record
-                    .headers
-                    .iter()
-                    .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
-                    .collect(),
-                idempotency_key: r.idempotency_key.to_string(),
-            })
-            .collect();
-        Sends {
-            plugin: "the map stage".into(),
-            records,
-        }
-    }
-
-    /// Add a later piece's.
-    pub(super) fn extend(&mut self, later: Sends) {
-        if self.plugin.is_empty() {
-            self.plugin = later.plugin;
-        }
-        self.records.extend(later.records);
-    }
-
-    /// Hand them to [`PartitionBatch::deliver`] (the output producer), the
-    /// part's own effects being ready to commit.
-    ///
-    /// # Errors
-    /// [`SinkError::Send`] when the producer does not take them.
-    pub(super) fn deliver(self, batch: &PartitionBatch<'_>) -> Result<(), SinkError> {
-        if self.records.is_empty() {
-            return Ok(());
-        }
-        let r = &batch.range;
-        let plugin = self.plugin;
-        let Some(d) = batch.deliver else {
-            return Err(SinkError::Send {
-                what: format!("{plugin} sent records"),
-                site: site(r),
-                message: "this pipeline has no output producer to take them".into(),
-            });
-        };
-        (d.to)(r, self.records).map_err(|message| SinkError::Send {
-            what: format!("producing what {plugin} sent"),
-            site: site(r),
-            message,
-        })?;
-        Ok(())
-    }
 }
 
 #[cfg(test)]

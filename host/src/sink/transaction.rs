@@ -70,12 +70,12 @@ fn missing(
 /// this transaction). Returns the records written, how many pieces the
 /// plugin said were applied already, and what the pieces sent with
 /// `kafka.send` (produced only once the part is ready to commit).
-fn write_pieces(
+fn write_pieces<'p>(
     g: &SqlGrant,
     instance: Option<&mut Instance>,
-    pieces: &[PartitionBatch<'_>],
+    pieces: &[PartitionBatch<'p>],
     r: &PartitionContext,
-) -> Result<(u64, usize, Sends), SinkError> {
+) -> Result<(u64, usize, Sends<'p>), SinkError> {
     let Some(i) = instance else {
         let written = pieces.iter().map(|p| p.records.len() as u64).sum();
         return Ok((written, 0, Sends::of_map_outputs(pieces)));

@@ -1,9 +1,7 @@
 //! Fetching exact ranges: position the consumer at each planned start
 //! (reusing what the previous batch read past its end), poll until every
-//! range is complete, and hand the records over in pieces. Pauses an idle
-//! consumer between batches (see [`KafkaSource::pause`]), and a partition
-//! that has read about one range ahead during a fetch (see
-//! `KafkaSource::keep_read_ahead`).
+//! range is complete, and hand the records over in pieces (`pieces`),
+//! pausing what reads too far ahead (`pause`).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -15,128 +13,8 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::{KafkaSource, PartitionRange, SourceError, SourceRecord, TopicPartition, to_record};
-
-/// Part of one planned range, delivered by [`KafkaSource::fetch`].
-#[derive(Debug)]
-pub struct Piece {
-    /// Index of the range in the `ranges` given to `fetch`.
-    pub range: usize,
-    /// Records in offset order, following the range's previous piece.
-    pub records: Vec<SourceRecord>,
-    /// Set on the range's last piece: the whole range has been delivered.
-    pub done: bool,
-}
-
-/// What became of a piece offered to the batch (the `deliver` callback
-/// of [`KafkaSource::fetch`]); the callback never blocks.
-#[derive(Debug)]
-pub enum Handoff {
-    /// The batch took the piece.
-    Taken,
-    /// The batch has no room for it now (its map or sink is behind):
-    /// offered again later, while the consumer is served meanwhile.
-    Busy(Piece),
-    /// The batch takes no more pieces: the fetch ends with
-    /// [`SourceError::Cancelled`].
-    Closed,
-}
-
-/// How long a fetch waits for a busy batch to take a piece before it
-/// serves the consumer once more (rebalances, `max.poll.interval.ms`).
-const BUSY_TURN: Duration = Duration::from_millis(50);
-
-/// After the batch has been busy this long, the partitions still being
-/// read are paused, so librdkafka does not keep fetching records that
-/// nobody takes; they are resumed as soon as the batch takes pieces
-/// again (from the record after the last one read, where the buffered
-/// pieces end). Shorter stalls are the common case of a sink working
-/// through its queue and pause nothing.
-const BUSY_PAUSE: Duration = Duration::from_millis(500);
-
-/// Per-range buffers of a fetch in progress.
-struct Pieces<'a> {
-    bufs: Vec<Vec<SourceRecord>>,
-    /// Per range, the offset after the last record handed over.
-    next: Vec<i64>,
-    size: usize,
-    /// Set by the receiver when it stops taking pieces; checked every turn
-    /// of the poll loop, so a failed batch does not wait for the fetch.
-    cancel: &'a AtomicBool,
-    deliver: &'a mut dyn FnMut(Piece) -> Handoff,
-    /// Pieces made but not yet taken by a busy batch, in the order made.
-    outbox: VecDeque<Piece>,
-}
-
-impl Pieces<'_> {
-    fn send(&mut self, range: usize, done: bool) -> Result<(), SourceError> {
-        let records = std::mem::take(&mut self.bufs[range]);
-        self.outbox.push_back(Piece {
-            range,
-            records,
-            done,
-        });
-        self.flush()
-    }
-
-    /// Offer the waiting pieces, in order, until the batch is busy.
-    fn flush(&mut self) -> Result<(), SourceError> {
-        while let Some(piece) = self.outbox.pop_front() {
-            match (self.deliver)(piece) {
-                Handoff::Taken => {}
-                Handoff::Busy(piece) => {
-                    self.outbox.push_front(piece);
-                    return Ok(());
-                }
-                Handoff::Closed => return Err(SourceError::Cancelled),
-            }
-        }
-        Ok(())
-    }
-
-    /// Whether pieces wait for a busy batch.
-    fn busy(&self) -> bool {
-        !self.outbox.is_empty()
-    }
-
-    /// Offer the waiting pieces for up to `d`; whether all were taken.
-    fn wait(&mut self, d: Duration) -> Result<bool, SourceError> {
-        let until = Instant::now() + d;
-        loop {
-            self.flush()?;
-            if !self.busy() {
-                return Ok(true);
-            }
-            if Instant::now() >= until || self.cancel.load(Ordering::Relaxed) {
-                return Ok(false);
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    }
-
-    fn push(&mut self, range: usize, rec: SourceRecord) -> Result<(), SourceError> {
-        // A record the range already handed over (the consumer's position
-        // moved back under it) is not handed over twice.
-        if rec.offset < self.next[range] {
-            tracing::debug!(offset = rec.offset, "record delivered again: dropped");
-            return Ok(());
-        }
-        self.next[range] = rec.offset + 1;
-        let buf = &mut self.bufs[range];
-        if buf.capacity() == 0 {
-            buf.reserve_exact(self.size);
-        }
-        buf.push(rec);
-        if buf.len() >= self.size {
-            self.send(range, false)?;
-        }
-        Ok(())
-    }
-
-    fn finish(&mut self, range: usize) -> Result<(), SourceError> {
-        self.send(range, true)
-    }
-}
+use super::pieces::{BUSY_PAUSE, BUSY_TURN, Handoff, Piece, Pieces};
+use super::{KafkaSource, PartitionRange, SourceError, TopicPartition, to_record};
 
 impl KafkaSource {
     /// Make the consumer deliver each active range from its start: keep a
@@ -212,100 +90,6 @@ impl KafkaSource {
             self.assigned.insert(tp, r.start);
         }
         Ok(())
-    }
-
-    /// Stop fetching the assigned partitions until the next
-    /// [`KafkaSource::fetch`]: for an idle pipeline, between batches.
-    ///
-    /// librdkafka 2.12.1 crashes (SIGSEGV in `rd_kafka_metadata_cache_find`
-    /// from `rd_kafka_metadata_update_op`) when a Fetch answer carries
-    /// KIP-951 leader tags for a topic with an all-zero topic id: it then
-    /// looks the topic up by a name the answer does not have. Tansu 0.6.0
-    /// answers a Fetch for a deleted topic's old id that way, so a topic
-    /// deleted and recreated under a consumer that keeps fetching crashed
-    /// the host in 5 of 6 tries. Fetching only while a batch reads ranges
-    /// that the plan just checked against the broker's topic id (see
-    /// `engine::plan`) leaves a recreation during that batch's fetch as
-    /// the only window (nisshi 0.8.1, Tansu's successor, answers as Kafka
-    /// does: no crash in the suite's recreations under a busy host; kept
-    /// for Tansu 0.6.0 and any broker with its fault, and because an idle
-    /// consumer need not fetch). Records buffered by librdkafka are
-    /// dropped and fetched again from the next undelivered offset on
-    /// resume, which is where `assigned` says the next range starts.
-    pub fn pause(&mut self) {
-        if self.paused || self.assigned.is_empty() {
-            return;
-        }
-        if let Ok(tpl) = self.consumer.assignment()
-            && self.consumer.pause(&tpl).is_ok()
-        {
-            self.paused = true;
-        }
-    }
-
-    fn resume(&mut self) -> Result<(), SourceError> {
-        if !self.paused {
-            return self.resume_ahead();
-        }
-        let tpl = self
-            .consumer
-            .assignment()
-            .map_err(|e| SourceError::Client(format!("assignment: {e}")))?;
-        self.consumer
-            .resume(&tpl)
-            .map_err(|e| SourceError::Client(format!("resume: {e}")))?;
-        self.paused = false;
-        // The whole assignment was resumed, the read-ahead pauses with it.
-        self.paused_ahead.clear();
-        Ok(())
-    }
-
-    /// Resume the partitions [`KafkaSource::keep_read_ahead`] paused.
-    fn resume_ahead(&mut self) -> Result<(), SourceError> {
-        if self.paused_ahead.is_empty() {
-            return Ok(());
-        }
-        let mut tpl = TopicPartitionList::new();
-        for (t, p) in &self.paused_ahead {
-            tpl.add_partition(t, *p);
-        }
-        self.consumer
-            .resume(&tpl)
-            .map_err(|e| SourceError::Client(format!("resume: {e}")))?;
-        self.paused_ahead.clear();
-        Ok(())
-    }
-
-    /// Keep `rec` for the next fetch (it is past its partition's range, or
-    /// the partition has no range in this fetch); once `cap` records are
-    /// kept, pause the partition until then.
-    ///
-    /// Without the pause, a partition done early goes on being drained
-    /// into `pending` while the fetch waits for the slowest one: on the
-    /// mock cluster with 64 partitions the first batch copied the whole
-    /// topic (1,000,000 records, peak RSS 340 MiB) before it ended.
-    /// Pausing drops what librdkafka had buffered for the partition; on
-    /// resume it fetches again from the record after the last one kept
-    /// here, where the next range's records continue.
-    fn keep_read_ahead(&mut self, tp: &TopicPartition, rec: SourceRecord, cap: usize) {
-        // Most records go to a partition that already has a queue: clone
-        // its name only for a new one.
-        let q = match self.pending.get_mut(tp) {
-            Some(q) => q,
-            None => self.pending.entry(tp.clone()).or_default(),
-        };
-        q.push_back(rec);
-        if q.len() >= cap && !self.paused_ahead.contains(tp) {
-            let mut tpl = TopicPartitionList::new();
-            tpl.add_partition(&tp.0, tp.1);
-            // librdkafka 2.12.1 answers a pause with success whatever the
-            // partition (per-partition errors are not reported): counted
-            // as paused either way, so a failure is not retried per record.
-            if let Err(e) = self.consumer.pause(&tpl) {
-                tracing::debug!(topic = %tp.0, partition = tp.1, "pause read-ahead: {e}");
-            }
-            self.paused_ahead.insert(tp.clone());
-        }
     }
 
     /// Forget the consumer's positions (after a failed fetch): the next
@@ -611,47 +395,6 @@ impl KafkaSource {
             }
         }
         Ok(())
-    }
-
-    /// Pause the partitions still being read while the batch is busy;
-    /// they are also marked as paused for read-ahead, so whatever ends
-    /// the fetch, the next one resumes them.
-    fn pause_busy(&mut self, remaining: &HashMap<TopicPartition, i64>) -> Vec<TopicPartition> {
-        let mut tpl = TopicPartitionList::new();
-        let mut paused = Vec::new();
-        for tp in remaining.keys() {
-            if self.paused_ahead.insert(tp.clone()) {
-                tpl.add_partition(&tp.0, tp.1);
-                paused.push(tp.clone());
-            }
-        }
-        if paused.is_empty() {
-            return paused;
-        }
-        tracing::debug!(
-            partitions = paused.len(),
-            "the batch is busy: reading paused"
-        );
-        if let Err(e) = self.consumer.pause(&tpl) {
-            tracing::debug!("pause while the batch is busy: {e}");
-        }
-        paused
-    }
-
-    /// Resume what [`KafkaSource::pause_busy`] paused: librdkafka fetches
-    /// again from the record after the last one polled.
-    fn resume_busy(&mut self, paused: &mut Vec<TopicPartition>) {
-        if paused.is_empty() {
-            return;
-        }
-        let mut tpl = TopicPartitionList::new();
-        for tp in paused.drain(..) {
-            tpl.add_partition(&tp.0, tp.1);
-            self.paused_ahead.remove(&tp);
-        }
-        if let Err(e) = self.consumer.resume(&tpl) {
-            tracing::debug!("resume after the batch was busy: {e}");
-        }
     }
 
     /// The index of `tp`'s range in the fetch, `None` when it has none or

@@ -38,10 +38,12 @@ mod fetch;
 pub mod group;
 mod headers;
 mod metadata;
+mod pause;
+mod pieces;
 
 pub use brokers::check_brokers;
-pub use fetch::{Handoff, Piece};
 pub use group::{AssignmentChanges, Membership, START_EARLIEST, START_LATEST, SourceContext};
+pub use pieces::{Handoff, Piece};
 
 /// A (topic, partition) pair.
 pub type TopicPartition = (String, i32);

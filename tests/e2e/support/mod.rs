@@ -1,10 +1,17 @@
 //! What the tests share: paths to the built artefacts, the one process
 //! watcher ([`HostProcess`]), the one `host run` argv builder
-//! ([`RunArgs`]), the one test database ([`Db`]), and small helpers.
+//! ([`RunArgs`]), the one test database ([`Db`]), the brokers (`kafka`:
+//! Apache Kafka processes, librdkafka's mock cluster, a producer), a
+//! Maxwell stream and its model (`maxwell`), the counting sink's helpers
+//! (`counter`), and small helpers.
 
 #![allow(dead_code)]
 
+pub mod counter;
 mod db;
+pub mod kafka;
+pub mod languages;
+pub mod maxwell;
 mod private_pg;
 mod process;
 mod run_args;

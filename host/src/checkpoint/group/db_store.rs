@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 
 use super::{GroupError, GroupStore, Planned};
 use crate::checkpoint::{
-    AppliedProgress, Batch, Checkpoint, CheckpointError, Claimed, CommitEntry, Epoch, Start,
-    TopicIdentity,
+    AppliedProgress, Batch, Checkpoint, CheckpointError, Claimed, CommitEntry, Epoch, Fenced,
+    Start, TopicIdentity,
 };
 
 /// A group member's view of the group's checkpoint.
@@ -79,10 +79,6 @@ impl Checkpoint for DbStore {
 
     fn epoch(&self) -> Option<Epoch> {
         None
-    }
-
-    fn holds_all(&self) -> bool {
-        false
     }
 
     fn is_new(&self) -> bool {
@@ -218,11 +214,7 @@ impl Checkpoint for DbStore {
         Ok(())
     }
 
-    fn commit(
-        &self,
-        batch: &Batch,
-        done: &CommitEntry,
-    ) -> Result<Vec<GroupError>, CheckpointError> {
+    fn commit(&self, batch: &Batch, done: &CommitEntry) -> Result<Vec<Fenced>, CheckpointError> {
         let parts: Vec<(String, i32, Epoch)> = batch
             .entry
             .ranges
@@ -236,7 +228,7 @@ impl Checkpoint for DbStore {
             .collect();
         let fenced = self.store.finish(done.batch_id, &parts)?;
         self.committed.store(done.batch_id, Ordering::Relaxed);
-        Ok(fenced)
+        Ok(fenced.iter().filter_map(GroupError::fenced).collect())
     }
 
     fn record_committed(

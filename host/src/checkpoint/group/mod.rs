@@ -150,6 +150,26 @@ impl GroupError {
     pub fn is_fenced(&self) -> bool {
         matches!(self, GroupError::Fenced { .. })
     }
+
+    /// The partition another member holds now, when this is
+    /// [`GroupError::Fenced`].
+    pub fn fenced(&self) -> Option<super::Fenced> {
+        match self {
+            GroupError::Fenced {
+                topic,
+                partition,
+                ours,
+                now,
+                holder,
+            } => Some(super::Fenced {
+                partition: (topic.clone(), *partition),
+                ours: *ours,
+                now: *now,
+                holder: holder.clone(),
+            }),
+            _ => None,
+        }
+    }
 }
 
 /// A planned range (the write-ahead of one partition's share of a batch).

@@ -5,6 +5,7 @@
 mod new;
 mod scripted;
 mod sdk;
+mod spec;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -86,7 +87,7 @@ pub fn run(cmd: PluginCommand) -> Result<(), CliError> {
             dir,
             lang,
         } => {
-            let made = new::generate(&new::NewPlugin {
+            let made = new::generate(&spec::NewPlugin {
                 name: &name,
                 map: map || !sink,
                 sink,

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
+use super::spec::{NewPlugin, readme_flags, stages};
 use super::{Lang, scripted, sdk};
 use crate::cli::{CliError, ExitCode, WithCode};
 
@@ -17,20 +18,6 @@ const HEAD: &str = include_str!("template/head.rs.txt");
 const MAP: &str = include_str!("template/map.rs.txt");
 const SINK: &str = include_str!("template/sink.rs.txt");
 const SAMPLE: &str = include_str!("template/sample.txt");
-
-/// What to generate.
-pub(super) struct NewPlugin<'a> {
-    /// The crate name (`[a-z][a-z0-9_-]*`).
-    pub name: &'a str,
-    /// Export a map stage.
-    pub map: bool,
-    /// Export a sink stage (SQL capability).
-    pub sink: bool,
-    /// Where the crate directory `name` is created.
-    pub parent: &'a Path,
-    /// The language.
-    pub lang: Lang,
-}
 
 /// Check a crate name: lower-case ASCII letters, digits, `-` and `_`,
 /// starting with a letter, at most 48 characters (what cargo accepts,
@@ -130,35 +117,6 @@ pub(super) fn generate(p: &NewPlugin<'_>) -> Result<PathBuf, CliError> {
         files.push((dir.join("sluice-sdk").join(path), text));
     }
     write_all(&dir, files)
-}
-
-/// How a generated README names the stages.
-pub(super) fn stages(map: bool, sink: bool) -> &'static str {
-    match (map, sink) {
-        (true, true) => "map and sink stages",
-        (false, true) => "a sink stage",
-        _ => "a map stage",
-    }
-}
-
-/// What a generated README adds for a sink stage (or a map-only plugin):
-/// the `host test` flags, the note on what they do, the `host run` flags.
-pub(super) fn readme_flags(sink: bool, lib: &str) -> (&'static str, String, &'static str) {
-    if sink {
-        (
-            " \\\n  --sink-db sqlite:try.db",
-            format!(
-                " (`--sink-db sqlite:try.db` runs them on that file and commits each partition's part; add `--dry-run` to roll back, or leave `--sink-db` out to print them without a database); `sqlite3 try.db 'SELECT * FROM {lib}_records'` shows the rows"
-            ),
-            " \\\n  --sink-db sqlite:./sink.db",
-        )
-    } else {
-        (
-            "",
-            String::new(),
-            " \\\n  --until-caught-up   # a map-only plugin: add a sink plugin to keep the outputs",
-        )
-    }
 }
 
 /// Write `files` (paths under `dir`); returns `dir`.

@@ -6,8 +6,8 @@
 
 use std::path::PathBuf;
 
-use super::new::{NewPlugin, readme_flags, stages};
 use super::sdk;
+use super::spec::{NewPlugin, readme_flags, stages};
 
 const PY_HEAD: &str = include_str!("template/python/head.py.txt");
 const PY_MAP: &str = include_str!("template/python/map.py.txt");

@@ -2,6 +2,11 @@
 //! sink driver and the plugin's `sql` imports share, the transaction the
 //! driver brackets each part in, and the checks every plugin statement
 //! passes before it runs.
+//!
+//! Longer than 650 lines: one connection's state and every call that
+//! touches it (driver, plugin, transaction) in one place; the statement
+//! staging is apart (`staging`), splitting the rest would spread the
+//! locking.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -465,21 +465,8 @@ impl BrokerProcess {
 
     /// The node that leads `topic`'s `partition` now.
     pub fn leader_of(&self, topic: &str, partition: i32) -> u32 {
-        let c: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", self.bootstrap())
-            .create()
-            .expect("metadata client");
-        let m = c
-            .fetch_metadata(Some(topic), Duration::from_secs(10))
-            .expect("metadata");
-        let leader = m
-            .topics()
-            .iter()
-            .find(|t| t.name() == topic)
-            .and_then(|t| t.partitions().iter().find(|p| p.id() == partition))
-            .map(|p| p.leader())
-            .unwrap_or_else(|| panic!("{topic}/{partition} is not in the metadata"));
-        u32::try_from(leader).unwrap_or_else(|_| panic!("{topic}/{partition} has no leader"))
+        let (id, _) = leader(&self.bootstrap(), topic, partition);
+        u32::try_from(id).unwrap_or_else(|_| panic!("{topic}/{partition} has no leader"))
     }
 
     fn admin(&self) -> AdminClient<DefaultClientContext> {
@@ -693,5 +680,47 @@ impl Producer_ {
 
     pub fn flush(&self) {
         self.p.flush(Duration::from_secs(30)).expect("flush");
+    }
+}
+
+/// A mock cluster whose one-partition topic `raw` holds `values` (no keys,
+/// offsets from 0).
+pub fn raw_topic<V: AsRef<[u8]>>(values: impl IntoIterator<Item = V>) -> Mock {
+    let mock = Mock::new();
+    mock.create_topic("raw", 1);
+    let p = producer(&mock.bootstrap());
+    for v in values {
+        p.send("raw", 0, None, Some(v.as_ref()), &[]);
+    }
+    p.flush();
+    mock
+}
+
+/// The broker that leads `topic`/`partition` (waiting up to 60 s for one
+/// to be elected): its node id and `host:port`.
+pub fn leader(bootstrap: &str, topic: &str, partition: i32) -> (i32, String) {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .expect("metadata client");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let m = c
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+            .expect("metadata");
+        let leader = m
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic)
+            .and_then(|t| t.partitions().iter().find(|p| p.id() == partition))
+            .map(|p| p.leader());
+        if let Some(b) = leader.and_then(|id| m.brokers().iter().find(|b| b.id() == id)) {
+            return (b.id(), format!("{}:{}", b.host(), b.port()));
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{topic}/{partition} has no leader"
+        );
+        std::thread::sleep(Duration::from_millis(200));
     }
 }

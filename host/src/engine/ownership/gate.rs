@@ -1,10 +1,11 @@
-//! Revoke = drain, then release (DESIGN.md, "Scale beyond one machine:
-//! pipeline groups"): what a group member's batch does when the group
-//! coordinator takes some of its partitions while the batch runs.
+//! The partition gate: which partitions a running batch may still write,
+//! shared by the loop, the fetch thread (whose consumer poll runs the
+//! rebalance callback) and the batch's map and sink threads. Every batch
+//! has one; a sole owner's never drops a partition (nobody revokes it),
+//! so the threads never ask which kind of owner they serve.
 //!
-//! [`Revocations`] is shared by the rebalance callback (which runs inside
-//! the consumer's poll, on the thread that fetches) and the batch's map
-//! and sink threads:
+//! For a group member (DESIGN.md, "Scale beyond one machine: pipeline
+//! groups"):
 //! - a **revoke** marks the partitions dropped, then waits until the parts
 //!   of them the sink is applying now (if any; one per partition, on
 //!   `--sink-connections` connections at once) have finished, committed or
@@ -22,14 +23,15 @@
 //!
 //! Partitions not dropped keep running: the batch finishes them and
 //! commits them. Invariant: once a partition is dropped, no part of it
-//! starts in this batch ([`Revocations::begin`] refuses it).
+//! starts in this batch ([`PartitionGate::begin`] refuses it).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::checkpoint::group::GroupError;
-use crate::source::TopicPartition;
+use crate::checkpoint::Fenced;
+use crate::source::{KafkaSource, TopicPartition};
 
 /// How long a revoke waits at most for a part in flight. A part is
 /// bounded by the plugin's call timeout, but one that meets lock
@@ -59,21 +61,24 @@ struct State {
     in_flight: BTreeSet<TopicPartition>,
     /// The refusals behind [`Dropped::Fenced`], for the member to act on
     /// after the batch.
-    fenced: Vec<GroupError>,
+    fenced: Vec<Fenced>,
 }
 
 /// The partitions a running batch must no longer write, and the part in
 /// flight (see the module doc).
 #[derive(Default)]
-pub struct Revocations {
+pub struct PartitionGate {
     state: Mutex<State>,
     /// Signalled when a part ends.
     part_ended: Condvar,
+    /// A group member's gate: its consumer is served while a batch is
+    /// applied, and other members apply the pipeline's partitions too.
+    shared: bool,
 }
 
 /// A part being applied; ends it (and wakes a waiting revoke) on drop.
 pub struct InFlight<'a> {
-    of: &'a Revocations,
+    of: &'a PartitionGate,
     tp: TopicPartition,
 }
 
@@ -84,7 +89,48 @@ impl Drop for InFlight<'_> {
     }
 }
 
-impl Revocations {
+impl PartitionGate {
+    /// A sole owner's gate: nothing revokes its partitions.
+    pub fn sole() -> Self {
+        PartitionGate::default()
+    }
+
+    /// A group member's gate (see the module doc).
+    pub fn shared() -> Self {
+        PartitionGate {
+            shared: true,
+            ..PartitionGate::default()
+        }
+    }
+
+    /// Whether other processes apply this pipeline's partitions too (a
+    /// group): a range applied by another batch is then the ordinary
+    /// trace of a rebalance, not a reset back.
+    pub fn others_apply(&self) -> bool {
+        self.shared
+    }
+
+    /// After the fetch, until `done` is set (the batch's sinks ended): a
+    /// group member goes on answering the coordinator, so a rebalance
+    /// meanwhile is drained and released at once (see the module doc)
+    /// instead of after the whole batch, and `max.poll.interval.ms` is
+    /// kept however long the sinks take. Records that arrive meanwhile
+    /// are kept for the next batch, up to `ahead` records; then the
+    /// partitions are paused (which drops what librdkafka had read
+    /// ahead). A sole owner's consumer has nothing to answer and is left
+    /// alone.
+    pub fn serve_until(&self, source: &mut KafkaSource, done: &AtomicBool, ahead: usize) {
+        if !self.shared {
+            return;
+        }
+        while !done.load(Ordering::Relaxed) {
+            if source.pending_records() >= ahead {
+                source.pause();
+            }
+            source.serve(Duration::from_millis(20));
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -157,7 +203,7 @@ impl Revocations {
     }
 
     /// A part of `tp` was refused: another member holds it (`why`).
-    pub fn fenced(&self, tp: &TopicPartition, why: GroupError) {
+    pub fn fenced(&self, tp: &TopicPartition, why: Fenced) {
         let mut st = self.lock();
         st.dropped.entry(tp.clone()).or_insert(Dropped::Fenced);
         st.fenced.push(why);
@@ -165,7 +211,7 @@ impl Revocations {
 
     /// At a batch's end: the partitions dropped during it and the fencing
     /// refusals, cleared for the next batch.
-    pub fn take(&self) -> (BTreeSet<TopicPartition>, Vec<GroupError>) {
+    pub fn take(&self) -> (BTreeSet<TopicPartition>, Vec<Fenced>) {
         let mut st = self.lock();
         let dropped = std::mem::take(&mut st.dropped).into_keys().collect();
         (dropped, std::mem::take(&mut st.fenced))
@@ -183,7 +229,7 @@ mod tests {
 
     #[test]
     fn a_revoke_waits_for_the_part_in_flight_of_its_partitions_only() {
-        let r = Arc::new(Revocations::default());
+        let r = Arc::new(PartitionGate::shared());
         // A part of another partition does not hold the revoke up.
         let other = r.begin(&tp(1)).unwrap();
         assert!(!r.revoke(&[tp(0)], false, Duration::from_secs(5)));
@@ -223,7 +269,7 @@ mod tests {
 
     #[test]
     fn a_revoke_waits_for_every_part_of_its_partitions_in_flight_on_several_connections() {
-        let r = Arc::new(Revocations::default());
+        let r = Arc::new(PartitionGate::shared());
         let (a, b, other) = (
             r.begin(&tp(0)).unwrap(),
             r.begin(&tp(1)).unwrap(),
@@ -254,7 +300,7 @@ mod tests {
 
     #[test]
     fn a_lost_assignment_does_not_wait_and_a_stuck_part_is_waited_for_only_so_long() {
-        let r = Revocations::default();
+        let r = PartitionGate::shared();
         let _part = r.begin(&tp(0)).unwrap();
         let t = Instant::now();
         assert!(!r.revoke(&[tp(0)], true, Duration::from_secs(30)));
@@ -266,12 +312,11 @@ mod tests {
 
     #[test]
     fn a_fenced_partition_is_dropped_and_its_refusal_kept() {
-        let r = Revocations::default();
+        let r = PartitionGate::shared();
         r.fenced(
             &tp(3),
-            GroupError::Fenced {
-                topic: "t".into(),
-                partition: 3,
+            Fenced {
+                partition: tp(3),
                 ours: crate::checkpoint::Epoch::new(1),
                 now: crate::checkpoint::Epoch::new(2),
                 holder: "b".into(),

@@ -11,62 +11,61 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rdkafka::producer::{Producer, ThreadedProducer};
+use rdkafka::producer::Producer;
 
-use super::producer::{Deliveries, commit_failed, positions_with_marker};
-use super::{KafkaOutput, OutputError};
+use super::OutputError;
+use super::destination::{Destination, commit_failed};
+use super::positions::{Positions, positions_with_marker};
+use super::send::{Deliveries, Sender};
+use super::settings::Settings;
 use crate::capability::kafka::Sent;
 use crate::plugin::PartitionContext;
 
 /// The transactional producers of the input partitions a member holds.
-pub struct PartTransactions {
+pub(super) struct PartitionTransactions {
     /// The pipeline group (the prefix of each transactional id).
     group: String,
+    /// The positions group on the output cluster.
+    pub(super) positions: Positions,
     producers: Mutex<BTreeMap<(String, i32), Arc<PartProducer>>>,
+    timeout: Duration,
 }
 
 /// One input partition's producer.
 struct PartProducer {
-    producer: ThreadedProducer<Deliveries>,
+    sender: Sender,
     /// The end of the last part it committed: a part that ends there or
     /// below is being applied again after its database commit failed,
     /// and its outputs are not produced again.
     committed_to: Mutex<Option<i64>>,
 }
 
-impl KafkaOutput {
-    /// Exactly once in pipeline group `group`: from now on each part's
-    /// outputs commit in a transaction of their input partition's own
-    /// producer ([`KafkaOutput::claim_partition`]), with the partition's
-    /// position committed to consumer group `positions` on the output
-    /// cluster.
-    ///
-    /// # Errors
-    /// [`OutputError::Client`] for the reader of `positions`.
-    pub fn init_partition_transactions(
-        &mut self,
-        group: &str,
-        positions: &str,
-    ) -> Result<(), OutputError> {
-        self.group = Some(self.offsets_reader(positions)?);
-        self.parts = Some(PartTransactions {
+impl PartitionTransactions {
+    /// Exactly once in pipeline group `group`: each part's outputs commit
+    /// in a transaction of their input partition's own producer
+    /// ([`PartitionTransactions::claim`]), with the partition's position
+    /// committed to `positions`.
+    pub(super) fn new(group: &str, positions: Positions, timeout: Duration) -> Self {
+        PartitionTransactions {
             group: group.to_string(),
+            positions,
             producers: Mutex::new(BTreeMap::new()),
-        });
-        Ok(())
+            timeout,
+        }
     }
 
-    /// Whether outputs commit per input partition (a pipeline group under
-    /// exactly once).
-    pub fn per_partition(&self) -> bool {
-        self.parts.is_some()
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<(String, i32), Arc<PartProducer>>> {
+        self.producers.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The transactional id of input partition `tp` in this member's
-    /// group (`None` outside one).
-    pub fn partition_id(&self, tp: &(String, i32)) -> Option<String> {
-        let parts = self.parts.as_ref()?;
-        Some(super::partition_transactional_id(&parts.group, &tp.0, tp.1))
+    /// The producer of input partition `tp`, when this member holds it.
+    fn producer(&self, tp: &(String, i32)) -> Option<Arc<PartProducer>> {
+        self.lock().get(tp).cloned()
+    }
+
+    /// The transactional id of input partition `tp`.
+    pub(super) fn id(&self, tp: &(String, i32)) -> String {
+        super::partition_transactional_id(&self.group, &tp.0, tp.1)
     }
 
     /// A claim of input partition `tp`: make its transactional producer
@@ -76,29 +75,27 @@ impl KafkaOutput {
     /// Returns the transactional id.
     ///
     /// # Errors
-    /// [`OutputError::NoTransactions`], [`OutputError::Client`]; an
-    /// internal error outside a group.
-    pub fn claim_partition(&self, tp: &(String, i32)) -> Result<String, OutputError> {
-        let (Some(parts), Some(id)) = (self.parts.as_ref(), self.partition_id(tp)) else {
-            return Err(self.client_error(format!(
-                "{}/{}: claimed for per-partition transactions outside a pipeline group (a bug)",
-                tp.0, tp.1
-            )));
-        };
-        let producer = Arc::new(PartProducer {
-            producer: self.transactional_producer(&id)?,
+    /// [`OutputError::NoTransactions`], [`OutputError::Client`].
+    pub(super) fn claim(
+        &self,
+        tp: &(String, i32),
+        settings: &Settings,
+        dest: &Destination,
+    ) -> Result<String, OutputError> {
+        let id = self.id(tp);
+        let producer = settings.transactional(&id, Deliveries::default(), dest)?;
+        let part = Arc::new(PartProducer {
+            sender: Sender::new(producer, false, settings.timeout),
             committed_to: Mutex::new(None),
         });
-        parts.lock().insert(tp.clone(), producer);
+        self.lock().insert(tp.clone(), part);
         Ok(id)
     }
 
     /// `tp` is no longer this member's: drop its producer (its parts
     /// all ended before a revoke releases it).
-    pub fn release_partition(&self, tp: &(String, i32)) {
-        if let Some(parts) = &self.parts {
-            parts.lock().remove(tp);
-        }
+    pub(super) fn release(&self, tp: &(String, i32)) {
+        self.lock().remove(tp);
     }
 
     /// Commit one part of input partition `part.topic/part.partition` in
@@ -111,15 +108,16 @@ impl KafkaOutput {
     /// [`OutputError::Transaction`]: the transaction did not commit (it is
     /// aborted where librdkafka says it can be, else left to the
     /// partition's next owner); the part must not be recorded applied.
-    pub fn commit_part(
+    pub(super) fn commit_part(
         &self,
         part: &PartitionContext,
         records: &[Sent],
+        dest: &Destination,
     ) -> Result<(u64, Duration), OutputError> {
         let batch = part.batch.batch_id;
         let tp = (part.topic.clone(), part.partition);
-        let Some(part_producer) = self.part_producer(&tp) else {
-            return Err(self.transaction_error(
+        let Some(part_producer) = self.producer(&tp) else {
+            return Err(dest.transaction_error(
                 batch,
                 format!(
                     "{}/{} has no transactional producer: this member does not hold the partition",
@@ -127,7 +125,7 @@ impl KafkaOutput {
                 ),
             ));
         };
-        let group = self.positions_group(batch)?;
+        let group = self.positions.metadata(batch, dest)?;
         let mut committed_to = part_producer
             .committed_to
             .lock()
@@ -139,7 +137,7 @@ impl KafkaOutput {
             // Cut otherwise than the part that committed (a batch run
             // again in this process): its outputs below `to` would be
             // produced twice. The partition's next claim sorts it out.
-            return Err(self.transaction_error(
+            return Err(dest.transaction_error(
                 batch,
                 format!(
                     "{}/{} [{}, {}) overlaps a part whose output transaction committed up to {to} without its database commit; stopping so that the partition's next claim records that part",
@@ -157,7 +155,8 @@ impl KafkaOutput {
             );
             return Ok((0, Duration::ZERO));
         }
-        let producer = &part_producer.producer;
+        let sender = &part_producer.sender;
+        let producer = sender.producer();
         let started = Instant::now();
         let failed = |what: &str, e: rdkafka::error::KafkaError| {
             let message = commit_failed(what, &e, || {
@@ -166,16 +165,16 @@ impl KafkaOutput {
                     Err(e) => format!("; aborting it failed too: {e}"),
                 }
             });
-            self.transaction_error(batch, format!("{}/{}: {message}", tp.0, tp.1))
+            dest.transaction_error(batch, format!("{}/{}: {message}", tp.0, tp.1))
         };
         // A failed delivery fails its own transaction only (librdkafka's
         // commit refuses a transaction with one): forget it.
-        producer.context().forget();
+        sender.forget();
         producer
             .begin_transaction()
             .map_err(|e| failed("beginning it", e))?;
         for r in records {
-            if let Err(e) = self.produce_sent(producer, r) {
+            if let Err(e) = sender.produce_sent(dest, r) {
                 let _ = producer.abort_transaction(self.timeout);
                 return Err(e);
             }
@@ -193,27 +192,30 @@ impl KafkaOutput {
             .commit_transaction(self.timeout)
             .map_err(|e| failed("committing it", e))?;
         *committed_to = Some(part.end_offset);
-        self.check_on(producer)?;
+        sender.check(dest)?;
         Ok((records.len() as u64, started.elapsed()))
     }
-}
 
-impl KafkaOutput {
     /// Move input partition `tp`'s position in the positions group to
     /// `at` (a transaction of the partition's producer with no outputs),
     /// for `--output-reprocess`: the checkpoint was moved back on purpose.
     ///
     /// # Errors
     /// [`OutputError::Transaction`] (batch 0).
-    pub fn move_position(&self, tp: &(String, i32), at: i64) -> Result<(), OutputError> {
-        let Some(producer) = self.part_producer(tp) else {
-            return Err(self.client_error(format!(
+    pub(super) fn move_position(
+        &self,
+        tp: &(String, i32),
+        at: i64,
+        dest: &Destination,
+    ) -> Result<(), OutputError> {
+        let Some(producer) = self.producer(tp) else {
+            return Err(dest.client_error(format!(
                 "{}/{} has no transactional producer (a bug)",
                 tp.0, tp.1
             )));
         };
         let failed = |what: &str, e: rdkafka::error::KafkaError| {
-            self.transaction_error(
+            dest.transaction_error(
                 0,
                 format!(
                     "{}/{}: moving its position back to {at}: {what}: {e}",
@@ -221,11 +223,11 @@ impl KafkaOutput {
                 ),
             )
         };
-        let group = self.positions_group(0)?;
+        let group = self.positions.metadata(0, dest)?;
         let positions = BTreeMap::from([(tp.clone(), at)]);
         let offsets = positions_with_marker(&positions, "sluice:reprocess")
             .map_err(|e| failed("listing the position", e))?;
-        let p = &producer.producer;
+        let p = producer.sender.producer();
         p.begin_transaction().map_err(|e| failed("beginning", e))?;
         if let Err(e) =
             super::watchdog::bounded("send_offsets_to_transaction", self.timeout, || {
@@ -237,18 +239,5 @@ impl KafkaOutput {
         }
         p.commit_transaction(self.timeout)
             .map_err(|e| failed("committing", e))
-    }
-}
-
-impl KafkaOutput {
-    /// The producer of input partition `tp`, when this member holds it.
-    fn part_producer(&self, tp: &(String, i32)) -> Option<Arc<PartProducer>> {
-        self.parts.as_ref().and_then(|p| p.lock().get(tp).cloned())
-    }
-}
-
-impl PartTransactions {
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<(String, i32), Arc<PartProducer>>> {
-        self.producers.lock().unwrap_or_else(|p| p.into_inner())
     }
 }

@@ -15,8 +15,8 @@ use crate::capability::sql::SqlGrant;
 use crate::checkpoint::group::{GroupStore, Swap};
 use crate::plugin::{Plugin, Runtime};
 
-use super::super::PipelineConfig;
-use super::super::stages::{Stages, assemble, show_refs};
+use crate::engine::PipelineConfig;
+use crate::engine::stages::{Stages, assemble, show_refs};
 
 /// How often the store is asked for a new swap.
 const CHECK_EVERY: Duration = Duration::from_secs(1);

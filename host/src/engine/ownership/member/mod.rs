@@ -11,37 +11,44 @@
 //! one taken by `host group reset`, or whose row is gone, is claimed
 //! again.
 //!
-//! Files: this one holds [`Member`]; `join` opens the group's store and
-//! settles its plugins, `output` what a claim does under exactly once to
-//! a topic, `revoke` what a batch does when a
-//! rebalance takes some of its partitions, `swap` the group's swaps at the
-//! batch boundary.
+//! Files: this one holds [`Member`] (the answers to the coordinator) and
+//! [`GroupMember`] (the member as the loop's [`Ownership`]); `join` opens
+//! the group's store and settles its plugins, `output` what a claim does
+//! under exactly once to a topic, `swap` the group's swaps at the batch
+//! boundary. What a batch does when a rebalance takes some of its
+//! partitions is the partition gate's (`super::gate`).
 
 mod join;
 mod output;
-pub(super) mod revoke;
-pub(super) mod swap;
+pub(in crate::engine) mod swap;
 
-pub(super) use join::join;
+pub(in crate::engine) use join::join;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::checkpoint::group::{GroupError, RESET_OWNER};
-use crate::checkpoint::{Checkpoint, Start};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::checkpoint::group::RESET_OWNER;
+use crate::checkpoint::{Checkpoint, CheckpointError, Claimed, Fenced, OffsetsEntry, Start};
+use crate::control::Handover;
 use crate::metrics::Metrics;
 use crate::output::KafkaOutput;
 use crate::source::{
     AssignmentChanges, KafkaSource, Membership, START_EARLIEST, START_LATEST, TopicPartition,
 };
 
-use super::plan::Holdings;
-use super::{EngineError, PipelineConfig, StartingOffsets};
-use revoke::{DRAIN_WAIT, Revocations};
+use super::gate::{DRAIN_WAIT, PartitionGate};
+use super::{LoopState, Next, Ownership, StartOwner, Started, Starting};
+use crate::engine::plan::Discovery;
+use crate::engine::plan::Holdings;
+use crate::engine::progress::Progress;
+use crate::engine::{EngineError, PipelineConfig, StartingOffsets};
+use swap::GroupSwaps;
 
 /// The member's answers to the coordinator.
-pub(super) struct Member {
+pub(in crate::engine) struct Member {
     cp: Arc<dyn Checkpoint>,
     holdings: Arc<Holdings>,
     /// Where a partition with no position is read from until the planner
@@ -52,7 +59,7 @@ pub(super) struct Member {
     member_id: Mutex<String>,
     /// The partitions a rebalance takes during a batch, and the part in
     /// flight a revoke waits for.
-    pub(super) revocations: Arc<Revocations>,
+    gate: PartitionGate,
     /// When the assignment last changed and when the member started.
     joined_at: Mutex<Instant>,
     started_at: Instant,
@@ -63,7 +70,7 @@ pub(super) struct Member {
 }
 
 impl Member {
-    pub(super) fn new(
+    pub(in crate::engine) fn new(
         cp: Arc<dyn Checkpoint>,
         holdings: Arc<Holdings>,
         starting: StartingOffsets,
@@ -77,7 +84,7 @@ impl Member {
             cp,
             holdings,
             member_id: Mutex::new(String::new()),
-            revocations: Arc::new(Revocations::default()),
+            gate: PartitionGate::shared(),
             joined_at: Mutex::new(Instant::now()),
             started_at: Instant::now(),
             output: OnceLock::new(),
@@ -85,7 +92,7 @@ impl Member {
     }
 
     /// Give the member the pipeline's output producer (before it joins).
-    pub(super) fn set_output(&self, out: Arc<KafkaOutput>) {
+    pub(in crate::engine) fn set_output(&self, out: Arc<KafkaOutput>) {
         let _ = self.output.set(out);
     }
 
@@ -106,7 +113,7 @@ impl Member {
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         let c = self.cp.claim(tp, &member_id).map_err(|e| e.to_string())?;
-        if let Some(out) = self.output.get().filter(|o| o.per_partition()) {
+        if let Some(out) = self.output.get() {
             output::claim_output(self.cp.as_ref(), out, tp, &c)?;
         }
         let (from, at) = match &c.start {
@@ -135,25 +142,14 @@ impl Member {
         Ok(at)
     }
 
-    /// When `e` says another member holds one of our partitions now: drop
-    /// it (logged) and answer true. When it was `host group reset` that
-    /// took it (the partition is still assigned to this member), or its
-    /// row is gone, claim it again: the claim reads the position the
-    /// reset left.
-    pub(super) fn drop_if_fenced(&self, e: &GroupError) -> bool {
-        let GroupError::Fenced {
-            topic,
-            partition,
-            holder,
-            now,
-            ..
-        } = e
-        else {
-            return false;
-        };
-        let tp = (topic.clone(), *partition);
-        let gone = now.get() == 0;
-        if gone || holder.starts_with(RESET_OWNER) {
+    /// Another member holds `f`'s partition now: drop it (logged) and
+    /// answer true. When it was `host group reset` that took it (the
+    /// partition is still assigned to this member), or its row is gone,
+    /// claim it again: the claim reads the position the reset left.
+    fn drop_fenced(&self, f: &Fenced) -> bool {
+        let (topic, partition) = (&f.partition.0, f.partition.1);
+        let gone = f.now.get() == 0;
+        if gone || f.holder.starts_with(RESET_OWNER) {
             tracing::warn!(
                 topic,
                 partition,
@@ -161,10 +157,10 @@ impl Member {
                 if gone {
                     "its row in sluice_partitions is gone".to_string()
                 } else {
-                    format!("the group was reset ({holder})")
+                    format!("the group was reset ({})", f.holder)
                 }
             );
-            match self.claim(&tp) {
+            match self.claim(&f.partition) {
                 Ok(_) => return true,
                 Err(why) => tracing::warn!(
                     topic,
@@ -173,9 +169,9 @@ impl Member {
                 ),
             }
         } else {
-            tracing::warn!(topic, partition, "{e}");
+            tracing::warn!(topic, partition, "{f}");
         }
-        self.release(&tp);
+        self.release(&f.partition);
         true
     }
 
@@ -184,7 +180,7 @@ impl Member {
     ///
     /// # Errors
     /// [`EngineError::Source`], saying what to check.
-    pub(super) fn check_joined(
+    pub(in crate::engine) fn check_joined(
         &self,
         source: &KafkaSource,
         cfg: &PipelineConfig,
@@ -208,7 +204,7 @@ impl Member {
     ///
     /// # Errors
     /// As [`Member::check_joined`].
-    pub(super) fn settled(
+    pub(in crate::engine) fn settled(
         &self,
         source: &KafkaSource,
         cfg: &PipelineConfig,
@@ -234,7 +230,7 @@ impl Member {
     /// [`EngineError::Claim`] for a claim that failed: Kafka counts the
     /// partition as this member's, but nobody would read it, so the member
     /// stops.
-    pub(super) fn sync(
+    pub(in crate::engine) fn sync(
         &self,
         source: &mut KafkaSource,
         metrics: &Metrics,
@@ -280,12 +276,219 @@ impl Membership for Member {
     fn revoked(&self, partitions: &[TopicPartition], lost: bool) {
         // Drain, then release: no part of them starts from now on, and the
         // one in flight ends before the revoke is acknowledged.
-        self.revocations.revoke(partitions, lost, DRAIN_WAIT);
+        self.gate.revoke(partitions, lost, DRAIN_WAIT);
         self.changed();
         for tp in partitions {
             self.release(tp);
             tracing::info!(topic = %tp.0, partition = tp.1, lost, "revoked");
         }
+    }
+}
+
+/// How a member starts (see [`StartOwner`]), from what `join` opened.
+pub(in crate::engine) struct MemberStart {
+    pub(in crate::engine) member: Arc<Member>,
+    /// The group's store, for the swaps.
+    pub(in crate::engine) store: Arc<crate::checkpoint::group::GroupStore>,
+    /// The last swap asked before the member read the group's plugins.
+    pub(in crate::engine) swaps_before: u64,
+    /// Who it is (pid, host).
+    pub(in crate::engine) owner: String,
+}
+
+impl StartOwner for MemberStart {
+    /// Join the consumer group named as the pipeline group (its offsets
+    /// are committed there too, for lag dashboards: the database stays
+    /// the checkpoint), and watch the group's swaps.
+    fn start(self: Box<Self>, s: Starting<'_>) -> Result<Started, EngineError> {
+        let cfg = s.cfg;
+        let MemberStart {
+            member,
+            store,
+            swaps_before,
+            owner,
+        } = *self;
+        if let Some(out) = s.output {
+            // Claims come from the consumer's rebalances from here on.
+            member.set_output(out.clone());
+        }
+        let name = s.cp.query_id().to_string();
+        let source = KafkaSource::member(
+            &cfg.brokers,
+            &cfg.kafka,
+            &name,
+            &cfg.topics,
+            member.clone(),
+            true,
+            cfg.kafka_timeout,
+        )?;
+        tracing::info!(group = name, "joined the pipeline group");
+        let swaps = GroupSwaps::start(
+            store,
+            s.runtime.clone(),
+            owner.clone(),
+            s.stages,
+            swaps_before,
+            s.status.clone(),
+        )?;
+        let metrics = Metrics::in_group(&name, &owner);
+        Ok(Started {
+            owner: Box::new(GroupMember {
+                name,
+                owner,
+                member,
+                swaps,
+            }),
+            source,
+            metrics,
+        })
+    }
+}
+
+/// A pipeline group's member as the loop's owner.
+pub(in crate::engine) struct GroupMember {
+    /// The group's name.
+    name: String,
+    /// This member (pid, host), for progress and metrics.
+    owner: String,
+    member: Arc<Member>,
+    swaps: GroupSwaps,
+}
+
+impl Discovery for GroupMember {
+    fn claim_discovered(
+        &self,
+        _cp: &dyn Checkpoint,
+        _tp: &TopicPartition,
+    ) -> Option<Result<Claimed, CheckpointError>> {
+        // Partitions are claimed as the coordinator assigns them.
+        None
+    }
+
+    fn plans_topic(&self, holds_any: bool) -> bool {
+        holds_any
+    }
+
+    fn new_to_pipeline(&self, _topic_known: bool) -> bool {
+        false
+    }
+}
+
+impl Ownership for GroupMember {
+    fn fenced(&self, f: &Fenced) -> bool {
+        self.member.drop_fenced(f)
+    }
+
+    fn batch_failed(
+        &self,
+        at: &mut LoopState<'_>,
+        entry: &OffsetsEntry,
+        e: EngineError,
+    ) -> Result<(), EngineError> {
+        // A claim that failed during the batch stops the member (as at
+        // the boundary).
+        let changes = self
+            .member
+            .sync(at.source, at.metrics)
+            .inspect_err(|_| tracing::error!("batch {} failed: {e}", entry.batch_id))?;
+        // A rebalance drains and releases the revoked partitions without
+        // failing the batch; only a read of a partition taken while it
+        // was being read may still end it. Its planned range is run by
+        // whoever holds it now.
+        let took = changes.revoked.iter().any(|tp| {
+            entry
+                .ranges
+                .iter()
+                .any(|r| r.topic == tp.0 && r.partition == tp.1)
+        });
+        for tp in &changes.revoked {
+            at.planner.forget(tp);
+        }
+        if took && matches!(e, EngineError::Source(_)) {
+            tracing::info!(
+                "a rebalance took a partition of batch {}: {e}",
+                entry.batch_id
+            );
+            return Ok(());
+        }
+        Err(e)
+    }
+
+    fn label(&self, event: Progress) -> Progress {
+        event.in_group(&self.name, &self.owner)
+    }
+
+    fn leave(
+        self: Box<Self>,
+        ok: bool,
+        _handover: Option<Handover>,
+        _cp: Arc<dyn Checkpoint>,
+        source: &mut KafkaSource,
+        holdings: &Holdings,
+    ) {
+        if ok {
+            commit_before_leaving(source, holdings);
+        }
+        self.swaps.leave();
+    }
+
+    /// Take the assignment changes since the last boundary (the planner
+    /// forgets what was revoked), start the next batch's gate afresh, and
+    /// install a group swap that compiled.
+    fn at_boundary(&mut self, at: &mut LoopState<'_>, stop: bool) -> Result<Next, EngineError> {
+        if stop {
+            tracing::info!("stop requested: the last batch is committed, leaving the group");
+            return Ok(Next::Stop);
+        }
+        // Revokes answered between batches are out of the holdings already;
+        // the ones during the last batch were acted on.
+        at.source.serve(Duration::from_millis(10));
+        let changes = self.member.sync(at.source, at.metrics)?;
+        for tp in &changes.revoked {
+            at.planner.forget(tp);
+        }
+        self.member.gate.take();
+        let next = at.cp.next_batch_id();
+        if self.swaps.at_boundary(at.cfg, at.stages, at.grants, next) {
+            at.metrics.swap();
+        }
+        Ok(Next::Plan)
+    }
+
+    fn nothing_to_read(
+        &mut self,
+        source: &mut KafkaSource,
+        cfg: &PipelineConfig,
+    ) -> Result<(), EngineError> {
+        // The consumer keeps answering the group (no pause).
+        self.member.check_joined(source, cfg)
+    }
+
+    fn settled(&self, source: &KafkaSource, cfg: &PipelineConfig) -> Result<bool, EngineError> {
+        self.member.settled(source, cfg)
+    }
+
+    fn idle(&mut self, source: &mut KafkaSource, stop: &AtomicBool, d: Duration) {
+        let until = Instant::now() + d;
+        while !stop.load(Ordering::Relaxed) {
+            let now = Instant::now();
+            if now >= until {
+                return;
+            }
+            source.serve((until - now).min(Duration::from_millis(50)));
+        }
+    }
+
+    fn gate(&self) -> &PartitionGate {
+        &self.member.gate
+    }
+
+    fn knows_holdings(&self, source: &KafkaSource) -> bool {
+        source.context().rebalanced()
+    }
+
+    fn took_over(&mut self, _cp: &dyn Checkpoint) -> Option<i64> {
+        None
     }
 }
 
@@ -314,7 +517,7 @@ const LEAVING_COMMIT_FOR: Duration = Duration::from_secs(15);
 /// `IllegalGeneration`: another member just left or joined), so the
 /// member serves the group and tries again, for up to
 /// [`LEAVING_COMMIT_FOR`]; after that it leaves without (logged).
-pub(super) fn commit_before_leaving(source: &mut KafkaSource, holdings: &Holdings) {
+pub(in crate::engine) fn commit_before_leaving(source: &mut KafkaSource, holdings: &Holdings) {
     let until = Instant::now() + LEAVING_COMMIT_FOR;
     loop {
         let ends: BTreeMap<TopicPartition, i64> = holdings

@@ -2,6 +2,13 @@
 //! table state it should produce (the model the tests compare against).
 
 use std::collections::BTreeMap;
+use std::time::Duration;
+
+use sluice_host::capability::sql::SqlValue;
+use sluice_host::engine::PipelineConfig;
+
+use super::kafka::{Broker, producer};
+use super::{Db, plugin};
 
 /// One produced event.
 #[derive(Debug, Clone)]
@@ -78,4 +85,51 @@ impl Stream {
         }
         Event { key, value, id }
     }
+}
+
+/// The company pipeline over `topic` into `db`, until caught up, in
+/// small batches.
+pub fn pipeline(
+    bootstrap: &str,
+    topic: &str,
+    checkpoint: &std::path::Path,
+    db: &Db,
+) -> PipelineConfig {
+    let mut cfg = PipelineConfig::new(bootstrap, vec![topic.to_string()], checkpoint);
+    cfg.plugins = vec![plugin("company")];
+    cfg.sink_db = Some(db.url.clone());
+    cfg.until_caught_up = true;
+    cfg.max_records_per_partition = 150;
+    cfg.trigger_interval = Duration::from_millis(50);
+    cfg.kafka_timeout = Duration::from_secs(20);
+    cfg.progress = sluice_host::engine::ProgressMode::None;
+    cfg
+}
+
+/// Produce `n` events of `stream` to `topic`, each to the partition of its
+/// company id.
+pub fn produce(b: &dyn Broker, topic: &str, stream: &mut Stream, n: usize, partitions: i32) {
+    let p = producer(&b.bootstrap());
+    for _ in 0..n {
+        let e = stream.event(60);
+        p.send(
+            topic,
+            (e.id % partitions as u32) as i32,
+            Some(e.key.as_bytes()),
+            Some(e.value.as_bytes()),
+            &[],
+        );
+    }
+    p.flush();
+}
+
+/// What `companies` holds: `pk` → row JSON text.
+pub fn table(db: &Db) -> std::collections::BTreeMap<String, String> {
+    db.query("SELECT pk, row_json FROM companies")
+        .into_iter()
+        .map(|r| match (&r[0], &r[1]) {
+            (SqlValue::Text(k), SqlValue::Text(v)) => (k.clone(), v.clone()),
+            other => panic!("{other:?}"),
+        })
+        .collect()
 }

@@ -36,7 +36,10 @@ pub(super) fn claim_output(
     tp: &TopicPartition,
     c: &Claimed,
 ) -> Result<(), String> {
-    let id = out.claim_partition(tp).map_err(|e| e.to_string())?;
+    // Only per input partition (exactly once in a group).
+    let Some(id) = out.claim_partition(tp).map_err(|e| e.to_string())? else {
+        return Ok(());
+    };
     let held = out
         .committed(std::slice::from_ref(tp))
         .map_err(|e| e.to_string())?;

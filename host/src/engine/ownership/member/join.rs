@@ -10,11 +10,13 @@ use crate::checkpoint::{Checkpoint, Fingerprint, PluginRef, StageKind};
 use crate::plugin::Runtime;
 use crate::sink::SinkDriver;
 
-use super::super::open::{Opened, connect_sink, refuse_shared_sink, sink_db_error};
-use super::super::plan::Holdings;
-use super::super::stages::{assemble, load_plugins, show_refs};
-use super::super::{EngineError, PipelineConfig};
 use super::Member;
+use crate::engine::open::{connect_sink, refuse_shared_sink, sink_db_error};
+use crate::engine::ownership::Opened;
+use crate::engine::plan::Holdings;
+use crate::engine::stages::{assemble, load_plugins, show_refs};
+use crate::engine::{EngineError, PipelineConfig};
+use crate::output::{OutputGuarantee, TransactionScope};
 
 /// Open group `group`'s store in `cfg`'s sink database, check this
 /// member's pipeline against it and settle the plugins to run.
@@ -34,6 +36,17 @@ pub(in crate::engine) fn join(
             "--group {group} needs --sink-db: a pipeline group keeps its checkpoint (owners, planned ranges, progress) in the sink database"
         )));
     };
+    if let Some(o) = cfg
+        .output
+        .as_ref()
+        .filter(|o| o.guarantee == OutputGuarantee::ExactlyOnce)
+        && cfg.on_error == crate::engine::ErrorPolicy::Dlq
+    {
+        return Err(EngineError::Config(format!(
+            "--output-topic {} with --on-error dlq in a pipeline group: exactly once cannot cover both (a part's dead letters commit in the sink database after its Kafka transaction, so a member stopping between the two would lose them). Pass --on-error skip or fail, or --output-guarantee at-least-once",
+            o.topics.join(", ")
+        )));
+    }
     let db_err = sink_db_error(&url);
     let grants = connect_sink(cfg)?;
     let Some(grant) = grants.first().cloned() else {
@@ -154,12 +167,31 @@ pub(in crate::engine) fn join(
         holdings.clone(),
         cfg.starting_offsets,
     ));
+    // Exactly once in a group commits each part's Kafka transaction
+    // before its database transaction: a sink's SQL could be lost.
+    if let (Some(o), Some(s)) = (
+        cfg.output
+            .as_ref()
+            .filter(|o| o.guarantee == OutputGuarantee::ExactlyOnce),
+        stages.sinks.first(),
+    ) {
+        return Err(EngineError::Config(format!(
+            "--output-topic {} with the sink stage {} in a pipeline group: exactly once in a group is for map-only pipelines (a part's Kafka transaction commits before its database transaction, so a sink's SQL could be lost when a member stops between the two). Run the map stages only, or pass --output-guarantee at-least-once",
+            o.topics.join(", "),
+            s.path().display()
+        )));
+    }
     Ok(Opened {
         cp,
         stages,
         driver,
-        takeover: None,
-        group: Some((member, store, swaps_before, owner)),
+        scope: TransactionScope::InputPartition,
+        start: Box::new(super::MemberStart {
+            member,
+            store,
+            swaps_before,
+            owner,
+        }),
     })
 }
 

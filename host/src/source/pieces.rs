@@ -1,0 +1,131 @@
+//! The pieces a fetch hands over: each planned range's records in
+//! pieces of at most a given size, offered in order to the batch, which
+//! may be busy (its map or sink behind): the fetch then keeps them and
+//! goes on serving the consumer (see [`super::KafkaSource::fetch`]).
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use super::{SourceError, SourceRecord};
+
+/// Part of one planned range, delivered by [`KafkaSource::fetch`].
+#[derive(Debug)]
+pub struct Piece {
+    /// Index of the range in the `ranges` given to `fetch`.
+    pub range: usize,
+    /// Records in offset order, following the range's previous piece.
+    pub records: Vec<SourceRecord>,
+    /// Set on the range's last piece: the whole range has been delivered.
+    pub done: bool,
+}
+
+/// What became of a piece offered to the batch (the `deliver` callback
+/// of [`KafkaSource::fetch`]); the callback never blocks.
+#[derive(Debug)]
+pub enum Handoff {
+    /// The batch took the piece.
+    Taken,
+    /// The batch has no room for it now (its map or sink is behind):
+    /// offered again later, while the consumer is served meanwhile.
+    Busy(Piece),
+    /// The batch takes no more pieces: the fetch ends with
+    /// [`SourceError::Cancelled`].
+    Closed,
+}
+
+/// How long a fetch waits for a busy batch to take a piece before it
+/// serves the consumer once more (rebalances, `max.poll.interval.ms`).
+pub(super) const BUSY_TURN: Duration = Duration::from_millis(50);
+
+/// After the batch has been busy this long, the partitions still being
+/// read are paused, so librdkafka does not keep fetching records that
+/// nobody takes; they are resumed as soon as the batch takes pieces
+/// again (from the record after the last one read, where the buffered
+/// pieces end). Shorter stalls are the common case of a sink working
+/// through its queue and pause nothing.
+pub(super) const BUSY_PAUSE: Duration = Duration::from_millis(500);
+
+/// Per-range buffers of a fetch in progress.
+pub(super) struct Pieces<'a> {
+    pub(super) bufs: Vec<Vec<SourceRecord>>,
+    /// Per range, the offset after the last record handed over.
+    pub(super) next: Vec<i64>,
+    pub(super) size: usize,
+    /// Set by the receiver when it stops taking pieces; checked every turn
+    /// of the poll loop, so a failed batch does not wait for the fetch.
+    pub(super) cancel: &'a AtomicBool,
+    pub(super) deliver: &'a mut dyn FnMut(Piece) -> Handoff,
+    /// Pieces made but not yet taken by a busy batch, in the order made.
+    pub(super) outbox: VecDeque<Piece>,
+}
+
+impl Pieces<'_> {
+    pub(super) fn send(&mut self, range: usize, done: bool) -> Result<(), SourceError> {
+        let records = std::mem::take(&mut self.bufs[range]);
+        self.outbox.push_back(Piece {
+            range,
+            records,
+            done,
+        });
+        self.flush()
+    }
+
+    /// Offer the waiting pieces, in order, until the batch is busy.
+    pub(super) fn flush(&mut self) -> Result<(), SourceError> {
+        while let Some(piece) = self.outbox.pop_front() {
+            match (self.deliver)(piece) {
+                Handoff::Taken => {}
+                Handoff::Busy(piece) => {
+                    self.outbox.push_front(piece);
+                    return Ok(());
+                }
+                Handoff::Closed => return Err(SourceError::Cancelled),
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether pieces wait for a busy batch.
+    pub(super) fn busy(&self) -> bool {
+        !self.outbox.is_empty()
+    }
+
+    /// Offer the waiting pieces for up to `d`; whether all were taken.
+    pub(super) fn wait(&mut self, d: Duration) -> Result<bool, SourceError> {
+        let until = Instant::now() + d;
+        loop {
+            self.flush()?;
+            if !self.busy() {
+                return Ok(true);
+            }
+            if Instant::now() >= until || self.cancel.load(Ordering::Relaxed) {
+                return Ok(false);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    pub(super) fn push(&mut self, range: usize, rec: SourceRecord) -> Result<(), SourceError> {
+        // A record the range already handed over (the consumer's position
+        // moved back under it) is not handed over twice.
+        if rec.offset < self.next[range] {
+            tracing::debug!(offset = rec.offset, "record delivered again: dropped");
+            return Ok(());
+        }
+        self.next[range] = rec.offset + 1;
+        let buf = &mut self.bufs[range];
+        if buf.capacity() == 0 {
+            buf.reserve_exact(self.size);
+        }
+        buf.push(rec);
+        if buf.len() >= self.size {
+            self.send(range, false)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn finish(&mut self, range: usize) -> Result<(), SourceError> {
+        self.send(range, true)
+    }
+}
