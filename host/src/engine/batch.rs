@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::TrySendError;
 use std::time::{Duration, Instant};
 
-use crate::checkpoint::{Counts, DataLossGap, Epoch, OffsetsEntry, Timings};
+use crate::checkpoint::{Counts, DataLossGap, Epoch, OffsetsEntry, PartitionRange, Timings};
 use crate::metrics::Metrics;
 use crate::plugin::CallContext;
 use crate::sink::SinkDriver;
@@ -120,60 +120,8 @@ pub(super) fn run_batch(
         output,
     } = env;
     let mut timings = Timings::default();
-    // A re-run may find part of its planned range deleted by retention since
-    // it was planned: the data-loss policy applies here too.
-    let mut ranges = entry.ranges.clone();
-    let mut gaps = Vec::new();
-    if rerun {
-        for r in ranges.iter_mut().filter(|r| r.end > r.start) {
-            let (low, high) = source.watermarks(&r.topic, r.partition)?;
-            if high < r.end {
-                // The log is shorter than when the batch was planned: it
-                // was truncated or recreated (on a broker without topic
-                // ids; with them the planner has refused it already).
-                return Err(EngineError::BeyondEnd {
-                    topic: r.topic.clone(),
-                    partition: r.partition,
-                    position: r.end,
-                    high,
-                    reset: cfg.reset_command(&r.topic),
-                });
-            }
-            if low > r.start {
-                // The error names what was deleted; the gap, what of this
-                // range is lost.
-                let mut gap = on_data_loss(
-                    cfg.on_data_loss,
-                    &r.topic,
-                    r.partition,
-                    (r.start, low),
-                    "re-run batch",
-                )?;
-                gap.to = gap.to.min(r.end);
-                r.start = gap.to;
-                gaps.push(gap);
-            }
-        }
-    }
-    // Each range's calls carry its partition's owner epoch.
-    let range_epochs: Vec<Epoch> = entry
-        .ranges
-        .iter()
-        .map(|r| {
-            epochs
-                .get(&(r.topic.clone(), r.partition))
-                .copied()
-                .unwrap_or_default()
-        })
-        .collect();
-    let ctxs: Vec<CallContext> = range_epochs
-        .iter()
-        .map(|e| CallContext {
-            query_id: query_id.to_string(),
-            batch_id: entry.batch_id,
-            epoch: e.get(),
-        })
-        .collect();
+    let (ranges, gaps) = ranges_to_read(source, cfg, entry, rerun)?;
+    let (range_epochs, ctxs) = call_contexts(entry, epochs, query_id);
     let Stages {
         maps, sinks, files, ..
     } = stages;
@@ -343,33 +291,7 @@ pub(super) fn run_batch(
             Err(panic) => std::panic::resume_unwind(panic),
         };
         fetch_time = took;
-        // One report of all the sink threads, or the first thread's error
-        // (the others' logged).
-        let mut report: Result<SinkReport, EngineError> = Ok(SinkReport::empty(entry.ranges.len()));
-        for r in reports {
-            match (&mut report, r) {
-                (_, Err(panic)) => std::panic::resume_unwind(panic),
-                (Ok(all), Ok(Ok(one))) => all.merge(one),
-                (Ok(_), Ok(Err(e))) => report = Err(e),
-                (Err(_), Ok(Err(e))) => {
-                    tracing::error!("another sink connection failed too: {e}")
-                }
-                (Err(_), Ok(Ok(_))) => {}
-            }
-        }
-        // A sink's own error explains a stopped sink; otherwise the
-        // first failure of the map side is reported, and a sink error
-        // behind it is logged, not lost.
-        let report = match (processed, report) {
-            (Err(EngineError::SinkStopped), Err(e)) | (Ok(()), Err(e)) => return Err(e),
-            (Err(e), sunk) => {
-                if let Err(sink_error) = sunk {
-                    tracing::error!("the sink failed too: {sink_error}");
-                }
-                return Err(e);
-            }
-            (Ok(()), Ok(report)) => report,
-        };
+        let report = one_report(processed, reports, entry.ranges.len())?;
         if let Err(e) = fetched {
             return Err(e.into());
         }
@@ -387,6 +309,147 @@ pub(super) fn run_batch(
         Ok((run.counts, run.map_time, report))
     })?;
     timings.fetch = ms(fetch_time);
+    add_sink_report(&mut counts, &report, entry, gate);
+    timings.map = ms(map_time);
+    timings.sink = ms(report.time);
+    timings.transaction = ms(report.transactions);
+    Ok(BatchDone {
+        counts,
+        timings,
+        gaps,
+    })
+}
+
+/// The ranges a batch reads: its planned ones, but a re-run's may have
+/// lost their start to retention since they were planned (the data-loss
+/// policy decides; the gaps are returned).
+///
+/// # Errors
+/// [`EngineError::BeyondEnd`] when the log is shorter than the planned
+/// end, the data-loss policy's, the source's.
+fn ranges_to_read(
+    source: &KafkaSource,
+    cfg: &PipelineConfig,
+    entry: &OffsetsEntry,
+    rerun: bool,
+) -> Result<(Vec<PartitionRange>, Vec<DataLossGap>), EngineError> {
+    // A re-run may find part of its planned range deleted by retention since
+    // it was planned: the data-loss policy applies here too.
+    let mut ranges = entry.ranges.clone();
+    let mut gaps = Vec::new();
+    if rerun {
+        for r in ranges.iter_mut().filter(|r| r.end > r.start) {
+            let (low, high) = source.watermarks(&r.topic, r.partition)?;
+            if high < r.end {
+                // The log is shorter than when the batch was planned: it
+                // was truncated or recreated (on a broker without topic
+                // ids; with them the planner has refused it already).
+                return Err(EngineError::BeyondEnd {
+                    topic: r.topic.clone(),
+                    partition: r.partition,
+                    position: r.end,
+                    high,
+                    reset: cfg.reset_command(&r.topic),
+                });
+            }
+            if low > r.start {
+                // The error names what was deleted; the gap, what of this
+                // range is lost.
+                let mut gap = on_data_loss(
+                    cfg.on_data_loss,
+                    &r.topic,
+                    r.partition,
+                    (r.start, low),
+                    "re-run batch",
+                )?;
+                gap.to = gap.to.min(r.end);
+                r.start = gap.to;
+                gaps.push(gap);
+            }
+        }
+    }
+    Ok((ranges, gaps))
+}
+
+/// Each range's owner epoch, and the call context its map and sink calls
+/// carry.
+fn call_contexts(
+    entry: &OffsetsEntry,
+    epochs: &BTreeMap<TopicPartition, Epoch>,
+    query_id: &str,
+) -> (Vec<Epoch>, Vec<CallContext>) {
+    let range_epochs: Vec<Epoch> = entry
+        .ranges
+        .iter()
+        .map(|r| {
+            epochs
+                .get(&(r.topic.clone(), r.partition))
+                .copied()
+                .unwrap_or_default()
+        })
+        .collect();
+    let ctxs: Vec<CallContext> = range_epochs
+        .iter()
+        .map(|e| CallContext {
+            query_id: query_id.to_string(),
+            batch_id: entry.batch_id,
+            epoch: e.get(),
+        })
+        .collect();
+    (range_epochs, ctxs)
+}
+
+/// One report of all the sink threads (`reports`), or the first error:
+/// a sink's own error explains a stopped sink; otherwise the first
+/// failure of the map side (`processed`) is reported, and a sink error
+/// behind it is logged, not lost. A sink thread's panic goes on.
+///
+/// # Errors
+/// As said.
+fn one_report(
+    processed: Result<(), EngineError>,
+    reports: Vec<std::thread::Result<Result<SinkReport, EngineError>>>,
+    ranges: usize,
+) -> Result<SinkReport, EngineError> {
+    // One report of all the sink threads, or the first thread's error
+    // (the others' logged).
+    let mut report: Result<SinkReport, EngineError> = Ok(SinkReport::empty(ranges));
+    for r in reports {
+        match (&mut report, r) {
+            (_, Err(panic)) => std::panic::resume_unwind(panic),
+            (Ok(all), Ok(Ok(one))) => all.merge(one),
+            (Ok(_), Ok(Err(e))) => report = Err(e),
+            (Err(_), Ok(Err(e))) => {
+                tracing::error!("another sink connection failed too: {e}")
+            }
+            (Err(_), Ok(Ok(_))) => {}
+        }
+    }
+    // A sink's own error explains a stopped sink; otherwise the
+    // first failure of the map side is reported, and a sink error
+    // behind it is logged, not lost.
+    match (processed, report) {
+        (Err(EngineError::SinkStopped), Err(e)) | (Ok(()), Err(e)) => Err(e),
+        (Err(e), sunk) => {
+            if let Err(sink_error) = sunk {
+                tracing::error!("the sink failed too: {sink_error}");
+            }
+            Err(e)
+        }
+        (Ok(()), Ok(report)) => Ok(report),
+    }
+}
+
+/// Add what the sinks report to `counts`, saying where a range was
+/// applied already (an earlier run of this batch, or an earlier batch: a
+/// reset back or a restored checkpoint, unless other members apply the
+/// pipeline's partitions too).
+fn add_sink_report(
+    counts: &mut Counts,
+    report: &SinkReport,
+    entry: &OffsetsEntry,
+    gate: &PartitionGate,
+) {
     for (range, before) in entry.ranges.iter().zip(&report.already_applied) {
         if before.offsets == 0 {
             continue;
@@ -402,12 +465,4 @@ pub(super) fn run_batch(
     counts.output = counts.output.saturating_sub(report.rejected_outputs);
     counts.input = counts.input.saturating_sub(report.abandoned.0);
     counts.output = counts.output.saturating_sub(report.abandoned.1);
-    timings.map = ms(map_time);
-    timings.sink = ms(report.time);
-    timings.transaction = ms(report.transactions);
-    Ok(BatchDone {
-        counts,
-        timings,
-        gaps,
-    })
 }

@@ -99,7 +99,9 @@ pub struct RunSummary {
     /// Epoch of this run (a checkpoint directory's; 0 in a group, whose
     /// epochs are per partition).
     pub epoch: Epoch,
-    /// Batch re-run at start (an uncommitted batch of a previous run).
+    /// Batch re-run at start: the run's first batch, when it ran again
+    /// what a previous run planned and did not commit (a group member's
+    /// too, for the planned ranges its claims found).
     pub reran: Option<u64>,
     /// Batches committed by this run (including a re-run one).
     pub batches: u64,

@@ -87,6 +87,8 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
             "--on-error dlq stores dead letters in the sink database: pass --sink-db sqlite:PATH or postgres://…".into(),
         ));
     }
+    let opener = ownership::opener(cfg);
+    opener.refuse_unfit(cfg)?;
     super::outputs::refuse_unfit_exactly_once(cfg)?;
     // The output topic and the producer's settings are checked before
     // the checkpoint is opened, a takeover asked or a group joined.
@@ -107,7 +109,7 @@ pub(super) fn start(cfg: &PipelineConfig, acquire: Acquire) -> Result<Pipeline, 
         driver,
         scope,
         start,
-    } = ownership::open(cfg, &runtime, acquire, &holdings)?;
+    } = opener.open(cfg, &runtime, acquire, &holdings)?;
     let guard = DiscardIfNew(Some(cp.as_ref()));
     if let (Some(out), Some(o)) = (&mut output, &cfg.output) {
         let sink = stages

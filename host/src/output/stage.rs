@@ -257,19 +257,10 @@ impl KafkaOutput {
         records: &[Sent],
         acked_first: bool,
     ) -> Result<(u64, Duration), OutputError> {
-        let batch = part.batch.batch_id;
-        let sender = match &self.transactions {
-            Transactions::PerInputPartition(parts) => {
-                return parts.commit_part(part, records, &self.dest);
-            }
-            Transactions::PerBatch(t) => {
-                if !records.is_empty() {
-                    t.begin(batch, &self.dest)?;
-                }
-                &t.sender
-            }
-            Transactions::None => &self.sender,
-        };
+        if let Transactions::PerInputPartition(parts) = &self.transactions {
+            return parts.commit_part(part, records, &self.dest);
+        }
+        let sender = self.batch_sender(part.batch.batch_id, !records.is_empty())?;
         sender.check(&self.dest)?;
         for r in records {
             sender.produce_sent(&self.dest, r)?;
@@ -301,15 +292,7 @@ impl KafkaOutput {
         outputs: &[ChainOutput],
         acked_first: bool,
     ) -> Result<u64, OutputError> {
-        let sender = match &self.transactions {
-            Transactions::PerBatch(t) => {
-                if !outputs.is_empty() {
-                    t.begin(batch, &self.dest)?;
-                }
-                &t.sender
-            }
-            _ => &self.sender,
-        };
+        let sender = self.batch_sender(batch, !outputs.is_empty())?;
         sender.check(&self.dest)?;
         for o in outputs {
             sender.produce(
@@ -345,9 +328,12 @@ impl KafkaOutput {
         marker: &str,
     ) -> Result<Duration, OutputError> {
         match &self.transactions {
-            Transactions::None => self.sender.flush(&self.dest).map(|()| Duration::ZERO),
             Transactions::PerBatch(t) => t.commit(batch, positions, marker, &self.dest),
             Transactions::PerInputPartition(_) => Ok(Duration::ZERO),
+            Transactions::None => {
+                self.batch_sender(batch, false)?.flush(&self.dest)?;
+                Ok(Duration::ZERO)
+            }
         }
     }
 
@@ -428,6 +414,30 @@ impl KafkaOutput {
     /// [`OutputError::Transaction`] of batch `batch` on this output.
     pub fn transaction_error(&self, batch: u64, message: String) -> OutputError {
         self.dest.transaction_error(batch, message)
+    }
+
+    /// The producer of what is sent outside a part's own transaction: the
+    /// batch's transactional one (per batch) or the idempotent one
+    /// (at-least-once). Exactly once before its transactions started, or
+    /// per input partition (whose records go with their part), has none:
+    /// sending there would be at-least-once unawares.
+    ///
+    /// # Errors
+    /// [`OutputError::Transaction`] (a bug).
+    fn batch_sender(&self, batch: u64, any: bool) -> Result<&Sender, OutputError> {
+        match &self.transactions {
+            Transactions::PerBatch(t) => {
+                if any {
+                    t.begin(batch, &self.dest)?;
+                }
+                Ok(&t.sender)
+            }
+            Transactions::None if !self.exactly_once() => Ok(&self.sender),
+            _ => Err(self.dest.transaction_error(
+                batch,
+                "exactly once without a transaction to send in (a bug)".into(),
+            )),
+        }
     }
 
     /// The output's topics and cluster, for the probe's errors.

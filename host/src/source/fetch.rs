@@ -13,7 +13,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::pieces::{BUSY_PAUSE, BUSY_TURN, Handoff, Piece, Pieces};
+use super::pieces::{BUSY_TURN, Handoff, Piece, Pieces};
 use super::{KafkaSource, PartitionRange, SourceError, TopicPartition, to_record};
 
 impl KafkaSource {
@@ -119,9 +119,10 @@ impl KafkaSource {
     /// `deliver` never blocks: when the batch is busy ([`Handoff::Busy`])
     /// the piece is offered again while the consumer goes on being
     /// polled, so a group member answers rebalances and stays within
-    /// `max.poll.interval.ms` however long the batch's sink takes (the
-    /// partitions still being read are paused meanwhile; see
-    /// `BUSY_PAUSE`).
+    /// `max.poll.interval.ms` however long the batch's sink takes. What
+    /// the polls return meanwhile is kept in order (a record per turn of
+    /// `BUSY_TURN` at most; librdkafka's own queue is bounded by
+    /// `queued.max.messages.kbytes`).
     ///
     /// # Errors
     /// [`SourceError::OutOfRange`] when a range was deleted from the log;
@@ -268,26 +269,16 @@ impl KafkaSource {
         let mut since_clock = 0u32;
         let member = self.context().is_member();
         let mut rebalances = self.context().rebalances();
-        // Since when the batch has been busy, and the partitions paused
-        // for it (see `BUSY_PAUSE`).
-        let mut busy_since: Option<Instant> = None;
-        let mut paused_busy: Vec<TopicPartition> = Vec::new();
         while !remaining.is_empty() || pieces.busy() {
             if pieces.cancel.load(Ordering::Relaxed) {
                 return Err(SourceError::Cancelled);
             }
             let mut poll_for = Duration::from_millis(100);
             if pieces.busy() && !pieces.wait(BUSY_TURN)? {
-                // A slow sink is not a stalled broker.
+                // A slow sink is not a stalled broker; the poll below
+                // serves the consumer.
                 progressed = true;
                 poll_for = Duration::from_millis(10);
-                let since = *busy_since.get_or_insert_with(Instant::now);
-                if paused_busy.is_empty() && since.elapsed() >= BUSY_PAUSE {
-                    paused_busy = self.pause_busy(remaining);
-                }
-            } else {
-                busy_since = None;
-                self.resume_busy(&mut paused_busy);
             }
             since_clock += 1;
             if since_clock >= CLOCK_EVERY {

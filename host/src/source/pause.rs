@@ -1,10 +1,7 @@
-//! Pausing the consumer: an idle one between batches, a partition that
-//! read about one range ahead during a fetch, and the partitions still
-//! being read while the batch is busy. librdkafka drops what it had
+//! Pausing the consumer: an idle one between batches, and a partition
+//! that read about one range ahead during a fetch. librdkafka drops what it had
 //! buffered for a paused partition and, on resume, fetches again from the
 //! record after the last one polled.
-
-use std::collections::HashMap;
 
 use rdkafka::TopicPartitionList;
 use rdkafka::consumer::Consumer;
@@ -103,50 +100,6 @@ impl KafkaSource {
                 tracing::debug!(topic = %tp.0, partition = tp.1, "pause read-ahead: {e}");
             }
             self.paused_ahead.insert(tp.clone());
-        }
-    }
-
-    /// Pause the partitions still being read while the batch is busy;
-    /// they are also marked as paused for read-ahead, so whatever ends
-    /// the fetch, the next one resumes them.
-    pub(super) fn pause_busy(
-        &mut self,
-        remaining: &HashMap<TopicPartition, i64>,
-    ) -> Vec<TopicPartition> {
-        let mut tpl = TopicPartitionList::new();
-        let mut paused = Vec::new();
-        for tp in remaining.keys() {
-            if self.paused_ahead.insert(tp.clone()) {
-                tpl.add_partition(&tp.0, tp.1);
-                paused.push(tp.clone());
-            }
-        }
-        if paused.is_empty() {
-            return paused;
-        }
-        tracing::debug!(
-            partitions = paused.len(),
-            "the batch is busy: reading paused"
-        );
-        if let Err(e) = self.consumer.pause(&tpl) {
-            tracing::debug!("pause while the batch is busy: {e}");
-        }
-        paused
-    }
-
-    /// Resume what [`KafkaSource::pause_busy`] paused: librdkafka fetches
-    /// again from the record after the last one polled.
-    pub(super) fn resume_busy(&mut self, paused: &mut Vec<TopicPartition>) {
-        if paused.is_empty() {
-            return;
-        }
-        let mut tpl = TopicPartitionList::new();
-        for tp in paused.drain(..) {
-            tpl.add_partition(&tp.0, tp.1);
-            self.paused_ahead.remove(&tp);
-        }
-        if let Err(e) = self.consumer.resume(&tpl) {
-            tracing::debug!("resume after the batch was busy: {e}");
         }
     }
 }

@@ -38,14 +38,6 @@ pub enum Handoff {
 /// serves the consumer once more (rebalances, `max.poll.interval.ms`).
 pub(super) const BUSY_TURN: Duration = Duration::from_millis(50);
 
-/// After the batch has been busy this long, the partitions still being
-/// read are paused, so librdkafka does not keep fetching records that
-/// nobody takes; they are resumed as soon as the batch takes pieces
-/// again (from the record after the last one read, where the buffered
-/// pieces end). Shorter stalls are the common case of a sink working
-/// through its queue and pause nothing.
-pub(super) const BUSY_PAUSE: Duration = Duration::from_millis(500);
-
 /// Per-range buffers of a fetch in progress.
 pub(super) struct Pieces<'a> {
     pub(super) bufs: Vec<Vec<SourceRecord>>,

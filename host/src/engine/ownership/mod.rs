@@ -18,7 +18,7 @@
 //! The [`gate::PartitionGate`] is what the batch's threads see of either:
 //! which partitions may still be written (a sole owner's never drops one).
 //!
-//! Opening the store is the owner's too: [`open`] is the one place that
+//! Opening the store is the owner's too: [`opener`] is the one place that
 //! tells the two apart (`--group`), and what it opened starts its owner
 //! ([`StartOwner`]) once the rest of the pipeline is assembled.
 //!
@@ -63,21 +63,35 @@ pub(super) struct Opened {
     pub(super) start: Box<dyn StartOwner>,
 }
 
-/// Open the pipeline's store: the group's tables in the sink database
-/// with `--group` (as a member), else the checkpoint directory (as its
-/// sole owner, acquired as `acquire` says).
-///
-/// # Errors
-/// The opening's: see `sole::open` and `member::join`.
-pub(super) fn open(
-    cfg: &PipelineConfig,
-    runtime: &Arc<Runtime>,
-    acquire: Acquire,
-    holdings: &Arc<Holdings>,
-) -> Result<Opened, EngineError> {
+/// How the pipeline's store is opened: by a group member with `--group`,
+/// else by the sole owner of the checkpoint directory. [`opener`] is the
+/// one place that tells the two apart.
+pub(super) trait Open {
+    /// Refuse what this owner cannot honour in `cfg`, before anything is
+    /// contacted.
+    ///
+    /// # Errors
+    /// [`EngineError::Config`] saying what and why.
+    fn refuse_unfit(&self, cfg: &PipelineConfig) -> Result<(), EngineError>;
+
+    /// Open the store (acquired as `acquire` says, for a directory).
+    ///
+    /// # Errors
+    /// The opening's: see `sole::open` and `member::join`.
+    fn open(
+        self: Box<Self>,
+        cfg: &PipelineConfig,
+        runtime: &Arc<Runtime>,
+        acquire: Acquire,
+        holdings: &Arc<Holdings>,
+    ) -> Result<Opened, EngineError>;
+}
+
+/// The opener of `cfg`'s store (see [`Open`]).
+pub(super) fn opener(cfg: &PipelineConfig) -> Box<dyn Open> {
     match &cfg.group {
-        Some(group) => member::join(cfg, group, runtime, holdings),
-        None => sole::open::open(cfg, runtime, acquire, holdings),
+        Some(group) => Box::new(member::Join(group.clone())),
+        None => Box::new(sole::OpenDir),
     }
 }
 

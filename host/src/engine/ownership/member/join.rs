@@ -11,8 +11,9 @@ use crate::plugin::Runtime;
 use crate::sink::SinkDriver;
 
 use super::Member;
+use crate::engine::open::Acquire;
 use crate::engine::open::{connect_sink, refuse_shared_sink, sink_db_error};
-use crate::engine::ownership::Opened;
+use crate::engine::ownership::{Open, Opened};
 use crate::engine::plan::Holdings;
 use crate::engine::stages::{assemble, load_plugins, show_refs};
 use crate::engine::{EngineError, PipelineConfig};
@@ -25,7 +26,7 @@ use crate::output::{OutputGuarantee, TransactionScope};
 /// [`EngineError::Config`] without `--sink-db` or plugins;
 /// [`EngineError::SinkDb`]; [`EngineError::Group`] (another pipeline
 /// under that name, the database); [`EngineError::PluginAuthority`].
-pub(in crate::engine) fn join(
+fn join(
     cfg: &PipelineConfig,
     group: &str,
     runtime: &Runtime,
@@ -36,17 +37,6 @@ pub(in crate::engine) fn join(
             "--group {group} needs --sink-db: a pipeline group keeps its checkpoint (owners, planned ranges, progress) in the sink database"
         )));
     };
-    if let Some(o) = cfg
-        .output
-        .as_ref()
-        .filter(|o| o.guarantee == OutputGuarantee::ExactlyOnce)
-        && cfg.on_error == crate::engine::ErrorPolicy::Dlq
-    {
-        return Err(EngineError::Config(format!(
-            "--output-topic {} with --on-error dlq in a pipeline group: exactly once cannot cover both (a part's dead letters commit in the sink database after its Kafka transaction, so a member stopping between the two would lose them). Pass --on-error skip or fail, or --output-guarantee at-least-once",
-            o.topics.join(", ")
-        )));
-    }
     let db_err = sink_db_error(&url);
     let grants = connect_sink(cfg)?;
     let Some(grant) = grants.first().cloned() else {
@@ -232,4 +222,36 @@ fn refuse_other_output(cfg: &PipelineConfig, store: &GroupStore) -> Result<(), E
         }
     }
     Ok(())
+}
+
+/// A member's opener (see [`Open`]): joins pipeline group `.0`.
+pub(in crate::engine) struct Join(pub(in crate::engine) String);
+
+impl Open for Join {
+    /// A part's dead letters commit in the sink database after its Kafka
+    /// transaction: exactly once to a topic cannot cover them in a group.
+    fn refuse_unfit(&self, cfg: &PipelineConfig) -> Result<(), EngineError> {
+        if let Some(o) = cfg
+            .output
+            .as_ref()
+            .filter(|o| o.guarantee == OutputGuarantee::ExactlyOnce)
+            && cfg.on_error == crate::engine::ErrorPolicy::Dlq
+        {
+            return Err(EngineError::Config(format!(
+                "--output-topic {} with --on-error dlq in a pipeline group: exactly once cannot cover both (a part's dead letters commit in the sink database after its Kafka transaction, so a member stopping between the two would lose them). Pass --on-error skip or fail, or --output-guarantee at-least-once",
+                o.topics.join(", ")
+            )));
+        }
+        Ok(())
+    }
+
+    fn open(
+        self: Box<Self>,
+        cfg: &PipelineConfig,
+        runtime: &Arc<Runtime>,
+        _acquire: Acquire,
+        holdings: &Arc<Holdings>,
+    ) -> Result<Opened, EngineError> {
+        join(cfg, &self.0, runtime, holdings)
+    }
 }

@@ -22,7 +22,7 @@ mod join;
 mod output;
 pub(in crate::engine) mod swap;
 
-pub(in crate::engine) use join::join;
+pub(in crate::engine) use join::Join;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};

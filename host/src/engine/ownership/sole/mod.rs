@@ -8,7 +8,9 @@
 //! uncommitted batch of an earlier run is re-run first. Between batches
 //! it sleeps, woken early by a request.
 
-pub(in crate::engine) mod open;
+mod open;
+
+pub(in crate::engine) use open::OpenDir;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -21,7 +21,7 @@ use crate::engine::plan::Holdings;
 use crate::engine::stages::{assemble, load_plugins};
 use crate::engine::{EngineError, PipelineConfig};
 
-use super::super::Opened;
+use super::super::{Open, Opened};
 use super::SoleStart;
 
 /// The plugins a checkpoint directory records for resuming, read without
@@ -42,26 +42,12 @@ fn recorded_plugins(cfg: &PipelineConfig) -> Vec<PluginRef> {
 /// Open and claim the checkpoint directory of `cfg` (after a handover
 /// with `--takeover`), and load the plugins: `--plugin`, or those it
 /// records.
-pub(in crate::engine) fn open(
+fn open(
     cfg: &PipelineConfig,
     runtime: &Runtime,
     acquire: Acquire,
     holdings: &Holdings,
 ) -> Result<Opened, EngineError> {
-    // A directory's batch commits its Kafka transaction after its parts'
-    // progress rows: exactly once to a topic cannot cover a sink database
-    // too (a group's claims recover it, see `member`).
-    if let Some(o) = cfg
-        .output
-        .as_ref()
-        .filter(|o| o.guarantee == OutputGuarantee::ExactlyOnce)
-        && cfg.sink_db.is_some()
-    {
-        return Err(EngineError::Config(format!(
-            "--output-topic {} with --sink-db: exactly once cannot cover both yet (a part's progress row and dead letters would commit in the database before the batch's Kafka transaction, so a crash between the two would lose that part's outputs). Drop --sink-db (and --on-error dlq), or pass --output-guarantee at-least-once (outputs acknowledged before each progress row)",
-            o.topics.join(", ")
-        )));
-    }
     let read_stored = |digest: &str| checkpoint::read_stored_plugin(&cfg.checkpoint, digest);
     let location = format!("the checkpoint {}", cfg.checkpoint.display());
 
@@ -257,5 +243,38 @@ fn refuse_discarding_outputs(cfg: &PipelineConfig, has_sink: bool) -> Result<(),
             "batch {batch} of this pipeline produced its outputs to {to}, but this run has no --output-topic and no sink stage: its outputs would be counted and discarded. Start it with the same --output-topic (and --output-brokers, --output-guarantee); to skip records on purpose, use `host checkpoint reset`"
         ))),
         None => Ok(()),
+    }
+}
+
+/// The sole owner's opener (see [`Open`]).
+pub(in crate::engine) struct OpenDir;
+
+impl Open for OpenDir {
+    /// A directory's batch commits its Kafka transaction after its parts'
+    /// progress rows: exactly once to a topic cannot cover a sink database
+    /// too (a group's claims recover it, see `member`).
+    fn refuse_unfit(&self, cfg: &PipelineConfig) -> Result<(), EngineError> {
+        if let Some(o) = cfg
+            .output
+            .as_ref()
+            .filter(|o| o.guarantee == OutputGuarantee::ExactlyOnce)
+            && cfg.sink_db.is_some()
+        {
+            return Err(EngineError::Config(format!(
+                "--output-topic {} with --sink-db: exactly once cannot cover both yet (a part's progress row and dead letters would commit in the database before the batch's Kafka transaction, so a crash between the two would lose that part's outputs). Drop --sink-db (and --on-error dlq), or pass --output-guarantee at-least-once (outputs acknowledged before each progress row)",
+                o.topics.join(", ")
+            )));
+        }
+        Ok(())
+    }
+
+    fn open(
+        self: Box<Self>,
+        cfg: &PipelineConfig,
+        runtime: &Arc<Runtime>,
+        acquire: Acquire,
+        holdings: &Arc<Holdings>,
+    ) -> Result<Opened, EngineError> {
+        open(cfg, runtime, acquire, holdings)
     }
 }
