@@ -155,7 +155,7 @@ fn two_members_split_and_hand_back_the_partitions(b: &dyn Broker) {
         })
         .collect();
     let mut got = Vec::new();
-    bm.fetch(&ranges, 100, &AtomicBool::new(false), &mut |piece| {
+    bm.fetch(&ranges, 100, &AtomicBool::new(false), &mut |piece, _| {
         got.extend(piece.records.iter().map(|r| r.offset));
         Handoff::Taken
     })
@@ -174,7 +174,7 @@ fn two_members_split_and_hand_back_the_partitions(b: &dyn Broker) {
         }],
         100,
         &AtomicBool::new(false),
-        &mut |piece| {
+        &mut |piece, _| {
             delivered += 1 + piece.records.len();
             Handoff::Taken
         },

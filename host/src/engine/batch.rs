@@ -6,9 +6,9 @@
 //! Nothing here commits: the loop in `engine` does, after [`run_batch`]
 //! returned success.
 
+use crossbeam_channel::SendTimeoutError;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::TrySendError;
 use std::time::{Duration, Instant};
 
 use crate::checkpoint::{Counts, DataLossGap, Epoch, OffsetsEntry, PartitionRange, Timings};
@@ -209,7 +209,7 @@ pub(super) fn run_batch(
         };
         // Bounded, like the sink queue: when the map falls behind, records
         // wait in librdkafka's own (bounded) queue, not here.
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Piece>(PIECE_QUEUE);
+        let (tx, rx) = crossbeam_channel::bounded::<Piece>(PIECE_QUEUE);
         let fetch_ranges = &ranges;
         let cancel_ref = &cancel;
         let sunk_ref = &sunk;
@@ -219,10 +219,10 @@ pub(super) fn run_batch(
                 fetch_ranges,
                 MAP_PIECE_RECORDS,
                 cancel_ref,
-                &mut |p| match tx.try_send(p) {
+                &mut |p, wait| match tx.send_timeout(p, wait) {
                     Ok(()) => Handoff::Taken,
-                    Err(TrySendError::Full(p)) => Handoff::Busy(p),
-                    Err(TrySendError::Disconnected(_)) => Handoff::Closed,
+                    Err(SendTimeoutError::Timeout(p)) => Handoff::Busy(p),
+                    Err(SendTimeoutError::Disconnected(_)) => Handoff::Closed,
                 },
             );
             let took = t.elapsed();

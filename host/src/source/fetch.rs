@@ -116,9 +116,10 @@ impl KafkaSource {
     /// during the fetch, is not read further and gets no last piece (the
     /// batch drops it; see [`super::group`]).
     ///
-    /// `deliver` never blocks: when the batch is busy ([`Handoff::Busy`])
-    /// the piece is offered again while the consumer goes on being
-    /// polled, so a group member answers rebalances and stays within
+    /// `deliver` offers a piece, waiting for room at most the time it is
+    /// given (none, or `BUSY_TURN` when pieces already wait): when the
+    /// batch stays busy ([`Handoff::Busy`]) the piece is offered again
+    /// while the consumer goes on being polled, so a group member answers rebalances and stays within
     /// `max.poll.interval.ms` however long the batch's sink takes. What
     /// the polls return meanwhile is kept in order (a record per turn of
     /// `BUSY_TURN` at most; librdkafka's own queue is bounded by
@@ -136,7 +137,7 @@ impl KafkaSource {
         ranges: &[PartitionRange],
         piece_records: usize,
         cancel: &AtomicBool,
-        deliver: &mut dyn FnMut(Piece) -> Handoff,
+        deliver: &mut dyn FnMut(Piece, Duration) -> Handoff,
     ) -> Result<(), SourceError> {
         let active: Vec<PartitionRange> =
             ranges.iter().filter(|r| r.end > r.start).cloned().collect();
