@@ -9,7 +9,7 @@
 // (…)`), or on PostgreSQL, from 256 rows on, by `COPY` and a merge.
 
 import { Fatal } from './errors.js';
-import { SqlError, applyChanges, identifier, toWit } from './sql.js';
+import { SqlError, applyChanges, identifier, toWit } from './sqlcore.js';
 
 /**
  * A table that a sink keeps current from upserts and deletes (a row per

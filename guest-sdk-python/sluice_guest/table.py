@@ -11,7 +11,7 @@ on PostgreSQL, from 256 rows on, by ``COPY`` and a merge.
 
 from __future__ import annotations
 
-from .sql import SqlError, _raise, _sql, _to_wit, identifier
+from ._sqlcore import SqlError, _raise, _sql, _to_wit, identifier
 
 
 class Table:

@@ -4,8 +4,8 @@
 
 use std::sync::OnceLock;
 
-use crate::sql::Change;
-use crate::sql::types::{BatchError, Rows, SqlError, Value, not_granted};
+use crate::kafka::record::OutputRecord;
+use crate::sql::types::{BatchError, Change, Rows, SqlError, Value, not_granted};
 
 /// Log severity, as in the WIT `log.level` enum.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -72,7 +72,7 @@ pub trait HostApi: Send + Sync {
         Err(not_granted())
     }
     /// Queue records for production (`kafka.send`).
-    fn kafka_send(&self, records: Vec<crate::kafka::OutputRecord>) -> Result<(), String> {
+    fn kafka_send(&self, records: Vec<OutputRecord>) -> Result<(), String> {
         let _ = records;
         Err("no kafka capability granted (outside a sink stage in the host)".into())
     }

@@ -12,20 +12,9 @@
 //! 24 and 25).
 
 use super::target_name;
+pub use super::types::Change;
 use super::types::{BatchError, Value};
 use crate::host::host;
-
-/// One change of a [`Table`]'s row.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Change {
-    /// Insert the row, or replace the row with its key: one value per
-    /// column, in the order given to [`Table::new`].
-    Upsert(Vec<Value>),
-    /// Delete the row with this key: one value per key column, in the
-    /// order given to [`Table::new`]; for [`Table::apply_versioned`],
-    /// then the delete's version.
-    Delete(Vec<Value>),
-}
 
 /// A table that a sink keeps current from a stream of upserts and
 /// deletes (a row per primary key), written through the host's bulk path.

@@ -1,8 +1,20 @@
 //! The SQL capability's values (the WIT `sql.value`, `sql.rows`,
-//! `sql.sql-error`), shared by the public calls in [`super`] and the host
+//! `sql.sql-error`, a table's `change`), shared by the public calls in [`super`] and the host
 //! imports behind them.
 
 use std::fmt;
+
+/// One change of a [`super::Table`]'s row.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Change {
+    /// Insert the row, or replace the row with its key: one value per
+    /// column, in the order given to [`super::Table::new`].
+    Upsert(Vec<Value>),
+    /// Delete the row with this key: one value per key column, in the
+    /// order given to [`super::Table::new`]; for [`super::Table::apply_versioned`],
+    /// then the delete's version.
+    Delete(Vec<Value>),
+}
 
 /// A parameter or column value.
 #[derive(Debug, Clone, PartialEq)]

@@ -22,8 +22,12 @@ pub(super) const FILES: &[(&str, &str)] = &[
         include_str!("../../../../guest-sdk/src/json.rs"),
     ),
     (
-        "guest-sdk/src/kafka.rs",
-        include_str!("../../../../guest-sdk/src/kafka.rs"),
+        "guest-sdk/src/kafka/mod.rs",
+        include_str!("../../../../guest-sdk/src/kafka/mod.rs"),
+    ),
+    (
+        "guest-sdk/src/kafka/record.rs",
+        include_str!("../../../../guest-sdk/src/kafka/record.rs"),
     ),
     (
         "guest-sdk/src/log.rs",
@@ -109,6 +113,10 @@ pub(super) const PY_FILES: &[(&str, &str)] = &[
         include_str!("../../../../guest-sdk-python/sluice_guest/log.py"),
     ),
     (
+        "sluice_guest/_sqlcore.py",
+        include_str!("../../../../guest-sdk-python/sluice_guest/_sqlcore.py"),
+    ),
+    (
         "sluice_guest/sql.py",
         include_str!("../../../../guest-sdk-python/sluice_guest/sql.py"),
     ),
@@ -173,6 +181,10 @@ pub(super) const JS_FILES: &[(&str, &str)] = &[
     (
         "src/sql.js",
         include_str!("../../../../guest-sdk-js/src/sql.js"),
+    ),
+    (
+        "src/sqlcore.js",
+        include_str!("../../../../guest-sdk-js/src/sqlcore.js"),
     ),
     (
         "src/table.js",
